@@ -1,0 +1,204 @@
+//! Typed storage for weights and caches: [`PoolVec`] owns memory counted by a pool;
+//! [`Buffer`] is read-only data that is either owned or a typed view into shared bytes
+//! (a memory-mapped checkpoint), so large tensors are never copied just to be read.
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use crate::pool::Lease;
+
+/// Bytes that can be shared between threads and viewed as typed slices, such as a
+/// memory map. kiln-model implements it for `memmap2::Mmap`.
+pub trait SharedBytes: Send + Sync {
+    /// The bytes.
+    fn bytes(&self) -> &[u8];
+}
+
+impl SharedBytes for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+/// A vector whose bytes are counted by a [`crate::MemoryPool`] until it is dropped.
+pub struct PoolVec<T> {
+    vec: Vec<T>,
+    lease: Lease,
+}
+
+impl<T> PoolVec<T> {
+    pub(crate) fn new(vec: Vec<T>, lease: Lease) -> Self {
+        PoolVec { vec, lease }
+    }
+
+    /// Bytes counted for this vector.
+    pub fn counted_bytes(&self) -> u64 {
+        self.lease.bytes()
+    }
+}
+
+impl<T> Deref for PoolVec<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.vec
+    }
+}
+
+impl<T> DerefMut for PoolVec<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.vec
+    }
+}
+
+impl<T> fmt::Debug for PoolVec<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoolVec").field("len", &self.vec.len()).field("lease", &self.lease).finish()
+    }
+}
+
+/// Why a typed view of shared bytes could not be made.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BufferError {
+    /// The range runs past the end of the bytes.
+    #[error("tensor bytes {start}..{end} lie outside a {len}-byte file")]
+    OutOfBounds {
+        /// First byte.
+        start: usize,
+        /// One past the last byte.
+        end: usize,
+        /// Bytes available.
+        len: usize,
+    },
+    /// The range is not a whole number of elements.
+    #[error("tensor of {bytes} bytes is not a whole number of {elem}-byte elements")]
+    Ragged {
+        /// Bytes in the range.
+        bytes: usize,
+        /// Element size.
+        elem: usize,
+    },
+    /// The range does not start on the element's alignment.
+    #[error("tensor at byte offset {offset} is not aligned to {align} bytes")]
+    Misaligned {
+        /// Address offset within the bytes.
+        offset: usize,
+        /// Alignment required.
+        align: usize,
+    },
+}
+
+/// Read-only typed data, owned or viewed in place.
+pub struct Buffer<T: bytemuck::Pod> {
+    repr: Repr<T>,
+}
+
+enum Repr<T> {
+    Plain(Vec<T>),
+    Pooled(PoolVec<T>),
+    Shared { bytes: Arc<dyn SharedBytes>, start: usize, len: usize, _lease: Option<Lease> },
+}
+
+impl<T: bytemuck::Pod> Buffer<T> {
+    /// Wraps a vector the pool does not count (small tensors, tests).
+    pub fn from_vec(vec: Vec<T>) -> Self {
+        Buffer { repr: Repr::Plain(vec) }
+    }
+
+    /// Wraps a pool-counted vector.
+    pub fn from_pool(vec: PoolVec<T>) -> Self {
+        Buffer { repr: Repr::Pooled(vec) }
+    }
+
+    /// A typed view of `bytes[start..end]`, which must be aligned for `T`. `lease`, when
+    /// given, keeps the view's bytes counted by a pool for as long as it lives.
+    pub fn from_shared(
+        bytes: Arc<dyn SharedBytes>,
+        start: usize,
+        end: usize,
+        lease: Option<Lease>,
+    ) -> Result<Self, BufferError> {
+        let all = bytes.bytes();
+        if start > end || end > all.len() {
+            return Err(BufferError::OutOfBounds { start, end, len: all.len() });
+        }
+        let elem = size_of::<T>();
+        if (end - start) % elem != 0 {
+            return Err(BufferError::Ragged { bytes: end - start, elem });
+        }
+        let align = align_of::<T>();
+        if (all.as_ptr() as usize + start) % align != 0 {
+            return Err(BufferError::Misaligned { offset: start, align });
+        }
+        let len = (end - start) / elem;
+        Ok(Buffer { repr: Repr::Shared { bytes, start, len, _lease: lease } })
+    }
+
+    /// Whether the data is a view into shared bytes rather than owned.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.repr, Repr::Shared { .. })
+    }
+
+    /// Bytes of data.
+    pub fn byte_len(&self) -> usize {
+        self.len() * size_of::<T>()
+    }
+}
+
+impl<T: bytemuck::Pod> Deref for Buffer<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match &self.repr {
+            Repr::Plain(v) => v,
+            Repr::Pooled(v) => v,
+            Repr::Shared { bytes, start, len, .. } => {
+                let raw = &bytes.bytes()[*start..*start + *len * size_of::<T>()];
+                // Alignment and length were checked in `from_shared`, and the bytes are
+                // immutable for the lifetime of the Arc.
+                bytemuck::cast_slice(raw)
+            }
+        }
+    }
+}
+
+impl<T: bytemuck::Pod> fmt::Debug for Buffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Buffer").field("len", &self.len()).field("shared", &self.is_shared()).finish()
+    }
+}
+
+impl<T: bytemuck::Pod> From<Vec<T>> for Buffer<T> {
+    fn from(v: Vec<T>) -> Self {
+        Buffer::from_vec(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_views_check_bounds_and_alignment() {
+        let mut raw = vec![0u8; 64];
+        raw[8..12].copy_from_slice(&7u32.to_le_bytes());
+        let shared: Arc<dyn SharedBytes> = Arc::new(raw);
+        let base = shared.bytes().as_ptr() as usize;
+        // Vec<u8> storage is at least 4-aligned on every allocator kiln runs on, but do
+        // not assume it: pick an aligned start.
+        let start = (4 - base % 4) % 4 + 8;
+        let b = Buffer::<u32>::from_shared(Arc::clone(&shared), start, start + 16, None).unwrap();
+        assert_eq!(b.len(), 4);
+        assert!(matches!(
+            Buffer::<u32>::from_shared(Arc::clone(&shared), start + 1, start + 5, None),
+            Err(BufferError::Misaligned { .. })
+        ));
+        assert!(matches!(
+            Buffer::<u32>::from_shared(Arc::clone(&shared), start, start + 6, None),
+            Err(BufferError::Ragged { .. })
+        ));
+        assert!(matches!(
+            Buffer::<u32>::from_shared(shared, 0, 65, None),
+            Err(BufferError::OutOfBounds { .. })
+        ));
+    }
+}

@@ -1,0 +1,1 @@
+//! kiln-model: models on top of kiln-core.

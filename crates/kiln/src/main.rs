@@ -1,0 +1,2 @@
+//! The `kiln` binary.
+fn main() {}

@@ -1,0 +1,2 @@
+//! `cargo xtask`: kiln harness tasks.
+fn main() {}
