@@ -72,10 +72,20 @@ pub fn matmul(x: &[f32], m: usize, w: &DenseMatrix, y: &mut [f32]) {
             // three slices hold exactly the elements those strides address.
             unsafe {
                 matrixmultiply::sgemm(
-                    m, k, nb, 1.0,
-                    x.as_ptr(), k as isize, 1,
-                    wb.as_ptr(), 1, k as isize,
-                    0.0, out.as_mut_ptr(), nb as isize, 1,
+                    m,
+                    k,
+                    nb,
+                    1.0,
+                    x.as_ptr(),
+                    k as isize,
+                    1,
+                    wb.as_ptr(),
+                    1,
+                    k as isize,
+                    0.0,
+                    out.as_mut_ptr(),
+                    nb as isize,
+                    1,
                 );
             }
             out

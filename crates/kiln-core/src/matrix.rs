@@ -90,7 +90,9 @@ impl ScaleData {
     /// Stores f32 values as `dtype`, rounding to nearest even.
     pub fn from_f32(values: &[f32], dtype: ScaleDtype) -> Self {
         match dtype {
-            ScaleDtype::F16 => ScaleData::F16(values.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>().into()),
+            ScaleDtype::F16 => {
+                ScaleData::F16(values.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>().into())
+            }
             ScaleDtype::Bf16 => {
                 ScaleData::Bf16(values.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>().into())
             }

@@ -102,7 +102,10 @@ mod tests {
                     let (s, bias) = (q.scales().get(gi), q.biases().get(gi));
                     let (e0, e1) = (bias, s * spec.max_code() as f32 + bias);
                     let inside = a.clamp(e0.min(e1), e0.max(e1));
-                    assert!((inside - b).abs() <= 0.5 * s.abs() * 1.0001, "bits {bits} r {r} j {j}: {a} vs {b}");
+                    assert!(
+                        (inside - b).abs() <= 0.5 * s.abs() * 1.0001,
+                        "bits {bits} r {r} j {j}: {a} vs {b}"
+                    );
                 }
             }
         }

@@ -3,9 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+use kiln_core::format::read_code;
 use kiln_core::kernels::reference;
 use kiln_core::matrix::{QuantizedMatrix, ScaleDtype};
-use kiln_core::format::read_code;
 use kiln_core::quantize::quantize_as;
 use kiln_core::{Buffer, QuantSpec, ScaleData};
 use safetensors::SafeTensors;
@@ -101,8 +101,14 @@ fn quantize_reproduces_mlx_bit_for_bit() {
         let q = quantize_as(&f.w, f.n, f.k, f.spec, f.dtype).unwrap();
         let ours = q.packed();
         let mismatch = ours.iter().zip(&f.packed).position(|(a, b)| a != b);
-        assert!(mismatch.is_none(), "{}: packed word {} differs: {:#x} vs mlx {:#x}", f.name,
-            mismatch.unwrap(), ours[mismatch.unwrap()], f.packed[mismatch.unwrap()]);
+        assert!(
+            mismatch.is_none(),
+            "{}: packed word {} differs: {:#x} vs mlx {:#x}",
+            f.name,
+            mismatch.unwrap(),
+            ours[mismatch.unwrap()],
+            f.packed[mismatch.unwrap()]
+        );
         for i in 0..f.scales.len() {
             assert_eq!(q.scales().get(i).to_bits(), f.scales[i].to_bits(), "{}: scale {i}", f.name);
             assert_eq!(q.biases().get(i).to_bits(), f.biases[i].to_bits(), "{}: bias {i}", f.name);
@@ -160,10 +166,23 @@ fn reference_kernels_match_mlx_quantized_matmul() {
             let row = i / f.n;
             let col = i % f.n;
             let wd = reference::dequantize(&q);
-            let mag: f64 = (0..f.k).map(|j| (wd[col * f.k + j] as f64 * f.x[row * f.k + j] as f64).abs()).sum();
+            let mag: f64 =
+                (0..f.k).map(|j| (wd[col * f.k + j] as f64 * f.x[row * f.k + j] as f64).abs()).sum();
             let tol = 2.0 * f.k as f64 * f32::EPSILON as f64 * mag;
-            assert!((y[i] as f64 - f.y[i] as f64).abs() <= tol, "{}: y[{i}] {} vs mlx {}", f.name, y[i], f.y[i]);
-            assert!((exact[i] - f.y[i] as f64).abs() <= tol, "{}: exact {} vs mlx {}", f.name, exact[i], f.y[i]);
+            assert!(
+                (y[i] as f64 - f.y[i] as f64).abs() <= tol,
+                "{}: y[{i}] {} vs mlx {}",
+                f.name,
+                y[i],
+                f.y[i]
+            );
+            assert!(
+                (exact[i] - f.y[i] as f64).abs() <= tol,
+                "{}: exact {} vs mlx {}",
+                f.name,
+                exact[i],
+                f.y[i]
+            );
         }
     }
 }

@@ -1,0 +1,507 @@
+//! Model configuration as Hugging Face's `config.json` describes it, for the Llama family
+//! (`llama`, `qwen2`, `mistral`), plus MLX's `quantization` block. Anything kiln cannot
+//! run faithfully is refused with an error naming the field and what is accepted.
+
+use std::collections::BTreeMap;
+
+use kiln_core::QuantSpec;
+use serde_json::{Map, Value};
+
+use crate::error::ConfigError;
+
+/// Decoder families kiln runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Architecture {
+    /// Llama 2, 3, 3.1, 3.2.
+    Llama,
+    /// Qwen2 and Qwen2.5: biased q/k/v projections.
+    Qwen2,
+    /// Mistral.
+    Mistral,
+}
+
+impl Architecture {
+    /// The `model_type` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Mistral => "mistral",
+        }
+    }
+}
+
+/// RoPE frequency scaling.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum RopeScaling {
+    /// Positions divided by `factor` (frequencies divided by `factor`).
+    Linear {
+        /// Scaling factor.
+        factor: f32,
+    },
+    /// Llama 3.1's piecewise frequency scaling.
+    Llama3 {
+        /// Scaling factor for low frequencies.
+        factor: f32,
+        /// Wavelength boundary factor for low frequencies.
+        low_freq_factor: f32,
+        /// Wavelength boundary factor for high frequencies.
+        high_freq_factor: f32,
+        /// The context length the model was pre-trained with.
+        original_max_position_embeddings: usize,
+    },
+}
+
+/// MLX affine quantization of a checkpoint: a default spec and per-module overrides.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct QuantizationConfig {
+    /// Spec of every quantized module without an override.
+    pub default: QuantSpec,
+    /// Per-module overrides keyed by module path (`model.layers.0.mlp.down_proj`):
+    /// `Some(spec)` for a different spec, `None` for a module left unquantized.
+    pub overrides: BTreeMap<String, Option<QuantSpec>>,
+}
+
+impl QuantizationConfig {
+    /// The spec for the module at `path`, or `None` when that module is not quantized.
+    pub fn spec_for(&self, path: &str) -> Option<QuantSpec> {
+        match self.overrides.get(path) {
+            Some(o) => *o,
+            None => Some(self.default),
+        }
+    }
+}
+
+/// Everything the forward pass needs to know about a model's shape.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ModelConfig {
+    /// The decoder family.
+    pub architecture: Architecture,
+    /// Residual stream width.
+    pub hidden_size: usize,
+    /// MLP inner width.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub num_hidden_layers: usize,
+    /// Query heads.
+    pub num_attention_heads: usize,
+    /// Key/value heads (GQA when fewer than query heads).
+    pub num_key_value_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Vocabulary size (rows of the embedding and of the LM head).
+    pub vocab_size: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// RoPE base.
+    pub rope_theta: f32,
+    /// RoPE scaling, if any.
+    pub rope_scaling: Option<RopeScaling>,
+    /// Longest sequence (prompt plus generated tokens) the model supports.
+    pub max_position_embeddings: usize,
+    /// The LM head reuses the embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// q/k/v projections carry a bias (always for qwen2).
+    pub attention_bias: bool,
+    /// o_proj carries a bias (llama's `attention_bias` covers it too).
+    pub o_proj_bias: bool,
+    /// gate/up/down projections carry a bias.
+    pub mlp_bias: bool,
+    /// Beginning-of-sequence token, if the config names one.
+    pub bos_token_id: Option<u32>,
+    /// End-of-sequence tokens.
+    pub eos_token_ids: Vec<u32>,
+    /// MLX quantization, when the checkpoint is quantized.
+    pub quantization: Option<QuantizationConfig>,
+}
+
+impl ModelConfig {
+    /// Parses `config.json` text. `source` names the file in error messages.
+    pub fn from_json_str(text: &str, source: &str) -> Result<Self, ConfigError> {
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| ConfigError::Json { source_name: source.to_string(), message: e.to_string() })?;
+        let Value::Object(map) = value else {
+            return Err(ConfigError::Json {
+                source_name: source.to_string(),
+                message: "expected a JSON object".to_string(),
+            });
+        };
+        Self::from_map(&map)
+    }
+
+    fn from_map(m: &Map<String, Value>) -> Result<Self, ConfigError> {
+        let model_type = str_field(m, "model_type")?.unwrap_or_default();
+        let architecture = match model_type.as_str() {
+            "llama" => Architecture::Llama,
+            "qwen2" => Architecture::Qwen2,
+            "mistral" => Architecture::Mistral,
+            other => {
+                return Err(ConfigError::Unsupported {
+                    field: "model_type".into(),
+                    value: format!("{other:?}"),
+                    accepted: "llama, qwen2, mistral".into(),
+                });
+            }
+        };
+        if let Some(act) = str_field(m, "hidden_act")?
+            && act != "silu"
+        {
+            return Err(ConfigError::Unsupported {
+                field: "hidden_act".into(),
+                value: format!("{act:?}"),
+                accepted: "silu".into(),
+            });
+        }
+        if let Some(tp) = usize_field(m, "pretraining_tp")?
+            && tp != 1
+        {
+            return Err(ConfigError::Unsupported {
+                field: "pretraining_tp".into(),
+                value: tp.to_string(),
+                accepted: "1".into(),
+            });
+        }
+        let hidden_size = required_usize(m, "hidden_size")?;
+        let num_attention_heads = required_usize(m, "num_attention_heads")?;
+        let num_key_value_heads = usize_field(m, "num_key_value_heads")?.unwrap_or(num_attention_heads);
+        if num_key_value_heads == 0 || num_attention_heads % num_key_value_heads != 0 {
+            return Err(ConfigError::Invalid {
+                field: "num_key_value_heads".into(),
+                message: format!(
+                    "{num_key_value_heads} must divide num_attention_heads = {num_attention_heads}"
+                ),
+            });
+        }
+        let head_dim = usize_field(m, "head_dim")?.unwrap_or(hidden_size / num_attention_heads.max(1));
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(ConfigError::Invalid {
+                field: "head_dim".into(),
+                message: format!("{head_dim} must be a positive even number for RoPE"),
+            });
+        }
+        let max_position_embeddings = usize_field(m, "max_position_embeddings")?.unwrap_or(2048);
+        let max_position_embeddings = match architecture {
+            Architecture::Mistral | Architecture::Qwen2 => {
+                check_sliding_window(m, architecture, max_position_embeddings)?
+            }
+            Architecture::Llama => max_position_embeddings,
+        };
+        // transformers >= 5 moves rope settings into `rope_parameters`.
+        let rope_params = match m.get("rope_parameters") {
+            Some(Value::Object(p)) => Some(p),
+            _ => None,
+        };
+        let rope_theta = match rope_params.and_then(|p| p.get("rope_theta")) {
+            Some(v) => as_f32(v, "rope_parameters.rope_theta")?,
+            None => f32_field(m, "rope_theta")?.unwrap_or(10000.0),
+        };
+        let rope_scaling = match rope_params {
+            Some(p) => parse_rope_scaling(p, "rope_parameters")?,
+            None => match m.get("rope_scaling") {
+                Some(Value::Object(s)) => parse_rope_scaling(s, "rope_scaling")?,
+                Some(Value::Null) | None => None,
+                Some(other) => {
+                    return Err(ConfigError::Invalid {
+                        field: "rope_scaling".into(),
+                        message: format!("expected an object or null, found {other}"),
+                    });
+                }
+            },
+        };
+        let attention_bias = match architecture {
+            Architecture::Qwen2 => true,
+            _ => bool_field(m, "attention_bias")?.unwrap_or(false),
+        };
+        let o_proj_bias = match architecture {
+            Architecture::Qwen2 => false,
+            _ => attention_bias,
+        };
+        let eos_token_ids = match m.get("eos_token_id") {
+            Some(Value::Number(n)) => vec![as_u32(n, "eos_token_id")?],
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| match v {
+                    Value::Number(n) => as_u32(n, "eos_token_id"),
+                    other => Err(ConfigError::Invalid {
+                        field: "eos_token_id".into(),
+                        message: format!("expected integers, found {other}"),
+                    }),
+                })
+                .collect::<Result<_, _>>()?,
+            _ => Vec::new(),
+        };
+        let bos_token_id = match m.get("bos_token_id") {
+            Some(Value::Number(n)) => Some(as_u32(n, "bos_token_id")?),
+            _ => None,
+        };
+        let quantization = match m.get("quantization").or_else(|| m.get("quantization_config")) {
+            Some(Value::Object(q)) => Some(parse_quantization(q)?),
+            Some(Value::Null) | None => None,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    field: "quantization".into(),
+                    message: format!("expected an object, found {other}"),
+                });
+            }
+        };
+        Ok(ModelConfig {
+            architecture,
+            hidden_size,
+            intermediate_size: required_usize(m, "intermediate_size")?,
+            num_hidden_layers: required_usize(m, "num_hidden_layers")?,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            vocab_size: required_usize(m, "vocab_size")?,
+            rms_norm_eps: f32_field(m, "rms_norm_eps")?.unwrap_or(1e-6),
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings,
+            tie_word_embeddings: bool_field(m, "tie_word_embeddings")?.unwrap_or(false),
+            attention_bias,
+            o_proj_bias,
+            mlp_bias: bool_field(m, "mlp_bias")?.unwrap_or(false),
+            bos_token_id,
+            eos_token_ids,
+            quantization,
+        })
+    }
+
+    /// Query heads per key/value head.
+    pub fn gqa_group(&self) -> usize {
+        self.num_attention_heads / self.num_key_value_heads
+    }
+
+    /// Width of the concatenated query heads.
+    pub fn q_dim(&self) -> usize {
+        self.num_attention_heads * self.head_dim
+    }
+
+    /// Width of the concatenated key (or value) heads.
+    pub fn kv_dim(&self) -> usize {
+        self.num_key_value_heads * self.head_dim
+    }
+}
+
+/// A sliding window shorter than the context changes attention; kiln does not implement
+/// it, so such a model runs only up to its window (reported as its context length).
+fn check_sliding_window(
+    m: &Map<String, Value>,
+    arch: Architecture,
+    max_pos: usize,
+) -> Result<usize, ConfigError> {
+    if arch == Architecture::Qwen2 && bool_field(m, "use_sliding_window")? != Some(true) {
+        return Ok(max_pos);
+    }
+    match usize_field(m, "sliding_window")? {
+        Some(w) if w < max_pos => Ok(w),
+        _ => Ok(max_pos),
+    }
+}
+
+fn parse_rope_scaling(s: &Map<String, Value>, field: &str) -> Result<Option<RopeScaling>, ConfigError> {
+    let kind = match (s.get("rope_type"), s.get("type")) {
+        (Some(Value::String(t)), _) | (None, Some(Value::String(t))) => t.clone(),
+        _ => "default".to_string(),
+    };
+    let f = |name: &str| -> Result<f32, ConfigError> {
+        match s.get(name) {
+            Some(v) => as_f32(v, &format!("{field}.{name}")),
+            None => Err(ConfigError::Missing { field: format!("{field}.{name}") }),
+        }
+    };
+    match kind.as_str() {
+        "default" => Ok(None),
+        "linear" => Ok(Some(RopeScaling::Linear { factor: f("factor")? })),
+        "llama3" => Ok(Some(RopeScaling::Llama3 {
+            factor: f("factor")?,
+            low_freq_factor: f("low_freq_factor")?,
+            high_freq_factor: f("high_freq_factor")?,
+            original_max_position_embeddings: f("original_max_position_embeddings")? as usize,
+        })),
+        other => Err(ConfigError::Unsupported {
+            field: format!("{field}.rope_type"),
+            value: format!("{other:?}"),
+            accepted: "default, linear, llama3".into(),
+        }),
+    }
+}
+
+fn parse_quantization(q: &Map<String, Value>) -> Result<QuantizationConfig, ConfigError> {
+    if let Some(mode) = str_field(q, "mode")?
+        && mode != "affine"
+    {
+        return Err(ConfigError::Unsupported {
+            field: "quantization.mode".into(),
+            value: format!("{mode:?}"),
+            accepted: "affine".into(),
+        });
+    }
+    let spec_of = |obj: &Map<String, Value>, at: &str| -> Result<QuantSpec, ConfigError> {
+        let bits = required_usize(obj, "bits").map_err(|e| e.within(at))? as u32;
+        let group = required_usize(obj, "group_size").map_err(|e| e.within(at))?;
+        QuantSpec::new(bits, group)
+            .map_err(|e| ConfigError::Invalid { field: at.to_string(), message: e.to_string() })
+    };
+    let default = spec_of(q, "quantization")?;
+    let mut overrides = BTreeMap::new();
+    for (key, v) in q {
+        match v {
+            Value::Object(o) => {
+                overrides.insert(key.clone(), Some(spec_of(o, &format!("quantization.{key}"))?));
+            }
+            Value::Bool(false) => {
+                overrides.insert(key.clone(), None);
+            }
+            _ => {}
+        }
+    }
+    Ok(QuantizationConfig { default, overrides })
+}
+
+fn str_field(m: &Map<String, Value>, name: &str) -> Result<Option<String>, ConfigError> {
+    match m.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(ConfigError::Invalid {
+            field: name.into(),
+            message: format!("expected a string, found {other}"),
+        }),
+    }
+}
+
+fn usize_field(m: &Map<String, Value>, name: &str) -> Result<Option<usize>, ConfigError> {
+    match m.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) if n.as_u64().is_some() => Ok(Some(n.as_u64().unwrap_or(0) as usize)),
+        Some(other) => Err(ConfigError::Invalid {
+            field: name.into(),
+            message: format!("expected a non-negative integer, found {other}"),
+        }),
+    }
+}
+
+fn required_usize(m: &Map<String, Value>, name: &str) -> Result<usize, ConfigError> {
+    usize_field(m, name)?.ok_or_else(|| ConfigError::Missing { field: name.into() })
+}
+
+fn f32_field(m: &Map<String, Value>, name: &str) -> Result<Option<f32>, ConfigError> {
+    match m.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => as_f32(v, name).map(Some),
+    }
+}
+
+fn bool_field(m: &Map<String, Value>, name: &str) -> Result<Option<bool>, ConfigError> {
+    match m.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(other) => Err(ConfigError::Invalid {
+            field: name.into(),
+            message: format!("expected true or false, found {other}"),
+        }),
+    }
+}
+
+fn as_f32(v: &Value, name: &str) -> Result<f32, ConfigError> {
+    v.as_f64().map(|f| f as f32).ok_or_else(|| ConfigError::Invalid {
+        field: name.into(),
+        message: format!("expected a number, found {v}"),
+    })
+}
+
+fn as_u32(n: &serde_json::Number, name: &str) -> Result<u32, ConfigError> {
+    n.as_u64().and_then(|v| u32::try_from(v).ok()).ok_or_else(|| ConfigError::Invalid {
+        field: name.into(),
+        message: format!("expected a token id, found {n}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LLAMA32_1B: &str = r#"{
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+        "vocab_size": 128256, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+        "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "max_position_embeddings": 131072, "tie_word_embeddings": true,
+        "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
+        "hidden_act": "silu", "attention_bias": false, "mlp_bias": false,
+        "quantization": {"group_size": 64, "bits": 4,
+                         "model.layers.0.mlp.down_proj": {"group_size": 64, "bits": 8},
+                         "lm_head": false}
+    }"#;
+
+    #[test]
+    fn parses_llama_3_2_with_llama3_rope_and_mlx_quantization() {
+        let c = ModelConfig::from_json_str(LLAMA32_1B, "config.json").unwrap();
+        assert_eq!(c.architecture, Architecture::Llama);
+        assert_eq!(c.gqa_group(), 4);
+        assert_eq!(c.eos_token_ids, vec![128001, 128008, 128009]);
+        assert!(matches!(
+            c.rope_scaling,
+            Some(RopeScaling::Llama3 { original_max_position_embeddings: 8192, .. })
+        ));
+        let q = c.quantization.unwrap();
+        assert_eq!(q.spec_for("model.layers.1.mlp.down_proj"), Some(QuantSpec::new(4, 64).unwrap()));
+        assert_eq!(q.spec_for("model.layers.0.mlp.down_proj"), Some(QuantSpec::new(8, 64).unwrap()));
+        assert_eq!(q.spec_for("lm_head"), None);
+    }
+
+    #[test]
+    fn qwen2_always_has_qkv_bias() {
+        let text = r#"{"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+            "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+            "vocab_size": 151936, "rope_theta": 1000000.0, "max_position_embeddings": 32768,
+            "tie_word_embeddings": true, "use_sliding_window": false, "sliding_window": 32768,
+            "eos_token_id": 151645}"#;
+        let c = ModelConfig::from_json_str(text, "config.json").unwrap();
+        assert!(c.attention_bias && !c.o_proj_bias);
+        assert_eq!(c.head_dim, 64);
+        assert_eq!(c.max_position_embeddings, 32768);
+    }
+
+    #[test]
+    fn transformers_5_rope_parameters() {
+        let text = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
+            "rope_parameters": {"rope_theta": 50000.0, "rope_type": "linear", "factor": 2.0}}"#;
+        let c = ModelConfig::from_json_str(text, "config.json").unwrap();
+        assert_eq!(c.rope_theta, 50000.0);
+        assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 2.0 }));
+    }
+
+    #[test]
+    fn refusals_name_the_field_and_the_accepted_values() {
+        let base = |extra: &str| {
+            format!(
+                r#"{{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256 {extra}}}"#
+            )
+        };
+        let cases = [
+            (
+                r#", "rope_scaling": {"type": "yarn", "factor": 4.0}"#,
+                ["rope_scaling.rope_type", "yarn", "llama3"],
+            ),
+            (r#", "hidden_act": "gelu""#, ["hidden_act", "gelu", "silu"]),
+            (r#", "quantization": {"group_size": 64, "bits": 7}"#, ["quantization", "7", "2, 3, 4, 5, 6, 8"]),
+        ];
+        for (extra, needles) in cases {
+            let msg = ModelConfig::from_json_str(&base(extra), "config.json").unwrap_err().to_string();
+            for n in needles {
+                assert!(msg.contains(n), "{msg:?} lacks {n:?}");
+            }
+        }
+        let msg = ModelConfig::from_json_str(r#"{"model_type": "gpt2"}"#, "x").unwrap_err().to_string();
+        assert!(msg.contains("model_type") && msg.contains("gpt2") && msg.contains("llama, qwen2, mistral"));
+        let msg = ModelConfig::from_json_str(r#"{"model_type": "llama"}"#, "x").unwrap_err().to_string();
+        assert!(msg.contains("hidden_size"), "{msg}");
+    }
+}

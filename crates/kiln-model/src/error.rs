@@ -1,0 +1,154 @@
+//! Errors of kiln-model. Each names the input and what would be accepted;
+//! [`ModelError::OutOfMemory`] stays matchable so the CLI can map it to its exit code.
+
+use std::path::PathBuf;
+
+use kiln_core::{GeometryError, OutOfMemory};
+
+/// A `config.json` kiln cannot use.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// Not JSON, or not an object.
+    #[error("{source_name} is not a valid config: {message}")]
+    Json {
+        /// The file.
+        source_name: String,
+        /// What the parser said.
+        message: String,
+    },
+    /// A value kiln does not implement.
+    #[error("unsupported {field} {value}: accepted values are {accepted}")]
+    Unsupported {
+        /// The field, dotted for nested ones.
+        field: String,
+        /// The refused value, as written.
+        value: String,
+        /// What would be accepted.
+        accepted: String,
+    },
+    /// A value of the wrong type or range.
+    #[error("invalid {field}: {message}")]
+    Invalid {
+        /// The field.
+        field: String,
+        /// What is wrong and what is expected.
+        message: String,
+    },
+    /// A required field is absent.
+    #[error("missing required field {field}")]
+    Missing {
+        /// The field.
+        field: String,
+    },
+}
+
+impl ConfigError {
+    /// Prefixes the field name with the object it was found in.
+    pub fn within(self, at: &str) -> Self {
+        match self {
+            ConfigError::Missing { field } => ConfigError::Missing { field: format!("{at}.{field}") },
+            ConfigError::Invalid { field, message } => {
+                ConfigError::Invalid { field: format!("{at}.{field}"), message }
+            }
+            other => other,
+        }
+    }
+}
+
+/// Anything that stops a model from loading or running.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The pool refused an allocation. The message starts `out of memory:`.
+    #[error(transparent)]
+    OutOfMemory(#[from] OutOfMemory),
+    /// No model at the given name or path.
+    #[error(
+        "model not found: {path}: expected synthetic:<profile>, a directory under ./models/, or a path to a directory holding config.json"
+    )]
+    NotFound {
+        /// What was looked for.
+        path: PathBuf,
+    },
+    /// An unknown synthetic profile or suffix.
+    #[error(
+        "unknown synthetic model {name:?}: accepted profiles are {accepted}, optionally with @4bit or @8bit"
+    )]
+    UnknownSynthetic {
+        /// The name given.
+        name: String,
+        /// The profiles kiln knows.
+        accepted: String,
+    },
+    /// `config.json` could not be used.
+    #[error("{path}: {source}")]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: ConfigError,
+    },
+    /// A quantized tensor's geometry is invalid.
+    #[error("{tensor}: {source}")]
+    Geometry {
+        /// The tensor or module.
+        tensor: String,
+        /// The rule it broke.
+        #[source]
+        source: GeometryError,
+    },
+    /// A checkpoint file is unreadable, inconsistent or lacks a tensor.
+    #[error("{path}: {message}")]
+    Checkpoint {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The tokenizer or chat template could not be loaded or applied.
+    #[error("{path}: {message}")]
+    Tokenizer {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The requested sequence is longer than the model's context.
+    #[error(
+        "{requested} tokens (prompt plus generated) exceed the model's context of {limit} tokens \
+         (max_position_embeddings, or the sliding window when shorter)"
+    )]
+    ContextExceeded {
+        /// Tokens asked for.
+        requested: usize,
+        /// The model's context length.
+        limit: usize,
+    },
+    /// A run option is out of range.
+    #[error("invalid {what}: {message}")]
+    InvalidArgument {
+        /// The option.
+        what: String,
+        /// What is wrong and what is accepted.
+        message: String,
+    },
+}
+
+impl ModelError {
+    /// Whether this is the pool's out-of-memory refusal.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, ModelError::OutOfMemory(_))
+    }
+}
+
+/// kiln-model's result type.
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;

@@ -1,0 +1,75 @@
+//! Where a model comes from: `synthetic:<profile>[@4bit|@8bit]`, a name under `./models/`
+//! (MLX-style `models/NAME` directories), or a path to a checkpoint directory.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{ModelError, Result};
+
+/// A resolved model name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelSource {
+    /// A generated model; the string is everything after `synthetic:`.
+    Synthetic(String),
+    /// A checkpoint directory holding `config.json`.
+    Dir(PathBuf),
+}
+
+impl ModelSource {
+    /// Resolves `spec`. A path that exists is used as is; otherwise `models/<spec>` under
+    /// the current directory is tried. A missing model is [`ModelError::NotFound`].
+    pub fn resolve(spec: &str) -> Result<Self> {
+        Self::resolve_in(spec, Path::new("."))
+    }
+
+    /// [`Self::resolve`] relative to `root` instead of the current directory.
+    pub fn resolve_in(spec: &str, root: &Path) -> Result<Self> {
+        if let Some(rest) = spec.strip_prefix("synthetic:") {
+            return Ok(ModelSource::Synthetic(rest.to_string()));
+        }
+        let direct = root.join(spec);
+        if direct.join("config.json").is_file() {
+            return Ok(ModelSource::Dir(direct));
+        }
+        let under_models = root.join("models").join(spec);
+        if under_models.join("config.json").is_file() {
+            return Ok(ModelSource::Dir(under_models));
+        }
+        let path = if direct.exists() { direct.join("config.json") } else { PathBuf::from(spec) };
+        Err(ModelError::NotFound { path })
+    }
+
+    /// The path or synthetic name, for reports.
+    pub fn display_path(&self) -> String {
+        match self {
+            ModelSource::Synthetic(p) => format!("synthetic:{p}"),
+            ModelSource::Dir(d) => d.display().to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_paths_models_dir_and_synthetic() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::create_dir_all(root.join("models/tiny-4bit")).unwrap();
+        std::fs::write(root.join("models/tiny-4bit/config.json"), "{}").unwrap();
+        assert_eq!(
+            ModelSource::resolve_in("tiny-4bit", root).unwrap(),
+            ModelSource::Dir(root.join("models/tiny-4bit"))
+        );
+        assert_eq!(
+            ModelSource::resolve_in("models/tiny-4bit", root).unwrap(),
+            ModelSource::Dir(root.join("models/tiny-4bit"))
+        );
+        assert_eq!(
+            ModelSource::resolve_in("synthetic:tiny@8bit", root).unwrap(),
+            ModelSource::Synthetic("tiny@8bit".into())
+        );
+        let e = ModelSource::resolve_in("nope", root).unwrap_err();
+        assert!(e.to_string().contains("nope"), "{e}");
+    }
+}

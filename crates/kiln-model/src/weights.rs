@@ -1,0 +1,155 @@
+//! The weights of a Llama-family decoder, as loaders produce them and the forward pass
+//! consumes them. Every linear layer is either an MLX-quantized matrix or a dense f32
+//! one, and runs through kiln-core's kernels, so the wide switch and the pool govern it.
+
+use kiln_core::dense::{self, DenseMatrix};
+use kiln_core::{Buffer, QuantizedMatrix, quantized_matmul};
+
+/// The matrix of a linear layer, `W[N, K]`.
+#[derive(Debug)]
+pub enum LinearWeight {
+    /// MLX affine quantized.
+    Quantized(QuantizedMatrix),
+    /// Unquantized, widened to f32.
+    Dense(DenseMatrix),
+}
+
+impl LinearWeight {
+    /// Output features.
+    pub fn n(&self) -> usize {
+        match self {
+            LinearWeight::Quantized(q) => q.n(),
+            LinearWeight::Dense(d) => d.n(),
+        }
+    }
+
+    /// Input features.
+    pub fn k(&self) -> usize {
+        match self {
+            LinearWeight::Quantized(q) => q.k(),
+            LinearWeight::Dense(d) => d.k(),
+        }
+    }
+
+    /// Bytes one full pass over the weights reads.
+    pub fn bytes_read(&self) -> usize {
+        match self {
+            LinearWeight::Quantized(q) => q.bytes_read(),
+            LinearWeight::Dense(d) => d.bytes_read(),
+        }
+    }
+
+    /// `y[m, n] = x[m, k] W^T`.
+    pub fn matmul(&self, x: &[f32], m: usize, y: &mut [f32]) {
+        match self {
+            LinearWeight::Quantized(q) => quantized_matmul(x, m, q, y),
+            LinearWeight::Dense(d) => dense::matmul(x, m, d, y),
+        }
+    }
+
+    /// Row `r` of W, dequantized (an embedding lookup).
+    pub fn row(&self, r: usize, out: &mut [f32]) {
+        match self {
+            LinearWeight::Quantized(q) => q.dequantize_row(r, out),
+            LinearWeight::Dense(d) => out.copy_from_slice(d.row(r)),
+        }
+    }
+}
+
+/// A linear layer: `y = x W^T + b`.
+#[derive(Debug)]
+pub struct Linear {
+    /// The matrix.
+    pub weight: LinearWeight,
+    /// Optional bias of length N.
+    pub bias: Option<Buffer<f32>>,
+}
+
+impl Linear {
+    /// `y[m, n] = x[m, k] W^T + b`.
+    pub fn forward(&self, x: &[f32], m: usize, y: &mut [f32]) {
+        self.weight.matmul(x, m, y);
+        if let Some(b) = &self.bias {
+            for row in y.chunks_exact_mut(b.len()) {
+                for (v, &bv) in row.iter_mut().zip(b.iter()) {
+                    *v += bv;
+                }
+            }
+        }
+    }
+
+    /// Bytes one pass reads (weights and bias).
+    pub fn bytes_read(&self) -> usize {
+        self.weight.bytes_read() + self.bias.as_ref().map_or(0, |b| b.byte_len())
+    }
+}
+
+/// RMSNorm with a learned per-channel weight.
+#[derive(Debug)]
+pub struct RmsNorm {
+    /// Per-channel weight.
+    pub weight: Buffer<f32>,
+    /// Added to the mean square before the square root.
+    pub eps: f32,
+}
+
+/// One decoder layer.
+#[derive(Debug)]
+pub struct Layer {
+    /// Norm before attention.
+    pub input_layernorm: RmsNorm,
+    /// Query projection.
+    pub q_proj: Linear,
+    /// Key projection.
+    pub k_proj: Linear,
+    /// Value projection.
+    pub v_proj: Linear,
+    /// Attention output projection.
+    pub o_proj: Linear,
+    /// Norm before the MLP.
+    pub post_attention_layernorm: RmsNorm,
+    /// SwiGLU gate.
+    pub gate_proj: Linear,
+    /// SwiGLU up.
+    pub up_proj: Linear,
+    /// SwiGLU down.
+    pub down_proj: Linear,
+}
+
+/// All weights of a decoder.
+#[derive(Debug)]
+pub struct ModelWeights {
+    /// Token embedding `[vocab, hidden]`; also the LM head when `lm_head` is `None`.
+    pub embed_tokens: LinearWeight,
+    /// Decoder layers.
+    pub layers: Vec<Layer>,
+    /// Final norm.
+    pub norm: RmsNorm,
+    /// Separate LM head, or `None` when tied to the embedding.
+    pub lm_head: Option<Linear>,
+}
+
+impl ModelWeights {
+    /// Bytes one decode step reads from weights: every layer, the final norm, the LM head
+    /// and one embedding row.
+    pub fn bytes_read_per_token(&self) -> usize {
+        let per_layer: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj]
+                    .iter()
+                    .map(|p| p.bytes_read())
+                    .sum::<usize>()
+                    + l.input_layernorm.weight.byte_len()
+                    + l.post_attention_layernorm.weight.byte_len()
+            })
+            .sum();
+        let head = match &self.lm_head {
+            Some(h) => h.bytes_read(),
+            None => self.embed_tokens.bytes_read(),
+        };
+        let embed_row = self.embed_tokens.bytes_read() / self.embed_tokens.n().max(1);
+        per_layer + self.norm.weight.byte_len() + head + embed_row
+    }
+}
