@@ -1,15 +1,61 @@
-//! `cargo xtask bench-decode`.
+//! `cargo xtask bench-decode`: one decode measurement per model, through the same layers
+//! and runner as a long-prompt sweep.
 
 use std::process::ExitCode;
 
+use anyhow::Result;
 use xshell::Shell;
+
+use crate::sweep::plan::{self, CellTemplate, Named, Plan, Prompt};
+use crate::sweep::{HarnessEnv, Output, Prepared, Session, SweepFlags, user_path};
+
+/// The prompt length of a cell when neither `--prompt` nor `--prompt-tokens` is given.
+const DEFAULT_PROMPT_TOKENS: u64 = 128;
 
 /// Flags of `cargo xtask bench-decode`.
 #[derive(clap::Args)]
-pub struct BenchDecode {}
+pub struct BenchDecode {
+    /// Models, comma- or space-separated: synthetic:<profile>, a directory under
+    /// ./models/, or a path [default: synthetic:tiny,synthetic:small].
+    #[arg(long, value_name = "LIST", value_parser = plan::models_arg)]
+    models: Option<plan::Models>,
+    /// The prompt text.
+    #[arg(long, value_name = "TEXT", conflicts_with = "prompt_tokens")]
+    prompt: Option<String>,
+    /// A prompt of N tokens built by the engine [default: 128].
+    #[arg(long, value_name = "N")]
+    prompt_tokens: Option<u64>,
+    #[command(flatten)]
+    sweep: SweepFlags,
+}
 
 impl BenchDecode {
-    pub fn run(self, _sh: &Shell) -> anyhow::Result<ExitCode> {
-        anyhow::bail!("bench-decode is not built yet")
+    pub fn run(self, sh: &Shell) -> Result<ExitCode> {
+        let harness_env = HarnessEnv::read()?;
+        let session = match Session::prepare(&sh.current_dir(), "decode", &self.sweep, harness_env)? {
+            Prepared::Ready(s) => s,
+            Prepared::Interrupted(sig) => return Ok(ExitCode::from(crate::shutdown::exit_code_for(sig))),
+        };
+        let d = session.defaults().clone();
+        let named = Named {
+            models: self.models.is_some(),
+            prompts: self.prompt.is_some() || self.prompt_tokens.is_some(),
+        };
+        let prompt = match (self.prompt, self.prompt_tokens) {
+            (Some(text), _) => Prompt::Text(text),
+            (None, Some(n)) => Prompt::Tokens(n),
+            (None, None) => Prompt::Tokens(DEFAULT_PROMPT_TOKENS),
+        };
+        let template = CellTemplate {
+            max_tokens: self.sweep.max_tokens.unwrap_or(d.max_tokens),
+            warmup_tokens: self.sweep.warmup_tokens,
+            named,
+        };
+        let plan = Plan::grid(&self.models.map_or(d.models, |m| m.0), &[prompt], &template);
+        let path = match &self.sweep.output {
+            Some(p) => user_path(p)?,
+            None => session.default_output("decode"),
+        };
+        session.sweep(&plan, Output { path, resumed: None }, &self.sweep)
     }
 }

@@ -1,10 +1,16 @@
 //! `cargo xtask`: kiln's benchmark harness. A thin dispatcher: parse the flags, move to
-//! the workspace root, run one task. Each task lives in its own module.
+//! the workspace root, run one task. Each task lives in its own module; what the bench
+//! tasks share (plan, layers, record, runner) lives in `sweep`.
 
 mod bench_decode;
 mod bench_kernels;
 mod bench_longprompt;
+mod console;
+mod engine;
+mod machine;
 mod oom_record;
+mod shutdown;
+mod sweep;
 
 use std::process::ExitCode;
 
@@ -50,8 +56,11 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            let (code, print) = console::exit_for(&e);
+            if print {
+                eprintln!("error: {e:#}");
+            }
+            ExitCode::from(code)
         }
     }
 }

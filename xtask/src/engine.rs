@@ -1,0 +1,234 @@
+//! Build integration: which backend this machine gets, which `kiln` features that takes
+//! (read from the package with cargo_metadata), building `kiln` in release, and where the
+//! binary is (cargo_metadata's target directory, never a hard-coded `target/`).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use cargo_metadata::MetadataCommand;
+
+use crate::machine::Machine;
+use crate::shutdown::{Scope, Shutdown, Waited};
+
+/// `--backend`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendArg {
+    /// Pick for this machine.
+    Auto,
+    /// The CPU backend (no feature).
+    Cpu,
+    /// NVIDIA GPUs (`cuda` feature).
+    Cuda,
+    /// Apple GPUs (`metal` feature).
+    Metal,
+}
+
+/// A backend the engine is built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// CPU.
+    Cpu,
+    /// CUDA.
+    Cuda,
+    /// Metal.
+    Metal,
+}
+
+impl Backend {
+    /// `cpu`, `cuda`, `metal`: also the name of the `kiln` feature, except for the CPU.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+            Backend::Metal => "metal",
+        }
+    }
+
+    /// The features `kiln` is built with.
+    pub fn features(self) -> Vec<String> {
+        match self {
+            Backend::Cpu => Vec::new(),
+            other => vec![other.as_str().to_string()],
+        }
+    }
+
+    /// Whether it runs on a GPU.
+    pub fn is_gpu(self) -> bool {
+        self != Backend::Cpu
+    }
+}
+
+/// The choice and, when the machine has a GPU kiln cannot use yet, the one line that says so.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackendChoice {
+    /// What the sweep uses.
+    pub backend: Backend,
+    /// Shown once on stderr.
+    pub note: Option<String>,
+}
+
+/// Chooses the backend: CUDA on Linux with an NVIDIA driver, Metal on macOS, CPU otherwise,
+/// each only when `kiln` declares the feature; an explicit request overrides.
+pub fn choose_backend(
+    requested: BackendArg,
+    os: &str,
+    nvidia_driver: bool,
+    features: &BTreeSet<String>,
+) -> Result<BackendChoice> {
+    let declared = |b: Backend| features.contains(b.as_str());
+    let explicit = |b: Backend| -> Result<BackendChoice> {
+        if b == Backend::Cpu || declared(b) {
+            return Ok(BackendChoice { backend: b, note: None });
+        }
+        let mut accepted = vec!["cpu"];
+        accepted.extend(
+            [Backend::Cuda, Backend::Metal].into_iter().filter(|&b| declared(b)).map(Backend::as_str),
+        );
+        bail!(
+            "--backend {}: the kiln package declares no `{}` feature yet; accepted here: {}",
+            b.as_str(),
+            b.as_str(),
+            accepted.join(", ")
+        )
+    };
+    match requested {
+        BackendArg::Cpu => explicit(Backend::Cpu),
+        BackendArg::Cuda => explicit(Backend::Cuda),
+        BackendArg::Metal => explicit(Backend::Metal),
+        BackendArg::Auto => {
+            let gpu = match os {
+                "linux" if nvidia_driver => Some((Backend::Cuda, "an NVIDIA GPU")),
+                "macos" => Some((Backend::Metal, "an Apple GPU")),
+                _ => None,
+            };
+            Ok(match gpu {
+                Some((b, _)) if declared(b) => BackendChoice { backend: b, note: None },
+                Some((b, what)) => BackendChoice {
+                    backend: Backend::Cpu,
+                    note: Some(format!(
+                        "this machine has {what} but kiln declares no `{}` feature yet: using the CPU backend",
+                        b.as_str()
+                    )),
+                },
+                None => BackendChoice { backend: Backend::Cpu, note: None },
+            })
+        }
+    }
+}
+
+/// What cargo_metadata says about the `kiln` package and the workspace.
+#[derive(Clone, Debug)]
+pub struct EnginePackage {
+    /// Features the package declares (`default` excluded).
+    pub features: BTreeSet<String>,
+    /// Its version.
+    pub version: String,
+    /// The workspace's target directory.
+    pub target_dir: PathBuf,
+}
+
+impl EnginePackage {
+    /// Reads the workspace at `root`.
+    pub fn read(root: &Path) -> Result<EnginePackage> {
+        let meta = MetadataCommand::new()
+            .manifest_path(root.join("Cargo.toml"))
+            .no_deps()
+            .exec()
+            .context("reading the workspace with cargo metadata")?;
+        let pkg = meta
+            .workspace_packages()
+            .into_iter()
+            .find(|p| p.name.as_str() == "kiln")
+            .context("the workspace has no `kiln` package")?;
+        Ok(EnginePackage {
+            features: pkg.features.keys().filter(|f| f.as_str() != "default").cloned().collect(),
+            version: pkg.version.to_string(),
+            target_dir: meta.target_directory.into_std_path_buf(),
+        })
+    }
+
+    /// The binary a `profile` build leaves.
+    pub fn binary(&self, profile: &str) -> PathBuf {
+        self.target_dir.join(profile).join(format!("kiln{}", std::env::consts::EXE_SUFFIX))
+    }
+}
+
+/// Builds `kiln` in release with `backend`'s features. The build shares the harness's
+/// process group, so Ctrl-C in the terminal reaches it; a SIGTERM to the harness alone
+/// kills it. Returns the signal when interrupted.
+pub fn build_release(root: &Path, backend: Backend, shutdown: &Shutdown) -> Result<Option<i32>> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(&cargo);
+    cmd.current_dir(root).args(["build", "--release", "--package", "kiln"]);
+    let features = backend.features();
+    if !features.is_empty() {
+        cmd.arg("--features").arg(features.join(","));
+    }
+    eprintln!("building kiln (release, backend {}): {cmd:?}", backend.as_str());
+    let child = cmd.spawn().with_context(|| format!("running {}", cargo.to_string_lossy()))?;
+    match shutdown.wait(child, None, Scope::Child)? {
+        Waited::Exited(st) if st.success() => Ok(None),
+        Waited::Exited(st) => bail!("building kiln failed ({st}); fix the build or pass --no-build"),
+        Waited::Interrupted(sig) => Ok(Some(sig)),
+        Waited::TimedOut => bail!("building kiln timed out"),
+    }
+}
+
+/// The machine's GPU facts `choose_backend` needs.
+pub fn choose_for(machine: &Machine, requested: BackendArg, pkg: &EnginePackage) -> Result<BackendChoice> {
+    choose_backend(requested, &machine.os, machine.nvidia_driver, &pkg.features)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feats(f: &[&str]) -> BTreeSet<String> {
+        f.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn auto_picks_the_gpu_only_when_kiln_has_the_feature() {
+        let c = choose_backend(BackendArg::Auto, "linux", true, &feats(&["cuda"])).unwrap();
+        assert_eq!(c, BackendChoice { backend: Backend::Cuda, note: None });
+        let c = choose_backend(BackendArg::Auto, "linux", true, &feats(&[])).unwrap();
+        assert_eq!(c.backend, Backend::Cpu);
+        assert!(c.note.unwrap().contains("no `cuda` feature yet"));
+        let c = choose_backend(BackendArg::Auto, "macos", false, &feats(&["metal"])).unwrap();
+        assert_eq!(c.backend, Backend::Metal);
+        let c = choose_backend(BackendArg::Auto, "macos", false, &feats(&["cuda"])).unwrap();
+        assert_eq!(c.backend, Backend::Cpu);
+        assert!(c.note.is_some());
+        let c = choose_backend(BackendArg::Auto, "linux", false, &feats(&["cuda"])).unwrap();
+        assert_eq!(c, BackendChoice { backend: Backend::Cpu, note: None });
+    }
+
+    #[test]
+    fn an_explicit_backend_needs_its_feature() {
+        assert_eq!(
+            choose_backend(BackendArg::Cpu, "linux", true, &feats(&["cuda"])).unwrap().backend,
+            Backend::Cpu
+        );
+        assert_eq!(
+            choose_backend(BackendArg::Cuda, "linux", false, &feats(&["cuda"])).unwrap().backend,
+            Backend::Cuda
+        );
+        let e = choose_backend(BackendArg::Metal, "linux", false, &feats(&["cuda"])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--backend metal: the kiln package declares no `metal` feature yet; accepted here: cpu, cuda"
+        );
+        assert_eq!(Backend::Cuda.features(), ["cuda"]);
+        assert!(Backend::Cpu.features().is_empty());
+    }
+
+    #[test]
+    fn the_kiln_package_is_found_through_cargo_metadata() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let pkg = EnginePackage::read(root).unwrap();
+        assert!(!pkg.version.is_empty());
+        assert!(pkg.binary("release").ends_with(format!("release/kiln{}", std::env::consts::EXE_SUFFIX)));
+    }
+}

@@ -1,0 +1,190 @@
+//! What a sweep prints at the end, derived from its rows: a markdown table (model x prompt
+//! length, decode and prefill tok/s or the status), the tally, and the exit status.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use super::classify::Status;
+use super::plan::{Cell, CellKey, Plan};
+use super::rows::Row;
+
+/// A cell and its row, when it has one.
+pub struct Finished<'a> {
+    /// The cell.
+    pub cell: &'a Cell,
+    /// Its row: from this run or from the resumed file.
+    pub row: Option<&'a Row>,
+}
+
+/// Pairs every cell of `plan` with its row.
+pub fn pair<'a>(plan: &'a Plan, rows: &'a BTreeMap<CellKey, Row>) -> Vec<Finished<'a>> {
+    plan.cells.iter().map(|cell| Finished { cell, row: rows.get(&cell.key()) }).collect()
+}
+
+fn status_of(row: &Row) -> Option<Status> {
+    Status::parse(&row.status)
+}
+
+fn rate(v: Option<f64>) -> String {
+    v.map_or_else(|| "?".into(), |v| if v >= 100.0 { format!("{v:.0}") } else { format!("{v:.1}") })
+}
+
+/// The markdown table and the tally lines.
+pub fn render(plan: &Plan, finished: &[Finished<'_>], interrupted: Option<&str>) -> String {
+    let mut s = String::new();
+    let by_length = !plan.lengths.is_empty();
+    let columns: Vec<String> =
+        if by_length { plan.lengths.iter().map(u64::to_string).collect() } else { vec!["prompt".into()] };
+    let _ = writeln!(s, "decode / prefill tok/s, or why the cell has no measurement:\n");
+    let _ = writeln!(s, "| model | {} |", columns.join(" | "));
+    let _ = writeln!(s, "|---|{}", "---:|".repeat(columns.len()));
+    for model in &plan.models {
+        let cells: Vec<String> = finished
+            .iter()
+            .filter(|f| &f.cell.model == model)
+            .map(|f| match f.row {
+                None => "not run".to_string(),
+                Some(r) if r.status == Status::Ok.as_str() => {
+                    format!("{} / {}", rate(r.decode_tok_s), rate(r.prefill_tok_s))
+                }
+                Some(r) => r.status.clone(),
+            })
+            .collect();
+        let _ = writeln!(s, "| {} | {} |", model.replace('|', "\\|"), cells.join(" | "));
+    }
+    let _ = writeln!(s);
+    let total = finished.len();
+    let mut tally: BTreeMap<&str, usize> = BTreeMap::new();
+    for f in finished {
+        *tally.entry(f.row.map_or("not run", |r| r.status.as_str())).or_default() += 1;
+    }
+    let counts: Vec<String> = Status::ALL
+        .iter()
+        .map(|st| st.as_str())
+        .chain(["not run"])
+        .filter_map(|name| tally.get(name).map(|n| format!("{n} {name}")))
+        .collect();
+    let _ = writeln!(s, "{total} cells: {}", counts.join(", "));
+    let list = |pred: &dyn Fn(Status) -> bool| -> Vec<String> {
+        finished
+            .iter()
+            .filter_map(|f| {
+                let r = f.row?;
+                let st = status_of(r)?;
+                pred(st).then(|| format!("{} ({st})", f.cell.label()))
+            })
+            .collect()
+    };
+    let skipped = list(&|st| st.is_skip());
+    let _ = writeln!(s, "skipped {} of {total} cells: {}", skipped.len(), none_or(&skipped));
+    let failed = list(&|st| st.is_failure());
+    if !failed.is_empty() {
+        let _ = writeln!(s, "failed {} of {total} cells: {}", failed.len(), failed.join(", "));
+    }
+    if let Some(why) = interrupted {
+        let done = finished.iter().filter(|f| f.row.is_some()).count();
+        let _ = writeln!(s, "interrupted by {why} after {done} of {total} cells; every finished row is kept");
+    }
+    s
+}
+
+fn none_or(items: &[String]) -> String {
+    if items.is_empty() { "none".into() } else { items.join(", ") }
+}
+
+/// The exit status of a finished (not interrupted) sweep: 1 when a cell failed, when a
+/// cell whose coordinates the user named could not run by rule, or when nothing at all
+/// was measured; 0 otherwise (skips of cells derived from defaults and out-of-memory
+/// results are results).
+pub fn exit_status(finished: &[Finished<'_>]) -> (u8, Vec<String>) {
+    let mut reasons = Vec::new();
+    let mut measured = false;
+    for f in finished {
+        let Some(st) = f.row.and_then(status_of) else { continue };
+        if st == Status::Ok {
+            measured = true;
+        } else if st.is_failure() {
+            reasons.push(format!("{} failed ({st})", f.cell.label()));
+        } else if st.is_by_rule() && f.cell.named_for(st) {
+            reasons.push(format!("{} was named explicitly but cannot run ({st})", f.cell.label()));
+        }
+    }
+    if !measured {
+        reasons.push("nothing was measured".into());
+    }
+    (u8::from(!reasons.is_empty()), reasons)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::plan::{CellTemplate, Named, Prompt};
+    use super::*;
+
+    fn plan(named: Named) -> Plan {
+        Plan::grid(
+            &["a".to_string(), "b".to_string()],
+            &[Prompt::Tokens(512), Prompt::Tokens(2048)],
+            &CellTemplate { max_tokens: 8, warmup_tokens: 0, named },
+        )
+    }
+
+    fn rows(plan: &Plan, statuses: &[&str]) -> BTreeMap<CellKey, Row> {
+        plan.cells
+            .iter()
+            .zip(statuses)
+            .filter(|(_, s)| !s.is_empty())
+            .map(|(c, s)| {
+                let row = Row {
+                    model: c.model.clone(),
+                    prompt_target_len: c.prompt_target_len(),
+                    decode_tok_s: Some(12.345),
+                    prefill_tok_s: Some(1234.5),
+                    status: s.to_string(),
+                    ..Row::default()
+                };
+                (c.key(), row)
+            })
+            .collect()
+    }
+
+    fn exit(named: Named, statuses: &[&str]) -> u8 {
+        let p = plan(named);
+        let r = rows(&p, statuses);
+        exit_status(&pair(&p, &r)).0
+    }
+
+    const DEFAULTS: Named = Named { models: false, prompts: false };
+    const EXPLICIT: Named = Named { models: true, prompts: true };
+    const MODELS_ONLY: Named = Named { models: true, prompts: false };
+
+    #[test]
+    fn derived_skips_and_ooms_exit_zero() {
+        assert_eq!(exit(DEFAULTS, &["ok", "SKIP:context", "SKIP:missing_model", "SKIP:unsupported"]), 0);
+        assert_eq!(exit(EXPLICIT, &["ok", "SKIP:oom", "SKIP:oom_backstop", "SKIP:oom_record"]), 0);
+        assert_eq!(exit(EXPLICIT, &["ok", "SKIP:oom_estimate", "ok", "ok"]), 0);
+        assert_eq!(exit(MODELS_ONLY, &["ok", "SKIP:context", "ok", "SKIP:context"]), 0);
+    }
+
+    #[test]
+    fn explicit_by_rule_skips_failures_and_nothing_measured_exit_one() {
+        assert_eq!(exit(EXPLICIT, &["ok", "SKIP:context", "ok", "ok"]), 1);
+        assert_eq!(exit(MODELS_ONLY, &["ok", "ok", "SKIP:missing_model", "SKIP:missing_model"]), 1);
+        assert_eq!(exit(DEFAULTS, &["ok", "FAIL:timeout", "ok", "ok"]), 1);
+        assert_eq!(exit(DEFAULTS, &["ok", "FAIL:no_output", "ok", "ok"]), 1);
+        assert_eq!(exit(DEFAULTS, &["SKIP:oom", "SKIP:oom_backstop", "SKIP:oom_record", "SKIP:oom"]), 1);
+        assert_eq!(exit(DEFAULTS, &["", "", "", ""]), 1);
+    }
+
+    #[test]
+    fn the_summary_shows_rates_statuses_and_the_tally() {
+        let p = plan(DEFAULTS);
+        let r = rows(&p, &["ok", "SKIP:oom", "SKIP:context", ""]);
+        let text = render(&p, &pair(&p, &r), Some("SIGINT"));
+        assert!(text.contains("| model | 512 | 2048 |"), "{text}");
+        assert!(text.contains("| a | 12.3 / 1234 | SKIP:oom |"), "{text}");
+        assert!(text.contains("| b | SKIP:context | not run |"), "{text}");
+        assert!(text.contains("4 cells: 1 ok, 1 SKIP:oom, 1 SKIP:context, 1 not run"), "{text}");
+        assert!(text.contains("skipped 2 of 4 cells: a@2048 (SKIP:oom), b@512 (SKIP:context)"), "{text}");
+        assert!(text.contains("interrupted by SIGINT after 3 of 4 cells"), "{text}");
+    }
+}
