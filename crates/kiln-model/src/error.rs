@@ -133,6 +133,16 @@ pub enum ModelError {
         /// The model's context length.
         limit: usize,
     },
+    /// A weight's shape disagrees with the configuration.
+    #[error("{tensor} has shape {found}, expected {expected} from the model's config")]
+    WeightShape {
+        /// The tensor or module.
+        tensor: String,
+        /// The shape the config implies.
+        expected: String,
+        /// The shape found.
+        found: String,
+    },
     /// A run option is out of range.
     #[error("invalid {what}: {message}")]
     InvalidArgument {

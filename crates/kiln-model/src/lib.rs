@@ -3,18 +3,35 @@
 //! and tokenizers with chat templates. Nothing here knows about HTTP or the harness.
 #![deny(missing_docs)]
 
+pub mod attention;
 pub mod chat_template;
 pub mod checkpoint;
 pub mod config;
+pub mod engine;
 pub mod error;
+pub mod kv_cache;
 pub mod model;
+pub mod ops;
+pub mod plan;
+pub mod rope;
+pub mod sampling;
 pub mod source;
 pub mod synthetic;
 pub mod tokenizer;
+pub mod transformer;
 pub mod weights;
+pub mod workspace;
 
 pub use config::{Architecture, ModelConfig, QuantizationConfig, RopeScaling};
 pub use error::{ConfigError, ModelError, Result};
 pub use model::{LoadOptions, LoadedModel, ModelInfo, inspect, load};
 pub use source::ModelSource;
 pub use tokenizer::Tokenizer;
+
+pub use attention::AttentionKind;
+pub use engine::{Engine, EngineOptions, Session};
+pub use kv_cache::{KV_BLOCK_TOKENS, KvCache, KvDtype, KvLayout};
+pub use plan::{MemoryPlan, RunShape, WorkspaceShape, plan};
+pub use sampling::{Sampler, SamplingParams};
+pub use transformer::{Logits, SeqChunk, Transformer};
+pub use workspace::Workspace;

@@ -1,14 +1,508 @@
-//! Synthetic models: real shapes, seeded weights, no download.
+//! Synthetic models: the real shapes of published checkpoints, with weights drawn from a
+//! seeded generator directly in MLX-quantized form, and the byte-level tokenizer.
+//!
+//! A synthetic model behaves like a checkpoint of its shape in time and memory (the
+//! kernels' cost does not depend on the values) while needing no download. Names are
+//! `<profile>[@4bit|@8bit]`; 4-bit group 64 with bf16 scales, as mlx-community ships its
+//! conversions, is the default.
+//!
+//! Every tensor gets its own seed, and every chunk of a tensor a seed derived from it, so
+//! generation runs in parallel and yields the same bytes on every machine and thread
+//! count. Packed codes are uniform random words (any word is a valid set of codes); each
+//! group's scale is drawn around `1 / (code std * sqrt(K))` and its bias centres the
+//! codes on zero, so every layer's outputs keep unit-order magnitudes.
 
+use half::bf16;
+use kiln_core::{Buffer, MemoryPool, QuantSpec, QuantizedMatrix, ScaleData, Tag};
+use rand_core::{Rng, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus;
+use rayon::prelude::*;
+
+use crate::config::{Architecture, ModelConfig, QuantizationConfig, RopeScaling};
 use crate::error::{ModelError, Result};
 use crate::model::{LoadOptions, LoadedModel, ModelInfo};
+use crate::source::ModelSource;
+use crate::tokenizer::{ByteTokenizer, Tokenizer};
+use crate::weights::{Layer, Linear, LinearWeight, ModelWeights, RmsNorm};
 
-/// Configuration and weight size of a synthetic profile.
-pub fn inspect(profile: &str) -> Result<ModelInfo> {
-    Err(ModelError::UnknownSynthetic { name: profile.to_string(), accepted: String::new() })
+/// The seed [`load`] uses.
+pub const DEFAULT_SEED: u64 = 0x6b69_6c6e_5eed_0001;
+
+/// Group size of every synthetic quantized matrix.
+pub const GROUP_SIZE: usize = 64;
+
+/// Elements generated from one seed: the unit of parallel generation.
+const CHUNK: usize = 1 << 16;
+
+/// A published model's shape.
+#[derive(Clone, Copy, Debug)]
+pub struct Profile {
+    /// The name after `synthetic:`.
+    pub name: &'static str,
+    /// Where the shape comes from.
+    pub origin: &'static str,
+    architecture: Architecture,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: usize,
+    head_dim: usize,
+    vocab_size: usize,
+    rms_norm_eps: f32,
+    rope_theta: f32,
+    rope_scaling: Option<RopeScaling>,
+    max_position_embeddings: usize,
+    tie_word_embeddings: bool,
 }
 
-/// Builds a synthetic model.
-pub fn load(profile: &str, _opts: &LoadOptions) -> Result<LoadedModel> {
-    Err(ModelError::UnknownSynthetic { name: profile.to_string(), accepted: String::new() })
+/// Every profile, smallest first.
+pub const PROFILES: [Profile; 7] = [
+    Profile {
+        name: "tiny",
+        origin: "test-sized Llama 3 shape",
+        architecture: Architecture::Llama,
+        hidden_size: 128,
+        intermediate_size: 256,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 32,
+        vocab_size: 512,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10_000.0,
+        rope_scaling: Some(RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 256,
+        }),
+        max_position_embeddings: 1024,
+        tie_word_embeddings: true,
+    },
+    Profile {
+        name: "tiny-qwen",
+        origin: "test-sized Qwen2 shape (q/k/v biases, untied head)",
+        architecture: Architecture::Qwen2,
+        hidden_size: 128,
+        intermediate_size: 192,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 1,
+        head_dim: 32,
+        vocab_size: 384,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        rope_scaling: None,
+        max_position_embeddings: 1024,
+        tie_word_embeddings: false,
+    },
+    Profile {
+        name: "smollm-135m",
+        origin: "HuggingFaceTB/SmolLM-135M",
+        architecture: Architecture::Llama,
+        hidden_size: 576,
+        intermediate_size: 1536,
+        num_hidden_layers: 30,
+        num_attention_heads: 9,
+        num_key_value_heads: 3,
+        head_dim: 64,
+        vocab_size: 49152,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10_000.0,
+        rope_scaling: None,
+        max_position_embeddings: 2048,
+        tie_word_embeddings: true,
+    },
+    Profile {
+        name: "qwen2.5-0.5b",
+        origin: "Qwen/Qwen2.5-0.5B-Instruct",
+        architecture: Architecture::Qwen2,
+        hidden_size: 896,
+        intermediate_size: 4864,
+        num_hidden_layers: 24,
+        num_attention_heads: 14,
+        num_key_value_heads: 2,
+        head_dim: 64,
+        vocab_size: 151_936,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        rope_scaling: None,
+        max_position_embeddings: 32_768,
+        tie_word_embeddings: true,
+    },
+    Profile {
+        name: "llama-3.2-1b",
+        origin: "meta-llama/Llama-3.2-1B-Instruct",
+        architecture: Architecture::Llama,
+        hidden_size: 2048,
+        intermediate_size: 8192,
+        num_hidden_layers: 16,
+        num_attention_heads: 32,
+        num_key_value_heads: 8,
+        head_dim: 64,
+        vocab_size: 128_256,
+        rms_norm_eps: 1e-5,
+        rope_theta: 500_000.0,
+        rope_scaling: Some(RopeScaling::Llama3 {
+            factor: 32.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        }),
+        max_position_embeddings: 131_072,
+        tie_word_embeddings: true,
+    },
+    Profile {
+        name: "qwen2.5-7b",
+        origin: "Qwen/Qwen2.5-7B-Instruct",
+        architecture: Architecture::Qwen2,
+        hidden_size: 3584,
+        intermediate_size: 18_944,
+        num_hidden_layers: 28,
+        num_attention_heads: 28,
+        num_key_value_heads: 4,
+        head_dim: 128,
+        vocab_size: 152_064,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        rope_scaling: None,
+        max_position_embeddings: 32_768,
+        tie_word_embeddings: false,
+    },
+    Profile {
+        name: "llama-3.1-8b",
+        origin: "meta-llama/Llama-3.1-8B-Instruct",
+        architecture: Architecture::Llama,
+        hidden_size: 4096,
+        intermediate_size: 14_336,
+        num_hidden_layers: 32,
+        num_attention_heads: 32,
+        num_key_value_heads: 8,
+        head_dim: 128,
+        vocab_size: 128_256,
+        rms_norm_eps: 1e-5,
+        rope_theta: 500_000.0,
+        rope_scaling: Some(RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        }),
+        max_position_embeddings: 131_072,
+        tie_word_embeddings: false,
+    },
+];
+
+impl Profile {
+    /// The configuration a checkpoint of this shape, quantized with `spec`, would have.
+    pub fn config(&self, spec: QuantSpec) -> ModelConfig {
+        let qwen = self.architecture == Architecture::Qwen2;
+        ModelConfig {
+            architecture: self.architecture,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_hidden_layers: self.num_hidden_layers,
+            num_attention_heads: self.num_attention_heads,
+            num_key_value_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
+            vocab_size: self.vocab_size,
+            rms_norm_eps: self.rms_norm_eps,
+            rope_theta: self.rope_theta,
+            rope_scaling: self.rope_scaling,
+            max_position_embeddings: self.max_position_embeddings,
+            tie_word_embeddings: self.tie_word_embeddings,
+            attention_bias: qwen,
+            o_proj_bias: false,
+            mlp_bias: false,
+            bos_token_id: Some(ByteTokenizer::BOS),
+            eos_token_ids: vec![ByteTokenizer::EOS],
+            quantization: Some(QuantizationConfig { default: spec, overrides: Default::default() }),
+        }
+    }
+}
+
+/// A parsed synthetic name: profile and quantization.
+#[derive(Clone, Copy, Debug)]
+pub struct SyntheticSpec {
+    /// The shape.
+    pub profile: &'static Profile,
+    /// Quantization of every linear layer and the embedding.
+    pub quant: QuantSpec,
+}
+
+/// The accepted profile names, comma-separated, for messages.
+pub fn accepted_profiles() -> String {
+    PROFILES.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
+}
+
+/// Parses `<profile>[@4bit|@8bit]`.
+pub fn parse(name: &str) -> Result<SyntheticSpec> {
+    let unknown = || ModelError::UnknownSynthetic { name: name.to_string(), accepted: accepted_profiles() };
+    let (base, bits) = match name.split_once('@') {
+        None => (name, 4),
+        Some((base, "4bit")) => (base, 4),
+        Some((base, "8bit")) => (base, 8),
+        Some(_) => return Err(unknown()),
+    };
+    let profile = PROFILES.iter().find(|p| p.name == base).ok_or_else(unknown)?;
+    let quant = QuantSpec::new(bits, GROUP_SIZE).map_err(|_| unknown())?;
+    Ok(SyntheticSpec { profile, quant })
+}
+
+/// Configuration and weight bytes of a synthetic model, without generating it.
+pub fn inspect(name: &str) -> Result<ModelInfo> {
+    let spec = parse(name)?;
+    let config = spec.profile.config(spec.quant);
+    let weight_bytes = weight_bytes(&config, spec.quant);
+    Ok(ModelInfo { source: ModelSource::Synthetic(name.to_string()), config, weight_bytes })
+}
+
+/// Builds a synthetic model with [`DEFAULT_SEED`].
+pub fn load(name: &str, opts: &LoadOptions) -> Result<LoadedModel> {
+    load_with_seed(name, DEFAULT_SEED, &opts.pool)
+}
+
+/// Builds a synthetic model from `seed`; the same name and seed give the same weights on
+/// every machine. Every byte is counted in `pool` under [`Tag::Weights`].
+pub fn load_with_seed(name: &str, seed: u64, pool: &MemoryPool) -> Result<LoadedModel> {
+    let spec = parse(name)?;
+    let config = spec.profile.config(spec.quant);
+    let weights = generate(&config, spec.quant, seed, pool)?;
+    Ok(LoadedModel {
+        source: ModelSource::Synthetic(name.to_string()),
+        config,
+        weights,
+        tokenizer: Tokenizer::Bytes(ByteTokenizer),
+        chat_template: None,
+    })
+}
+
+/// Bytes [`load_with_seed`] counts under the weights tag for `config`.
+pub fn weight_bytes(config: &ModelConfig, quant: QuantSpec) -> u64 {
+    let qbytes = |n: usize, k: usize| -> u64 {
+        let groups = (n * quant.groups_per_row(k)) as u64;
+        (n * quant.words_per_row(k) * 4) as u64 + groups * 2 * 2
+    };
+    let (h, i, q, kv) = (config.hidden_size, config.intermediate_size, config.q_dim(), config.kv_dim());
+    let bias = if config.attention_bias { ((q + 2 * kv) * 4) as u64 } else { 0 };
+    let per_layer = qbytes(q, h)
+        + 2 * qbytes(kv, h)
+        + qbytes(h, q)
+        + 2 * qbytes(i, h)
+        + qbytes(h, i)
+        + bias
+        + (2 * h * 4) as u64;
+    let embed = qbytes(config.vocab_size, h);
+    let head = if config.tie_word_embeddings { 0 } else { embed };
+    per_layer * config.num_hidden_layers as u64 + embed + head + (h * 4) as u64
+}
+
+/// Which tensor a seed belongs to; mixed with the layer index and the model seed.
+#[derive(Clone, Copy)]
+enum Slot {
+    Embed = 1,
+    LmHead,
+    FinalNorm,
+    Q,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+    InputNorm,
+    PostNorm,
+    QBias,
+    KBias,
+    VBias,
+}
+
+/// SplitMix64's finaliser: a bijective mix so nearby inputs give unrelated seeds.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn tensor_seed(seed: u64, layer: usize, slot: Slot) -> u64 {
+    mix(mix(seed ^ mix(layer as u64 + 1)) ^ slot as u64)
+}
+
+fn chunk_rng(tensor_seed: u64, stream: u64, chunk: usize) -> Xoshiro256PlusPlus {
+    Xoshiro256PlusPlus::seed_from_u64(mix(tensor_seed ^ mix(stream) ^ mix(chunk as u64 ^ 0xc4a1)))
+}
+
+/// A uniform f32 in `[0, 1)` from the top 24 bits of a word.
+fn unit(word: u64) -> f32 {
+    (word >> 40) as f32 * (1.0 / (1u64 << 24) as f32)
+}
+
+fn generate(config: &ModelConfig, quant: QuantSpec, seed: u64, pool: &MemoryPool) -> Result<ModelWeights> {
+    let (h, i, q, kv) = (config.hidden_size, config.intermediate_size, config.q_dim(), config.kv_dim());
+    let linear = |n: usize, k: usize, layer: usize, slot: Slot, bias: Option<Slot>| -> Result<Linear> {
+        let weight = LinearWeight::Quantized(quantized(n, k, quant, tensor_seed(seed, layer, slot), pool)?);
+        let bias = match bias {
+            Some(b) => Some(values(n, 0.0, 0.2, tensor_seed(seed, layer, b), pool)?),
+            None => None,
+        };
+        Ok(Linear { weight, bias })
+    };
+    let norm = |layer: usize, slot: Slot| -> Result<RmsNorm> {
+        Ok(RmsNorm {
+            weight: values(h, 0.9, 0.2, tensor_seed(seed, layer, slot), pool)?,
+            eps: config.rms_norm_eps,
+        })
+    };
+    let biased = config.attention_bias;
+    let mut layers = Vec::with_capacity(config.num_hidden_layers);
+    for l in 0..config.num_hidden_layers {
+        layers.push(Layer {
+            input_layernorm: norm(l, Slot::InputNorm)?,
+            q_proj: linear(q, h, l, Slot::Q, biased.then_some(Slot::QBias))?,
+            k_proj: linear(kv, h, l, Slot::K, biased.then_some(Slot::KBias))?,
+            v_proj: linear(kv, h, l, Slot::V, biased.then_some(Slot::VBias))?,
+            o_proj: linear(h, q, l, Slot::O, None)?,
+            post_attention_layernorm: norm(l, Slot::PostNorm)?,
+            gate_proj: linear(i, h, l, Slot::Gate, None)?,
+            up_proj: linear(i, h, l, Slot::Up, None)?,
+            down_proj: linear(h, i, l, Slot::Down, None)?,
+        });
+    }
+    let top = config.num_hidden_layers;
+    let embed_tokens = LinearWeight::Quantized(quantized(
+        config.vocab_size,
+        h,
+        quant,
+        tensor_seed(seed, top, Slot::Embed),
+        pool,
+    )?);
+    let lm_head = if config.tie_word_embeddings {
+        None
+    } else {
+        Some(linear(config.vocab_size, h, top, Slot::LmHead, None)?)
+    };
+    Ok(ModelWeights { embed_tokens, layers, norm: norm(top, Slot::FinalNorm)?, lm_head })
+}
+
+/// A quantized `[n, k]` with random codes and scales that keep `W x` at the scale of `x`.
+fn quantized(n: usize, k: usize, quant: QuantSpec, seed: u64, pool: &MemoryPool) -> Result<QuantizedMatrix> {
+    let words = n * quant.words_per_row(k);
+    let mut packed = pool.alloc_zeroed::<u32>(Tag::Weights, words)?;
+    packed.par_chunks_mut(CHUNK).enumerate().for_each(|(c, out)| {
+        let mut rng = chunk_rng(seed, 0, c);
+        for pair in out.chunks_mut(2) {
+            let w = rng.next_u64();
+            pair[0] = w as u32;
+            if let Some(hi) = pair.get_mut(1) {
+                *hi = (w >> 32) as u32;
+            }
+        }
+    });
+    let groups = n * quant.groups_per_row(k);
+    let max_code = quant.max_code() as f32;
+    // Codes are uniform on [0, max_code]: mean max_code / 2, variance ((max+1)^2 - 1) / 12.
+    let code_std = (((max_code + 1.0) * (max_code + 1.0) - 1.0) / 12.0).sqrt();
+    let base = 1.0 / (code_std * (k as f32).sqrt());
+    let mut scales = pool.alloc_zeroed::<bf16>(Tag::Weights, groups)?;
+    let mut biases = pool.alloc_zeroed::<bf16>(Tag::Weights, groups)?;
+    scales.par_chunks_mut(CHUNK).zip(biases.par_chunks_mut(CHUNK)).enumerate().for_each(|(c, (s, b))| {
+        let mut rng = chunk_rng(seed, 1, c);
+        for (s, b) in s.iter_mut().zip(b.iter_mut()) {
+            let scale = bf16::from_f32(base * (0.5 + unit(rng.next_u64())));
+            *s = scale;
+            *b = bf16::from_f32(-0.5 * max_code * scale.to_f32());
+        }
+    });
+    QuantizedMatrix::new(
+        n,
+        k,
+        quant,
+        Buffer::from_pool(packed),
+        ScaleData::Bf16(Buffer::from_pool(scales)),
+        ScaleData::Bf16(Buffer::from_pool(biases)),
+    )
+    .map_err(|source| ModelError::Geometry { tensor: format!("synthetic [{n}, {k}]"), source })
+}
+
+/// `n` values uniform in `[lo, lo + width)`, counted as weights.
+fn values(n: usize, lo: f32, width: f32, seed: u64, pool: &MemoryPool) -> Result<Buffer<f32>> {
+    let mut v = pool.alloc_zeroed::<f32>(Tag::Weights, n)?;
+    v.par_chunks_mut(CHUNK).enumerate().for_each(|(c, out)| {
+        let mut rng = chunk_rng(seed, 2, c);
+        for x in out {
+            *x = lo + width * unit(rng.next_u64());
+        }
+    });
+    Ok(Buffer::from_pool(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_with_and_without_suffix() {
+        assert_eq!(parse("tiny").unwrap().quant.bits(), 4);
+        assert_eq!(parse("qwen2.5-0.5b@8bit").unwrap().quant.bits(), 8);
+        assert_eq!(parse("llama-3.1-8b@4bit").unwrap().profile.name, "llama-3.1-8b");
+        for bad in ["nope", "tiny@3bit", "tiny@", "@4bit"] {
+            let e = parse(bad).unwrap_err();
+            let msg = e.to_string();
+            assert!(matches!(e, ModelError::UnknownSynthetic { .. }), "{bad}");
+            assert!(msg.contains(bad) && msg.contains("qwen2.5-0.5b") && msg.contains("@8bit"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn inspect_predicts_the_bytes_generation_counts() {
+        for name in ["tiny", "tiny-qwen", "tiny@8bit"] {
+            let pool = MemoryPool::unlimited();
+            let info = inspect(name).unwrap();
+            let model = load_with_seed(name, 7, &pool).unwrap();
+            assert_eq!(pool.stats().by_tag["weights"].live, info.weight_bytes, "{name}");
+            assert_eq!(pool.stats().live_bytes, info.weight_bytes, "{name}");
+            drop(model);
+            assert_eq!(pool.stats().live_bytes, 0);
+        }
+    }
+
+    #[test]
+    fn published_shapes_divide_into_groups() {
+        for p in &PROFILES {
+            let c = p.config(QuantSpec::new(4, GROUP_SIZE).unwrap());
+            for k in [c.hidden_size, c.intermediate_size, c.q_dim()] {
+                assert_eq!(k % GROUP_SIZE, 0, "{}: K = {k}", p.name);
+            }
+            assert!(c.vocab_size >= ByteTokenizer::MIN_VOCAB);
+            assert_eq!(c.num_attention_heads % c.num_key_value_heads, 0);
+        }
+        // qwen2.5-0.5b at 4 bits: about 0.28 GB like the mlx-community conversion.
+        let b = inspect("qwen2.5-0.5b").unwrap().weight_bytes;
+        assert!((250_000_000..300_000_000).contains(&b), "{b}");
+    }
+
+    #[test]
+    fn dequantized_weights_are_centred_and_scaled() {
+        let pool = MemoryPool::unlimited();
+        let m = load_with_seed("tiny", 1, &pool).unwrap();
+        let LinearWeight::Quantized(w) = &m.weights.layers[0].gate_proj.weight else { panic!("quantized") };
+        let mut row = vec![0f32; w.k()];
+        let (mut sum, mut sq, mut count) = (0f64, 0f64, 0usize);
+        for r in 0..w.n() {
+            w.dequantize_row(r, &mut row);
+            for &v in &row {
+                assert!(v.is_finite());
+                sum += v as f64;
+                sq += (v * v) as f64;
+                count += 1;
+            }
+        }
+        let mean = sum / count as f64;
+        let std = (sq / count as f64 - mean * mean).sqrt();
+        let want = 1.0 / (w.k() as f64).sqrt();
+        assert!(mean.abs() < 0.05 * want, "mean {mean}");
+        assert!((std / want - 1.0).abs() < 0.2, "std {std} want {want}");
+    }
 }

@@ -1,2 +1,58 @@
-//! The `kiln` binary.
-fn main() {}
+//! The `kiln` binary: `generate`, `bench-decode` and `estimate`. It parses the command
+//! line, runs one command, and turns its outcome into the documented exit status
+//! (docs/cli.md, docs/engine-protocol.md); everything else lives in kiln-model.
+
+mod bench;
+mod cli;
+mod estimate;
+mod exit;
+mod generate;
+mod prompt;
+mod runtime;
+mod rusage;
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+
+/// Wall time since the start of `main` (the dynamic loader's work before it, well under a
+/// millisecond, is not counted), less any span excluded on purpose such as the bandwidth
+/// probe.
+pub struct Clock {
+    start: Instant,
+    excluded: Duration,
+}
+
+impl Clock {
+    fn start() -> Self {
+        Clock { start: Instant::now(), excluded: Duration::ZERO }
+    }
+
+    /// Leaves `d` out of every later reading.
+    pub fn exclude(&mut self, d: Duration) {
+        self.excluded += d;
+    }
+
+    /// Milliseconds since the start, exclusions removed.
+    pub fn ms(&self) -> f64 {
+        self.start.elapsed().saturating_sub(self.excluded).as_secs_f64() * 1e3
+    }
+}
+
+fn main() -> ExitCode {
+    let mut clock = Clock::start();
+    // clap prints usage errors itself and exits 2, the protocol's code for bad arguments.
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(args) => generate::run(args),
+        Command::BenchDecode(args) => bench::run(args, &mut clock),
+        Command::Estimate(args) => estimate::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => exit::report(&e),
+    }
+}

@@ -1,0 +1,270 @@
+//! The key/value cache of one sequence: keys and values after RoPE, stored as f16 (or
+//! f32) in blocks of [`KV_BLOCK_TOKENS`] positions, each block allocated from the pool
+//! under [`Tag::Kv`] when the sequence first needs it. A block never moves once
+//! allocated, so growing the cache never holds two copies.
+//!
+//! Inside a block the layout is `[layer][key|value][kv_head][position][head_dim]`, so the
+//! keys of one head over a run of positions are contiguous, which is what attention
+//! reads tile by tile.
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use kiln_core::{MemoryPool, OutOfMemory, PoolVec, Tag};
+
+use crate::config::ModelConfig;
+
+/// Positions per block. Attention tiles are powers of two no larger than this, so a tile
+/// never straddles two blocks.
+pub const KV_BLOCK_TOKENS: usize = 256;
+
+/// Storage type of cached keys and values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KvDtype {
+    /// IEEE half precision: half the memory, rounding at 11 significant bits.
+    #[default]
+    F16,
+    /// Single precision, as the activations are.
+    F32,
+}
+
+impl KvDtype {
+    /// Bytes per stored value.
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F16 => 2,
+            KvDtype::F32 => 4,
+        }
+    }
+
+    /// `f16` or `f32`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvDtype::F16 => "f16",
+            KvDtype::F32 => "f32",
+        }
+    }
+}
+
+/// The shape of a model's cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    /// Decoder layers.
+    pub layers: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Storage type.
+    pub dtype: KvDtype,
+}
+
+impl KvLayout {
+    /// The layout of `config`'s cache stored as `dtype`.
+    pub fn new(config: &ModelConfig, dtype: KvDtype) -> Self {
+        KvLayout {
+            layers: config.num_hidden_layers,
+            kv_heads: config.num_key_value_heads,
+            head_dim: config.head_dim,
+            dtype,
+        }
+    }
+
+    /// Values in one block.
+    pub fn block_values(&self) -> usize {
+        self.layers * 2 * self.kv_heads * KV_BLOCK_TOKENS * self.head_dim
+    }
+
+    /// Bytes of one block.
+    pub fn block_bytes(&self) -> u64 {
+        (self.block_values() * self.dtype.size()) as u64
+    }
+
+    /// Blocks holding `tokens` positions.
+    pub fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(KV_BLOCK_TOKENS)
+    }
+
+    /// Bytes a cache of `tokens` positions holds (whole blocks).
+    pub fn bytes_for(&self, tokens: usize) -> u64 {
+        self.blocks_for(tokens) as u64 * self.block_bytes()
+    }
+
+    fn offset(&self, layer: usize, value: bool, head: usize, slot: usize) -> usize {
+        (((layer * 2 + value as usize) * self.kv_heads + head) * KV_BLOCK_TOKENS + slot) * self.head_dim
+    }
+}
+
+enum Blocks {
+    F16(Vec<PoolVec<f16>>),
+    F32(Vec<PoolVec<f32>>),
+}
+
+/// One sequence's cache.
+pub struct KvCache {
+    layout: KvLayout,
+    pool: MemoryPool,
+    blocks: Blocks,
+    len: usize,
+}
+
+impl KvCache {
+    /// An empty cache; nothing is allocated until [`Self::reserve`].
+    pub fn new(layout: KvLayout, pool: &MemoryPool) -> Self {
+        let blocks = match layout.dtype {
+            KvDtype::F16 => Blocks::F16(Vec::new()),
+            KvDtype::F32 => Blocks::F32(Vec::new()),
+        };
+        KvCache { layout, pool: pool.clone(), blocks, len: 0 }
+    }
+
+    /// The cache's shape.
+    pub fn layout(&self) -> KvLayout {
+        self.layout
+    }
+
+    /// Positions stored.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Positions the allocated blocks can hold.
+    pub fn capacity(&self) -> usize {
+        self.block_count() * KV_BLOCK_TOKENS
+    }
+
+    fn block_count(&self) -> usize {
+        match &self.blocks {
+            Blocks::F16(b) => b.len(),
+            Blocks::F32(b) => b.len(),
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.block_count() as u64 * self.layout.block_bytes()
+    }
+
+    /// Allocates blocks until `tokens` positions fit.
+    pub fn reserve(&mut self, tokens: usize) -> Result<(), OutOfMemory> {
+        let n = self.layout.block_values();
+        while self.capacity() < tokens {
+            match &mut self.blocks {
+                Blocks::F16(b) => b.push(self.pool.alloc_zeroed(Tag::Kv, n)?),
+                Blocks::F32(b) => b.push(self.pool.alloc_zeroed(Tag::Kv, n)?),
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the key and value rows (`kv_heads * head_dim` each) of position `pos` in
+    /// `layer`. The position must be reserved; it counts once [`Self::commit`] says so.
+    pub fn store(&mut self, layer: usize, pos: usize, key: &[f32], value: &[f32]) {
+        let (block, slot) = (pos / KV_BLOCK_TOKENS, pos % KV_BLOCK_TOKENS);
+        let d = self.layout.head_dim;
+        for (is_value, row) in [(false, key), (true, value)] {
+            for (head, src) in row.chunks_exact(d).enumerate() {
+                let at = self.layout.offset(layer, is_value, head, slot);
+                match &mut self.blocks {
+                    Blocks::F16(b) => b[block][at..at + d].convert_from_f32_slice(src),
+                    Blocks::F32(b) => b[block][at..at + d].copy_from_slice(src),
+                }
+            }
+        }
+    }
+
+    /// Counts `n` more positions as stored (after every layer wrote them).
+    pub fn commit(&mut self, n: usize) {
+        assert!(self.len + n <= self.capacity(), "KvCache::commit: {n} positions beyond the reserved blocks");
+        self.len += n;
+    }
+
+    /// Forgets every position from `len` on (the blocks stay allocated).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Copies keys (or values) of `head` in `layer` at positions `start..start + n` into
+    /// `out` (`n * head_dim` values) as f32. The run must lie inside one block.
+    pub fn read(&self, layer: usize, value: bool, head: usize, start: usize, n: usize, out: &mut [f32]) {
+        let (block, slot) = (start / KV_BLOCK_TOKENS, start % KV_BLOCK_TOKENS);
+        assert!(slot + n <= KV_BLOCK_TOKENS, "KvCache::read: a run must not straddle blocks");
+        let d = self.layout.head_dim;
+        let at = self.layout.offset(layer, value, head, slot);
+        let out = &mut out[..n * d];
+        match &self.blocks {
+            Blocks::F16(b) => b[block][at..at + n * d].convert_to_f32_slice(out),
+            Blocks::F32(b) => out.copy_from_slice(&b[block][at..at + n * d]),
+        }
+    }
+}
+
+impl std::fmt::Debug for KvCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvCache")
+            .field("layout", &self.layout)
+            .field("len", &self.len)
+            .field("capacity", &self.capacity())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(dtype: KvDtype) -> KvLayout {
+        KvLayout { layers: 2, kv_heads: 2, head_dim: 4, dtype }
+    }
+
+    #[test]
+    fn grows_in_blocks_counted_by_the_pool() {
+        let pool = MemoryPool::unlimited();
+        let l = layout(KvDtype::F16);
+        let mut c = KvCache::new(l, &pool);
+        assert_eq!(pool.stats().live_bytes, 0);
+        c.reserve(1).unwrap();
+        assert_eq!(c.capacity(), KV_BLOCK_TOKENS);
+        assert_eq!(pool.stats().by_tag["kv"].live, l.block_bytes());
+        c.reserve(KV_BLOCK_TOKENS + 1).unwrap();
+        assert_eq!(pool.stats().by_tag["kv"].live, 2 * l.block_bytes());
+        assert_eq!(l.bytes_for(KV_BLOCK_TOKENS + 1), 2 * l.block_bytes());
+        drop(c);
+        assert_eq!(pool.stats().live_bytes, 0);
+    }
+
+    #[test]
+    fn a_refused_block_is_out_of_memory() {
+        let l = layout(KvDtype::F32);
+        let pool = MemoryPool::with_limit(l.block_bytes() + 10);
+        let mut c = KvCache::new(l, &pool);
+        c.reserve(10).unwrap();
+        let e = c.reserve(KV_BLOCK_TOKENS + 10).unwrap_err();
+        assert_eq!(e.tag, Tag::Kv);
+        assert_eq!(c.capacity(), KV_BLOCK_TOKENS);
+    }
+
+    #[test]
+    fn stores_and_reads_back_per_head() {
+        for dtype in [KvDtype::F16, KvDtype::F32] {
+            let pool = MemoryPool::unlimited();
+            let mut c = KvCache::new(layout(dtype), &pool);
+            c.reserve(KV_BLOCK_TOKENS + 2).unwrap();
+            let key: Vec<f32> = (0..8).map(|i| i as f32 * 0.5).collect();
+            let value: Vec<f32> = (0..8).map(|i| -(i as f32)).collect();
+            let pos = KV_BLOCK_TOKENS + 1;
+            c.store(1, pos, &key, &value);
+            c.commit(pos + 1);
+            let mut out = [0f32; 8];
+            c.read(1, false, 1, pos, 1, &mut out);
+            assert_eq!(&out[..4], &key[4..]);
+            c.read(1, true, 0, pos - 1, 2, &mut out);
+            assert_eq!(&out[4..], &value[..4]);
+            assert_eq!(&out[..4], &[0.0; 4]);
+        }
+    }
+}

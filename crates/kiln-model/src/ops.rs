@@ -1,0 +1,183 @@
+//! Element-wise and row-wise operations of the forward pass: RMSNorm, SwiGLU, residual
+//! adds, dot products and a vectorisable `exp`. Written so the compiler can vectorise
+//! them for the baseline target (independent accumulators, no data-dependent branches);
+//! CPU-feature dispatch belongs to kiln-core's kernels alone.
+
+use rayon::prelude::*;
+
+/// Rows per rayon task in row-parallel operations; below one task's worth, stay serial.
+const ROWS_PER_TASK: usize = 8;
+
+/// `out[r] = x[r] / rms(x[r]) * weight` for every row of width `weight.len()`.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let d = weight.len();
+    debug_assert_eq!(x.len(), out.len());
+    let one = |(xr, or): (&[f32], &mut [f32])| {
+        let ss = sum_squares(xr);
+        let inv = 1.0 / (ss / d as f32 + eps).sqrt();
+        for ((o, &v), &w) in or.iter_mut().zip(xr).zip(weight) {
+            *o = v * inv * w;
+        }
+    };
+    if x.len() > ROWS_PER_TASK * d {
+        x.par_chunks(d).zip(out.par_chunks_mut(d)).for_each(one);
+    } else {
+        x.chunks(d).zip(out.chunks_mut(d)).for_each(one);
+    }
+}
+
+/// `gate = silu(gate) * up`, element-wise.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    const SPAN: usize = 4096;
+    let one = |(g, u): (&mut [f32], &[f32])| {
+        for (g, &u) in g.iter_mut().zip(u) {
+            let v = *g;
+            *g = v / (1.0 + exp(-v)) * u;
+        }
+    };
+    if gate.len() > 4 * SPAN {
+        gate.par_chunks_mut(SPAN).zip(up.par_chunks(SPAN)).for_each(one);
+    } else {
+        one((gate, up));
+    }
+}
+
+/// `x += y`, element-wise.
+pub fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// Sum of squares with eight independent accumulators.
+pub fn sum_squares(x: &[f32]) -> f32 {
+    dot(x, x)
+}
+
+/// `a . b` with eight independent accumulators (the order is fixed, so the result does not
+/// depend on anything but the inputs).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut tail = 0f32;
+    for (x, y) in ar.iter().zip(br) {
+        tail += x * y;
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// `y += a * x`.
+#[inline]
+pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
+/// `x *= a`.
+#[inline]
+pub fn scale(x: &mut [f32], a: f32) {
+    for v in x {
+        *v *= a;
+    }
+}
+
+/// `e^x` for f32 within 2 ulp over the whole range, branch-free so loops over it
+/// vectorise: `x = n ln2 + r` with `|r| <= ln2 / 2`, a degree-6 polynomial for `e^r`, and
+/// `2^n` built in the exponent bits. Inputs below -87.3 give 0, above 88.7 give infinity.
+#[inline]
+pub fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split in two so `n * LN2_HI` is exact.
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let x = x.clamp(-87.336_55, 88.722_83);
+    let n = (x * LOG2E).round();
+    let r = x - n * LN2_HI - n * LN2_LO;
+    // Taylor coefficients of e^r, enough for |r| <= 0.347.
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.666_666_7e-1
+                    + r * (4.166_666_8e-2 + r * (8.333_334e-3 + r * (1.388_888_9e-3 + r * 1.984_127e-4))))));
+    // n is in [-126, 128]; split 2^n into two halves so neither exponent overflows.
+    let ni = n as i32;
+    let half = ni >> 1;
+    let a = f32::from_bits(((half + 127) as u32) << 23);
+    let b = f32::from_bits(((ni - half + 127) as u32) << 23);
+    p * a * b
+}
+
+/// Index of the largest value; the first one on ties, NaN never wins.
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in x.iter().enumerate() {
+        if v > best_v {
+            best = i;
+            best_v = v;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_is_accurate_and_saturates() {
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let want = (x as f64).exp();
+            let got = exp(x) as f64;
+            worst = worst.max(((got - want) / want).abs());
+            x += 0.0137;
+        }
+        assert!(worst < 4e-7, "relative error {worst}");
+        assert!(exp(-1000.0) < 1e-37);
+        assert!(exp(100.0) > 1e38);
+        assert_eq!(exp(0.0), 1.0);
+    }
+
+    #[test]
+    fn rms_norm_normalises_each_row() {
+        let x = [3.0, 4.0, 0.0, 0.0, 1.0, 1.0];
+        let w = [1.0, 2.0];
+        let mut out = [0f32; 6];
+        rms_norm(&x, &w, 1e-6, &mut out);
+        let inv = 1.0 / (12.5f32).sqrt();
+        assert!((out[0] - 3.0 * inv).abs() < 1e-6 && (out[1] - 8.0 * inv).abs() < 1e-6);
+        // eps keeps an all-zero row finite.
+        assert!(out[2] == 0.0 && out[3] == 0.0);
+        assert!((out[4] - 1.0).abs() < 1e-6 && (out[5] - 2.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn dot_matches_f64_and_argmax_picks_first() {
+        let a: Vec<f32> = (0..37).map(|i| (i as f32 * 0.3).sin()).collect();
+        let b: Vec<f32> = (0..37).map(|i| (i as f32 * 0.7).cos()).collect();
+        let want: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
+        assert!((dot(&a, &b) as f64 - want).abs() < 1e-5);
+        assert_eq!(argmax(&[1.0, 3.0, f32::NAN, 3.0]), 1);
+    }
+
+    #[test]
+    fn silu_mul_matches_the_definition() {
+        let mut g = [-2.0f32, 0.0, 1.5];
+        silu_mul(&mut g, &[1.0, 5.0, 2.0]);
+        let silu = |v: f32| v / (1.0 + (-v).exp());
+        for (got, want) in g.iter().zip([silu(-2.0), 0.0, silu(1.5) * 2.0]) {
+            assert!((got - want).abs() < 1e-6);
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! `kiln bench-decode`: one measurement of prefill and decode, printed as one JSON object
+//! (or a CSV header and row) exactly as docs/engine-protocol.md lays out.
+//!
+//! The run is greedy and never stops at EOS. The prefill yields the first generated token;
+//! each further token is one decode step; the first `--warmup-tokens` steps are not
+//! timed. The workspace is allocated from the memory plan before the clock starts, so the
+//! timed steps allocate nothing but the cache's next block when a sequence crosses one.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::Context;
+use kiln_core::bandwidth::{self, ReadBuffer};
+use kiln_core::wide::qmv_wide_enabled;
+use kiln_model::ops::argmax;
+use kiln_model::{Engine, ModelError, RunShape};
+
+use crate::cli::{BenchArgs, Format};
+use crate::exit::usage;
+use crate::{Clock, prompt, runtime, rusage};
+
+/// Passes over the bandwidth buffer; the best one is reported.
+const BANDWIDTH_PASSES: usize = 5;
+
+/// The protocol's scalar fields, in order, plus kiln's additions after them.
+#[derive(Debug, serde::Serialize)]
+pub struct Scalars {
+    model: String,
+    model_path: String,
+    prompt_tokens: usize,
+    generated_tokens: usize,
+    prefill_ms: f64,
+    prefill_tok_s: f64,
+    decode_ms: f64,
+    decode_tok_s: f64,
+    peak_bytes: u64,
+    max_rss_bytes: Option<u64>,
+    startup_ms: f64,
+    first_token_ms: f64,
+    backend: &'static str,
+    threads: usize,
+    kiln_version: &'static str,
+    attention: &'static str,
+    prefill_chunk: usize,
+    memory_limit_bytes: Option<u64>,
+    max_tokens: usize,
+    warmup_tokens: usize,
+    decode_steps: usize,
+    kv_dtype: &'static str,
+    qmv_wide: bool,
+    weights_bytes: u64,
+    estimated_peak_bytes: u64,
+    bytes_read_per_token: u64,
+    read_bandwidth_bytes_per_s: Option<f64>,
+    bandwidth_probe_ms: Option<f64>,
+    decode_bandwidth_share: Option<f64>,
+}
+
+/// The JSON record: the scalars and the peak's per-tag breakdown.
+#[derive(Debug, serde::Serialize)]
+struct Record {
+    #[serde(flatten)]
+    scalars: Scalars,
+    peak_breakdown: BTreeMap<String, u64>,
+}
+
+/// Runs the measurement and prints its record.
+pub fn run(args: BenchArgs, clock: &mut Clock) -> anyhow::Result<()> {
+    let threads = runtime::init_threads(args.run.threads)?;
+    let pool = runtime::pool(&args.run)?;
+    if args.max_tokens == 0 {
+        return Err(usage("invalid --max-tokens 0: accepted values are 1 or more"));
+    }
+    if args.warmup_tokens > 0 && args.warmup_tokens + 1 >= args.max_tokens {
+        return Err(usage(format!(
+            "invalid --warmup-tokens {}: with --max-tokens {} there would be no timed decode step; \
+             accepted values are below max-tokens - 1",
+            args.warmup_tokens, args.max_tokens
+        )));
+    }
+
+    let bandwidth = if args.measure_bandwidth {
+        let t = Instant::now();
+        let buf = ReadBuffer::new(bandwidth::DEFAULT_BYTES);
+        let bw = bandwidth::measure(&buf, BANDWIDTH_PASSES);
+        drop(buf);
+        let spent = t.elapsed();
+        clock.exclude(spent);
+        Some((bw, spent.as_secs_f64() * 1e3))
+    } else {
+        None
+    };
+
+    let model_name = &args.run.model;
+    let load_opts = runtime::load_options(&args.run, &pool);
+    let info =
+        kiln_model::inspect(model_name, &load_opts).with_context(|| format!("reading model {model_name}"))?;
+    let context = info.config.max_position_embeddings;
+    let check_context = |prompt: usize| -> anyhow::Result<()> {
+        let requested = prompt + args.max_tokens;
+        if requested > context {
+            return Err(ModelError::ContextExceeded { requested, limit: context }).with_context(|| {
+                format!("{model_name}: prompt of {prompt} tokens plus {} generated", args.max_tokens)
+            });
+        }
+        Ok(())
+    };
+    if let Some(n) = args.prompt_tokens {
+        check_context(n)?;
+    }
+    let model =
+        kiln_model::load(model_name, &load_opts).with_context(|| format!("loading model {model_name}"))?;
+    let ids = match (&args.prompt, args.prompt_tokens) {
+        (_, Some(n)) => prompt::of_length(&model.tokenizer, n)?,
+        (Some(text), None) => prompt::of_text(&model.tokenizer, text)?,
+        (None, None) => return Err(usage("bench-decode needs --prompt TEXT or --prompt-tokens N")),
+    };
+    check_context(ids.len())?;
+
+    let options = runtime::engine_options(&args.run);
+    let run_shape = RunShape {
+        prompt_tokens: ids.len(),
+        max_tokens: args.max_tokens,
+        prefill_chunk: options.prefill_chunk,
+        batch: 1,
+        attention: options.attention,
+        kv_dtype: options.kv_dtype,
+    };
+    let plan = kiln_model::plan(&model.config, info.weight_bytes, &run_shape);
+    let mut engine = Engine::new(&model, &pool, options).context("preparing the forward pass")?;
+    engine.reserve_workspace(plan.workspace).context("allocating the workspace")?;
+    let mut cache = engine.new_cache();
+    let startup_ms = clock.ms();
+
+    let t = Instant::now();
+    let logits = engine.prefill(&mut cache, &ids).context("running the prefill")?;
+    let mut next = argmax(logits) as u32;
+    let prefill_s = t.elapsed().as_secs_f64();
+    let first_token_ms = clock.ms();
+
+    let steps = args.max_tokens - 1;
+    let mut timed_from = None;
+    for step in 0..steps {
+        if step == args.warmup_tokens {
+            timed_from = Some(Instant::now());
+        }
+        next = argmax(engine.decode(&mut cache, next).context("running a decode step")?) as u32;
+    }
+    let decode_s = timed_from.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    let decode_steps = steps.saturating_sub(args.warmup_tokens);
+    let decode_tok_s = if decode_s > 0.0 { decode_steps as f64 / decode_s } else { 0.0 };
+
+    let stats = pool.stats();
+    let bytes_read_per_token = model.weights.bytes_read_per_token() as u64;
+    let scalars = Scalars {
+        model: model_name.clone(),
+        model_path: model.source.display_path(),
+        prompt_tokens: ids.len(),
+        generated_tokens: args.max_tokens,
+        prefill_ms: prefill_s * 1e3,
+        prefill_tok_s: ids.len() as f64 / prefill_s,
+        decode_ms: decode_s * 1e3,
+        decode_tok_s,
+        peak_bytes: stats.peak_bytes,
+        max_rss_bytes: rusage::max_rss_bytes(),
+        startup_ms,
+        first_token_ms,
+        backend: "cpu",
+        threads,
+        kiln_version: env!("CARGO_PKG_VERSION"),
+        attention: options.attention.as_str(),
+        prefill_chunk: options.prefill_chunk,
+        memory_limit_bytes: runtime::limit_bytes(&pool),
+        max_tokens: args.max_tokens,
+        warmup_tokens: args.warmup_tokens,
+        decode_steps,
+        kv_dtype: options.kv_dtype.as_str(),
+        qmv_wide: qmv_wide_enabled(),
+        weights_bytes: info.weight_bytes,
+        estimated_peak_bytes: plan.total_bytes,
+        bytes_read_per_token,
+        read_bandwidth_bytes_per_s: bandwidth.map(|(bw, _)| bw.bytes_per_s),
+        bandwidth_probe_ms: bandwidth.map(|(_, ms)| ms),
+        decode_bandwidth_share: bandwidth
+            .filter(|_| decode_tok_s > 0.0)
+            .map(|(bw, _)| decode_tok_s * bytes_read_per_token as f64 / bw.bytes_per_s),
+    };
+    let peak_breakdown = stats.by_tag.iter().map(|(tag, s)| (tag.clone(), s.at_peak)).collect();
+    let mut out = std::io::stdout().lock();
+    match args.format {
+        Format::Json => {
+            let record = Record { scalars, peak_breakdown };
+            serde_json::to_writer(&mut out, &record).context("writing the result")?;
+            writeln!(out).context("writing the result")?;
+        }
+        Format::Csv => {
+            let mut w = csv::Writer::from_writer(&mut out);
+            w.serialize(&scalars).context("writing the result")?;
+            w.flush().context("writing the result")?;
+        }
+    }
+    out.flush().context("writing the result")?;
+    Ok(())
+}

@@ -1,0 +1,192 @@
+//! The command line, as clap parses it. Flag names and meanings are the engine protocol
+//! (docs/engine-protocol.md); docs/cli.md describes every one.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use kiln_model::{AttentionKind, KvDtype};
+
+const EXIT_STATUS: &str = "\
+Exit status:
+  0  success
+  1  anything else (a bug, an I/O failure); stderr has `error: ...`
+  2  bad arguments or an unusable model (missing path, unsupported config, invalid
+     geometry, prompt plus generated tokens beyond the context); stderr names the input
+     and what is accepted
+  3  out of memory: the memory pool refused an allocation; stderr has a line starting
+     `out of memory:` naming the request, the bytes in use and the limit";
+
+const MODEL_HELP: &str = "synthetic:<profile>[@4bit|@8bit], a directory under ./models/, or a path \
+     to a checkpoint directory (profiles: tiny, tiny-qwen, smollm-135m, qwen2.5-0.5b, llama-3.2-1b, \
+     qwen2.5-7b, llama-3.1-8b)";
+
+/// The kiln inference engine.
+#[derive(Parser, Debug)]
+#[command(name = "kiln", version, about, after_help = EXIT_STATUS)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Generate text from a prompt, streamed to stdout as it is decoded.
+    #[command(after_help = EXIT_STATUS)]
+    Generate(GenerateArgs),
+    /// Run one decode measurement and print one JSON object (or a CSV row).
+    #[command(after_help = EXIT_STATUS)]
+    BenchDecode(BenchArgs),
+    /// Predict the memory pool's peak for a run, without loading the weights.
+    #[command(after_help = EXIT_STATUS)]
+    Estimate(EstimateArgs),
+}
+
+/// Output format of bench-decode and estimate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// One JSON object on one line.
+    Json,
+    /// A header line and one row.
+    Csv,
+}
+
+/// Attention implementation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Attention {
+    /// Tiled online softmax; memory independent of the prompt length.
+    Streaming,
+    /// Materialised scores; memory grows with the square of the prompt.
+    Naive,
+}
+
+impl From<Attention> for AttentionKind {
+    fn from(a: Attention) -> Self {
+        match a {
+            Attention::Streaming => AttentionKind::Streaming,
+            Attention::Naive => AttentionKind::Naive,
+        }
+    }
+}
+
+/// KV cache storage type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum KvType {
+    /// Half precision.
+    F16,
+    /// Single precision.
+    F32,
+}
+
+impl From<KvType> for KvDtype {
+    fn from(k: KvType) -> Self {
+        match k {
+            KvType::F16 => KvDtype::F16,
+            KvType::F32 => KvDtype::F32,
+        }
+    }
+}
+
+/// Options shared by every command that runs or plans a model.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// The model.
+    #[arg(short, long, value_name = "MODEL", help = MODEL_HELP)]
+    pub model: String,
+    /// Memory pool limit (`512MiB`, `2GiB`, bytes); overrides KILN_MEMORY_LIMIT. Default:
+    /// 85% of physical memory, or of the cgroup limit when lower.
+    #[arg(long, value_name = "SIZE")]
+    pub memory_limit: Option<String>,
+    /// Prompt tokens per prefill forward; 0 runs the whole prompt in one forward.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub prefill_chunk: usize,
+    /// Attention implementation.
+    #[arg(long, value_enum, default_value_t = Attention::Streaming)]
+    pub attention: Attention,
+    /// KV cache storage type.
+    #[arg(long, value_enum, default_value_t = KvType::F16)]
+    pub kv_dtype: KvType,
+    /// Quantize an unquantized checkpoint on load to this many bits (group 64).
+    #[arg(long, value_name = "BITS", value_parser = ["4", "8"])]
+    pub quantize: Option<String>,
+    /// Worker threads. Default: RAYON_NUM_THREADS, else one per CPU.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+}
+
+/// `kiln generate`.
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    /// Model, memory and attention options.
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// The prompt.
+    #[arg(short, long)]
+    pub prompt: String,
+    /// Tokens to generate at most (EOS stops earlier).
+    #[arg(short = 'n', long = "max-tokens", value_name = "N", default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Sample only from the K most likely tokens; 0 keeps all.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub top_k: usize,
+    /// Sample only from the smallest set of tokens whose probability reaches P.
+    #[arg(long, value_name = "P", default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Use the prompt as it is, without the model's chat template.
+    #[arg(long)]
+    pub no_chat_template: bool,
+}
+
+/// `kiln bench-decode`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Model, memory and attention options.
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// The prompt text (encoded with the model's special tokens, no chat template).
+    #[arg(short, long, conflicts_with = "prompt_tokens", required_unless_present = "prompt_tokens")]
+    pub prompt: Option<String>,
+    /// Build a prompt of exactly N tokens.
+    #[arg(long, value_name = "N")]
+    pub prompt_tokens: Option<usize>,
+    /// Tokens to generate: the first comes out of the prefill, each other from one decode
+    /// step. EOS does not stop the measurement.
+    #[arg(short = 'n', long = "max-tokens", value_name = "N", default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Decode steps run before the timed ones.
+    #[arg(long, value_name = "W", default_value_t = 0)]
+    pub warmup_tokens: usize,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Json)]
+    pub format: Format,
+    /// Measure the read bandwidth (a 1 GiB buffer, outside the pool) before loading the
+    /// model, and report decode speed as a share of bandwidth / bytes read per token.
+    #[arg(long)]
+    pub measure_bandwidth: bool,
+}
+
+/// `kiln estimate`.
+#[derive(Args, Debug)]
+pub struct EstimateArgs {
+    /// Model, memory and attention options.
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Prompt length of the run to predict.
+    #[arg(long, value_name = "N")]
+    pub prompt_tokens: usize,
+    /// Tokens the run generates.
+    #[arg(short = 'n', long = "max-tokens", value_name = "N", default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Accepted so a bench-decode command line can be reused; warmup steps are part of
+    /// the generated tokens and change nothing here.
+    #[arg(long, value_name = "W", default_value_t = 0, hide = true)]
+    pub warmup_tokens: usize,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Json)]
+    pub format: Format,
+}

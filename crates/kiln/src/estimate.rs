@@ -1,0 +1,96 @@
+//! `kiln estimate`: the memory plan of a bench-decode run, from the model's configuration
+//! alone (no weights are loaded), as one JSON object (or a CSV header and row).
+//!
+//! A run beyond the model's context is still planned and printed, with `within_context`
+//! false, so a harness can tell "would not fit in memory" from "cannot run at this length".
+
+use std::io::Write;
+
+use anyhow::Context;
+use kiln_model::RunShape;
+
+use crate::cli::{EstimateArgs, Format};
+use crate::exit::usage;
+use crate::runtime;
+
+/// The record, protocol fields first.
+#[derive(Debug, serde::Serialize)]
+struct Record {
+    model: String,
+    model_path: String,
+    prompt_tokens: usize,
+    max_tokens: usize,
+    weights_bytes: u64,
+    kv_bytes: u64,
+    scratch_bytes: u64,
+    total_bytes: u64,
+    memory_limit_bytes: Option<u64>,
+    fits: bool,
+    context_length: usize,
+    attention: &'static str,
+    prefill_chunk: usize,
+    within_context: bool,
+    kv_dtype: &'static str,
+    workspace_bytes: u64,
+    attention_scores_bytes: u64,
+}
+
+/// Plans the run and prints the record.
+pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
+    runtime::init_threads(args.run.threads)?;
+    let pool = runtime::pool(&args.run)?;
+    if args.prompt_tokens == 0 {
+        return Err(usage("invalid --prompt-tokens 0: a prompt needs at least 1 token"));
+    }
+    if args.max_tokens == 0 {
+        return Err(usage("invalid --max-tokens 0: accepted values are 1 or more"));
+    }
+    let name = &args.run.model;
+    let info = kiln_model::inspect(name, &runtime::load_options(&args.run, &pool))
+        .with_context(|| format!("reading model {name}"))?;
+    let options = runtime::engine_options(&args.run);
+    let shape = RunShape {
+        prompt_tokens: args.prompt_tokens,
+        max_tokens: args.max_tokens,
+        prefill_chunk: options.prefill_chunk,
+        batch: 1,
+        attention: options.attention,
+        kv_dtype: options.kv_dtype,
+    };
+    let plan = kiln_model::plan(&info.config, info.weight_bytes, &shape);
+    let limit = runtime::limit_bytes(&pool);
+    let context = info.config.max_position_embeddings;
+    let record = Record {
+        model: name.clone(),
+        model_path: info.source.display_path(),
+        prompt_tokens: args.prompt_tokens,
+        max_tokens: args.max_tokens,
+        weights_bytes: plan.weights_bytes,
+        kv_bytes: plan.kv_bytes,
+        scratch_bytes: plan.scratch_bytes,
+        total_bytes: plan.total_bytes,
+        memory_limit_bytes: limit,
+        fits: limit.is_none_or(|l| plan.total_bytes <= l),
+        context_length: context,
+        attention: options.attention.as_str(),
+        prefill_chunk: options.prefill_chunk,
+        within_context: shape.sequence_tokens() <= context,
+        kv_dtype: options.kv_dtype.as_str(),
+        workspace_bytes: plan.workspace_bytes,
+        attention_scores_bytes: plan.attention_scores_bytes,
+    };
+    let mut out = std::io::stdout().lock();
+    match args.format {
+        Format::Json => {
+            serde_json::to_writer(&mut out, &record).context("writing the estimate")?;
+            writeln!(out).context("writing the estimate")?;
+        }
+        Format::Csv => {
+            let mut w = csv::Writer::from_writer(&mut out);
+            w.serialize(&record).context("writing the estimate")?;
+            w.flush().context("writing the estimate")?;
+        }
+    }
+    out.flush().context("writing the estimate")?;
+    Ok(())
+}

@@ -1,0 +1,130 @@
+//! Exit codes, the one place errors become a status: 0 success, 1 anything else, 2 bad
+//! arguments or an unusable model, 3 out of memory. A broken pipe on stdout (the reader
+//! went away) ends the process quietly with 0.
+
+use std::fmt;
+use std::process::ExitCode;
+
+use kiln_core::OutOfMemory;
+use kiln_core::pool::LimitError;
+use kiln_model::ModelError;
+
+/// Success.
+pub const SUCCESS: u8 = 0;
+/// Anything else.
+pub const FAILURE: u8 = 1;
+/// Bad arguments or an unusable model.
+pub const USAGE: u8 = 2;
+/// The memory pool refused an allocation.
+pub const OUT_OF_MEMORY: u8 = 3;
+
+/// An argument the parser accepted but the command cannot use.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// Shorthand for a [`UsageError`] as an `anyhow::Error`.
+pub fn usage(message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(UsageError(message.into()))
+}
+
+/// What an error means for the exit status.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The reader of stdout went away.
+    BrokenPipe,
+    /// The pool refused an allocation.
+    OutOfMemory,
+    /// Bad arguments or an unusable model.
+    Usage,
+    /// Anything else.
+    Other,
+}
+
+/// Classifies `err` by the first cause in its chain that says what it is.
+pub fn classify(err: &anyhow::Error) -> Kind {
+    for cause in err.chain() {
+        if cause.downcast_ref::<OutOfMemory>().is_some() {
+            return Kind::OutOfMemory;
+        }
+        if cause.downcast_ref::<UsageError>().is_some() || cause.downcast_ref::<LimitError>().is_some() {
+            return Kind::Usage;
+        }
+        if let Some(e) = cause.downcast_ref::<ModelError>() {
+            return match e {
+                ModelError::OutOfMemory(_) => Kind::OutOfMemory,
+                ModelError::Io { .. } => Kind::Other,
+                _ => Kind::Usage,
+            };
+        }
+        if let Some(e) = cause.downcast_ref::<std::io::Error>()
+            && e.kind() == std::io::ErrorKind::BrokenPipe
+        {
+            return Kind::BrokenPipe;
+        }
+    }
+    Kind::Other
+}
+
+/// Prints `err` to stderr as the protocol asks and returns the exit status.
+pub fn report(err: &anyhow::Error) -> ExitCode {
+    let kind = classify(err);
+    let code = match kind {
+        Kind::BrokenPipe => return ExitCode::from(SUCCESS),
+        Kind::OutOfMemory => OUT_OF_MEMORY,
+        Kind::Usage => USAGE,
+        Kind::Other => FAILURE,
+    };
+    if kind == Kind::OutOfMemory {
+        // The pool's own message on a line of its own, so a harness can match the line
+        // start; the context that led to it follows.
+        if let Some(oom) = err.chain().find_map(oom_message) {
+            eprintln!("{oom}");
+        }
+    }
+    eprintln!("error: {err:#}");
+    ExitCode::from(code)
+}
+
+fn oom_message(cause: &(dyn std::error::Error + 'static)) -> Option<String> {
+    if let Some(e) = cause.downcast_ref::<OutOfMemory>() {
+        return Some(e.to_string());
+    }
+    match cause.downcast_ref::<ModelError>() {
+        Some(ModelError::OutOfMemory(e)) => Some(e.to_string()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use anyhow::Context;
+    use kiln_core::Tag;
+
+    use super::*;
+
+    #[test]
+    fn causes_map_to_documented_codes() {
+        let oom = OutOfMemory { requested: 10, tag: Tag::Kv, in_use: 5, limit: 8 };
+        let e = anyhow::Error::new(ModelError::from(oom.clone())).context("loading synthetic:tiny");
+        assert_eq!(classify(&e), Kind::OutOfMemory);
+        assert_eq!(classify(&anyhow::Error::new(oom)), Kind::OutOfMemory);
+        let e = anyhow::Error::new(ModelError::ContextExceeded { requested: 10, limit: 5 });
+        assert_eq!(classify(&e), Kind::Usage);
+        assert_eq!(classify(&usage("bad")), Kind::Usage);
+        let io = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "pipe");
+        let e = Err::<(), _>(io).context("writing").unwrap_err();
+        assert_eq!(classify(&e), Kind::BrokenPipe);
+        assert_eq!(classify(&anyhow::anyhow!("something")), Kind::Other);
+        let e =
+            anyhow::Error::new(ModelError::Io { path: "x".into(), source: std::io::Error::other("disk") });
+        assert_eq!(classify(&e), Kind::Other);
+    }
+}

