@@ -78,7 +78,10 @@ impl Workspace {
             rows: rows.max(self.shape.rows),
             logit_rows: logit_rows.max(self.shape.logit_rows),
         };
+        // Free first; if the larger allocation is refused the workspace stays empty (and
+        // says so), ready for a smaller forward.
         self.bufs = Buffers::new(config, &self.pool, WorkspaceShape::default())?;
+        self.shape = WorkspaceShape::default();
         self.bufs = Buffers::new(config, &self.pool, shape)?;
         self.shape = shape;
         Ok(())

@@ -1,0 +1,291 @@
+//! The `kiln` binary's contract: exit codes, the JSON and CSV records of bench-decode and
+//! estimate, and generate's output.
+
+mod util;
+
+use std::io::Read;
+use std::process::Stdio;
+
+use util::{Dir, Run};
+
+fn u64_field(run: &Run, map: &serde_json::Map<String, serde_json::Value>, key: &str) -> u64 {
+    map.get(key)
+        .and_then(|v| v.as_u64())
+        .unwrap_or_else(|| panic!("{key} is not an integer{}", run.describe()))
+}
+
+fn f64_field(run: &Run, map: &serde_json::Map<String, serde_json::Value>, key: &str) -> f64 {
+    map.get(key).and_then(|v| v.as_f64()).unwrap_or_else(|| panic!("{key} is not a number{}", run.describe()))
+}
+
+#[test]
+fn bench_decode_prints_every_protocol_field() {
+    let dir = Dir::new();
+    let run = dir
+        .run(&[
+            "bench-decode",
+            "-m",
+            "synthetic:tiny",
+            "--prompt-tokens",
+            "37",
+            "-n",
+            "9",
+            "--warmup-tokens",
+            "2",
+        ])
+        .expect_code(0);
+    let j = run.json();
+    for key in [
+        "model",
+        "model_path",
+        "prompt_tokens",
+        "generated_tokens",
+        "prefill_ms",
+        "prefill_tok_s",
+        "decode_ms",
+        "decode_tok_s",
+        "peak_bytes",
+        "peak_breakdown",
+        "max_rss_bytes",
+        "startup_ms",
+        "first_token_ms",
+        "backend",
+        "threads",
+        "kiln_version",
+        "attention",
+        "prefill_chunk",
+        "memory_limit_bytes",
+        "bytes_read_per_token",
+    ] {
+        assert!(j.contains_key(key), "missing {key}{}", run.describe());
+    }
+    assert_eq!(j["model"], "synthetic:tiny");
+    assert_eq!(j["model_path"], "synthetic:tiny");
+    assert_eq!(u64_field(&run, &j, "prompt_tokens"), 37);
+    assert_eq!(u64_field(&run, &j, "generated_tokens"), 9);
+    assert_eq!(u64_field(&run, &j, "decode_steps"), 6);
+    assert_eq!(j["backend"], "cpu");
+    assert_eq!(j["attention"], "streaming");
+    assert_eq!(j["kiln_version"], env!("CARGO_PKG_VERSION"));
+    for key in ["prefill_ms", "prefill_tok_s", "decode_ms", "decode_tok_s", "startup_ms"] {
+        assert!(f64_field(&run, &j, key) > 0.0, "{key} must be positive{}", run.describe());
+    }
+    assert!(f64_field(&run, &j, "first_token_ms") >= f64_field(&run, &j, "startup_ms"), "{}", run.describe());
+    let peak = u64_field(&run, &j, "peak_bytes");
+    let breakdown = j["peak_breakdown"].as_object().expect("peak_breakdown is an object");
+    let sum: u64 = ["weights", "kv", "scratch", "other"]
+        .iter()
+        .map(|t| breakdown.get(*t).and_then(|v| v.as_u64()).expect("a count per tag"))
+        .sum();
+    assert_eq!(sum, peak, "{}", run.describe());
+    assert_eq!(breakdown["weights"].as_u64(), j["weights_bytes"].as_u64());
+    assert!(breakdown["kv"].as_u64() > Some(0));
+    assert!(u64_field(&run, &j, "max_rss_bytes") > peak);
+    assert!(u64_field(&run, &j, "bytes_read_per_token") > 0);
+    assert!(j["read_bandwidth_bytes_per_s"].is_null() && j["decode_bandwidth_share"].is_null());
+    assert!(u64_field(&run, &j, "threads") >= 1);
+}
+
+#[test]
+fn bench_decode_csv_is_a_header_and_one_row() {
+    let dir = Dir::new();
+    let run = dir
+        .run(&["bench-decode", "-m", "synthetic:tiny", "--prompt-tokens", "8", "-n", "3", "--format", "csv"])
+        .expect_code(0);
+    let out = run.stdout();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", run.describe());
+    let header: Vec<&str> = lines[0].split(',').collect();
+    assert!(
+        header.starts_with(&["model", "model_path", "prompt_tokens", "generated_tokens"]),
+        "{}",
+        run.describe()
+    );
+    assert!(!header.contains(&"peak_breakdown"));
+    assert_eq!(lines[1].split(',').count(), header.len(), "{}", run.describe());
+}
+
+#[test]
+fn threads_memory_limit_and_prompt_text_are_honoured() {
+    let dir = Dir::new();
+    let run = dir
+        .run(&[
+            "bench-decode",
+            "-m",
+            "synthetic:tiny-qwen",
+            "-p",
+            "hello, kiln",
+            "-n",
+            "2",
+            "--threads",
+            "1",
+            "--memory-limit",
+            "64MiB",
+            "--attention",
+            "naive",
+            "--prefill-chunk",
+            "4",
+        ])
+        .expect_code(0);
+    let j = run.json();
+    // The byte tokenizer: BOS plus one token per byte.
+    assert_eq!(u64_field(&run, &j, "prompt_tokens"), 12);
+    assert_eq!(u64_field(&run, &j, "threads"), 1);
+    assert_eq!(u64_field(&run, &j, "memory_limit_bytes"), 64 << 20);
+    assert_eq!(j["attention"], "naive");
+    assert_eq!(u64_field(&run, &j, "prefill_chunk"), 4);
+    // The environment variable sets the limit when the flag is absent.
+    let env = [("KILN_MEMORY_LIMIT", "3MiB")];
+    let run = dir.run_env(&["estimate", "-m", "synthetic:tiny", "--prompt-tokens", "8"], &env).expect_code(0);
+    let j = run.json();
+    assert_eq!(u64_field(&run, &j, "memory_limit_bytes"), 3 << 20, "{}", run.describe());
+}
+
+#[test]
+fn a_missing_model_is_exit_2_naming_the_path() {
+    let dir = Dir::new();
+    let run = dir.run(&["bench-decode", "-m", "models/no-such-model", "--prompt-tokens", "8", "-n", "2"]);
+    let run = run.expect_code(2);
+    assert!(run.stderr().contains("no-such-model"), "{}", run.describe());
+    assert!(run.stdout().is_empty(), "{}", run.describe());
+    let run = dir.run(&["estimate", "-m", "/nowhere/at/all", "--prompt-tokens", "8"]).expect_code(2);
+    assert!(run.stderr().contains("/nowhere/at/all"), "{}", run.describe());
+    let run = dir.run(&["estimate", "-m", "synthetic:huge", "--prompt-tokens", "8"]).expect_code(2);
+    assert!(run.stderr().contains("qwen2.5-0.5b"), "the accepted profiles are listed{}", run.describe());
+}
+
+#[test]
+fn bad_arguments_are_exit_2() {
+    let dir = Dir::new();
+    let cases: &[&[&str]] = &[
+        &["bench-decode", "-m", "synthetic:tiny", "--prompt-tokens", "8", "--no-such-flag"],
+        &["bench-decode", "-m", "synthetic:tiny"],
+        &["bench-decode", "-m", "synthetic:tiny", "--prompt-tokens", "8", "--attention", "flash"],
+        &["bench-decode", "-m", "synthetic:tiny", "--prompt-tokens", "eight"],
+        &["bench-decode", "-m", "synthetic:tiny", "--prompt-tokens", "8", "--memory-limit", "lots"],
+        &["bench-decode", "-m", "synthetic:tiny", "--prompt-tokens", "8", "-n", "3", "--warmup-tokens", "2"],
+        &["bench-decode", "-m", "synthetic:tiny", "--prompt-tokens", "0"],
+        &["bench-decode", "-m", "synthetic:tiny", "--prompt-tokens", "8", "--threads", "0"],
+        &["generate", "-m", "synthetic:tiny", "-p", "x", "--top-p", "1.5"],
+        &["estimate", "-m", "synthetic:tiny"],
+    ];
+    for args in cases {
+        let run = dir.run(args).expect_code(2);
+        assert!(!run.stderr().is_empty(), "{}", run.describe());
+    }
+    let run =
+        dir.run(&["bench-decode", "-m", "synthetic:tiny", "--prompt-tokens", "8", "--memory-limit", "lots"]);
+    assert!(run.stderr().contains("lots") && run.stderr().contains("MiB"), "{}", run.describe());
+}
+
+#[test]
+fn a_run_beyond_the_context_is_exit_2_and_estimate_flags_it() {
+    let dir = Dir::new();
+    // tiny's context is 1024 positions.
+    let run = dir.run(&["bench-decode", "-m", "synthetic:tiny", "--prompt-tokens", "1000", "-n", "30"]);
+    let run = run.expect_code(2);
+    assert!(run.stderr().contains("1030") && run.stderr().contains("1024"), "{}", run.describe());
+    let run =
+        dir.run(&["estimate", "-m", "synthetic:tiny", "--prompt-tokens", "1000", "-n", "30"]).expect_code(0);
+    let j = run.json();
+    assert_eq!(j["within_context"], false);
+    assert_eq!(u64_field(&run, &j, "context_length"), 1024);
+}
+
+#[test]
+fn a_small_memory_limit_is_exit_3_with_the_pools_message() {
+    let dir = Dir::new();
+    for limit in ["100KiB", "300KiB"] {
+        let run = dir.run(&[
+            "bench-decode",
+            "-m",
+            "synthetic:tiny",
+            "--prompt-tokens",
+            "64",
+            "-n",
+            "4",
+            "--memory-limit",
+            limit,
+        ]);
+        let run = run.expect_code(3);
+        assert!(run.stderr().lines().any(|l| l.starts_with("out of memory:")), "{}", run.describe());
+        assert!(run.stdout().is_empty(), "{}", run.describe());
+    }
+    // The estimate says the same run does not fit.
+    let run = dir.run(&[
+        "estimate",
+        "-m",
+        "synthetic:tiny",
+        "--prompt-tokens",
+        "64",
+        "-n",
+        "4",
+        "--memory-limit",
+        "300KiB",
+    ]);
+    assert_eq!(run.expect_code(0).json()["fits"], false);
+}
+
+#[test]
+fn help_documents_the_exit_codes() {
+    let dir = Dir::new();
+    for args in [&["--help"][..], &["bench-decode", "--help"][..]] {
+        let run = dir.run(args).expect_code(0);
+        let out = run.stdout();
+        assert!(out.contains("Exit status") && out.contains("out of memory:"), "{}", run.describe());
+        for code in ["0  success", "1  anything else", "2  bad arguments", "3  out of memory"] {
+            assert!(out.contains(code), "missing {code:?}{}", run.describe());
+        }
+    }
+}
+
+#[test]
+fn generate_is_reproducible_with_a_seed() {
+    let dir = Dir::new();
+    let args = |seed: &'static str| {
+        [
+            "generate",
+            "-m",
+            "synthetic:tiny",
+            "-p",
+            "The kiln",
+            "-n",
+            "24",
+            "--temperature",
+            "0.9",
+            "--top-k",
+            "50",
+            "--seed",
+            seed,
+        ]
+    };
+    let a = dir.run(&args("1")).expect_code(0);
+    let b = dir.run(&args("1")).expect_code(0);
+    let c = dir.run(&args("2")).expect_code(0);
+    assert_eq!(a.output.stdout, b.output.stdout, "{}{}", a.describe(), b.describe());
+    assert_ne!(a.output.stdout, c.output.stdout, "{}{}", a.describe(), c.describe());
+    assert!(a.stderr().contains("tok/s"), "{}", a.describe());
+    // Greedy needs no seed and is reproducible too.
+    let g1 = dir
+        .run(&["generate", "-m", "synthetic:tiny", "-p", "x", "-n", "8", "--no-chat-template"])
+        .expect_code(0);
+    let g2 = dir.run(&["generate", "-m", "synthetic:tiny", "-p", "x", "-n", "8"]).expect_code(0);
+    assert_eq!(g1.output.stdout, g2.output.stdout);
+}
+
+#[test]
+fn a_closed_stdout_ends_generate_quietly() {
+    let dir = Dir::new();
+    let mut child = dir
+        .command(&["generate", "-m", "synthetic:tiny", "-p", "x", "-n", "1000", "--temperature", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting kiln");
+    drop(child.stdout.take());
+    let mut stderr = String::new();
+    child.stderr.take().expect("stderr").read_to_string(&mut stderr).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "stderr: {stderr}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("error"), "stderr: {stderr}");
+}
