@@ -16,9 +16,33 @@ pub enum Tokenizer {
 impl Tokenizer {
     /// Loads `tokenizer.json`.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let t = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| ModelError::Tokenizer { path: path.to_path_buf(), message: e.to_string() })?;
+        let t = tokenizers::Tokenizer::from_file(path).map_err(|e| ModelError::Tokenizer {
+            path: path.to_path_buf(),
+            message: format!("not a usable Hugging Face tokenizer.json: {e}"),
+        })?;
         Ok(Tokenizer::Hf(Box::new(t)))
+    }
+
+    /// Loads `tokenizer.json` from a checkpoint directory.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("tokenizer.json");
+        if !path.is_file() {
+            return Err(ModelError::Tokenizer {
+                path,
+                message: "missing: kiln reads Hugging Face tokenizer.json files \
+                          (a sentencepiece tokenizer.model or tiktoken file alone is not supported)"
+                    .into(),
+            });
+        }
+        Self::from_file(&path)
+    }
+
+    /// Tokens in the vocabulary, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            Tokenizer::Bytes(_) => ByteTokenizer::MIN_VOCAB,
+            Tokenizer::Hf(t) => t.get_vocab_size(true),
+        }
     }
 
     /// Token ids of `text`; `add_special` adds what the tokenizer's post-processor adds
