@@ -15,7 +15,9 @@ use crate::sweep::{HarnessEnv, Output, Prepared, Session, SweepFlags, rows, user
 #[derive(clap::Args)]
 pub struct BenchLongprompt {
     /// Models, comma- or space-separated: synthetic:<profile>, a directory under
-    /// ./models/, or a path [default: synthetic:tiny,synthetic:small].
+    /// ./models/, or a path [default on the CPU: synthetic:tiny, synthetic:smollm-135m,
+    /// synthetic:qwen2.5-0.5b; on a GPU: synthetic:qwen2.5-0.5b, synthetic:llama-3.2-1b,
+    /// synthetic:llama-3.1-8b].
     #[arg(long, value_name = "LIST", value_parser = plan::models_arg)]
     models: Option<plan::Models>,
     /// Prompt lengths in tokens, e.g. "512 2048 8192" [default: "128 512 2048" on the
@@ -74,7 +76,13 @@ impl BenchLongprompt {
             None => Output {
                 path: match &self.sweep.output {
                     Some(p) => user_path(p)?,
-                    None => session.default_output("longprompt"),
+                    None => {
+                        let path = session.default_output("longprompt");
+                        if path.exists() {
+                            eprintln!("note: replacing {} (--resume appends to it instead)", path.display());
+                        }
+                        path
+                    }
                 },
                 resumed: None,
             },

@@ -1,0 +1,371 @@
+//! The sweep scenarios end to end: the real `cargo xtask` against the real `kiln` on the
+//! tiny synthetic models (1024-token context), each test in its own directory.
+
+mod util;
+
+use std::fs;
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use util::{Run, Sandbox, expect};
+
+const TINY: &str = "synthetic:tiny";
+const TINY_QWEN: &str = "synthetic:tiny-qwen";
+/// Few tokens per cell: the scenarios are about which cells run, not how fast.
+const SHORT: [&str; 4] = ["--max-tokens", "6", "--warmup-tokens", "1"];
+
+fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a: Vec<&str> = SHORT.to_vec();
+    a.extend_from_slice(extra);
+    a
+}
+
+fn fields(line: &str) -> Vec<String> {
+    let mut rdr = csv::ReaderBuilder::new().has_headers(false).from_reader(line.as_bytes());
+    rdr.records().next().expect("a record line").expect("csv").iter().map(str::to_string).collect()
+}
+
+#[test]
+fn a_fake_oom_at_the_first_length_backstops_the_rest_and_records_one_line() {
+    let sb = Sandbox::new();
+    let run = sb.run_with(
+        "bench-longprompt",
+        &args(&["--models", TINY, "--lengths", "64 128 256"]),
+        &[("KILN_BENCH_FAKE_OOM", "synthetic:tiny:64")],
+    );
+    // Nothing was measured, so the run exits 1.
+    run.expect_code(1)
+        .expect_stderr(
+            "SKIP:oom_backstop: synthetic:tiny ran out of memory at length 64 earlier in this sweep",
+        )
+        .expect_stdout("skipped 3 of 3 cells");
+    assert_eq!(
+        sb.statuses(TINY),
+        expect(&[("64", "SKIP:oom"), ("128", "SKIP:oom_backstop"), ("256", "SKIP:oom_backstop")]),
+        "{run}"
+    );
+    let lines = sb.record_lines();
+    assert_eq!(lines.len(), 1, "{lines:?}{run}");
+    let f = fields(&lines[0]);
+    assert_eq!(f.len(), 7, "{f:?}");
+    assert_eq!((f[0].as_str(), f[1].as_str()), (TINY, "64"));
+    assert!(f[2].len() == 20 && f[2].ends_with('Z'), "date {:?}", f[2]);
+    assert!(!f[3].is_empty(), "commit");
+    assert_eq!(f[4], "", "a fake OOM reports no peak");
+    assert!(f[5].ends_with("out.csv"), "source_csv {:?}", f[5]);
+    assert!(f[6].starts_with("cpu:"), "device {:?}", f[6]);
+    // The CSV's own rows carry the environment that made them.
+    let rows = sb.rows(&sb.csv());
+    assert!(rows[0].get("features").contains("KILN_BENCH_FAKE_OOM=synthetic:tiny:64"), "{rows:?}");
+    // And the run directory has its env.json.
+    let runs: Vec<_> = fs::read_dir(sb.path("runs")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(runs.len(), 1);
+    let env: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(runs[0].join("env.json")).unwrap()).unwrap();
+    assert_eq!(env["kiln_env"]["KILN_BENCH_FAKE_OOM"], "synthetic:tiny:64");
+    assert!(env["commit"].as_str().is_some_and(|c| !c.is_empty()));
+}
+
+#[test]
+fn backstop_and_record_are_per_model() {
+    let sb = Sandbox::new();
+    let run = sb.run_with(
+        "bench-longprompt",
+        &args(&["--models", "synthetic:tiny synthetic:tiny-qwen", "--lengths", "64,128"]),
+        &[("KILN_BENCH_FAKE_OOM", "synthetic:tiny:64")],
+    );
+    run.expect_code(0);
+    assert_eq!(sb.statuses(TINY), expect(&[("64", "SKIP:oom"), ("128", "SKIP:oom_backstop")]), "{run}");
+    assert_eq!(sb.statuses(TINY_QWEN), expect(&[("64", "ok"), ("128", "ok")]), "{run}");
+    assert_eq!(sb.record_lines().len(), 1);
+    // A later sweep pre-skips tiny from the record and still runs tiny-qwen.
+    let run = sb.run(
+        "bench-longprompt",
+        &args(&["--models", "synthetic:tiny-qwen,synthetic:tiny", "--lengths", "128"]),
+    );
+    run.expect_code(0).expect_stderr("SKIP:oom_record");
+    assert_eq!(sb.statuses(TINY), expect(&[("128", "SKIP:oom_record")]), "{run}");
+    assert_eq!(sb.statuses(TINY_QWEN), expect(&[("128", "ok")]), "{run}");
+    assert_eq!(sb.record_lines().len(), 1, "a pre-skip appends nothing");
+}
+
+#[test]
+fn a_hand_written_record_pre_skips_and_the_override_runs_for_real_while_still_appending() {
+    let sb = Sandbox::new();
+    let hand = "synthetic:tiny,128,2026-01-01,abc1234,,hand.csv\n";
+    fs::write(sb.record(), hand).unwrap();
+    let run = sb.run("bench-longprompt", &args(&["--models", TINY, "--lengths", "64 128 256"]));
+    run.expect_code(0).expect_stderr(":1: synthetic:tiny,128,2026-01-01,abc1234,,hand.csv");
+    assert_eq!(
+        sb.statuses(TINY),
+        expect(&[("64", "ok"), ("128", "SKIP:oom_record"), ("256", "SKIP:oom_record")]),
+        "{run}"
+    );
+    assert_eq!(fs::read_to_string(sb.record()).unwrap(), hand, "a pre-skip leaves the record alone");
+
+    // The override runs the recorded cells for real; a fake OOM among them is still
+    // appended, and backstops the cell after it.
+    let run = sb.run_with(
+        "bench-longprompt",
+        &args(&["--models", TINY, "--lengths", "128 256 512"]),
+        &[("KILN_BENCH_IGNORE_OOM_RECORD", "1"), ("KILN_BENCH_FAKE_OOM", "synthetic:tiny:256")],
+    );
+    run.expect_code(0).expect_stderr("KILN_BENCH_IGNORE_OOM_RECORD=1");
+    assert_eq!(
+        sb.statuses(TINY),
+        expect(&[("128", "ok"), ("256", "SKIP:oom"), ("512", "SKIP:oom_backstop")]),
+        "{run}"
+    );
+    let lines = sb.record_lines();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(&fields(&lines[1])[..2], [TINY, "256"]);
+}
+
+#[test]
+fn a_truncated_record_line_is_warned_about_and_ignored_while_a_valid_one_applies() {
+    let sb = Sandbox::new();
+    fs::write(sb.record(), "synthetic:tiny,64\nsynthetic:tiny-qwen,64,2026-01-01,abc1234,,hand.csv\n")
+        .unwrap();
+    let run = sb.run(
+        "bench-longprompt",
+        &args(&["--models", "synthetic:tiny,synthetic:tiny-qwen", "--lengths", "64"]),
+    );
+    run.expect_code(0)
+        .expect_stderr(":1: ignoring malformed OOM-record line \"synthetic:tiny,64\": has 2 fields");
+    assert_eq!(sb.statuses(TINY), expect(&[("64", "ok")]), "{run}");
+    assert_eq!(sb.statuses(TINY_QWEN), expect(&[("64", "SKIP:oom_record")]), "{run}");
+    assert_eq!(run.stderr.matches("ignoring malformed").count(), 1, "warned once{run}");
+}
+
+#[test]
+fn a_missing_model_creates_no_record() {
+    let sb = Sandbox::new();
+    let run = sb.run_with(
+        "bench-longprompt",
+        &args(&["--models", "models/does-not-exist", "--lengths", "64 128"]),
+        &[("KILN_BENCH_FAKE_OOM", "models/does-not-exist:64")],
+    );
+    // The user named a model that is not there: by rule, explicit, exit 1.
+    run.expect_code(1).expect_stderr("SKIP:missing_model").expect_stderr("was named explicitly");
+    assert_eq!(
+        sb.statuses("models/does-not-exist"),
+        expect(&[("64", "SKIP:missing_model"), ("128", "SKIP:missing_model")])
+    );
+    assert!(!sb.record().exists(), "a missing model created the record{run}");
+}
+
+#[test]
+fn a_bad_ladder_exits_2_before_the_output_is_touched() {
+    let sb = Sandbox::new();
+    fs::write(sb.csv(), "an earlier sweep\n").unwrap();
+    for (ladder, token) in [("512 2o48", "`2o48`"), ("32k", "`32k`")] {
+        let run = sb.run("bench-longprompt", &["--models", TINY, "--lengths", ladder]);
+        run.expect_code(2).expect_stderr(token);
+        assert_eq!(fs::read_to_string(sb.csv()).unwrap(), "an earlier sweep\n", "output touched{run}");
+    }
+    let fresh = sb.path("never.csv");
+    let run = sb.run("bench-longprompt", &["--output", fresh.to_str().unwrap(), "--lengths", "1 2 x"]);
+    run.expect_code(2).expect_stderr("`x`");
+    assert!(!fresh.exists() && !sb.path("runs").exists(), "something ran{run}");
+    let run = sb.run_with("bench-longprompt", &["--lengths", "64"], &[("KILN_BENCH_FAKE_OOM", "tiny")]);
+    run.expect_code(2).expect_stderr("KILN_BENCH_FAKE_OOM entry `tiny`");
+    assert_eq!(fs::read_to_string(sb.csv()).unwrap(), "an earlier sweep\n", "output touched{run}");
+}
+
+#[test]
+fn a_length_beyond_the_context_fails_the_run_only_when_named_explicitly() {
+    let sb = Sandbox::new();
+    // tiny's context is 1024 tokens.
+    let run = sb.run("bench-longprompt", &args(&["--models", TINY, "--lengths", "64 2048"]));
+    run.expect_code(1)
+        .expect_stderr("exceed the model's context of 1024 tokens")
+        .expect_stderr("was named explicitly");
+    assert_eq!(sb.statuses(TINY), expect(&[("64", "ok"), ("2048", "SKIP:context")]), "{run}");
+    // The CPU default ladder (128 512 2048) reaches past tiny's context: those cells are
+    // derived from defaults, so their skip is expected output.
+    let run = sb.run("bench-longprompt", &args(&["--models", TINY]));
+    run.expect_code(0).expect_stdout("skipped 1 of 3 cells: synthetic:tiny@2048 (SKIP:context)");
+    assert_eq!(sb.statuses(TINY), expect(&[("128", "ok"), ("512", "ok"), ("2048", "SKIP:context")]), "{run}");
+}
+
+#[test]
+fn bench_decode_measures_a_text_prompt() {
+    let sb = Sandbox::new();
+    let run = sb.run("bench-decode", &args(&["--models", TINY, "--prompt", "Hello, world"]));
+    run.expect_code(0).expect_stdout("| model | prompt |");
+    let rows = sb.rows(&sb.csv());
+    assert_eq!(rows.len(), 1, "{run}");
+    let r = &rows[0];
+    assert_eq!(
+        (r.get("status"), r.get("prompt"), r.get("prompt_target_len")),
+        ("ok", "Hello, world", ""),
+        "{run}"
+    );
+    assert!(r.get("decode_tok_s").parse::<f64>().unwrap() > 0.0, "{run}");
+    assert_eq!(r.get("generated_tokens"), "6");
+    assert_eq!(r.get("backend"), "cpu");
+}
+
+#[test]
+fn a_cell_past_its_timeout_is_killed_and_fails_the_run() {
+    let sb = Sandbox::new();
+    let start = Instant::now();
+    // smollm-135m takes far longer than a second to build and prefill in a debug engine.
+    let run = sb.run(
+        "bench-longprompt",
+        &args(&["--models", "synthetic:smollm-135m", "--lengths", "512", "--cell-timeout", "1"]),
+    );
+    run.expect_code(1).expect_stderr("FAIL:timeout").expect_stderr("killed after 1s");
+    assert!(start.elapsed() < Duration::from_secs(60), "the timeout did not cut the cell short{run}");
+    assert_eq!(sb.statuses("synthetic:smollm-135m"), expect(&[("512", "FAIL:timeout")]));
+    assert!(!sb.record().exists(), "a timeout is not an OOM{run}");
+}
+
+#[test]
+fn a_real_engine_oom_is_classified_recorded_backstopped_and_pre_skipped_next_time() {
+    let sb = Sandbox::new();
+    // Pick a pool limit between the engine's own estimates for 64 and 512 tokens: the
+    // first fits (the estimate bounds the peak), the second cannot.
+    let total = |n: &str| -> u64 {
+        let out = std::process::Command::new(util::kiln_bin())
+            .args(["estimate", "-m", TINY, "--prompt-tokens", n, "--max-tokens", "6"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["total_bytes"].as_u64().unwrap()
+    };
+    let (low, high) = (total("64"), total("512"));
+    assert!(high > low + 4096, "estimates {low} and {high} leave no room for a limit");
+    let limit = ((low + high) / 2).to_string();
+    let sweep =
+        args(&["--models", TINY, "--lengths", "64 512 900", "--memory-limit", &limit, "--no-estimate"]);
+    let run = sb.run("bench-longprompt", &sweep);
+    run.expect_code(0);
+    assert_eq!(
+        sb.statuses(TINY),
+        expect(&[("64", "ok"), ("512", "SKIP:oom"), ("900", "SKIP:oom_backstop")]),
+        "{run}"
+    );
+    let lines = sb.record_lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let f = fields(&lines[0]);
+    assert_eq!(&f[..2], [TINY, "512"]);
+    let peak: u64 = f[4].parse().unwrap_or_else(|_| panic!("peak_bytes {:?} from the engine's report", f[4]));
+    assert!(peak > limit.parse::<u64>().unwrap(), "the refused demand {peak} is above the limit {limit}");
+    assert!(f[6].ends_with(&format!("limit {limit}")), "device {:?}", f[6]);
+    let oom_row = sb.rows(&sb.csv()).into_iter().find(|r| r.get("status") == "SKIP:oom").unwrap();
+    assert_eq!(oom_row.get("peak_bytes"), f[4]);
+
+    // The second run pre-skips from the record: nothing above 64 is launched.
+    let run = sb.run("bench-longprompt", &sweep);
+    run.expect_code(0).expect_stderr("SKIP:oom_record");
+    assert_eq!(
+        sb.statuses(TINY),
+        expect(&[("64", "ok"), ("512", "SKIP:oom_record"), ("900", "SKIP:oom_record")]),
+        "{run}"
+    );
+    assert_eq!(sb.record_lines().len(), 1);
+    // Without the limit the device differs, so the scoped line does not apply.
+    let run = sb.run("bench-longprompt", &args(&["--models", TINY, "--lengths", "512"]));
+    run.expect_code(0);
+    assert_eq!(sb.statuses(TINY), expect(&[("512", "ok")]), "{run}");
+}
+
+#[test]
+fn resume_runs_only_the_cells_without_a_row() {
+    let sb = Sandbox::new();
+    let sweep = args(&["--models", TINY, "--lengths", "64 128 256"]);
+    sb.run("bench-longprompt", &sweep).expect_code(0);
+    let text = fs::read_to_string(sb.csv()).unwrap();
+    let kept: Vec<&str> = text.lines().take(2).collect();
+    fs::write(sb.csv(), kept.join("\n") + "\n").unwrap();
+    let mut resume = sweep.clone();
+    let csv = sb.csv();
+    resume.extend(["--resume", csv.to_str().unwrap()]);
+    let run = sb.run("bench-longprompt", &resume);
+    run.expect_code(0).expect_stderr("1 of 3 cells already have a row");
+    assert_eq!(sb.statuses(TINY), expect(&[("64", "ok"), ("128", "ok"), ("256", "ok")]), "{run}");
+    assert_eq!(run.stderr.matches(": ok: decode").count(), 2, "{run}");
+}
+
+#[test]
+fn an_interrupt_kills_the_running_cell_keeps_rows_and_exits_130() {
+    let sb = Sandbox::new();
+    let tag = format!("xtask-interrupt-{}", std::process::id());
+    let (line, mut child) = sb.spawn(
+        "bench-longprompt",
+        &args(&["--models", "synthetic:tiny synthetic:smollm-135m", "--lengths", "512 1000"]),
+        &[("XTASK_TEST_TAG", tag.as_str())],
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    // Wait for tiny's rows; smollm-135m's first cell (seconds of prefill) is then starting.
+    let finished_rows =
+        || fs::read_to_string(sb.csv()).map_or(0, |t| t.matches('\n').count().saturating_sub(1));
+    while finished_rows() < 2 {
+        assert!(Instant::now() < deadline, "no rows after 120s: {line}");
+        assert!(child.try_wait().unwrap().is_none(), "xtask ended early: {line}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let pid = rustix::process::Pid::from_child(&child);
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+    let sent = Instant::now();
+    let status = child.wait().unwrap();
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    let run = Run { cmd: line, status, stdout, stderr };
+    run.expect_code(130)
+        .expect_stderr("interrupted by SIGINT")
+        .expect_stdout("interrupted by SIGINT after 2 of 4 cells")
+        .expect_stdout("| synthetic:smollm-135m | not run | not run |");
+    assert!(sent.elapsed() < Duration::from_secs(10), "the interrupt took {:?}{run}", sent.elapsed());
+    assert_eq!(sb.statuses(TINY), expect(&[("512", "ok"), ("1000", "ok")]), "{run}");
+    assert!(sb.statuses("synthetic:smollm-135m").is_empty(), "{run}");
+    // No engine process of this run survives.
+    let survivors: Vec<String> = fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(|e| {
+                let e = e.ok()?;
+                let environ = fs::read(e.path().join("environ")).ok()?;
+                let needle = format!("XTASK_TEST_TAG={tag}");
+                environ
+                    .split(|&b| b == 0)
+                    .any(|v| v == needle.as_bytes())
+                    .then(|| e.file_name().to_string_lossy().into_owned())
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    assert!(survivors.is_empty(), "processes of the interrupted run survive: {survivors:?}{run}");
+}
+
+#[test]
+fn oom_record_list_and_prune() {
+    let sb = Sandbox::new();
+    fs::write(
+        sb.record(),
+        "synthetic:tiny,512,2026-01-01T00:00:00Z,aaa1111,,a.csv\nbroken,line\nsynthetic:tiny,2048,2026-03-01T00:00:00Z,bbb2222,99,b.csv,cpu:X\nsynthetic:small,512,2026-03-01T00:00:00Z,bbb2222,,b.csv\n",
+    )
+    .unwrap();
+    let record = sb.record();
+    let file = record.to_str().unwrap();
+    let run = sb.run("oom-record", &["list", "--file", file]);
+    run.expect_code(0).expect_stdout("3 line(s), 1 malformed").expect_stdout("MALFORMED");
+    sb.run("oom-record", &["prune", "--file", file]).expect_code(2).expect_stderr("prune needs a filter");
+    let run = sb.run("oom-record", &["prune", "--file", file, "--model", TINY, "--before", "2026-02-01"]);
+    run.expect_code(0).expect_stdout("removed 1 line(s)");
+    let lines = sb.record_lines();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(!lines.iter().any(|l| l.contains("aaa1111")));
+    let run = sb.run("oom-record", &["prune", "--file", file, "--malformed", "--dry-run"]);
+    run.expect_code(0).expect_stdout("would remove line 1: broken,line");
+    assert_eq!(sb.record_lines().len(), 3);
+    sb.run("oom-record", &["prune", "--file", file, "--malformed"]).expect_code(0);
+    assert_eq!(sb.record_lines().len(), 2);
+    sb.run("oom-record", &["prune", "--file", file, "--before", "03/01/2026"])
+        .expect_code(2)
+        .expect_stderr("YYYY-MM-DD");
+}
