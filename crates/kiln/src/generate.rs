@@ -74,10 +74,17 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The prompt's token ids.
+/// The prompt's token ids: through the chat template when asked and the model has one
+/// (the rendered text already holds its special tokens, so none are added), else the
+/// text with the tokenizer's special tokens.
 fn encode_prompt(model: &LoadedModel, prompt: &str, use_template: bool) -> anyhow::Result<Vec<u32>> {
-    let _ = use_template;
-    let ids = model.tokenizer.encode(prompt, true).context("encoding the prompt")?;
+    let ids = match model.chat_template.as_ref().filter(|_| use_template) {
+        Some(template) => {
+            let text = template.render_prompt(prompt).context("applying the chat template")?;
+            model.tokenizer.encode(&text, false).context("encoding the prompt")?
+        }
+        None => model.tokenizer.encode(prompt, true).context("encoding the prompt")?,
+    };
     if ids.is_empty() {
         return Err(usage("invalid --prompt: it encodes to no tokens; give some text"));
     }

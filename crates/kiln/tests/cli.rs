@@ -289,3 +289,30 @@ fn a_closed_stdout_ends_generate_quietly() {
     assert_eq!(status.code(), Some(0), "stderr: {stderr}");
     assert!(!stderr.contains("panicked") && !stderr.contains("error"), "stderr: {stderr}");
 }
+
+#[test]
+fn checkpoints_resolve_by_path_and_under_models() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../kiln-model/tests/fixtures/models/llama3-tiny-4bit-g64")
+        .canonicalize()
+        .expect("the 4-bit llama fixture checkpoint");
+    let dir = Dir::new();
+    std::fs::create_dir(dir.path().join("models")).unwrap();
+    std::os::unix::fs::symlink(&fixture, dir.path().join("models/llama-fixture")).unwrap();
+    let path = fixture.to_str().expect("a UTF-8 path");
+    for model in ["llama-fixture", "models/llama-fixture", path] {
+        let run = dir.run(&["bench-decode", "-m", model, "--prompt-tokens", "12", "-n", "3"]).expect_code(0);
+        let j = run.json();
+        assert_eq!(j["model"], model);
+        assert_eq!(u64_field(&run, &j, "prompt_tokens"), 12);
+        let est = dir.run(&["estimate", "-m", model, "--prompt-tokens", "12", "-n", "3"]).expect_code(0);
+        assert!(
+            u64_field(&est, &est.json(), "total_bytes") >= u64_field(&run, &j, "peak_bytes"),
+            "{}{}",
+            est.describe(),
+            run.describe()
+        );
+    }
+    let run = dir.run(&["generate", "-m", "models/llama-fixture", "-p", "hi", "-n", "4"]).expect_code(0);
+    assert!(run.stderr().contains("generated"), "{}", run.describe());
+}
