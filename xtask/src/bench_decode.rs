@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use xshell::Shell;
 
+use crate::console::usage;
 use crate::sweep::plan::{self, CellTemplate, Named, Plan, Prompt};
 use crate::sweep::{HarnessEnv, Output, Prepared, Session, SweepFlags, user_path};
 
@@ -53,6 +54,9 @@ impl BenchDecode {
             warmup_tokens: self.sweep.warmup_tokens,
             named,
         };
+        if let Err(e) = template.validate() {
+            usage!("{e}");
+        }
         let plan = Plan::grid(&self.models.map_or(d.models, |m| m.0), &[prompt], &template);
         let path = match &self.sweep.output {
             Some(p) => user_path(p)?,

@@ -70,6 +70,9 @@ impl BenchLongprompt {
             warmup_tokens: self.sweep.warmup_tokens,
             named,
         };
+        if let Err(e) = template.validate() {
+            usage!("{e}");
+        }
         let plan = Plan::grid(&models, &prompts, &template);
         let output = match resumed {
             Some((path, rows)) => Output { path, resumed: Some(rows) },

@@ -138,6 +138,26 @@ pub struct CellTemplate {
     pub named: Named,
 }
 
+impl CellTemplate {
+    /// Checks the token counts the way the protocol counts them: the prefill yields the
+    /// first generated token and warm-up steps are part of the generated tokens, so at
+    /// least one timed decode step must remain.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_tokens == 0 {
+            return Err("--max-tokens 0: expected 1 or more generated tokens".into());
+        }
+        if self.warmup_tokens > 0 && self.warmup_tokens + 1 >= self.max_tokens {
+            return Err(format!(
+                "--warmup-tokens {} leaves no timed decode step with --max-tokens {}: expected a warm-up below {}",
+                self.warmup_tokens,
+                self.max_tokens,
+                self.max_tokens.saturating_sub(1)
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Plan {
     /// Models x prompts, model-major.
     pub fn grid(models: &[String], prompts: &[Prompt], t: &CellTemplate) -> Plan {
@@ -277,6 +297,17 @@ mod tests {
         assert!(parse_fake_oom(":5").is_err());
         assert!(parse_fake_oom("m:5k").is_err());
         assert!(parse_fake_oom("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn token_counts_leave_a_timed_step() {
+        let t = |max_tokens, warmup_tokens| {
+            CellTemplate { max_tokens, warmup_tokens, named: Named { models: false, prompts: false } }
+                .validate()
+        };
+        assert!(t(32, 4).is_ok() && t(2, 0).is_ok() && t(6, 4).is_ok());
+        assert!(t(0, 0).unwrap_err().contains("--max-tokens 0"));
+        assert!(t(5, 4).unwrap_err().contains("expected a warm-up below 4"));
     }
 
     #[test]
