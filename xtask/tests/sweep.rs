@@ -369,3 +369,29 @@ fn oom_record_list_and_prune() {
         .expect_code(2)
         .expect_stderr("YYYY-MM-DD");
 }
+
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    let sb = Sandbox::new();
+    // More output than a pipe holds, so the writer meets the closed end.
+    let text: String = (0..5000).map(|i| format!("synthetic:tiny,{i},2026-01-01,abc1234,,s.csv\n")).collect();
+    fs::write(sb.record(), text).unwrap();
+    let record = sb.record();
+    let mut cmd = sb.command("oom-record", &["list", "--file", record.to_str().unwrap()]);
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let run = Run {
+        cmd: format!("{cmd:?}"),
+        status: out.status,
+        stdout: String::new(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    run.expect_code(0);
+    assert!(run.stderr.is_empty(), "a closed stdout is not an error to report{run}");
+}
