@@ -51,11 +51,11 @@ impl Machine {
     pub fn device(&self, backend: &str, memory_limit: Option<&str>) -> String {
         let base = match backend {
             "cuda" if !self.gpus.is_empty() => format!("cuda:{}", self.gpus[0]),
-            "cpu" => match self.memory_bytes {
-                Some(b) => format!("cpu:{} ({})", self.cpu, gib(b)),
-                None => format!("cpu:{}", self.cpu),
+            // The CPU's memory, or the unified memory an Apple GPU shares with it.
+            other => match self.memory_bytes {
+                Some(b) => format!("{other}:{} ({})", self.cpu, gib(b)),
+                None => format!("{other}:{}", self.cpu),
             },
-            other => format!("{other}:{}", self.cpu),
         };
         match memory_limit {
             Some(limit) => format!("{base} limit {limit}"),
@@ -172,6 +172,7 @@ mod tests {
         assert_eq!(m.device("cpu", None), "cpu:Some CPU (24 GiB)");
         assert_eq!(m.device("cpu", Some("4MiB")), "cpu:Some CPU (24 GiB) limit 4MiB");
         assert_eq!(m.device("cuda", None), "cuda:NVIDIA H200 (143771 MiB)");
+        assert_eq!(m.device("metal", None), "metal:Some CPU (24 GiB)");
     }
 
     #[test]

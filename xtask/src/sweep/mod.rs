@@ -196,7 +196,7 @@ pub struct Session {
     commit: String,
     kiln_env: BTreeMap<String, String>,
     device: String,
-    run_dir: PathBuf,
+    command: String,
     defaults: Defaults,
     shutdown: Shutdown,
     harness_env: HarnessEnv,
@@ -228,7 +228,10 @@ impl Session {
         let (backend, features, kiln_bin, kiln_version) = match prebuilt {
             Some(bin) => {
                 if !bin.is_file() {
-                    usage!("--kiln-bin {}: no such file: expected a built kiln binary", bin.display());
+                    usage!(
+                        "--kiln-bin (or KILN_BENCH_KILN_BIN) {}: no such file: expected a built kiln binary",
+                        bin.display()
+                    );
                 }
                 let backend = match flags.backend {
                     BackendArg::Auto | BackendArg::Cpu => Backend::Cpu,
@@ -263,19 +266,6 @@ impl Session {
         let kiln_env = machine::kiln_env();
         let limit = flags.memory_limit.clone().or_else(|| kiln_env.get("KILN_MEMORY_LIMIT").cloned());
         let device = machine.device(backend.as_str(), limit.as_deref());
-        let runs_dir = match &flags.runs_dir {
-            Some(d) => user_path(d)?,
-            None => root.join("benchmarks/runs"),
-        };
-        let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
-        let run_dir = (0..1000)
-            .map(|i| {
-                let suffix = if i == 0 { String::new() } else { format!("-{i}") };
-                runs_dir.join(format!("{stamp}-{command}{suffix}"))
-            })
-            .find(|d| !d.exists())
-            .context("no free run directory name")?;
-        fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
         Ok(Prepared::Ready(Box::new(Session {
             root: root.to_path_buf(),
             commit: machine::commit(root),
@@ -287,7 +277,7 @@ impl Session {
             kiln_version,
             kiln_env,
             device,
-            run_dir,
+            command: command.to_string(),
             shutdown,
             harness_env,
         })))
@@ -329,20 +319,43 @@ impl Session {
                 Attention::Naive => "naive".to_string(),
             }),
         };
-        self.write_env_json(&output.path, &record_path, &knobs, cell_timeout, flags)?;
+        let runs_dir = match &flags.runs_dir {
+            Some(d) => user_path(d)?,
+            None => self.root.join("benchmarks/runs"),
+        };
+        fs::create_dir_all(&runs_dir).with_context(|| format!("creating {}", runs_dir.display()))?;
+        // `create_dir` claims the name atomically, so two sweeps started in the same
+        // second get two directories.
+        let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
+        let mut run_dir = None;
+        for i in 0..1000 {
+            let suffix = if i == 0 { String::new() } else { format!("-{i}") };
+            let dir = runs_dir.join(format!("{stamp}-{}{suffix}", self.command));
+            match fs::create_dir(&dir) {
+                Ok(()) => {
+                    run_dir = Some(dir);
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+            }
+        }
+        let run_dir =
+            run_dir.with_context(|| format!("no free run directory name in {}", runs_dir.display()))?;
+        self.write_env_json(&run_dir, &output.path, &record_path, &knobs, cell_timeout, flags)?;
         eprintln!(
             "sweep: {} cells; kiln {} ({}); device {}; run directory {}",
             plan.cells.len(),
             self.display(&self.kiln_bin),
             self.backend.as_str(),
             self.device,
-            self.display(&self.run_dir)
+            self.display(&run_dir)
         );
         let mut runner = LocalRunner {
             kiln: self.kiln_bin.clone(),
             workdir: self.root.clone(),
             user_cwd: std::env::current_dir().context("reading the current directory")?,
-            run_dir: self.run_dir.clone(),
+            run_dir,
             knobs,
             cell_timeout,
             host: self.machine.host.clone(),
@@ -380,6 +393,7 @@ impl Session {
 
     fn write_env_json(
         &self,
+        run_dir: &Path,
         output: &Path,
         record: &Path,
         knobs: &EngineKnobs,
@@ -410,7 +424,7 @@ impl Session {
             "attention": knobs.attention,
             "cell_timeout_s": cell_timeout.as_secs(),
         });
-        let path = self.run_dir.join("env.json");
+        let path = run_dir.join("env.json");
         fs::write(&path, serde_json::to_string_pretty(&env)? + "\n")
             .with_context(|| format!("writing {}", path.display()))
     }

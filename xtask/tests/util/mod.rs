@@ -2,8 +2,6 @@
 //! binary: kiln is built once per test run, each test gets its own directory, record and
 //! run directory, and a failed expectation prints the full stdout, stderr and status.
 
-#![allow(dead_code)]
-
 use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
