@@ -47,10 +47,11 @@ pub enum Attention {
 /// Flags every bench command shares.
 #[derive(clap::Args, Clone, Debug)]
 pub struct SweepFlags {
-    /// Tokens decoded and measured per cell [default: 32 on the CPU, 128 on a GPU].
+    /// Tokens generated per cell: the first comes from the prefill, the warm-up steps are
+    /// part of them [default: 32 on the CPU, 128 on a GPU].
     #[arg(long, value_name = "N")]
     pub max_tokens: Option<u64>,
-    /// Tokens decoded before the measurement starts.
+    /// Decode steps run before the timed ones.
     #[arg(long, value_name = "W", default_value_t = 4)]
     pub warmup_tokens: u64,
     /// The CSV to write [default: benchmarks/<backend>_<host>_<date>_<command>.csv].
