@@ -330,6 +330,15 @@ fn parse_rope_scaling(s: &Map<String, Value>, field: &str) -> Result<Option<Rope
 }
 
 fn parse_quantization(q: &Map<String, Value>) -> Result<QuantizationConfig, ConfigError> {
+    // Hugging Face's own quantizers (GPTQ, AWQ, bitsandbytes, fp8, ...) name themselves
+    // here; their tensors are not MLX triples, so they must not be read as one.
+    if let Some(method) = q.get("quant_method") {
+        return Err(ConfigError::Unsupported {
+            field: "quantization_config.quant_method".into(),
+            value: method.to_string(),
+            accepted: "MLX affine quantization as mlx-lm writes it (no quant_method)".into(),
+        });
+    }
     if let Some(mode) = str_field(q, "mode")?
         && mode != "affine"
     {
@@ -492,6 +501,10 @@ mod tests {
             ),
             (r#", "hidden_act": "gelu""#, ["hidden_act", "gelu", "silu"]),
             (r#", "quantization": {"group_size": 64, "bits": 7}"#, ["quantization", "7", "2, 3, 4, 5, 6, 8"]),
+            (
+                r#", "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128}"#,
+                ["quant_method", "gptq", "MLX affine"],
+            ),
         ];
         for (extra, needles) in cases {
             let msg = ModelConfig::from_json_str(&base(extra), "config.json").unwrap_err().to_string();
