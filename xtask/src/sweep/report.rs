@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
@@ -90,8 +90,24 @@ fn the_line(stdout: &str) -> Result<Option<&str>> {
 
 fn parse<T: DeserializeOwned>(stdout: &str) -> Result<Option<T>> {
     let Some(line) = the_line(stdout)? else { return Ok(None) };
-    let value = serde_json::from_str(line).with_context(|| format!("malformed result {line:?}"))?;
-    Ok(Some(value))
+    match serde_json::from_str(line) {
+        Ok(value) => Ok(Some(value)),
+        Err(e) => match key_before(line, e.column()) {
+            Some(key) if e.is_data() && !e.to_string().starts_with("missing field") => {
+                bail!("malformed result: field `{key}`: {e}")
+            }
+            _ => bail!("malformed result: {e}"),
+        },
+    }
+}
+
+/// The object key whose value ends at or before 1-based `column` of `line`: serde_json
+/// reports a type error at the end of the offending value, so this names the field.
+fn key_before(line: &str, column: usize) -> Option<&str> {
+    let head = line.get(..column.min(line.len()))?;
+    let colon = head.rfind("\":")?;
+    let start = head[..colon].rfind('"')? + 1;
+    Some(&head[start..colon])
 }
 
 impl DecodeReport {
@@ -150,10 +166,14 @@ mod tests {
     #[test]
     fn malformed_decode_reports_are_errors() {
         let wrong_type = DECODE.replace("\"prompt_tokens\":512", "\"prompt_tokens\":\"512\"");
-        let e = DecodeReport::parse(&wrong_type).unwrap_err();
-        assert!(format!("{e:#}").contains("prompt_tokens"), "{e:#}");
+        let e = DecodeReport::parse(&wrong_type).unwrap_err().to_string();
+        assert!(e.starts_with("malformed result: field `prompt_tokens`: invalid type: string"), "{e}");
+        let nested = DECODE.replace("\"kv\":300", "\"kv\":-300");
+        let e = DecodeReport::parse(&nested).unwrap_err().to_string();
+        assert!(e.contains("field `kv`"), "{e}");
         let missing = DECODE.replace("\"decode_tok_s\":400.0,", "");
-        assert!(format!("{:#}", DecodeReport::parse(&missing).unwrap_err()).contains("decode_tok_s"));
+        let e = DecodeReport::parse(&missing).unwrap_err().to_string();
+        assert!(e.starts_with("malformed result: missing field `decode_tok_s`"), "{e}");
         let negative = DECODE.replace("\"decode_ms\":40.0", "\"decode_ms\":-1.0");
         assert!(DecodeReport::parse(&negative).unwrap_err().to_string().contains("decode_ms"));
         assert!(DecodeReport::parse(&format!("{DECODE}\n{DECODE}")).is_err());
