@@ -8,6 +8,7 @@ use kiln_core::quantize::quantize_as;
 use kiln_core::{
     Buffer, DenseMatrix, MemoryPool, PoolVec, QuantSpec, QuantizedMatrix, ScaleData, ScaleDtype, Tag,
 };
+use rayon::prelude::*;
 
 use super::plan::{LinearPlan, MatrixPlan, Plan, Step, chunk_rows};
 use super::tensor::TensorReader;
@@ -123,11 +124,20 @@ fn quantize_on_load(
         let r = rows.min(n - r0);
         let chunk = &mut widened[..r * k];
         reader.widen(&name, weight, r0 * k, chunk)?;
-        let q = quantize_as(chunk, r, k, spec, dtype)
+        // Rows quantize independently: split the chunk across threads.
+        let per_task = r.div_ceil(rayon::current_num_threads()).max(1);
+        let parts = chunk
+            .par_chunks(per_task * k)
+            .map(|rows| quantize_as(rows, rows.len() / k, k, spec, dtype))
+            .collect::<Result<Vec<_>, _>>()
             .map_err(|source| ModelError::Geometry { tensor: l.module.clone(), source })?;
-        packed[r0 * words_per_row..(r0 + r) * words_per_row].copy_from_slice(q.packed());
-        scales.fill(r0 * groups_per_row, q.scales());
-        biases.fill(r0 * groups_per_row, q.biases());
+        let mut at = r0;
+        for q in &parts {
+            packed[at * words_per_row..(at + q.n()) * words_per_row].copy_from_slice(q.packed());
+            scales.fill(at * groups_per_row, q.scales());
+            biases.fill(at * groups_per_row, q.biases());
+            at += q.n();
+        }
         r0 += r;
     }
     QuantizedMatrix::new(n, k, spec, Buffer::from_pool(packed), scales.into_data(), biases.into_data())
