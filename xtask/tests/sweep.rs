@@ -209,6 +209,8 @@ fn bench_decode_measures_a_text_prompt() {
 #[test]
 fn a_cell_past_its_timeout_is_killed_and_fails_the_run() {
     let sb = Sandbox::new();
+    // Build kiln outside the clock.
+    util::kiln_bin();
     let start = Instant::now();
     // smollm-135m takes far longer than a second to build and prefill in a debug engine.
     let run = sb.run(
@@ -292,6 +294,8 @@ fn resume_runs_only_the_cells_without_a_row() {
 #[test]
 fn an_interrupt_kills_the_running_cell_keeps_rows_and_exits_130() {
     let sb = Sandbox::new();
+    // Build kiln before the clock below starts.
+    util::kiln_bin();
     let tag = format!("xtask-interrupt-{}", std::process::id());
     let (line, mut child) = sb.spawn(
         "bench-longprompt",
