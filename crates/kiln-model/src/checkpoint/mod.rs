@@ -2,10 +2,10 @@
 //! `generation_config.json`), safetensors weights (single file or sharded, memory-mapped),
 //! `tokenizer.json` and the chat template.
 //!
-//! Loading is planned first ([`plan`]): every tensor the decoder needs is found, its
+//! Loading is planned first (`plan.rs`): every tensor the decoder needs is found, its
 //! dtype and shape checked against the config, and its cost in the pool computed from the
 //! safetensors headers alone. [`inspect`] returns that cost; [`load`] then reads the
-//! tensors in the plan's order ([`build`]).
+//! tensors in the plan's order (`build.rs`).
 
 mod build;
 mod mmap;
