@@ -16,7 +16,7 @@
 use rayon::prelude::*;
 
 use crate::kv_cache::{KV_BLOCK_TOKENS, KvCache};
-use crate::ops::{axpy, dot, exp, scale};
+use crate::ops::{Strided, exp, exp_shifted_sum, gemm, max, scale};
 
 /// f32 values in one stack tile of keys (and as many of values).
 const TILE_VALUES: usize = 4096;
@@ -25,7 +25,14 @@ const TILE_VALUES: usize = 4096;
 pub const MAX_HEAD_DIM: usize = TILE_VALUES / 8;
 
 /// Queries (rows times heads of a group) one streaming task carries at once.
-const MAX_STATES: usize = 64;
+const MAX_STATES: usize = 1024;
+
+/// Query rows per streaming task in a prefill: enough for the tile products to run at
+/// matrix speed, few enough that long prompts still split into many tasks.
+const BLOCK_ROWS: usize = 64;
+
+/// f32 scores of one tile for every query a task multiplies at once.
+const SCORE_VALUES: usize = BLOCK_ROWS * KV_BLOCK_TOKENS;
 
 /// Which attention implementation runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -74,6 +81,12 @@ impl AttnShape {
         (1usize << fit.ilog2()).min(KV_BLOCK_TOKENS)
     }
 
+    /// Query rows per streaming task: [`BLOCK_ROWS`], fewer when the group is so large
+    /// that its states would not fit.
+    fn block_rows(&self) -> usize {
+        BLOCK_ROWS.min(MAX_STATES / self.group()).max(1)
+    }
+
     /// f32 values the naive score matrix takes for `rows` queries ending at `context`.
     pub fn naive_scores(&self, rows: usize, context: usize) -> usize {
         self.heads * rows * context
@@ -95,10 +108,9 @@ pub struct AttnJob<'a> {
 /// Streaming attention for one sequence in `layer`.
 pub fn streaming(shape: &AttnShape, layer: usize, job: AttnJob<'_>) {
     let AttnJob { q, tmp, cache, start } = job;
-    let (g, hd) = (shape.group(), shape.head_dim);
-    let w = g * hd;
+    let w = shape.group() * shape.head_dim;
     let rows = q.len() / shape.q_dim();
-    let block_rows = (MAX_STATES / g).max(1);
+    let block_rows = shape.block_rows();
     let queries: &[f32] = q;
     tmp[..rows * shape.q_dim()].par_chunks_mut(rows * w).enumerate().for_each(|(h, head_out)| {
         head_out.par_chunks_mut(block_rows * w).enumerate().for_each(|(b, out)| {
@@ -107,6 +119,22 @@ pub fn streaming(shape: &AttnShape, layer: usize, job: AttnJob<'_>) {
         });
     });
     gather(tmp, shape.kv_heads, rows, w, q);
+}
+
+/// Queries of one streaming task that share positions and layout, multiplied as one
+/// matrix: either the group's heads of a single row, or one head over a block of rows.
+struct QueryMatrix<'a> {
+    /// `[m, head_dim]`, row stride `rs`.
+    q: Strided<'a>,
+    m: usize,
+    /// Position of row `r` is `pos0 + r * pos_step`.
+    pos0: usize,
+    pos_step: usize,
+    /// Output row `r` starts at `out_off + r * out_rs` in the task's output.
+    out_off: usize,
+    out_rs: usize,
+    /// Running maximum and sum of row `r` are entry `state_off + r`.
+    state_off: usize,
 }
 
 /// One task: key/value head `h`, query rows `r0..` (at positions `pos0..`), writing the
@@ -126,10 +154,9 @@ fn streaming_task(
     let w = g * hd;
     let nr = out.len() / w;
     let tile = shape.tile();
-    let softmax_scale = 1.0 / (hd as f32).sqrt();
     let mut kt = [0f32; TILE_VALUES];
     let mut vt = [0f32; TILE_VALUES];
-    let mut s = [0f32; KV_BLOCK_TOKENS];
+    let mut s = [0f32; SCORE_VALUES];
     let mut m = [f32::NEG_INFINITY; MAX_STATES];
     let mut l = [0f32; MAX_STATES];
     out.fill(0.0);
@@ -139,49 +166,87 @@ fn streaming_task(
         let n = tile.min(end_max - t0);
         cache.read(layer, false, h, t0, n, &mut kt);
         cache.read(layer, true, h, t0, n, &mut vt);
-        for i in 0..nr {
-            let end_i = pos0 + i + 1;
-            if t0 >= end_i {
-                continue;
-            }
-            let ni = n.min(end_i - t0);
-            let qrow = &q[(r0 + i) * q_dim..(r0 + i + 1) * q_dim];
+        let (kt, vt) = (&kt[..n * hd], &vt[..n * hd]);
+        if nr == 1 {
+            // Decode: the group's heads of one row are contiguous, one matrix of g rows.
+            let qm = QueryMatrix {
+                q: Strided { data: &q[r0 * q_dim + h * w..(r0 + 1) * q_dim], rs: hd, cs: 1 },
+                m: g,
+                pos0,
+                pos_step: 0,
+                out_off: 0,
+                out_rs: hd,
+                state_off: 0,
+            };
+            tile_update(shape, &qm, t0, n, kt, vt, &mut s, &mut m, &mut l, out);
+        } else {
             for j in 0..g {
-                let qv = &qrow[(h * g + j) * hd..(h * g + j + 1) * hd];
-                let st = i * g + j;
-                let acc = &mut out[i * w + j * hd..i * w + (j + 1) * hd];
-                let mut mx = m[st];
-                for (t, sv) in s[..ni].iter_mut().enumerate() {
-                    let v = dot(qv, &kt[t * hd..(t + 1) * hd]) * softmax_scale;
-                    *sv = v;
-                    mx = mx.max(v);
-                }
-                let corr = exp(m[st] - mx);
-                let mut sum = 0f32;
-                for sv in &mut s[..ni] {
-                    let p = exp(*sv - mx);
-                    *sv = p;
-                    sum += p;
-                }
-                l[st] = l[st] * corr + sum;
-                if corr != 1.0 {
-                    scale(acc, corr);
-                }
-                for (t, &p) in s[..ni].iter().enumerate() {
-                    axpy(p, &vt[t * hd..(t + 1) * hd], acc);
-                }
-                m[st] = mx;
+                let qm = QueryMatrix {
+                    q: Strided { data: &q[r0 * q_dim + (h * g + j) * hd..], rs: q_dim, cs: 1 },
+                    m: nr,
+                    pos0,
+                    pos_step: 1,
+                    out_off: j * hd,
+                    out_rs: w,
+                    state_off: j * nr,
+                };
+                tile_update(shape, &qm, t0, n, kt, vt, &mut s, &mut m, &mut l, out);
             }
         }
         t0 += n;
     }
     for i in 0..nr {
         for j in 0..g {
-            let st = i * g + j;
+            let st = if nr == 1 { j } else { j * nr + i };
             let acc = &mut out[i * w + j * hd..i * w + (j + 1) * hd];
             scale(acc, 1.0 / l[st]);
         }
     }
+}
+
+/// Folds keys and values `t0..t0 + n` (`kt`, `vt`: `[n, head_dim]`) into the running
+/// softmax of every query of `qm`.
+#[allow(clippy::too_many_arguments)]
+fn tile_update(
+    shape: &AttnShape,
+    qm: &QueryMatrix<'_>,
+    t0: usize,
+    n: usize,
+    kt: &[f32],
+    vt: &[f32],
+    s: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+    out: &mut [f32],
+) {
+    let hd = shape.head_dim;
+    let softmax_scale = 1.0 / (hd as f32).sqrt();
+    let s = &mut s[..qm.m * n];
+    // Scores: s[m, n] = scale * q[m, hd] k[n, hd]^T.
+    gemm(qm.m, hd, n, softmax_scale, qm.q, Strided { data: kt, rs: 1, cs: hd }, 0.0, s, n);
+    for (r, row) in s.chunks_exact_mut(n).enumerate() {
+        let end = qm.pos0 + r * qm.pos_step + 1;
+        let valid = end.saturating_sub(t0).min(n);
+        let st = qm.state_off + r;
+        if valid == 0 {
+            // Every key of this tile lies after this query: it contributes nothing.
+            row.fill(0.0);
+            continue;
+        }
+        let mx = max(&row[..valid]).max(m[st]);
+        let corr = exp(m[st] - mx);
+        let sum = exp_shifted_sum(&mut row[..valid], mx);
+        row[valid..].fill(0.0);
+        l[st] = l[st] * corr + sum;
+        m[st] = mx;
+        if corr != 1.0 {
+            let o = qm.out_off + r * qm.out_rs;
+            scale(&mut out[o..o + hd], corr);
+        }
+    }
+    // Values: out[m, hd] += p[m, n] v[n, hd].
+    let p = Strided { data: s, rs: n, cs: 1 };
+    gemm(qm.m, n, hd, 1.0, p, Strided { data: vt, rs: hd, cs: 1 }, 1.0, &mut out[qm.out_off..], qm.out_rs);
 }
 
 /// Naive attention for one sequence in `layer`, materialising scores in `scores`
@@ -200,45 +265,29 @@ pub fn naive(shape: &AttnShape, layer: usize, job: AttnJob<'_>, scores: &mut [f3
         .enumerate()
         .for_each(|(head, (sc, out))| {
             let kvh = head / g;
+            let qv = Strided { data: &queries[head * hd..], rs: q_dim, cs: 1 };
             let mut buf = [0f32; TILE_VALUES];
             let mut t0 = 0;
             while t0 < ctx {
                 let n = tile.min(ctx - t0);
                 cache.read(layer, false, kvh, t0, n, &mut buf);
-                for i in 0..rows {
-                    let qv = &queries[i * q_dim + head * hd..i * q_dim + (head + 1) * hd];
-                    let row = &mut sc[i * ctx..(i + 1) * ctx];
-                    for t in 0..n {
-                        row[t0 + t] = if t0 + t <= start + i {
-                            dot(qv, &buf[t * hd..(t + 1) * hd]) * softmax_scale
-                        } else {
-                            f32::NEG_INFINITY
-                        };
-                    }
-                }
+                let kv = Strided { data: &buf[..n * hd], rs: 1, cs: hd };
+                gemm(rows, hd, n, softmax_scale, qv, kv, 0.0, &mut sc[t0..], ctx);
                 t0 += n;
             }
-            for row in sc.chunks_exact_mut(ctx) {
-                let mx = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                let mut sum = 0f32;
-                for v in row.iter_mut() {
-                    *v = exp(*v - mx);
-                    sum += *v;
-                }
+            for (i, row) in sc.chunks_exact_mut(ctx).enumerate() {
+                row[start + i + 1..].fill(f32::NEG_INFINITY);
+                let mx = max(row);
+                let sum = exp_shifted_sum(row, mx);
                 scale(row, 1.0 / sum);
             }
-            out.fill(0.0);
             let mut t0 = 0;
             while t0 < ctx {
                 let n = tile.min(ctx - t0);
                 cache.read(layer, true, kvh, t0, n, &mut buf);
-                for i in 0..rows {
-                    let acc = &mut out[i * hd..(i + 1) * hd];
-                    let end = (start + i + 1).min(t0 + n);
-                    for t in t0..end {
-                        axpy(sc[i * ctx + t], &buf[(t - t0) * hd..(t - t0 + 1) * hd], acc);
-                    }
-                }
+                let p = Strided { data: &sc[t0..], rs: ctx, cs: 1 };
+                let beta = if t0 == 0 { 0.0 } else { 1.0 };
+                gemm(rows, n, hd, 1.0, p, Strided { data: &buf[..n * hd], rs: hd, cs: 1 }, beta, out, hd);
                 t0 += n;
             }
         });

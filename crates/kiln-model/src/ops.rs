@@ -99,8 +99,11 @@ pub fn exp(x: f32) -> f32 {
     // ln 2 split in two so `n * LN2_HI` is exact.
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer (ties to even) in
+    // two vectorisable instructions, where `round` is a library call on the baseline target.
+    const ROUNDER: f32 = 12_582_912.0;
     let x = x.clamp(-87.336_55, 88.722_83);
-    let n = (x * LOG2E).round();
+    let n = (x * LOG2E + ROUNDER) - ROUNDER;
     let r = x - n * LN2_HI - n * LN2_LO;
     // Taylor coefficients of e^r, enough for |r| <= 0.347.
     let p = 1.0
@@ -114,6 +117,96 @@ pub fn exp(x: f32) -> f32 {
     let a = f32::from_bits(((half + 127) as u32) << 23);
     let b = f32::from_bits(((ni - half + 127) as u32) << 23);
     p * a * b
+}
+
+/// A strided view of a matrix: element `(r, c)` of `data` is at `r * rs + c * cs`.
+#[derive(Clone, Copy)]
+pub struct Strided<'a> {
+    /// The values.
+    pub data: &'a [f32],
+    /// Row stride.
+    pub rs: usize,
+    /// Column stride.
+    pub cs: usize,
+}
+
+/// `c[m, n] = alpha * a[m, k] b[k, n] + beta * c[m, n]` over strided views (`c` row
+/// stride `rsc`, column stride 1), through `matrixmultiply`'s packed kernels. With `beta`
+/// 0, `c` is only written.
+///
+/// # Panics
+/// When a view's strides reach outside its slice.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: Strided<'_>,
+    b: Strided<'_>,
+    beta: f32,
+    c: &mut [f32],
+    rsc: usize,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let last = |rows: usize, cols: usize, rs: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs;
+    assert!(k == 0 || last(m, k, a.rs, a.cs) < a.data.len(), "gemm: a is too short for [{m}, {k}]");
+    assert!(k == 0 || last(k, n, b.rs, b.cs) < b.data.len(), "gemm: b is too short for [{k}, {n}]");
+    assert!(last(m, n, rsc, 1) < c.len(), "gemm: c is too short for [{m}, {n}]");
+    let s = |x: usize| x as isize;
+    // SAFETY: the assertions above show that every element the three strided views
+    // address lies inside its slice (all strides are non-negative); `c` is borrowed
+    // mutably and cannot alias `a` or `b`.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            alpha,
+            a.data.as_ptr(),
+            s(a.rs),
+            s(a.cs),
+            b.data.as_ptr(),
+            s(b.rs),
+            s(b.cs),
+            beta,
+            c.as_mut_ptr(),
+            s(rsc),
+            1,
+        );
+    }
+}
+
+/// The largest value (negative infinity for an empty slice; NaN is skipped), with eight
+/// independent lanes so it vectorises.
+pub fn max(x: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder().iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] = acc[i].max(c[i]);
+        }
+    }
+    acc.iter().fold(tail, |a, &b| a.max(b))
+}
+
+/// Replaces every value by `e^(v - shift)` and returns their sum.
+pub fn exp_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
+    for v in x.iter_mut() {
+        *v = exp(*v - shift);
+    }
+    let mut acc = [0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] += c[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 /// Index of the largest value; the first one on ties, NaN never wins.
@@ -169,6 +262,32 @@ mod tests {
         let want: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
         assert!((dot(&a, &b) as f64 - want).abs() < 1e-5);
         assert_eq!(argmax(&[1.0, 3.0, f32::NAN, 3.0]), 1);
+    }
+
+    #[test]
+    fn max_and_exp_sum_cover_every_lane() {
+        let mut x: Vec<f32> = (0..21).map(|i| (i as f32 * 1.7).sin()).collect();
+        let want_max = x.iter().cloned().fold(f32::MIN, f32::max);
+        assert_eq!(max(&x), want_max);
+        assert_eq!(max(&[]), f32::NEG_INFINITY);
+        let want: f64 = x.iter().map(|&v| ((v - want_max) as f64).exp()).sum();
+        let got = exp_shifted_sum(&mut x, want_max);
+        assert!((got as f64 - want).abs() < 1e-5, "{got} vs {want}");
+        assert!(x.iter().all(|&v| v > 0.0 && v <= 1.0));
+    }
+
+    #[test]
+    fn gemm_follows_the_strides() {
+        // a = [[1, 2], [3, 4]] stored column-major; b = [[1, 0, 2], [0, 1, 3]] row-major.
+        let a = [1.0, 3.0, 2.0, 4.0];
+        let b = [1.0, 0.0, 2.0, 0.0, 1.0, 3.0];
+        let mut c = [1.0f32; 8];
+        let av = Strided { data: &a, rs: 1, cs: 2 };
+        let bv = Strided { data: &b, rs: 3, cs: 1 };
+        gemm(2, 2, 3, 1.0, av, bv, 1.0, &mut c, 4);
+        assert_eq!(c, [2.0, 3.0, 9.0, 1.0, 4.0, 5.0, 19.0, 1.0]);
+        gemm(2, 2, 3, 2.0, av, bv, 0.0, &mut c, 4);
+        assert_eq!(c, [2.0, 4.0, 16.0, 1.0, 6.0, 8.0, 36.0, 1.0]);
     }
 
     #[test]
