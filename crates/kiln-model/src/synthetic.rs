@@ -8,31 +8,25 @@
 //!
 //! Every tensor gets its own seed, and every chunk of a tensor a seed derived from it, so
 //! generation runs in parallel and yields the same bytes on every machine and thread
-//! count. Packed codes are uniform random words (any word is a valid set of codes); each
-//! group's scale is drawn around `1 / (code std * sqrt(K))` and its bias centres the
-//! codes on zero, so every layer's outputs keep unit-order magnitudes.
+//! count ([`generate`]). Packed codes are uniform random words (any word is a valid set
+//! of codes); each group's scale is drawn around `1 / (code std * sqrt(K))` and its bias
+//! centres the codes on zero, so every layer's outputs keep unit-order magnitudes.
 
-use half::bf16;
-use kiln_core::{Buffer, MemoryPool, QuantSpec, QuantizedMatrix, ScaleData, Tag};
-use rand_core::{Rng, SeedableRng};
-use rand_xoshiro::Xoshiro256PlusPlus;
-use rayon::prelude::*;
+mod generate;
+
+use kiln_core::{MemoryPool, QuantSpec};
 
 use crate::config::{Architecture, ModelConfig, QuantizationConfig, RopeScaling};
 use crate::error::{ModelError, Result};
 use crate::model::{LoadOptions, LoadedModel, ModelInfo};
 use crate::source::ModelSource;
 use crate::tokenizer::{ByteTokenizer, Tokenizer};
-use crate::weights::{Layer, Linear, LinearWeight, ModelWeights, RmsNorm};
 
 /// The seed [`load`] uses.
 pub const DEFAULT_SEED: u64 = 0x6b69_6c6e_5eed_0001;
 
 /// Group size of every synthetic quantized matrix.
 pub const GROUP_SIZE: usize = 64;
-
-/// Elements generated from one seed: the unit of parallel generation.
-const CHUNK: usize = 1 << 16;
 
 /// A published model's shape.
 #[derive(Clone, Copy, Debug)]
@@ -264,11 +258,11 @@ pub fn load(name: &str, opts: &LoadOptions) -> Result<LoadedModel> {
 }
 
 /// Builds a synthetic model from `seed`; the same name and seed give the same weights on
-/// every machine. Every byte is counted in `pool` under [`Tag::Weights`].
+/// every machine. Every byte is counted in `pool` under [`kiln_core::Tag::Weights`].
 pub fn load_with_seed(name: &str, seed: u64, pool: &MemoryPool) -> Result<LoadedModel> {
     let spec = parse(name)?;
     let config = spec.profile.config(spec.quant);
-    let weights = generate(&config, spec.quant, seed, pool)?;
+    let weights = generate::generate(&config, spec.quant, seed, pool)?;
     Ok(LoadedModel {
         source: ModelSource::Synthetic(name.to_string()),
         config,
@@ -278,169 +272,16 @@ pub fn load_with_seed(name: &str, seed: u64, pool: &MemoryPool) -> Result<Loaded
     })
 }
 
-/// Bytes [`load_with_seed`] counts under the weights tag for `config`.
+/// Bytes [`load_with_seed`] counts under the weights tag for `config`: every tensor,
+/// each aligned to a cache line in one arena.
 pub fn weight_bytes(config: &ModelConfig, quant: QuantSpec) -> u64 {
-    let qbytes = |n: usize, k: usize| -> u64 {
-        let groups = (n * quant.groups_per_row(k)) as u64;
-        (n * quant.words_per_row(k) * 4) as u64 + groups * 2 * 2
-    };
-    let (h, i, q, kv) = (config.hidden_size, config.intermediate_size, config.q_dim(), config.kv_dim());
-    let bias = if config.attention_bias { ((q + 2 * kv) * 4) as u64 } else { 0 };
-    let per_layer = qbytes(q, h)
-        + 2 * qbytes(kv, h)
-        + qbytes(h, q)
-        + 2 * qbytes(i, h)
-        + qbytes(h, i)
-        + bias
-        + (2 * h * 4) as u64;
-    let embed = qbytes(config.vocab_size, h);
-    let head = if config.tie_word_embeddings { 0 } else { embed };
-    per_layer * config.num_hidden_layers as u64 + embed + head + (h * 4) as u64
-}
-
-/// Which tensor a seed belongs to; mixed with the layer index and the model seed.
-#[derive(Clone, Copy)]
-enum Slot {
-    Embed = 1,
-    LmHead,
-    FinalNorm,
-    Q,
-    K,
-    V,
-    O,
-    Gate,
-    Up,
-    Down,
-    InputNorm,
-    PostNorm,
-    QBias,
-    KBias,
-    VBias,
-}
-
-/// SplitMix64's finaliser: a bijective mix so nearby inputs give unrelated seeds.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-fn tensor_seed(seed: u64, layer: usize, slot: Slot) -> u64 {
-    mix(mix(seed ^ mix(layer as u64 + 1)) ^ slot as u64)
-}
-
-fn chunk_rng(tensor_seed: u64, stream: u64, chunk: usize) -> Xoshiro256PlusPlus {
-    Xoshiro256PlusPlus::seed_from_u64(mix(tensor_seed ^ mix(stream) ^ mix(chunk as u64 ^ 0xc4a1)))
-}
-
-/// A uniform f32 in `[0, 1)` from the top 24 bits of a word.
-fn unit(word: u64) -> f32 {
-    (word >> 40) as f32 * (1.0 / (1u64 << 24) as f32)
-}
-
-fn generate(config: &ModelConfig, quant: QuantSpec, seed: u64, pool: &MemoryPool) -> Result<ModelWeights> {
-    let (h, i, q, kv) = (config.hidden_size, config.intermediate_size, config.q_dim(), config.kv_dim());
-    let linear = |n: usize, k: usize, layer: usize, slot: Slot, bias: Option<Slot>| -> Result<Linear> {
-        let weight = LinearWeight::Quantized(quantized(n, k, quant, tensor_seed(seed, layer, slot), pool)?);
-        let bias = match bias {
-            Some(b) => Some(values(n, 0.0, 0.2, tensor_seed(seed, layer, b), pool)?),
-            None => None,
-        };
-        Ok(Linear { weight, bias })
-    };
-    let norm = |layer: usize, slot: Slot| -> Result<RmsNorm> {
-        Ok(RmsNorm {
-            weight: values(h, 0.9, 0.2, tensor_seed(seed, layer, slot), pool)?,
-            eps: config.rms_norm_eps,
-        })
-    };
-    let biased = config.attention_bias;
-    let mut layers = Vec::with_capacity(config.num_hidden_layers);
-    for l in 0..config.num_hidden_layers {
-        layers.push(Layer {
-            input_layernorm: norm(l, Slot::InputNorm)?,
-            q_proj: linear(q, h, l, Slot::Q, biased.then_some(Slot::QBias))?,
-            k_proj: linear(kv, h, l, Slot::K, biased.then_some(Slot::KBias))?,
-            v_proj: linear(kv, h, l, Slot::V, biased.then_some(Slot::VBias))?,
-            o_proj: linear(h, q, l, Slot::O, None)?,
-            post_attention_layernorm: norm(l, Slot::PostNorm)?,
-            gate_proj: linear(i, h, l, Slot::Gate, None)?,
-            up_proj: linear(i, h, l, Slot::Up, None)?,
-            down_proj: linear(h, i, l, Slot::Down, None)?,
-        });
-    }
-    let top = config.num_hidden_layers;
-    let embed_tokens = LinearWeight::Quantized(quantized(
-        config.vocab_size,
-        h,
-        quant,
-        tensor_seed(seed, top, Slot::Embed),
-        pool,
-    )?);
-    let lm_head = if config.tie_word_embeddings {
-        None
-    } else {
-        Some(linear(config.vocab_size, h, top, Slot::LmHead, None)?)
-    };
-    Ok(ModelWeights { embed_tokens, layers, norm: norm(top, Slot::FinalNorm)?, lm_head })
-}
-
-/// A quantized `[n, k]` with random codes and scales that keep `W x` at the scale of `x`.
-fn quantized(n: usize, k: usize, quant: QuantSpec, seed: u64, pool: &MemoryPool) -> Result<QuantizedMatrix> {
-    let words = n * quant.words_per_row(k);
-    let mut packed = pool.alloc_zeroed::<u32>(Tag::Weights, words)?;
-    packed.par_chunks_mut(CHUNK).enumerate().for_each(|(c, out)| {
-        let mut rng = chunk_rng(seed, 0, c);
-        for pair in out.chunks_mut(2) {
-            let w = rng.next_u64();
-            pair[0] = w as u32;
-            if let Some(hi) = pair.get_mut(1) {
-                *hi = (w >> 32) as u32;
-            }
-        }
-    });
-    let groups = n * quant.groups_per_row(k);
-    let max_code = quant.max_code() as f32;
-    // Codes are uniform on [0, max_code]: mean max_code / 2, variance ((max+1)^2 - 1) / 12.
-    let code_std = (((max_code + 1.0) * (max_code + 1.0) - 1.0) / 12.0).sqrt();
-    let base = 1.0 / (code_std * (k as f32).sqrt());
-    let mut scales = pool.alloc_zeroed::<bf16>(Tag::Weights, groups)?;
-    let mut biases = pool.alloc_zeroed::<bf16>(Tag::Weights, groups)?;
-    scales.par_chunks_mut(CHUNK).zip(biases.par_chunks_mut(CHUNK)).enumerate().for_each(|(c, (s, b))| {
-        let mut rng = chunk_rng(seed, 1, c);
-        for (s, b) in s.iter_mut().zip(b.iter_mut()) {
-            let scale = bf16::from_f32(base * (0.5 + unit(rng.next_u64())));
-            *s = scale;
-            *b = bf16::from_f32(-0.5 * max_code * scale.to_f32());
-        }
-    });
-    QuantizedMatrix::new(
-        n,
-        k,
-        quant,
-        Buffer::from_pool(packed),
-        ScaleData::Bf16(Buffer::from_pool(scales)),
-        ScaleData::Bf16(Buffer::from_pool(biases)),
-    )
-    .map_err(|source| ModelError::Geometry { tensor: format!("synthetic [{n}, {k}]"), source })
-}
-
-/// `n` values uniform in `[lo, lo + width)`, counted as weights.
-fn values(n: usize, lo: f32, width: f32, seed: u64, pool: &MemoryPool) -> Result<Buffer<f32>> {
-    let mut v = pool.alloc_zeroed::<f32>(Tag::Weights, n)?;
-    v.par_chunks_mut(CHUNK).enumerate().for_each(|(c, out)| {
-        let mut rng = chunk_rng(seed, 2, c);
-        for x in out {
-            *x = lo + width * unit(rng.next_u64());
-        }
-    });
-    Ok(Buffer::from_pool(v))
+    generate::arena_bytes(config, quant)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::weights::LinearWeight;
 
     #[test]
     fn names_parse_with_and_without_suffix() {
