@@ -18,11 +18,17 @@ use rayon::prelude::*;
 use crate::kv_cache::{KV_BLOCK_TOKENS, KvCache};
 use crate::ops::{Strided, exp, exp_shifted_sum, gemm, max, scale};
 
-/// f32 values in one stack tile of keys (and as many of values).
-const TILE_VALUES: usize = 4096;
+/// f32 values in one stack tile of keys (and as many of values): 64 KiB, so a tile of
+/// 256 keys of width 64 (or 128 of width 128) makes each product large enough to run at
+/// matrix speed, while the two tiles and the scores stay well inside a thread's stack.
+const TILE_VALUES: usize = 16384;
 
-/// The widest head the stack tiles hold eight keys of.
-pub const MAX_HEAD_DIM: usize = TILE_VALUES / 8;
+/// The widest head kiln runs.
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// The most query heads per key/value head kiln runs (a decode task multiplies them as
+/// one matrix against a tile of keys).
+pub const MAX_GQA_GROUP: usize = 64;
 
 /// Queries (rows times heads of a group) one streaming task carries at once.
 const MAX_STATES: usize = 1024;

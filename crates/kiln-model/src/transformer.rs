@@ -10,7 +10,7 @@
 
 use rayon::prelude::*;
 
-use crate::attention::{self, AttentionKind, AttnJob, AttnShape, MAX_HEAD_DIM};
+use crate::attention::{self, AttentionKind, AttnJob, AttnShape, MAX_GQA_GROUP, MAX_HEAD_DIM};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvCache, KvDtype, KvLayout};
@@ -280,6 +280,15 @@ fn check_shapes(c: &ModelConfig, w: &ModelWeights) -> Result<()> {
             message: format!(
                 "{} is not supported: kiln runs even head sizes up to {MAX_HEAD_DIM}",
                 c.head_dim
+            ),
+        });
+    }
+    if c.gqa_group() > MAX_GQA_GROUP {
+        return Err(ModelError::InvalidArgument {
+            what: "num_key_value_heads".into(),
+            message: format!(
+                "{} query heads per key/value head is not supported: kiln runs groups of up to {MAX_GQA_GROUP}",
+                c.gqa_group()
             ),
         });
     }

@@ -235,8 +235,8 @@ fn decode_steps_continue_the_prefill() {
 
 #[test]
 fn streaming_and_naive_attention_agree_across_tiles_and_blocks() {
-    // tiny's head_dim 32 gives tiles of 128 keys; 300 positions cross two tiles and one
-    // cache block boundary (256).
+    // tiny's tiles are one cache block, 256 keys: 300 positions cross a tile and a
+    // block boundary.
     let (model, pool) = load("tiny", 5);
     let tokens = prompt(300, 3);
     let run = |attention| {
