@@ -6,11 +6,35 @@
 //!   every row of a tile) when the process-wide switch is on, else `qmv` once per row;
 //! - M >= the limit: `qmm`, a tiled GEMM.
 //!
+//! **How they compute.** For 4- and 8-bit weights every kernel, on every ISA, follows one
+//! integer scheme: the activations of each weight group are quantized to 8-bit codes
+//! (4-bit weights) or 16-bit codes (8-bit weights) with one f32 scale per group and row,
+//! the group's dot product is an exact integer sum, and
+//! `y = sum_g s_g * sx_g * isum_g + b_g * xsum_g` is accumulated in one fixed float order.
+//! So `qmv`, `qmv_wide` and `qmm` give bit-identical rows, on AVX2, NEON and the portable
+//! path alike; the price is the activation rounding, at most half a code step per element
+//! (see [`ActivationPrecision`]). Other widths (2, 3, 5, 6 bits) keep f32 activations:
+//! `qmv` and `qmv_wide` share one per-row loop, and `qmm` dequantizes tiles to f32 for
+//! `matrixmultiply::sgemm`.
+//!
+//! All kernels thread with rayon over weight rows, on the current pool: run inside a
+//! one-thread pool's `install` for a single-thread measurement.
+//!
 //! This module is the only place that chooses an implementation by target or CPU feature.
 
 pub mod reference;
 
+mod act;
+mod drive;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod portable;
+#[cfg(target_arch = "x86_64")]
+mod tile;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::sync::OnceLock;
 
 use crate::matrix::QuantizedMatrix;
 use crate::wide::qmv_wide_enabled;
@@ -27,6 +51,100 @@ pub enum KernelChoice {
     QmvWide,
     /// Tiled GEMM.
     Qmm,
+}
+
+/// An instruction-set path of the kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Isa {
+    /// x86-64 with AVX2, FMA and F16C, detected at run time.
+    Avx2,
+    /// aarch64 NEON (always present there).
+    Neon,
+    /// Plain Rust, every target.
+    Portable,
+}
+
+impl Isa {
+    /// The best path this CPU runs, detected once.
+    pub fn detected() -> Isa {
+        static DETECTED: OnceLock<Isa> = OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            if Isa::Avx2.is_available() {
+                Isa::Avx2
+            } else if Isa::Neon.is_available() {
+                Isa::Neon
+            } else {
+                Isa::Portable
+            }
+        })
+    }
+
+    /// Whether this CPU can run the path.
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Avx2 => avx2_available(),
+            Isa::Neon => cfg!(target_arch = "aarch64"),
+            Isa::Portable => true,
+        }
+    }
+
+    /// Every path this CPU can run, best first.
+    pub fn available() -> Vec<Isa> {
+        [Isa::Avx2, Isa::Neon, Isa::Portable].into_iter().filter(|i| i.is_available()).collect()
+    }
+
+    /// The path's name in reports: `avx2`, `neon`, `portable`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isa::Avx2 => "avx2",
+            Isa::Neon => "neon",
+            Isa::Portable => "portable",
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx2_available() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx2_available() -> bool {
+    false
+}
+
+/// How the kernels treat activations for a weight width: what their error depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActivationPrecision {
+    /// f32 activations: only f32 rounding (2-, 3-, 5-, 6-bit weights).
+    F32,
+    /// 8-bit codes per group: `sx = max|x| / 127`, `|x - sx * xq| <= sx / 2` (4-bit weights).
+    Int8,
+    /// 16-bit codes per group: `sx = max|x| / 32767`, `|x - sx * xq| <= sx / 2` (8-bit
+    /// weights).
+    Int16,
+}
+
+impl ActivationPrecision {
+    /// The precision for `bits`-bit weights (the same on every ISA and for every kernel).
+    pub fn for_bits(bits: u32) -> ActivationPrecision {
+        match act::ActCodes::for_weight_bits(bits) {
+            Some(act::ActCodes::I8Deinterleaved) => ActivationPrecision::Int8,
+            Some(act::ActCodes::I16) => ActivationPrecision::Int16,
+            None => ActivationPrecision::F32,
+        }
+    }
+
+    /// The largest activation code, `None` for f32: a group's scale is `max|x| / code`.
+    pub fn max_code(self) -> Option<f32> {
+        match self {
+            ActivationPrecision::F32 => None,
+            ActivationPrecision::Int8 => Some(act::I8_MAX),
+            ActivationPrecision::Int16 => Some(act::I16_MAX),
+        }
+    }
 }
 
 /// The smallest M for which `qmm` runs instead of the vector kernels.
@@ -51,6 +169,10 @@ fn check_shapes(what: &str, x: &[f32], m: usize, w: &QuantizedMatrix, y: &[f32])
     assert_eq!(y.len(), m * w.n(), "{what}: y must hold m * N = {} * {} values", m, w.n());
 }
 
+fn check_isa(what: &str, isa: Isa) {
+    assert!(isa.is_available(), "{what}: the {} kernels cannot run on this CPU", isa.as_str());
+}
+
 /// `y[m, n] = x[m, k] W^T`, dispatched as the module documentation says.
 pub fn quantized_matmul(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
     check_shapes("quantized_matmul", x, m, w, y);
@@ -69,18 +191,87 @@ pub fn quantized_matmul(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32])
 
 /// One activation row: `y[n] = W x`.
 pub fn qmv(x: &[f32], w: &QuantizedMatrix, y: &mut [f32]) {
-    check_shapes("qmv", x, 1, w, y);
-    portable::qmv(x, w, y);
+    qmv_on(Isa::detected(), x, w, y)
 }
 
 /// Several activation rows in one pass over the weights.
 pub fn qmv_wide(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
-    check_shapes("qmv_wide", x, m, w, y);
-    portable::qmv_wide(x, m, w, y);
+    qmv_wide_on(Isa::detected(), x, m, w, y)
 }
 
 /// Tiled GEMM for large M.
 pub fn qmm(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
+    qmm_on(Isa::detected(), x, m, w, y)
+}
+
+fn has_integer_path(w: &QuantizedMatrix) -> bool {
+    act::ActCodes::for_weight_bits(w.spec().bits()).is_some()
+}
+
+/// [`qmv`] on a chosen path (tests and benchmarks compare paths with it).
+///
+/// # Panics
+/// When `isa` is not available on this CPU, or the shapes do not match.
+pub fn qmv_on(isa: Isa, x: &[f32], w: &QuantizedMatrix, y: &mut [f32]) {
+    check_shapes("qmv", x, 1, w, y);
+    check_isa("qmv", isa);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if has_integer_path(w) => {
+            // SAFETY: `check_isa` confirmed AVX2, FMA and F16C at run time.
+            unsafe { x86::qmv(x, w, y) }
+        }
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon if has_integer_path(w) => neon::matmul(x, 1, w, y),
+        _ => portable::matmul(x, 1, w, y),
+    }
+}
+
+/// [`qmv_wide`] on a chosen path.
+///
+/// # Panics
+/// When `isa` is not available on this CPU, or the shapes do not match.
+pub fn qmv_wide_on(isa: Isa, x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
+    check_shapes("qmv_wide", x, m, w, y);
+    check_isa("qmv_wide", isa);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if has_integer_path(w) => {
+            // SAFETY: `check_isa` confirmed AVX2, FMA and F16C at run time.
+            unsafe { x86::qmv_wide(x, m, w, y) }
+        }
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon if has_integer_path(w) => neon::matmul(x, m, w, y),
+        _ => portable::matmul(x, m, w, y),
+    }
+}
+
+/// [`qmm`] on a chosen path.
+///
+/// # Panics
+/// When `isa` is not available on this CPU, or the shapes do not match.
+pub fn qmm_on(isa: Isa, x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
     check_shapes("qmm", x, m, w, y);
-    portable::qmv_wide(x, m, w, y);
+    check_isa("qmm", isa);
+    if !has_integer_path(w) {
+        return portable::qmm_sgemm(x, m, w, y);
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            // SAFETY: `check_isa` confirmed AVX2, FMA and F16C at run time.
+            unsafe { x86::qmm(x, m, w, y) }
+        }
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::matmul(x, m, w, y),
+        _ => portable::matmul(x, m, w, y),
+    }
+}
+
+/// `qmm` by dequantizing tiles of weight rows to f32 and multiplying them with
+/// `matrixmultiply::sgemm`: f32 activations, any width. [`qmm`] uses it for widths without
+/// an integer path; it is public so benchmarks can measure it against the integer `qmm`.
+pub fn qmm_sgemm(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
+    check_shapes("qmm_sgemm", x, m, w, y);
+    portable::qmm_sgemm(x, m, w, y)
 }

@@ -1,0 +1,217 @@
+//! The block layout the AVX2 kernels read activation codes in (x86-64 only; NEON and the
+//! portable kernels read codes in element order, see [`super::act::XRows`]).
+//!
+//! Codes are laid out in 64-byte blocks, one per 32 bytes of packed weights, so a block of
+//! weights and its block of activations are read with the same stride:
+//! - 4-bit weights: a block covers 64 elements; byte `i` of the packed block holds element
+//!   `2i` in its low nibble and `2i + 1` in its high nibble, so the activation block holds
+//!   the even elements in bytes `0..32` and the odd ones in bytes `32..64`. A trailing
+//!   half block (group size 32, K an odd number of groups) leaves bytes `16..32` and
+//!   `48..64` zero.
+//! - 8-bit weights: a block covers 32 elements, stored as 32 little-endian `i16`.
+//!
+//! A tile holds up to eight activation rows with their blocks interleaved
+//! (`[block][slot][64 bytes]`), so one pointer walks all rows of the tile, and its scales
+//! and sums transposed (`[group][8 lanes]`, lane = row) so the float work for a group is one
+//! vector operation for the whole tile.
+//!
+//! Its functions are `inline(always)` so that the AVX2 kernels, which call them from a
+//! `#[target_feature]` function, get them compiled for AVX2.
+
+use super::act::{ActCodes, TILE_ROWS, quantize_group};
+
+/// One 64-byte block of activation codes, aligned so a block never straddles a cache line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct Block(pub [u8; 64]);
+
+const ZERO_BLOCK: Block = Block([0; 64]);
+
+/// Activation rows quantized for weights of one width and group size.
+pub(crate) struct XTile {
+    /// Slots per block: 1, 2, 4 or 8 (rows beyond `rows` are zero).
+    pub slots: usize,
+    /// Real activation rows, `1..=slots`.
+    pub rows: usize,
+    /// `[block][slot]` blocks.
+    pub blocks: Vec<Block>,
+    /// Scales: `[group_padded]` when `slots == 1` (lane = group), else `[group][8]`
+    /// (lane = row). Padding is zero.
+    pub sx: Vec<f32>,
+    /// Exact group sums, laid out as `sx`.
+    pub xsum: Vec<f32>,
+}
+
+/// Activation elements per 64-byte block for `codes`.
+pub(crate) fn elems_per_block(codes: ActCodes) -> usize {
+    match codes {
+        ActCodes::I8Deinterleaved => 64,
+        ActCodes::I16 => 32,
+    }
+}
+
+/// Blocks per activation row of `k` elements.
+pub(crate) fn blocks_per_row(codes: ActCodes, k: usize) -> usize {
+    k.div_ceil(elems_per_block(codes))
+}
+
+/// `n` rounded up to a multiple of 8.
+pub(crate) fn pad8(n: usize) -> usize {
+    n.div_ceil(8) * 8
+}
+
+/// Quantizes one group: writes its codes to `codes` and returns `(sx, xsum)`. Every
+/// integer kernel (AVX2, NEON, portable) gets its codes from here, so all of them see the
+/// same integers.
+/// One row's codes, scales and sums in the block layout.
+struct RowCodes {
+    blocks: Vec<Block>,
+    sx: Vec<f32>,
+    xsum: Vec<f32>,
+}
+
+/// Quantizes one activation row per group of `g` into the block layout.
+#[inline(always)]
+fn quantize_row(x: &[f32], g: usize, codes: ActCodes) -> RowCodes {
+    let k = x.len();
+    let gpr = k / g;
+    let mut blocks = vec![ZERO_BLOCK; blocks_per_row(codes, k)];
+    let mut sx = vec![0f32; pad8(gpr)];
+    let mut xsum = vec![0f32; pad8(gpr)];
+    let mut q = vec![0i16; k];
+    for (gi, (xs, qs)) in x.chunks_exact(g).zip(q.chunks_exact_mut(g)).enumerate() {
+        (sx[gi], xsum[gi]) = quantize_group(xs, codes.max_code(), qs);
+    }
+    match codes {
+        ActCodes::I8Deinterleaved => {
+            // Per 64 elements: even ones to bytes 0..32, odd ones to 32..64 (a trailing
+            // half block fills 0..16 and 32..48).
+            for (blk, qc) in blocks.iter_mut().zip(q.chunks(64)) {
+                for (i, pair) in qc.chunks_exact(2).enumerate() {
+                    blk.0[i] = (pair[0] as i8) as u8;
+                    blk.0[32 + i] = (pair[1] as i8) as u8;
+                }
+            }
+        }
+        ActCodes::I16 => {
+            for (blk, qc) in blocks.iter_mut().zip(q.chunks(32)) {
+                for (i, &c) in qc.iter().enumerate() {
+                    blk.0[2 * i..2 * i + 2].copy_from_slice(&c.to_le_bytes());
+                }
+            }
+        }
+    }
+    RowCodes { blocks, sx, xsum }
+}
+
+/// Slot count for a tile of `rows` rows: the next of 1, 2, 4, 8.
+pub(crate) fn slots_for(rows: usize) -> usize {
+    debug_assert!((1..=TILE_ROWS).contains(&rows));
+    rows.next_power_of_two()
+}
+
+impl XTile {
+    /// One activation row in the vector layout `qmv` reads: scales and sums `[group]`
+    /// (lane = group), and blocks, padded with zeros to a whole number of eight groups.
+    #[inline(always)]
+    pub fn vector(x: &[f32], g: usize, codes: ActCodes) -> XTile {
+        let RowCodes { mut blocks, sx, xsum } = quantize_row(x, g, codes);
+        let chunk_blocks = (8 * g).div_ceil(elems_per_block(codes));
+        blocks.resize(blocks.len().div_ceil(chunk_blocks) * chunk_blocks, ZERO_BLOCK);
+        XTile { slots: 1, rows: 1, blocks, sx, xsum }
+    }
+
+    /// Up to eight rows (`x` holds `rows * k` values) in the tile layout: blocks
+    /// `[block][slot]`, scales and sums `[group][8]` (lane = row, zero beyond `rows`).
+    #[inline(always)]
+    pub fn tile(x: &[f32], rows: usize, k: usize, g: usize, codes: ActCodes) -> XTile {
+        assert!((1..=TILE_ROWS).contains(&rows), "a tile holds 1 to 8 rows, got {rows}");
+        assert_eq!(x.len(), rows * k);
+        let gpr = k / g;
+        let nblocks = blocks_per_row(codes, k);
+        let slots = slots_for(rows);
+        let mut blocks = vec![ZERO_BLOCK; nblocks * slots];
+        let mut sx = vec![0f32; gpr * TILE_ROWS];
+        let mut xsum = vec![0f32; gpr * TILE_ROWS];
+        for (r, xr) in x.chunks_exact(k).enumerate() {
+            let rc = quantize_row(xr, g, codes);
+            for b in 0..nblocks {
+                blocks[b * slots + r] = rc.blocks[b];
+            }
+            for gi in 0..gpr {
+                sx[gi * TILE_ROWS + r] = rc.sx[gi];
+                xsum[gi * TILE_ROWS + r] = rc.xsum[gi];
+            }
+        }
+        XTile { slots, rows, blocks, sx, xsum }
+    }
+
+    /// Splits `m` rows of `x` into tiles of at most eight rows.
+    #[inline(always)]
+    pub fn tiles(x: &[f32], m: usize, k: usize, g: usize, codes: ActCodes) -> Vec<XTile> {
+        (0..m)
+            .step_by(TILE_ROWS)
+            .map(|r0| {
+                let rows = TILE_ROWS.min(m - r0);
+                XTile::tile(&x[r0 * k..(r0 + rows) * k], rows, k, g, codes)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::act::I8_MAX;
+
+    #[test]
+    fn four_bit_codes_are_deinterleaved_per_block() {
+        let k = 96; // one full block and one half block at group size 32
+        let x: Vec<f32> = (0..k).map(|i| (i as f32) - 40.0).collect();
+        let t = XTile::vector(&x, 32, ActCodes::I8Deinterleaved);
+        // Two blocks of codes, padded with zero blocks to a whole step of eight groups.
+        assert_eq!(t.blocks.len(), 4);
+        assert!(t.blocks[2..].iter().all(|b| b.0 == [0; 64]));
+        let b: Vec<u8> = t.blocks.iter().flat_map(|b| b.0).collect();
+        let code = |e: usize| {
+            let g = e / 32;
+            let mut q = [0i16; 32];
+            quantize_group(&x[g * 32..(g + 1) * 32], I8_MAX, &mut q);
+            q[e % 32] as i8
+        };
+        assert_eq!(b[0] as i8, code(0));
+        assert_eq!(b[32] as i8, code(1));
+        assert_eq!(b[5] as i8, code(10));
+        assert_eq!(b[37] as i8, code(11));
+        // Half block: elements 64..96 fill bytes 0..16 and 32..48 of the second block.
+        assert_eq!(b[64] as i8, code(64));
+        assert_eq!(b[64 + 32] as i8, code(65));
+        assert!(b[64 + 16..64 + 32].iter().all(|&v| v == 0));
+        assert!(b[64 + 48..128].iter().all(|&v| v == 0));
+        // The largest magnitude of each group maps to +-127 exactly: element 0 is -40.
+        assert_eq!(b[0] as i8, -127);
+        assert_eq!(t.xsum[0], x[..32].iter().sum::<f32>());
+        assert_eq!(t.sx.len(), 8);
+        assert_eq!(t.sx[3], 0.0);
+    }
+
+    #[test]
+    fn tiles_interleave_rows_and_transpose_scales() {
+        let (m, k, g) = (3, 64, 64);
+        let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32) - 50.0).collect();
+        let ts = XTile::tiles(&x, m, k, g, ActCodes::I16);
+        assert_eq!(ts.len(), 1);
+        let t = &ts[0];
+        assert_eq!((t.slots, t.rows), (4, 3));
+        assert_eq!(t.blocks.len(), 2 * 4);
+        for r in 0..m {
+            let single = XTile::vector(&x[r * k..(r + 1) * k], g, ActCodes::I16);
+            assert_eq!(t.blocks[r].0, single.blocks[0].0);
+            assert_eq!(t.blocks[4 + r].0, single.blocks[1].0);
+            assert_eq!(t.sx[r], single.sx[0]);
+            assert_eq!(t.xsum[r], single.xsum[0]);
+        }
+        assert!(t.blocks[3].0.iter().all(|&v| v == 0));
+        assert_eq!(t.sx[3..8], [0.0; 5]);
+    }
+}

@@ -1,0 +1,495 @@
+//! The fast kernels (`qmv`, `qmv_wide`, `qmm`, on every ISA path this CPU runs) against
+//! the scalar references and against the exact product in f64, with tolerances derived
+//! from the format below; the dispatcher and the wide switch; and the recorded answer to
+//! "are `qmv_wide` and per-row `qmv` bit-identical?" (yes, on every path).
+
+use std::sync::Mutex;
+
+use kiln_core::format::{QuantSpec, SUPPORTED_BITS, write_code};
+use kiln_core::kernels::{
+    self, ActivationPrecision, Isa, KernelChoice, qmm_on, qmv_batch_limit, qmv_on, qmv_wide_on, reference,
+    select_kernel,
+};
+use kiln_core::matrix::{QuantizedMatrix, ScaleData, ScaleDtype};
+use kiln_core::wide::{qmv_wide_enabled, set_qmv_wide};
+use kiln_core::{Buffer, quantized_matmul};
+
+// ---------------------------------------------------------------------------------------
+// Tolerances.
+//
+// Every bound is |computed - exact| <= bound, where "exact" is `reference::matmul_f64`:
+// the f64 product of x with the *dequantized f32* weights w = fl(fl(s * q) + b).
+//
+// 1. Format term. The integer kernels and the f32-activation kernels compute with
+//    s * q + b unrounded, so against the exact product of the rounded weights they differ
+//    by sum_j |x_j| * |fl(fl(s q) + b) - (s q + b)| <= sum_j |x_j| * u * (2 |s| q_j + |b|)
+//    (one rounding of s q, one of the sum, which is at most |s q| + |b| plus a u^2 term
+//    that FORMAT_SLACK covers).
+// 2. Activation term (integer scheme). Per group, sx = fl(amax / qmax),
+//    inv = fl(qmax / amax) and xq_j = round(fl(x_j * inv)), so
+//    sx * xq_j - x_j = sx * e + x_j * ((1 + e1)(1 + e2)(1 + e3) - 1) with |e| <= 1/2 and
+//    |e_i| <= u: |x_j - sx xq_j| <= sx / 2 + ACT_ROUNDINGS * u * amax (times GAMMA_SLACK).
+//    The weight side multiplies each element by |s| q_j, so the group contributes
+//    |s| * delta_g * sum_j q_j.
+// 3. Accumulation term. Each path sums its terms through at most `depth` roundings;
+//    with gamma_n = n u / (1 - n u) <= GAMMA_SLACK * n u (n u < 1% here), the error is
+//    at most gamma_depth * sum of the terms' magnitudes:
+//    - integer scheme: a term tot * (s sx) or b * xsum carries INT_TERM_ROUNDINGS own
+//      roundings (cvt of the i32 sum, the s * sx product, or the rounded xsum), then
+//      2 FMAs per group in its lane (ceil(groups / 8) groups per lane) and the
+//      LANE_TREE_ADDS of the final 8-lane sum;
+//    - f32-activation scheme: G / 8 + 3 roundings for a group's 8-lane dot (one more for
+//      the product), 2 for s * qx + b * xsum (plus the rounded xsum), 1 per group into the
+//      sequential accumulator;
+//    - sgemm and the scalar reference: dot products of length K over the rounded weights:
+//      K products and K - 1 additions in some order, so K + 1 roundings suffice.
+// ---------------------------------------------------------------------------------------
+
+/// f32 unit roundoff, 2^-24.
+const U: f64 = f32::EPSILON as f64 / 2.0;
+/// gamma_n <= GAMMA_SLACK * n * u while n * u <= 0.0099 (n here is at most a few thousand).
+const GAMMA_SLACK: f64 = 1.01;
+/// Covers the u^2 terms of the format bound.
+const FORMAT_SLACK: f64 = 1.0 + 4.0 * U;
+/// f32 roundings in an activation code's reconstruction: inv, x * inv, sx.
+const ACT_ROUNDINGS: f64 = 3.0;
+/// Own roundings of an integer-scheme term before accumulation.
+const INT_TERM_ROUNDINGS: f64 = 2.0;
+/// Additions in the final sum of eight lanes.
+const LANE_TREE_ADDS: f64 = 3.0;
+/// Own roundings of an f32-activation group term beyond its dot: s * qx, b * xsum, their
+/// sum, and the rounded xsum.
+const F32_TERM_ROUNDINGS: f64 = 4.0;
+
+/// Which computation a result came from, for its bound.
+#[derive(Clone, Copy, Debug)]
+enum Scheme {
+    /// Quantized activations (4- and 8-bit weights, every kernel and ISA).
+    Integer { qmax: f64 },
+    /// f32 activations, per-group loop (other widths, `qmv` and `qmv_wide`).
+    F32Groups,
+    /// Dequantized f32 weights, dot products of length K (`sgemm`, the reference).
+    DequantDot,
+}
+
+fn scheme_for(bits: u32) -> Scheme {
+    match ActivationPrecision::for_bits(bits).max_code() {
+        Some(qmax) => Scheme::Integer { qmax: f64::from(qmax) },
+        None => Scheme::F32Groups,
+    }
+}
+
+/// A test case: W, x and everything the bounds need.
+struct Case {
+    w: QuantizedMatrix,
+    codes: Vec<u32>,
+    s: Vec<f64>,
+    b: Vec<f64>,
+    deq: Vec<f32>,
+    x: Vec<f32>,
+    m: usize,
+    exact: Vec<f64>,
+}
+
+impl Case {
+    fn new(n: usize, k: usize, m: usize, bits: u32, g: usize, dtype: ScaleDtype, seed: u64) -> Case {
+        let spec = QuantSpec::new(bits, g).unwrap();
+        let mut rng = Rng(seed);
+        let gpr = k / g;
+        let mut packed = vec![0u32; n * spec.words_per_row(k)];
+        let mut codes = vec![0u32; n * k];
+        for r in 0..n {
+            let row = &mut packed[r * spec.words_per_row(k)..(r + 1) * spec.words_per_row(k)];
+            for j in 0..k {
+                let c = (rng.next() % u64::from(spec.max_code() + 1)) as u32;
+                codes[r * k + j] = c;
+                write_code(row, j, bits, c);
+            }
+        }
+        // Scales of both signs (MLX makes them negative when the larger extreme is), and
+        // biases of the size quantized weights have.
+        let scales: Vec<f32> =
+            (0..n * gpr).map(|_| rng.sym(0.05) + 0.001f32.copysign(rng.sym(1.0))).collect();
+        let biases: Vec<f32> = (0..n * gpr).map(|_| rng.sym(0.6)).collect();
+        let sd = ScaleData::from_f32(&scales, dtype);
+        let bd = ScaleData::from_f32(&biases, dtype);
+        let s: Vec<f64> = (0..n * gpr).map(|i| f64::from(sd.get(i))).collect();
+        let b: Vec<f64> = (0..n * gpr).map(|i| f64::from(bd.get(i))).collect();
+        let w = QuantizedMatrix::new(n, k, spec, Buffer::from(packed), sd, bd).unwrap();
+        // Activations with an outlier now and then, as real ones have.
+        let x: Vec<f32> = (0..m * k).map(|i| if i % 97 == 5 { rng.sym(8.0) } else { rng.sym(1.0) }).collect();
+        let deq = reference::dequantize(&w);
+        let exact = reference::matmul_f64(&x, m, &w);
+        Case { w, codes, s, b, deq, x, m, exact }
+    }
+
+    /// The bound on |computed - exact| for output (i, r) of a result from `scheme`.
+    fn bound(&self, scheme: Scheme, i: usize, r: usize) -> f64 {
+        let (k, g) = (self.w.k(), self.w.spec().group_size());
+        let gpr = k / g;
+        let xr = &self.x[i * k..(i + 1) * k];
+        let mut format = 0f64;
+        let mut act = 0f64;
+        let mut magnitude = 0f64;
+        let mut dot_magnitude = 0f64;
+        for gi in 0..gpr {
+            let (s, b) = (self.s[r * gpr + gi], self.b[r * gpr + gi]);
+            let span = gi * g..(gi + 1) * g;
+            let xs = &xr[span.clone()];
+            let qs = &self.codes[r * k + gi * g..r * k + (gi + 1) * g];
+            let amax = xs.iter().fold(0f64, |a, &v| a.max(f64::from(v).abs()));
+            let sum_q: f64 = qs.iter().map(|&q| f64::from(q)).sum();
+            let sum_abs_x: f64 = xs.iter().map(|&v| f64::from(v).abs()).sum();
+            let sum_q_abs_x: f64 = qs.iter().zip(xs).map(|(&q, &v)| f64::from(q) * f64::from(v).abs()).sum();
+            format += U * FORMAT_SLACK * (2.0 * s.abs() * sum_q_abs_x + b.abs() * sum_abs_x);
+            let deq = &self.deq[r * k + gi * g..r * k + (gi + 1) * g];
+            dot_magnitude +=
+                deq.iter().zip(xs).map(|(&w, &v)| f64::from(w).abs() * f64::from(v).abs()).sum::<f64>();
+            match scheme {
+                Scheme::Integer { qmax } => {
+                    let delta = GAMMA_SLACK * (amax / qmax * (1.0 + U) / 2.0 + ACT_ROUNDINGS * U * amax);
+                    act += s.abs() * delta * sum_q;
+                    // |s sx tot| <= |s| sum_j q_j (|x_j| + delta), |b xsum| <= |b| sum |x|.
+                    magnitude += s.abs() * (sum_q_abs_x + delta * sum_q) + b.abs() * sum_abs_x;
+                }
+                Scheme::F32Groups => magnitude += s.abs() * sum_q_abs_x + b.abs() * sum_abs_x,
+                Scheme::DequantDot => {}
+            }
+        }
+        let gpr = gpr as f64;
+        match scheme {
+            Scheme::Integer { .. } => {
+                let depth = INT_TERM_ROUNDINGS + 2.0 * (gpr / 8.0).ceil() + LANE_TREE_ADDS;
+                format + act + GAMMA_SLACK * depth * U * magnitude
+            }
+            Scheme::F32Groups => {
+                let depth = (g / 8) as f64 + LANE_TREE_ADDS + 1.0 + F32_TERM_ROUNDINGS + gpr;
+                format + GAMMA_SLACK * depth * U * magnitude
+            }
+            Scheme::DequantDot => GAMMA_SLACK * (k as f64 + 1.0) * U * dot_magnitude,
+        }
+    }
+
+    /// Asserts `y` within `scheme`'s bound of the exact product, and within the sum of
+    /// both bounds of the scalar reference's result.
+    fn check(&self, what: &str, scheme: Scheme, y: &[f32], reference_y: &[f32]) {
+        let n = self.w.n();
+        for i in 0..self.m {
+            for r in 0..n {
+                let idx = i * n + r;
+                let bound = self.bound(scheme, i, r);
+                let err = (f64::from(y[idx]) - self.exact[idx]).abs();
+                assert!(
+                    err <= bound,
+                    "{what}: y[{i}, {r}] = {} but exact {} (error {err:.3e} > bound {bound:.3e})",
+                    y[idx],
+                    self.exact[idx]
+                );
+                let ref_bound = bound + self.bound(Scheme::DequantDot, i, r);
+                let diff = (f64::from(y[idx]) - f64::from(reference_y[idx])).abs();
+                assert!(
+                    diff <= ref_bound,
+                    "{what}: y[{i}, {r}] = {} but reference {} (difference {diff:.3e} > {ref_bound:.3e})",
+                    y[idx],
+                    reference_y[idx]
+                );
+            }
+        }
+    }
+
+    fn label(&self, kernel: &str, isa: Isa) -> String {
+        let spec = self.w.spec();
+        format!(
+            "{kernel} on {} ({spec}, {} scales, n {} k {} m {})",
+            isa.as_str(),
+            self.w.scales().dtype().as_str(),
+            self.w.n(),
+            self.w.k(),
+            self.m
+        )
+    }
+}
+
+/// splitmix64: small, seeded, good enough for test data.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-a, a).
+    fn sym(&mut self, a: f32) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * a
+    }
+}
+
+/// Input widths (multiples of the group size) that exercise every tail: one group, fewer
+/// than eight, more than eight with a remainder, and for g32 an odd number of groups
+/// (a trailing half block of 4-bit codes).
+fn ks(g: usize) -> Vec<usize> {
+    let mut v = vec![g, 3 * g, 14 * g];
+    if g == 32 {
+        v.push(9 * 32);
+    }
+    v
+}
+
+/// Activation rows tried for each shape; `all_m` runs every M from 1 to 33.
+fn ms(all_m: bool) -> Vec<usize> {
+    if all_m { (1..=33).collect() } else { vec![1, 2, 3, 5, 8, 9, 12, 16, 17, 33] }
+}
+
+const DTYPES: [ScaleDtype; 3] = [ScaleDtype::F16, ScaleDtype::Bf16, ScaleDtype::F32];
+
+/// Runs each kernel on each available path for one case; returns the outputs of every
+/// kernel and path, so callers can compare them bit for bit.
+fn run_all(case: &Case) -> Vec<(String, Vec<f32>)> {
+    let (n, k, m) = (case.w.n(), case.w.k(), case.m);
+    let mut out = Vec::new();
+    for isa in Isa::available() {
+        let mut per_row = vec![0f32; m * n];
+        for (xr, yr) in case.x.chunks_exact(k).zip(per_row.chunks_exact_mut(n)) {
+            qmv_on(isa, xr, &case.w, yr);
+        }
+        out.push((case.label("qmv per row", isa), per_row));
+        let mut wide = vec![0f32; m * n];
+        qmv_wide_on(isa, &case.x, m, &case.w, &mut wide);
+        out.push((case.label("qmv_wide", isa), wide));
+        let mut mm = vec![0f32; m * n];
+        qmm_on(isa, &case.x, m, &case.w, &mut mm);
+        out.push((case.label("qmm", isa), mm));
+    }
+    out
+}
+
+fn reference_y(case: &Case) -> Vec<f32> {
+    let mut y = vec![0f32; case.m * case.w.n()];
+    reference::qmm(&case.x, case.m, &case.w, &mut y);
+    y
+}
+
+fn bits_identical(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
+}
+
+#[test]
+fn integer_kernels_stay_within_the_derived_bound() {
+    let mut seed = 1;
+    for bits in [4, 8] {
+        for g in [32, 64, 128] {
+            for (di, &dtype) in DTYPES.iter().enumerate() {
+                for (ki, k) in ks(g).into_iter().enumerate() {
+                    // Every M from 1 to 33 on one shape per width and group size.
+                    let all_m = di == 0 && ki == 1;
+                    for m in ms(all_m) {
+                        seed += 1;
+                        let case = Case::new(37, k, m, bits, g, dtype, seed);
+                        let scheme = scheme_for(bits);
+                        let refy = reference_y(&case);
+                        for (what, y) in run_all(&case) {
+                            case.check(&what, scheme, &y, &refy);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The recorded answer: on every path, `qmv_wide`, per-row `qmv` and `qmm` give
+/// bit-identical outputs for 4- and 8-bit weights (one integer scheme, one float order),
+/// and every path gives the same bits as every other.
+#[test]
+fn qmv_wide_and_per_row_qmv_are_bit_identical() {
+    let mut seed = 1000;
+    for bits in [4, 8] {
+        for g in [32, 64, 128] {
+            for &dtype in &DTYPES {
+                for k in ks(g) {
+                    for m in [2, 3, 8, 9, 17] {
+                        seed += 1;
+                        let case = Case::new(21, k, m, bits, g, dtype, seed);
+                        let results = run_all(&case);
+                        let (first_what, first) = &results[0];
+                        for (what, y) in &results[1..] {
+                            assert!(bits_identical(first, y), "{what} differs in its bits from {first_what}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn other_widths_take_f32_activations_within_their_bound() {
+    let mut seed = 5000;
+    for bits in SUPPORTED_BITS.into_iter().filter(|b| ![4, 8].contains(b)) {
+        assert_eq!(ActivationPrecision::for_bits(bits), ActivationPrecision::F32);
+        for g in [32, 64, 128] {
+            for &dtype in &DTYPES {
+                for k in ks(g) {
+                    for m in [1, 2, 5, 9, 33] {
+                        seed += 1;
+                        let case = Case::new(19, k, m, bits, g, dtype, seed);
+                        let refy = reference_y(&case);
+                        for isa in Isa::available() {
+                            let (n, kk) = (case.w.n(), case.w.k());
+                            let mut per_row = vec![0f32; m * n];
+                            for (xr, yr) in case.x.chunks_exact(kk).zip(per_row.chunks_exact_mut(n)) {
+                                qmv_on(isa, xr, &case.w, yr);
+                            }
+                            case.check(&case.label("qmv per row", isa), Scheme::F32Groups, &per_row, &refy);
+                            let mut wide = vec![0f32; m * n];
+                            qmv_wide_on(isa, &case.x, m, &case.w, &mut wide);
+                            case.check(&case.label("qmv_wide", isa), Scheme::F32Groups, &wide, &refy);
+                            // The same per-row loop: bit-identical here too.
+                            assert!(
+                                bits_identical(&per_row, &wide),
+                                "{}",
+                                case.label("qmv_wide vs qmv", isa)
+                            );
+                            let mut mm = vec![0f32; m * n];
+                            qmm_on(isa, &case.x, m, &case.w, &mut mm);
+                            case.check(&case.label("qmm (sgemm)", isa), Scheme::DequantDot, &mm, &refy);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn sgemm_qmm_on_four_and_eight_bits_is_f32_exact_to_its_bound() {
+    for (i, bits) in [4, 8].into_iter().enumerate() {
+        for m in [1, 16, 33] {
+            let case = Case::new(45, 448, m, bits, 64, ScaleDtype::F16, 9000 + i as u64 * 100 + m as u64);
+            let mut y = vec![0f32; m * case.w.n()];
+            kernels::qmm_sgemm(&case.x, m, &case.w, &mut y);
+            case.check("qmm_sgemm", Scheme::DequantDot, &y, &reference_y(&case));
+        }
+    }
+}
+
+/// Worst-case codes: every weight code at its maximum and every activation at the
+/// group's maximum magnitude, so the integer sums reach their largest values (4-bit:
+/// 8 products of 15 * 127 per i16 lane at g128; 8-bit: 128 * 255 * 32767 per group).
+#[test]
+fn extreme_codes_do_not_overflow_the_integer_sums() {
+    for bits in [4, 8] {
+        for g in [32, 64, 128] {
+            let spec = QuantSpec::new(bits, g).unwrap();
+            let (n, k) = (9, 4 * g);
+            let mut packed = vec![0u32; n * spec.words_per_row(k)];
+            for row in packed.chunks_exact_mut(spec.words_per_row(k)) {
+                for j in 0..k {
+                    write_code(row, j, bits, spec.max_code());
+                }
+            }
+            let gpr = k / g;
+            let w = QuantizedMatrix::new(
+                n,
+                k,
+                spec,
+                Buffer::from(packed),
+                ScaleData::from_f32(&vec![0.5; n * gpr], ScaleDtype::F32),
+                ScaleData::from_f32(&vec![-1.0; n * gpr], ScaleDtype::F32),
+            )
+            .unwrap();
+            for sign in [1.0f32, -1.0] {
+                let x = vec![3.0 * sign; 2 * k];
+                // Each output: k * (0.5 * max_code - 1) * 3 * sign, exact in f32.
+                let want = k as f32 * (0.5 * spec.max_code() as f32 - 1.0) * 3.0 * sign;
+                for isa in Isa::available() {
+                    let mut y = vec![0f32; 2 * n];
+                    qmv_wide_on(isa, &x, 2, &w, &mut y);
+                    let mut y1 = vec![0f32; n];
+                    qmv_on(isa, &x[..k], &w, &mut y1);
+                    for v in y.iter().chain(&y1) {
+                        assert!(
+                            (v - want).abs() <= want.abs() * 1e-6,
+                            "{bits}-bit g{g} on {isa:?}: {v} != {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn non_finite_activations_give_non_finite_outputs() {
+    for bits in [2, 4, 8] {
+        let mut case = Case::new(5, 128, 2, bits, 64, ScaleDtype::F16, 77);
+        case.x[3] = f32::NAN;
+        case.x[128 + 70] = f32::INFINITY;
+        for (what, y) in run_all(&case) {
+            for r in 0..5 {
+                assert!(!y[r].is_finite() && !y[5 + r].is_finite(), "{what}: row {r} is finite");
+            }
+        }
+    }
+}
+
+/// The switch is process-global: every test that sets it holds this lock.
+static SWITCH: Mutex<()> = Mutex::new(());
+
+#[test]
+fn dispatch_follows_the_batch_limit_and_the_wide_switch() {
+    let _guard = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let before = qmv_wide_enabled();
+    let (k, n) = (256, 40);
+    let limit = qmv_batch_limit(k, n);
+    assert!(limit > 2, "the limit must leave room for qmv_wide");
+    for on in [true, false] {
+        set_qmv_wide(on);
+        let narrow = if on { KernelChoice::QmvWide } else { KernelChoice::QmvPerRow };
+        assert_eq!(select_kernel(1, k, n), KernelChoice::Qmv);
+        assert_eq!(select_kernel(2, k, n), narrow);
+        assert_eq!(select_kernel(limit - 1, k, n), narrow);
+        assert_eq!(select_kernel(limit, k, n), KernelChoice::Qmm);
+        assert_eq!(select_kernel(limit + 100, k, n), KernelChoice::Qmm);
+        // quantized_matmul gives the chosen kernel's bits.
+        for m in [1, 2, limit - 1, limit] {
+            let case = Case::new(n, k, m, 4, 64, ScaleDtype::Bf16, 31 + m as u64);
+            let mut y = vec![0f32; m * n];
+            quantized_matmul(&case.x, m, &case.w, &mut y);
+            let mut want = vec![0f32; m * n];
+            match select_kernel(m, k, n) {
+                KernelChoice::Qmv => kernels::qmv(&case.x, &case.w, &mut want),
+                KernelChoice::QmvPerRow => {
+                    for (xr, yr) in case.x.chunks_exact(k).zip(want.chunks_exact_mut(n)) {
+                        kernels::qmv(xr, &case.w, yr);
+                    }
+                }
+                KernelChoice::QmvWide => kernels::qmv_wide(&case.x, m, &case.w, &mut want),
+                KernelChoice::Qmm => kernels::qmm(&case.x, m, &case.w, &mut want),
+            }
+            assert!(bits_identical(&y, &want), "m {m}, switch {on}");
+        }
+    }
+    set_qmv_wide(before);
+}
+
+#[test]
+fn the_detected_path_is_available_and_the_best_one() {
+    let isa = Isa::detected();
+    assert!(isa.is_available());
+    assert_eq!(Isa::available()[0], isa);
+    assert!(Isa::available().contains(&Isa::Portable));
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2")
+        && std::is_x86_feature_detected!("fma")
+        && std::is_x86_feature_detected!("f16c")
+    {
+        assert_eq!(isa, Isa::Avx2);
+    }
+    #[cfg(target_arch = "aarch64")]
+    assert_eq!(isa, Isa::Neon);
+}
