@@ -1,1 +1,182 @@
-//! Shared helpers for kiln criterion benchmarks.
+//! Shared helpers for kiln criterion benchmarks: the model shapes, random quantized
+//! weights made fast enough that a 145 MB matrix costs a fraction of a second, enough
+//! copies of each to defeat the last-level cache, and the benchmark naming scheme that
+//! `cargo xtask bench-kernels` parses.
+
+use kiln_core::format::QuantSpec;
+use kiln_core::matrix::{QuantizedMatrix, ScaleData, ScaleDtype};
+use kiln_core::{Buffer, KernelChoice};
+
+/// A weight matrix shape: `n` output features (rows of W), `k` input features.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// Output features.
+    pub n: usize,
+    /// Input features.
+    pub k: usize,
+    /// Where the shape comes from.
+    pub model: &'static str,
+}
+
+/// The shapes of the kernel benchmarks: Qwen2.5-0.5B's MLP and vocabulary projection and
+/// Llama-3.1-8B's attention and MLP projections.
+pub const SHAPES: [Shape; 6] = [
+    Shape { n: 4864, k: 896, model: "qwen2.5-0.5b gate/up" },
+    Shape { n: 896, k: 4864, model: "qwen2.5-0.5b down" },
+    Shape { n: 151936, k: 896, model: "qwen2.5-0.5b lm_head" },
+    Shape { n: 4096, k: 4096, model: "llama-3.1-8b q/o" },
+    Shape { n: 14336, k: 4096, model: "llama-3.1-8b gate/up" },
+    Shape { n: 4096, k: 14336, model: "llama-3.1-8b down" },
+];
+
+/// Bytes of weights the copies of one matrix span together: three times a 32 MiB
+/// last-level cache, so every product reads its weights from memory, as decode does.
+pub const ROTATION_BYTES: usize = 96 << 20;
+
+/// The group size of the benchmarks (mlx-community's default).
+pub const GROUP_SIZE: usize = 64;
+
+/// The dtype of the benchmarks' scales and biases.
+pub const SCALE_DTYPE: ScaleDtype = ScaleDtype::F16;
+
+/// The benchmark name `cargo xtask bench-kernels` parses:
+/// `<kernel>/q<bits>_g<group>_n<N>_k<K>_m<M>/t<threads>`.
+pub fn bench_name(
+    kernel: &str,
+    bits: u32,
+    shape: Shape,
+    m: usize,
+    threads: usize,
+) -> (String, String, String) {
+    (
+        kernel.to_string(),
+        format!("q{bits}_g{GROUP_SIZE}_n{}_k{}_m{m}", shape.n, shape.k),
+        format!("t{threads}"),
+    )
+}
+
+/// The kernel name used in benchmark ids for a dispatcher choice.
+pub fn kernel_name(choice: KernelChoice) -> &'static str {
+    match choice {
+        KernelChoice::Qmv => "qmv",
+        KernelChoice::QmvPerRow => "qmv_per_row",
+        KernelChoice::QmvWide => "qmv_wide",
+        KernelChoice::Qmm => "qmm",
+    }
+}
+
+/// xorshift64*: fast, seeded random words for weights and activations.
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a non-zero seed.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed | 1)
+    }
+
+    /// The next 64 random bits.
+    #[inline]
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [-a, a).
+    pub fn sym(&mut self, a: f32) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * a
+    }
+}
+
+/// A random quantized matrix: random codes (every word random), f16 scales of both signs
+/// and biases of the size real checkpoints have.
+pub fn random_matrix(shape: Shape, bits: u32, seed: u64) -> QuantizedMatrix {
+    let spec = QuantSpec::new(bits, GROUP_SIZE).expect("benchmark spec is valid");
+    let mut rng = Rng::new(seed);
+    let words = shape.n * spec.words_per_row(shape.k);
+    let mut packed = vec![0u32; words];
+    for pair in packed.chunks_mut(2) {
+        let v = rng.next_u64();
+        pair[0] = v as u32;
+        if let Some(w) = pair.get_mut(1) {
+            *w = (v >> 32) as u32;
+        }
+    }
+    let groups = shape.n * spec.groups_per_row(shape.k);
+    let scales: Vec<f32> = (0..groups).map(|_| rng.sym(0.02)).collect();
+    let biases: Vec<f32> = (0..groups).map(|_| rng.sym(0.2)).collect();
+    QuantizedMatrix::new(
+        shape.n,
+        shape.k,
+        spec,
+        Buffer::from(packed),
+        ScaleData::from_f32(&scales, SCALE_DTYPE),
+        ScaleData::from_f32(&biases, SCALE_DTYPE),
+    )
+    .expect("benchmark geometry is valid")
+}
+
+/// Bytes one product reads from a benchmark matrix: packed codes, scales and biases.
+pub fn matrix_bytes(shape: Shape, bits: u32) -> usize {
+    let groups = shape.n * (shape.k / GROUP_SIZE);
+    shape.n * shape.k * bits as usize / 8 + 2 * groups * SCALE_DTYPE.size()
+}
+
+/// Copies of one random matrix's geometry (each with its own random contents) spanning
+/// at least [`ROTATION_BYTES`], used in turn so no product finds its weights in cache.
+pub struct Rotation {
+    mats: Vec<QuantizedMatrix>,
+    next: usize,
+}
+
+impl Rotation {
+    /// Makes the copies for `shape` at `bits`.
+    /// With `single`, one copy only (a smoke run that measures nothing).
+    pub fn new(shape: Shape, bits: u32, single: bool) -> Rotation {
+        let first = random_matrix(shape, bits, 1);
+        let copies = if single { 1 } else { ROTATION_BYTES.div_ceil(first.bytes_read()).max(1) };
+        let mut mats = vec![first];
+        mats.extend((1..copies).map(|i| random_matrix(shape, bits, 1 + i as u64)));
+        Rotation { mats, next: 0 }
+    }
+
+    /// The next matrix in turn.
+    pub fn next_matrix(&mut self) -> &QuantizedMatrix {
+        let w = &self.mats[self.next];
+        self.next = (self.next + 1) % self.mats.len();
+        w
+    }
+
+    /// Bytes one product reads: packed codes, scales and biases of one matrix.
+    pub fn bytes_per_product(&self) -> usize {
+        self.mats[0].bytes_read()
+    }
+
+    /// Number of copies.
+    pub fn copies(&self) -> usize {
+        self.mats.len()
+    }
+}
+
+/// Whether criterion was asked for a smoke run (`--test`: one iteration of each bench,
+/// results not kept), in which case the benches skip work that only matters for timing.
+pub fn smoke_run() -> bool {
+    std::env::args().any(|a| a == "--test")
+}
+
+/// Random activations, `m * k` values.
+pub fn random_activations(m: usize, k: usize, seed: u64) -> Vec<f32> {
+    let mut rng = Rng::new(seed);
+    (0..m * k).map(|_| rng.sym(1.0)).collect()
+}
+
+/// A rayon pool of `threads` threads.
+pub fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("building a rayon pool")
+}
+
+/// Threads of the "all threads" configuration.
+pub fn all_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
