@@ -35,8 +35,8 @@ pub(crate) struct XTile {
     pub rows: usize,
     /// `[block][slot]` blocks.
     pub blocks: Vec<Block>,
-    /// Scales: `[group_padded]` when `slots == 1` (lane = group), else `[group][8]`
-    /// (lane = row). Padding is zero.
+    /// Scales: `[slot][group, padded to 8]` (lane = group) for up to
+    /// [`GROUP_LANE_ROWS`] slots, else `[group][8]` (lane = row). Padding is zero.
     pub sx: Vec<f32>,
     /// Exact group sums, laid out as `sx`.
     pub xsum: Vec<f32>,
@@ -104,10 +104,15 @@ fn quantize_row(x: &[f32], g: usize, codes: ActCodes) -> RowCodes {
     RowCodes { blocks, sx, xsum }
 }
 
-/// Slot count for a tile of `rows` rows: the next of 1, 2, 4, 8.
+/// Rows up to which a tile keeps `qmv`'s layout of scales (lane = group); larger tiles
+/// are padded to eight rows and transposed (lane = row).
+pub(crate) const GROUP_LANE_ROWS: usize = 4;
+
+/// Slot count for a tile of `rows` rows: the rows themselves up to
+/// [`GROUP_LANE_ROWS`], else eight.
 pub(crate) fn slots_for(rows: usize) -> usize {
     debug_assert!((1..=TILE_ROWS).contains(&rows));
-    rows.next_power_of_two()
+    if rows <= GROUP_LANE_ROWS { rows } else { TILE_ROWS }
 }
 
 impl XTile {
@@ -122,25 +127,33 @@ impl XTile {
     }
 
     /// Up to eight rows (`x` holds `rows * k` values) in the tile layout: blocks
-    /// `[block][slot]`, scales and sums `[group][8]` (lane = row, zero beyond `rows`).
+    /// `[block][slot]`; scales and sums `[slot][group, padded to 8]` (lane = group, as
+    /// `qmv` has them) for up to [`GROUP_LANE_ROWS`] rows, else `[group][8]` (lane = row,
+    /// zero beyond `rows`).
     #[inline(always)]
     pub fn tile(x: &[f32], rows: usize, k: usize, g: usize, codes: ActCodes) -> XTile {
         assert!((1..=TILE_ROWS).contains(&rows), "a tile holds 1 to 8 rows, got {rows}");
         assert_eq!(x.len(), rows * k);
         let gpr = k / g;
+        let gp = pad8(gpr);
         let nblocks = blocks_per_row(codes, k);
         let slots = slots_for(rows);
         let mut blocks = vec![ZERO_BLOCK; nblocks * slots];
-        let mut sx = vec![0f32; gpr * TILE_ROWS];
-        let mut xsum = vec![0f32; gpr * TILE_ROWS];
+        let mut sx = vec![0f32; gp * TILE_ROWS];
+        let mut xsum = vec![0f32; gp * TILE_ROWS];
         for (r, xr) in x.chunks_exact(k).enumerate() {
             let rc = quantize_row(xr, g, codes);
             for b in 0..nblocks {
                 blocks[b * slots + r] = rc.blocks[b];
             }
-            for gi in 0..gpr {
-                sx[gi * TILE_ROWS + r] = rc.sx[gi];
-                xsum[gi * TILE_ROWS + r] = rc.xsum[gi];
+            if slots <= GROUP_LANE_ROWS {
+                sx[r * gp..(r + 1) * gp].copy_from_slice(&rc.sx);
+                xsum[r * gp..(r + 1) * gp].copy_from_slice(&rc.xsum);
+            } else {
+                for gi in 0..gpr {
+                    sx[gi * TILE_ROWS + r] = rc.sx[gi];
+                    xsum[gi * TILE_ROWS + r] = rc.xsum[gi];
+                }
             }
         }
         XTile { slots, rows, blocks, sx, xsum }
@@ -202,16 +215,24 @@ mod tests {
         let ts = XTile::tiles(&x, m, k, g, ActCodes::I16);
         assert_eq!(ts.len(), 1);
         let t = &ts[0];
-        assert_eq!((t.slots, t.rows), (4, 3));
-        assert_eq!(t.blocks.len(), 2 * 4);
+        assert_eq!((t.slots, t.rows), (3, 3));
+        assert_eq!(t.blocks.len(), 2 * 3);
         for r in 0..m {
             let single = XTile::vector(&x[r * k..(r + 1) * k], g, ActCodes::I16);
             assert_eq!(t.blocks[r].0, single.blocks[0].0);
-            assert_eq!(t.blocks[4 + r].0, single.blocks[1].0);
-            assert_eq!(t.sx[r], single.sx[0]);
-            assert_eq!(t.xsum[r], single.xsum[0]);
+            assert_eq!(t.blocks[3 + r].0, single.blocks[1].0);
+            // Lane = group, one padded row of scales per activation row.
+            assert_eq!(t.sx[8 * r], single.sx[0]);
+            assert_eq!(t.xsum[8 * r], single.xsum[0]);
+            assert_eq!(t.sx[8 * r + 1..8 * r + 8], [0.0; 7]);
         }
-        assert!(t.blocks[3].0.iter().all(|&v| v == 0));
-        assert_eq!(t.sx[3..8], [0.0; 5]);
+        // Six rows: padded to eight slots, scales transposed (lane = row).
+        let x6: Vec<f32> = (0..6 * k).map(|i| ((i * 13 % 29) as f32) - 14.0).collect();
+        let t6 = &XTile::tiles(&x6, 6, k, g, ActCodes::I16)[0];
+        assert_eq!((t6.slots, t6.rows), (8, 6));
+        assert!(t6.blocks[6].0.iter().all(|&v| v == 0));
+        let single = XTile::vector(&x6[5 * k..6 * k], g, ActCodes::I16);
+        assert_eq!(t6.sx[5], single.sx[0]);
+        assert_eq!(t6.sx[6..8], [0.0; 2]);
     }
 }
