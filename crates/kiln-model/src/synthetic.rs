@@ -7,10 +7,11 @@
 //! conversions, is the default.
 //!
 //! Every tensor gets its own seed, and every chunk of a tensor a seed derived from it, so
-//! generation runs in parallel and yields the same bytes on every machine and thread
-//! count ([`generate`]). Packed codes are uniform random words (any word is a valid set
-//! of codes); each group's scale is drawn around `1 / (code std * sqrt(K))` and its bias
-//! centres the codes on zero, so every layer's outputs keep unit-order magnitudes.
+//! generation (`synthetic/generate.rs`) runs in parallel and yields the same bytes on
+//! every machine and thread count. Packed codes are uniform random words (any word is a
+//! valid set of codes); each group's scale is drawn around `1 / (code std * sqrt(K))` and
+//! its bias centres the codes on zero, so every layer's outputs keep unit-order
+//! magnitudes.
 
 mod generate;
 
