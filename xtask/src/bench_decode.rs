@@ -17,8 +17,9 @@ const DEFAULT_PROMPT_TOKENS: u64 = 128;
 #[derive(clap::Args)]
 pub struct BenchDecode {
     /// Models, comma- or space-separated: synthetic:<profile>, a directory under
-    /// ./models/, or a path [default on the CPU: synthetic:tiny, synthetic:smollm-135m; on
-    /// a GPU: synthetic:qwen2.5-0.5b, synthetic:llama-3.2-1b, synthetic:llama-3.1-8b].
+    /// ./models/, or a path [default on the CPU: synthetic:tiny, synthetic:smollm-135m,
+    /// synthetic:qwen2.5-0.5b; on a GPU: synthetic:qwen2.5-0.5b, synthetic:llama-3.2-1b,
+    /// synthetic:llama-3.1-8b].
     #[arg(long, value_name = "LIST", value_parser = plan::models_arg)]
     models: Option<plan::Models>,
     /// The prompt text.

@@ -15,11 +15,12 @@ use crate::sweep::{HarnessEnv, Output, Prepared, Session, SweepFlags, rows, user
 #[derive(clap::Args)]
 pub struct BenchLongprompt {
     /// Models, comma- or space-separated: synthetic:<profile>, a directory under
-    /// ./models/, or a path [default on the CPU: synthetic:tiny, synthetic:smollm-135m; on
-    /// a GPU: synthetic:qwen2.5-0.5b, synthetic:llama-3.2-1b, synthetic:llama-3.1-8b].
+    /// ./models/, or a path [default on the CPU: synthetic:tiny, synthetic:smollm-135m,
+    /// synthetic:qwen2.5-0.5b; on a GPU: synthetic:qwen2.5-0.5b, synthetic:llama-3.2-1b,
+    /// synthetic:llama-3.1-8b].
     #[arg(long, value_name = "LIST", value_parser = plan::models_arg)]
     models: Option<plan::Models>,
-    /// Prompt lengths in tokens, e.g. "512 2048 8192" [default: "128 512 1024" on the
+    /// Prompt lengths in tokens, e.g. "512 2048 8192" [default: "128 512 2048" on the
     /// CPU, "512 2048 8192 32768" on a GPU].
     #[arg(long, value_name = "LADDER", value_parser = plan::ladder_arg)]
     lengths: Option<plan::Ladder>,

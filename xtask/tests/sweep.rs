@@ -181,11 +181,11 @@ fn a_length_beyond_the_context_fails_the_run_only_when_named_explicitly() {
         .expect_stderr("exceed the model's context of 1024 tokens")
         .expect_stderr("was named explicitly");
     assert_eq!(sb.statuses(TINY), expect(&[("64", "ok"), ("2048", "SKIP:context")]), "{run}");
-    // The CPU default ladder (128 512 1024) reaches past tiny's context once the generated
-    // tokens are counted: that cell is derived from defaults, so its skip is expected output.
+    // The CPU default ladder (128 512 2048) reaches past tiny's context: that cell is
+    // derived from defaults, so its skip is expected output.
     let run = sb.run("bench-longprompt", &args(&["--models", TINY]));
-    run.expect_code(0).expect_stdout("skipped 1 of 3 cells: synthetic:tiny@1024 (SKIP:context)");
-    assert_eq!(sb.statuses(TINY), expect(&[("128", "ok"), ("512", "ok"), ("1024", "SKIP:context")]), "{run}");
+    run.expect_code(0).expect_stdout("skipped 1 of 3 cells: synthetic:tiny@2048 (SKIP:context)");
+    assert_eq!(sb.statuses(TINY), expect(&[("128", "ok"), ("512", "ok"), ("2048", "SKIP:context")]), "{run}");
 }
 
 #[test]

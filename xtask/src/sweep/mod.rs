@@ -103,10 +103,9 @@ pub struct Defaults {
 }
 
 impl Defaults {
-    /// On the CPU, a sweep that finishes in under five minutes on a 2-core machine even
-    /// with kiln-core's portable kernels alone (tiny's 1024-token cell is skipped by its
-    /// context, which is expected output); on a GPU, the ladder long-prompt work is
-    /// judged on.
+    /// On the CPU, a sweep that finishes in about a minute on a 2-core machine (the
+    /// 2048-token cells of tiny and smollm-135m are skipped by their contexts, which is
+    /// expected output); on a GPU, the ladder long-prompt work is judged on.
     pub fn for_backend(backend: Backend) -> Defaults {
         if backend.is_gpu() {
             Defaults {
@@ -121,8 +120,12 @@ impl Defaults {
             }
         } else {
             Defaults {
-                models: vec!["synthetic:tiny".into(), "synthetic:smollm-135m".into()],
-                lengths: vec![128, 512, 1024],
+                models: vec![
+                    "synthetic:tiny".into(),
+                    "synthetic:smollm-135m".into(),
+                    "synthetic:qwen2.5-0.5b".into(),
+                ],
+                lengths: vec![128, 512, 2048],
                 max_tokens: 32,
                 cell_timeout: Duration::from_secs(1800),
             }
