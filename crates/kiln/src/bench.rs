@@ -65,9 +65,12 @@ struct Record {
     peak_breakdown: BTreeMap<String, u64>,
 }
 
-/// Runs the measurement and prints its record.
+/// Runs the measurement on the worker pool and prints its record.
 pub fn run(args: BenchArgs, clock: &mut Clock) -> anyhow::Result<()> {
-    let threads = runtime::init_threads(args.run.threads)?;
+    runtime::in_pool(args.run.threads, |threads| measure(args, clock, threads))
+}
+
+fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result<()> {
     let pool = runtime::pool(&args.run)?;
     if args.max_tokens == 0 {
         return Err(usage("invalid --max-tokens 0: accepted values are 1 or more"));

@@ -37,7 +37,7 @@ struct Record {
 
 /// Plans the run and prints the record.
 pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
-    runtime::init_threads(args.run.threads)?;
+    runtime::check_threads(args.run.threads)?;
     let pool = runtime::pool(&args.run)?;
     if args.prompt_tokens == 0 {
         return Err(usage("invalid --prompt-tokens 0: a prompt needs at least 1 token"));

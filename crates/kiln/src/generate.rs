@@ -13,9 +13,12 @@ use crate::cli::GenerateArgs;
 use crate::exit::usage;
 use crate::runtime;
 
-/// Runs the generation.
+/// Runs the generation on the worker pool.
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
-    runtime::init_threads(args.run.threads)?;
+    runtime::in_pool(args.run.threads, |_| generate(args))
+}
+
+fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let pool = runtime::pool(&args.run)?;
     let params = SamplingParams {
         temperature: args.temperature,

@@ -9,19 +9,30 @@ use kiln_model::{EngineOptions, LoadOptions};
 use crate::cli::RunArgs;
 use crate::exit::usage;
 
-/// Sets the rayon global pool to `threads` workers (default: rayon's own choice) and
-/// returns the number of workers.
-pub fn init_threads(threads: Option<usize>) -> anyhow::Result<usize> {
-    if let Some(n) = threads {
-        if n == 0 {
-            return Err(usage("invalid --threads 0: accepted values are 1 or more"));
-        }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
-            .context("starting the worker threads")?;
+/// Checks `--threads`: 1 or more when given.
+pub fn check_threads(threads: Option<usize>) -> anyhow::Result<()> {
+    if threads == Some(0) {
+        return Err(usage("invalid --threads 0: accepted values are 1 or more"));
     }
-    Ok(rayon::current_num_threads())
+    Ok(())
+}
+
+/// Runs `f` on a worker of a new rayon pool of `threads` workers (default: rayon's own
+/// choice, RAYON_NUM_THREADS or one per CPU), passing it the number of workers. Driving
+/// the run from inside the pool means the forward's many short parallel regions are
+/// forked and joined among the workers themselves, instead of each being handed to the
+/// pool and its end signalled back to a thread outside it.
+pub fn in_pool<R: Send>(
+    threads: Option<usize>,
+    f: impl FnOnce(usize) -> anyhow::Result<R> + Send,
+) -> anyhow::Result<R> {
+    check_threads(threads)?;
+    let mut builder = rayon::ThreadPoolBuilder::new();
+    if let Some(n) = threads {
+        builder = builder.num_threads(n);
+    }
+    let pool = builder.build().context("starting the worker threads")?;
+    pool.install(|| f(rayon::current_num_threads()))
 }
 
 /// The pool: `--memory-limit` when given, else KILN_MEMORY_LIMIT, else the default share
