@@ -37,6 +37,9 @@ const MAX_STATES: usize = 1024;
 /// matrix speed, few enough that long prompts still split into many tasks.
 const BLOCK_ROWS: usize = 64;
 
+/// Query-key pairs below which a job runs on the calling thread.
+const SERIAL_WORK: usize = 4096;
+
 /// f32 scores of one tile for every query a task multiplies at once.
 const SCORE_VALUES: usize = BLOCK_ROWS * KV_BLOCK_TOKENS;
 
@@ -118,12 +121,29 @@ pub fn streaming(shape: &AttnShape, layer: usize, job: AttnJob<'_>) {
     let rows = q.len() / shape.q_dim();
     let block_rows = shape.block_rows();
     let queries: &[f32] = q;
-    tmp[..rows * shape.q_dim()].par_chunks_mut(rows * w).enumerate().for_each(|(h, head_out)| {
-        head_out.par_chunks_mut(block_rows * w).enumerate().for_each(|(b, out)| {
+    let blocks = |h: usize, head_out: &mut [f32]| {
+        for (b, out) in head_out.chunks_mut(block_rows * w).enumerate() {
             let r0 = b * block_rows;
             streaming_task(shape, layer, cache, queries, h, start + r0, r0, out);
+        }
+    };
+    let all = &mut tmp[..rows * shape.q_dim()];
+    // Query-key products of the whole job: a short decode step is cheaper run in place
+    // than split among threads.
+    if rows * (start + rows) * shape.heads < SERIAL_WORK {
+        all.chunks_mut(rows * w).enumerate().for_each(|(h, out)| blocks(h, out));
+    } else {
+        all.par_chunks_mut(rows * w).enumerate().for_each(|(h, head_out)| {
+            if rows <= block_rows {
+                blocks(h, head_out);
+            } else {
+                head_out.par_chunks_mut(block_rows * w).enumerate().for_each(|(b, out)| {
+                    let r0 = b * block_rows;
+                    streaming_task(shape, layer, cache, queries, h, start + r0, r0, out);
+                });
+            }
         });
-    });
+    }
     gather(tmp, shape.kv_heads, rows, w, q);
 }
 
