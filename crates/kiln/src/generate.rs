@@ -42,7 +42,11 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         .context("preparing the forward pass")?;
     let mut cache = engine.new_cache();
     let mut sampler = Sampler::new(params, model.config.vocab_size)?;
-    let eos = &model.config.eos_token_ids;
+    // Stop at the config's EOS ids and at the chat template's end token (an instruct
+    // model's end of turn), when the tokenizer knows it.
+    let mut eos = model.config.eos_token_ids.clone();
+    let template_eos = model.chat_template.as_ref().and_then(|t| t.eos_token.as_deref());
+    eos.extend(template_eos.and_then(|t| model.tokenizer.token_to_id(t)));
 
     let mut out = std::io::stdout().lock();
     let mut text = TextStream::default();
