@@ -3,8 +3,9 @@
 //!
 //! The run is greedy and never stops at EOS. The prefill yields the first generated token;
 //! each further token is one decode step; the first `--warmup-tokens` steps are not
-//! timed. The workspace is allocated from the memory plan before the clock starts, so the
-//! timed steps allocate nothing but the cache's next block when a sequence crosses one.
+//! timed. The workspace and the whole KV cache are allocated from the memory plan before
+//! the prefill, so a run that does not fit fails before it starts, and the timed steps
+//! allocate nothing.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -75,6 +76,9 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
     if args.max_tokens == 0 {
         return Err(usage("invalid --max-tokens 0: accepted values are 1 or more"));
     }
+    if args.prompt_tokens == Some(0) {
+        return Err(usage("invalid --prompt-tokens 0: a prompt needs at least 1 token"));
+    }
     if args.warmup_tokens > 0 && args.warmup_tokens + 1 >= args.max_tokens {
         return Err(usage(format!(
             "invalid --warmup-tokens {}: with --max-tokens {} there would be no timed decode step; \
@@ -134,6 +138,7 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
     let mut engine = Engine::new(&model, &pool, options).context("preparing the forward pass")?;
     engine.reserve_workspace(plan.workspace).context("allocating the workspace")?;
     let mut cache = engine.new_cache();
+    cache.reserve(run_shape.sequence_tokens()).context("allocating the KV cache")?;
     let startup_ms = clock.ms();
 
     let t = Instant::now();
