@@ -1,6 +1,6 @@
 //! Where `qmm` should take over from `qmv_wide`: both integer kernels and the f32
-//! `qmm_sgemm` (dequantized tiles + `matrixmultiply::sgemm`) at M from 4 to 128, on two
-//! shapes, all threads. Run by hand (`cargo bench -p kiln-benches --bench crossover`);
+//! `qmm_sgemm` (dequantized tiles + `matrixmultiply::sgemm`) at M from 4 to 128, on three
+//! shapes (two input widths), all threads. Run by hand (`cargo bench -p kiln-benches --bench crossover`);
 //! `qmv_batch_limit` is set from what it shows (see docs/benchmarks.md).
 //!
 //! Ids: `crossover_<kernel>/q<bits>_g64_n<N>_k<K>_m<M>/t<threads>`.
@@ -37,8 +37,9 @@ fn main() {
             }
         }),
     ];
+    // Qwen2.5-0.5B gate/up (short rows: a tile's activations stay in L1 much longer),
     // Llama-3.1-8B q/o (square) and gate/up (wide N).
-    for shape in [SHAPES[3], SHAPES[4]] {
+    for shape in [SHAPES[0], SHAPES[3], SHAPES[4]] {
         for bits in [4, 8] {
             let mut rot: Option<Rotation> = None;
             let x = random_activations(128, shape.k, 3);

@@ -29,13 +29,15 @@ use kiln_core::{Buffer, quantized_matmul};
 //    inv = fl(qmax / amax) and xq_j = round(fl(x_j * inv)), so
 //    sx * xq_j - x_j = sx * e + x_j * ((1 + e1)(1 + e2)(1 + e3) - 1) with |e| <= 1/2 and
 //    |e_i| <= u: |x_j - sx xq_j| <= sx / 2 + ACT_ROUNDINGS * u * amax (times GAMMA_SLACK).
-//    The weight side multiplies each element by |s| q_j, so the group contributes
-//    |s| * delta_g * sum_j q_j.
+//    The kernels compute s * sx * sum_j (q_j - c) xq_j + (b + c s) * sum_j x_j with
+//    c = 2^(bits - 1), exactly s q + b per element, so the activation rounding meets
+//    s (q_j - c): the group contributes |s| * delta_g * sum_j |q_j - c|.
 // 3. Accumulation term. Each path sums its terms through at most `depth` roundings;
 //    with gamma_n = n u / (1 - n u) <= GAMMA_SLACK * n u (n u < 1% here), the error is
 //    at most gamma_depth * sum of the terms' magnitudes:
-//    - integer scheme: a term tot * (s sx) or b * xsum carries INT_TERM_ROUNDINGS own
-//      roundings (cvt of the i32 sum, the s * sx product, or the rounded xsum), then
+//    - integer scheme: a term t * (s sx) or (b + c s) * xsum carries INT_TERM_ROUNDINGS
+//      own roundings (cvt of the i32 sum and the s * sx product, or the fused b + c s and
+//      the rounded xsum), then
 //      2 FMAs per group in its lane (ceil(groups / 8) groups per lane) and the
 //      LANE_TREE_ADDS of the final 8-lane sum;
 //    - f32-activation scheme: G / 8 + 3 roundings for a group's 8-lane dot (one more for
@@ -64,8 +66,9 @@ const F32_TERM_ROUNDINGS: f64 = 4.0;
 /// Which computation a result came from, for its bound.
 #[derive(Clone, Copy, Debug)]
 enum Scheme {
-    /// Quantized activations (4- and 8-bit weights, every kernel and ISA).
-    Integer { qmax: f64 },
+    /// Quantized activations (4- and 8-bit weights, every kernel and ISA), weight codes
+    /// centred on `center`.
+    Integer { qmax: f64, center: f64 },
     /// f32 activations, per-group loop (other widths, `qmv` and `qmv_wide`).
     F32Groups,
     /// Dequantized f32 weights, dot products of length K (`sgemm`, the reference).
@@ -74,7 +77,7 @@ enum Scheme {
 
 fn scheme_for(bits: u32) -> Scheme {
     match ActivationPrecision::for_bits(bits).max_code() {
-        Some(qmax) => Scheme::Integer { qmax: f64::from(qmax) },
+        Some(qmax) => Scheme::Integer { qmax: f64::from(qmax), center: f64::from(1u32 << (bits - 1)) },
         None => Scheme::F32Groups,
     }
 }
@@ -138,7 +141,6 @@ impl Case {
             let xs = &xr[span.clone()];
             let qs = &self.codes[r * k + gi * g..r * k + (gi + 1) * g];
             let amax = xs.iter().fold(0f64, |a, &v| a.max(f64::from(v).abs()));
-            let sum_q: f64 = qs.iter().map(|&q| f64::from(q)).sum();
             let sum_abs_x: f64 = xs.iter().map(|&v| f64::from(v).abs()).sum();
             let sum_q_abs_x: f64 = qs.iter().zip(xs).map(|(&q, &v)| f64::from(q) * f64::from(v).abs()).sum();
             format += U * FORMAT_SLACK * (2.0 * s.abs() * sum_q_abs_x + b.abs() * sum_abs_x);
@@ -146,11 +148,19 @@ impl Case {
             dot_magnitude +=
                 deq.iter().zip(xs).map(|(&w, &v)| f64::from(w).abs() * f64::from(v).abs()).sum::<f64>();
             match scheme {
-                Scheme::Integer { qmax } => {
+                Scheme::Integer { qmax, center } => {
                     let delta = GAMMA_SLACK * (amax / qmax * (1.0 + U) / 2.0 + ACT_ROUNDINGS * U * amax);
-                    act += s.abs() * delta * sum_q;
-                    // |s sx tot| <= |s| sum_j q_j (|x_j| + delta), |b xsum| <= |b| sum |x|.
-                    magnitude += s.abs() * (sum_q_abs_x + delta * sum_q) + b.abs() * sum_abs_x;
+                    let sum_dq: f64 = qs.iter().map(|&q| (f64::from(q) - center).abs()).sum();
+                    let sum_dq_abs_x: f64 = qs
+                        .iter()
+                        .zip(xs)
+                        .map(|(&q, &v)| (f64::from(q) - center).abs() * f64::from(v).abs())
+                        .sum();
+                    act += s.abs() * delta * sum_dq;
+                    // |s sx t| <= |s| sum_j |q_j - c| (|x_j| + delta),
+                    // |(b + c s) xsum| <= (|b| + c |s|) sum |x| (its rounding is counted).
+                    magnitude +=
+                        s.abs() * (sum_dq_abs_x + delta * sum_dq) + (b.abs() + center * s.abs()) * sum_abs_x;
                 }
                 Scheme::F32Groups => magnitude += s.abs() * sum_q_abs_x + b.abs() * sum_abs_x,
                 Scheme::DequantDot => {}

@@ -4,8 +4,13 @@
 //! codes `xq` with `x ~= sx * xq`, rounded to nearest: 8-bit codes in `[-127, 127]` for
 //! 4-bit weights (so `u4 * i8` products fit `maddubs`), 16-bit codes in `[-32767, 32767]`
 //! for 8-bit weights (`u8 * i16` pairs fit `madd`). The exact f32 sum of each group's
-//! activations is kept beside it for the bias term, so a product is
-//! `sum_g s_g * sx_g * sum_j q_j xq_j + b_g * xsum_g` with an exact integer inner sum.
+//! activations and the integer sum of its codes are kept beside it.
+//!
+//! A product is `sum_g s_g * sx_g * (sum_j q_j xq_j - c * sum_j xq_j) + (b_g + c s_g) * xsum_g`
+//! with `c = 2^(bits - 1)`: the same value as `sum_g s_g * sum_j q_j x_j + b_g * xsum_g`, but
+//! the activations' rounding now meets `q - c` (at most `c` in magnitude, centred) instead
+//! of `q` (up to `2c - 1`, mean near `c`), which halves the error it causes. The integer
+//! inner sum stays exact.
 //!
 //! [`XRows`] holds the codes in element order (NEON, portable); the AVX2 kernels lay them
 //! out in blocks (`tile.rs`). [`Lanes`] fixes the float order every integer kernel follows.
@@ -44,13 +49,33 @@ impl ActCodes {
             ActCodes::I16 => I16_MAX,
         }
     }
+
+    /// The weight code the products are centred on, `2^(bits - 1)`: 8 for 4-bit weights,
+    /// 128 for 8-bit ones.
+    pub fn center(self) -> i32 {
+        match self {
+            ActCodes::I8Deinterleaved => 8,
+            ActCodes::I16 => 128,
+        }
+    }
+}
+
+/// One group's activation scale, exact sum, and the integer sum of its codes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct GroupQuant {
+    /// `max|x| / qmax` (0 for an all-zero group, NaN for a non-finite one).
+    pub sx: f32,
+    /// The group's sum, computed in f64 and rounded once.
+    pub xsum: f32,
+    /// The sum of the codes (exact).
+    pub qsum: i32,
 }
 
 // `quantize_group` is `inline(always)` so that a caller compiled for a wider ISA (the AVX2
 // kernels wrap the quantizer in a `#[target_feature]` function) gets it compiled for that
 // ISA too.
 #[inline(always)]
-pub(crate) fn quantize_group(xs: &[f32], qmax: f32, codes: &mut [i16]) -> (f32, f32) {
+pub(crate) fn quantize_group(xs: &[f32], qmax: f32, codes: &mut [i16]) -> GroupQuant {
     debug_assert_eq!(xs.len(), codes.len());
     // The sum in f64 (eight lanes, in a fixed order, so it vectorises), rounded once to
     // f32: the bias term sees the group sum to half an ulp.
@@ -69,11 +94,11 @@ pub(crate) fn quantize_group(xs: &[f32], qmax: f32, codes: &mut [i16]) -> (f32, 
         // A non-finite activation makes the scale NaN, so the output is non-finite too,
         // as an f32 product would be.
         codes.fill(0);
-        return (f32::NAN, xsum);
+        return GroupQuant { sx: f32::NAN, xsum, qsum: 0 };
     }
     if amax == 0.0 {
         codes.fill(0);
-        return (0.0, xsum);
+        return GroupQuant { sx: 0.0, xsum, qsum: 0 };
     }
     let sx = amax / qmax;
     let inv = qmax / amax;
@@ -87,7 +112,8 @@ pub(crate) fn quantize_group(xs: &[f32], qmax: f32, codes: &mut [i16]) -> (f32, 
             *c = round_code(v / sx, qmax);
         }
     }
-    (sx, xsum)
+    let qsum = codes.iter().map(|&c| i32::from(c)).sum();
+    GroupQuant { sx, xsum, qsum }
 }
 
 /// Clamps `v` to `[-qmax, qmax]` (qmax <= 32767) and rounds it to the nearest integer,
@@ -111,6 +137,8 @@ pub(crate) struct XRows {
     pub sx: Vec<f32>,
     /// `[row][group]` exact sums.
     pub xsum: Vec<f32>,
+    /// `[row][group]` sums of the codes.
+    pub qsum: Vec<i32>,
 }
 
 impl XRows {
@@ -118,11 +146,17 @@ impl XRows {
     pub fn new(x: &[f32], m: usize, k: usize, g: usize, codes: ActCodes) -> XRows {
         assert_eq!(x.len(), m * k);
         let gpr = k / g;
-        let mut out = XRows { codes: vec![0; m * k], sx: vec![0.0; m * gpr], xsum: vec![0.0; m * gpr] };
+        let mut out = XRows {
+            codes: vec![0; m * k],
+            sx: vec![0.0; m * gpr],
+            xsum: vec![0.0; m * gpr],
+            qsum: vec![0; m * gpr],
+        };
         for (i, (xs, cs)) in x.chunks_exact(g).zip(out.codes.chunks_exact_mut(g)).enumerate() {
-            let (sx, xsum) = quantize_group(xs, codes.max_code(), cs);
-            out.sx[i] = sx;
-            out.xsum[i] = xsum;
+            let q = quantize_group(xs, codes.max_code(), cs);
+            out.sx[i] = q.sx;
+            out.xsum[i] = q.xsum;
+            out.qsum[i] = q.qsum;
         }
         out
     }
@@ -132,20 +166,35 @@ impl XRows {
 /// kernel follows (AVX2 in vector lanes, NEON and portable with this type), so that all of
 /// them, and `qmv`, `qmv_wide` and `qmm` alike, round every output the same way.
 ///
-/// Group `g` goes to lane `g % 8`: `lane = fma(tot, s * sx, lane)` then
-/// `lane = fma(b, xsum, lane)`; the lanes are summed as
+/// Group `g` goes to lane `g % 8`: with the centred integer dot `t = tot - c * qsum` and the
+/// centred bias `bc = fma(s, c, b)`, `lane = fma(t, s * sx, lane)` then
+/// `lane = fma(bc, xsum, lane)`; the lanes are summed as
 /// `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Lanes(pub [f32; 8]);
 
+/// One group's inputs to [`Lanes::add_group`].
+#[derive(Clone, Copy)]
+pub(crate) struct GroupTerms {
+    /// `sum_j q_j xq_j`, exact.
+    pub tot: i32,
+    /// The weight group's scale and bias.
+    pub s: f32,
+    /// See `s`.
+    pub b: f32,
+    /// The activation group's quantization.
+    pub x: GroupQuant,
+}
+
 impl Lanes {
-    /// Adds group `g` with integer dot `tot`, weight scale and bias `s`, `b`, activation
-    /// scale `sx` and exact activation sum `xsum`.
+    /// Adds group `g`, its weight codes centred on `center` ([`ActCodes::center`]).
     #[inline]
-    pub fn add_group(&mut self, g: usize, tot: i32, s: f32, b: f32, sx: f32, xsum: f32) {
+    pub fn add_group(&mut self, g: usize, center: i32, t: GroupTerms) {
         let l = &mut self.0[g % 8];
-        *l = (tot as f32).mul_add(s * sx, *l);
-        *l = b.mul_add(xsum, *l);
+        let centred = t.tot - center * t.x.qsum;
+        let bc = t.s.mul_add(center as f32, t.b);
+        *l = (centred as f32).mul_add(t.s * t.x.sx, *l);
+        *l = bc.mul_add(t.x.xsum, *l);
     }
 
     /// The dot product.
@@ -169,11 +218,12 @@ mod tests {
         }
         let mut q = [0i16; 32];
         let xs: Vec<f32> = (0..32).map(|i| i as f32 - 10.0).collect();
-        let (sx, xsum) = quantize_group(&xs, I8_MAX, &mut q);
-        assert_eq!(sx, 21.0 / I8_MAX);
-        assert_eq!(xsum, xs.iter().sum::<f32>());
+        let gq = quantize_group(&xs, I8_MAX, &mut q);
+        assert_eq!(gq.sx, 21.0 / I8_MAX);
+        assert_eq!(gq.xsum, xs.iter().sum::<f32>());
+        assert_eq!(gq.qsum, q.iter().map(|&c| i32::from(c)).sum::<i32>());
         assert_eq!(q[31], 127);
-        assert!(quantize_group(&[f32::NAN; 32], I8_MAX, &mut q).0.is_nan());
-        assert_eq!(quantize_group(&[0.0; 32], I8_MAX, &mut q), (0.0, 0.0));
+        assert!(quantize_group(&[f32::NAN; 32], I8_MAX, &mut q).sx.is_nan());
+        assert_eq!(quantize_group(&[0.0; 32], I8_MAX, &mut q), GroupQuant { sx: 0.0, xsum: 0.0, qsum: 0 });
     }
 }

@@ -8,9 +8,11 @@
 //!
 //! **How they compute.** For 4- and 8-bit weights every kernel, on every ISA, follows one
 //! integer scheme: the activations of each weight group are quantized to 8-bit codes
-//! (4-bit weights) or 16-bit codes (8-bit weights) with one f32 scale per group and row,
-//! the group's dot product is an exact integer sum, and
-//! `y = sum_g s_g * sx_g * isum_g + b_g * xsum_g` is accumulated in one fixed float order.
+//! (4-bit weights) or 16-bit codes (8-bit weights) with one f32 scale `sx_g` per group and
+//! row, the group's dot product is an exact integer sum, and
+//! `y = sum_g s_g * sx_g * (sum_j q_j xq_j - c sum_j xq_j) + (b_g + c s_g) * xsum_g`, with the
+//! weight codes centred on `c = 2^(bits - 1)` (which halves the activations' rounding error)
+//! and `xsum_g` the exact group sum, is accumulated in one fixed float order.
 //! So `qmv`, `qmv_wide` and `qmm` give bit-identical rows, on AVX2, NEON and the portable
 //! path alike; the price is the activation rounding, at most half a code step per element
 //! (see [`ActivationPrecision`]). Other widths (2, 3, 5, 6 bits) keep f32 activations:
@@ -120,10 +122,11 @@ fn avx2_available() -> bool {
 pub enum ActivationPrecision {
     /// f32 activations: only f32 rounding (2-, 3-, 5-, 6-bit weights).
     F32,
-    /// 8-bit codes per group: `sx = max|x| / 127`, `|x - sx * xq| <= sx / 2` (4-bit weights).
+    /// 8-bit codes per group: `sx = max|x| / 127`, `|x - sx * xq| <= sx / 2` (4-bit weights,
+    /// codes centred on 8: a group's error is at most `|s| * sum_j |q_j - 8| * sx / 2`).
     Int8,
     /// 16-bit codes per group: `sx = max|x| / 32767`, `|x - sx * xq| <= sx / 2` (8-bit
-    /// weights).
+    /// weights, codes centred on 128).
     Int16,
 }
 
@@ -147,7 +150,18 @@ impl ActivationPrecision {
     }
 }
 
-/// The smallest M for which `qmm` runs instead of the vector kernels.
+/// The smallest M for which `qmm` runs instead of the vector kernels: 16, for every shape.
+///
+/// Set from the crossover benchmark (`cargo bench -p kiln-benches --bench crossover`, see
+/// docs/benchmarks.md), at M from 4 to 128 on n4864_k896, n4096_k4096 and n14336_k4096,
+/// 4- and 8-bit, all threads. Up to M = 8 the integer `qmm` and `qmv_wide` are the same
+/// computation (one tile of rows, so their loop orders coincide); from 9 to 15 they are
+/// within the measurement's noise; from 16 on `qmm`, which keeps each tile of activation
+/// rows hot while it walks a cache-sized block of weight rows, was faster on every shape
+/// and width, by a few percent at 16 and 10-20% at 64-128. The f32 alternative
+/// ([`qmm_sgemm`]) was 3-20x slower than both at every M measured, so no shape has a later
+/// crossover. The shape parameters stay so an ISA whose crossover moves with K or N can
+/// say so.
 pub fn qmv_batch_limit(_k: usize, _n: usize) -> usize {
     16
 }

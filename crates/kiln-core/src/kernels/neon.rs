@@ -9,7 +9,7 @@
 
 use std::arch::aarch64::*;
 
-use super::act::{ActCodes, Lanes, TILE_ROWS, XRows};
+use super::act::{ActCodes, GroupQuant, GroupTerms, Lanes, TILE_ROWS, XRows};
 use super::drive;
 use super::portable::widen;
 use crate::matrix::QuantizedMatrix;
@@ -44,7 +44,12 @@ pub(super) fn matmul(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
                     unsafe { group_dots(bits, wg, &xq.codes, k, gi * g, t0, rows_t, &mut tot) };
                     for (i, &t) in tot.iter().enumerate().take(rows_t) {
                         let xi = (t0 + i) * gpr + gi;
-                        lanes[t0 + i].add_group(gi, t, s[gi], b[gi], xq.sx[xi], xq.xsum[xi]);
+                        let x = GroupQuant { sx: xq.sx[xi], xsum: xq.xsum[xi], qsum: xq.qsum[xi] };
+                        lanes[t0 + i].add_group(
+                            gi,
+                            codes.center(),
+                            GroupTerms { tot: t, s: s[gi], b: b[gi], x },
+                        );
                     }
                 }
             }

@@ -12,7 +12,7 @@
 
 use std::ops::Range;
 
-use super::act::{ActCodes, Lanes, XRows};
+use super::act::{ActCodes, GroupQuant, GroupTerms, Lanes, XRows};
 use super::drive;
 use crate::matrix::{QuantizedMatrix, ScaleData};
 
@@ -120,16 +120,22 @@ fn int_rows(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32], codes_kind:
         let mut codes = vec![0u8; nr * k];
         let (mut s, mut b) = (vec![0f32; nr * gpr], vec![0f32; nr * gpr]);
         unpack_rows(w, rows, &mut codes, &mut s, &mut b);
+        let center = codes_kind.center();
         for (i, out) in outs.iter_mut().enumerate() {
             let xc = &xq.codes[i * k..(i + 1) * k];
-            let (sx, xsum) = (&xq.sx[i * gpr..(i + 1) * gpr], &xq.xsum[i * gpr..(i + 1) * gpr]);
             for (j, o) in out.iter_mut().enumerate() {
                 let mut lanes = Lanes::default();
                 let wc = &codes[j * k..(j + 1) * k];
                 for gi in 0..gpr {
                     let span = gi * g..(gi + 1) * g;
+                    let xi = i * gpr + gi;
+                    let x = GroupQuant { sx: xq.sx[xi], xsum: xq.xsum[xi], qsum: xq.qsum[xi] };
                     let tot = int_dot(&wc[span.clone()], &xc[span]);
-                    lanes.add_group(gi, tot, s[j * gpr + gi], b[j * gpr + gi], sx[gi], xsum[gi]);
+                    lanes.add_group(
+                        gi,
+                        center,
+                        GroupTerms { tot, s: s[j * gpr + gi], b: b[j * gpr + gi], x },
+                    );
                 }
                 *o = lanes.finish();
             }

@@ -40,6 +40,8 @@ pub(crate) struct XTile {
     pub sx: Vec<f32>,
     /// Exact group sums, laid out as `sx`.
     pub xsum: Vec<f32>,
+    /// Sums of each group's codes, laid out as `sx`.
+    pub qsum: Vec<i32>,
 }
 
 /// Activation elements per 64-byte block for `codes`.
@@ -60,14 +62,12 @@ pub(crate) fn pad8(n: usize) -> usize {
     n.div_ceil(8) * 8
 }
 
-/// Quantizes one group: writes its codes to `codes` and returns `(sx, xsum)`. Every
-/// integer kernel (AVX2, NEON, portable) gets its codes from here, so all of them see the
-/// same integers.
 /// One row's codes, scales and sums in the block layout.
 struct RowCodes {
     blocks: Vec<Block>,
     sx: Vec<f32>,
     xsum: Vec<f32>,
+    qsum: Vec<i32>,
 }
 
 /// Quantizes one activation row per group of `g` into the block layout.
@@ -78,9 +78,11 @@ fn quantize_row(x: &[f32], g: usize, codes: ActCodes) -> RowCodes {
     let mut blocks = vec![ZERO_BLOCK; blocks_per_row(codes, k)];
     let mut sx = vec![0f32; pad8(gpr)];
     let mut xsum = vec![0f32; pad8(gpr)];
+    let mut qsum = vec![0i32; pad8(gpr)];
     let mut q = vec![0i16; k];
     for (gi, (xs, qs)) in x.chunks_exact(g).zip(q.chunks_exact_mut(g)).enumerate() {
-        (sx[gi], xsum[gi]) = quantize_group(xs, codes.max_code(), qs);
+        let gq = quantize_group(xs, codes.max_code(), qs);
+        (sx[gi], xsum[gi], qsum[gi]) = (gq.sx, gq.xsum, gq.qsum);
     }
     match codes {
         ActCodes::I8Deinterleaved => {
@@ -101,7 +103,7 @@ fn quantize_row(x: &[f32], g: usize, codes: ActCodes) -> RowCodes {
             }
         }
     }
-    RowCodes { blocks, sx, xsum }
+    RowCodes { blocks, sx, xsum, qsum }
 }
 
 /// Rows up to which a tile keeps `qmv`'s layout of scales (lane = group); larger tiles
@@ -120,10 +122,10 @@ impl XTile {
     /// (lane = group), and blocks, padded with zeros to a whole number of eight groups.
     #[inline(always)]
     pub fn vector(x: &[f32], g: usize, codes: ActCodes) -> XTile {
-        let RowCodes { mut blocks, sx, xsum } = quantize_row(x, g, codes);
+        let RowCodes { mut blocks, sx, xsum, qsum } = quantize_row(x, g, codes);
         let chunk_blocks = (8 * g).div_ceil(elems_per_block(codes));
         blocks.resize(blocks.len().div_ceil(chunk_blocks) * chunk_blocks, ZERO_BLOCK);
-        XTile { slots: 1, rows: 1, blocks, sx, xsum }
+        XTile { slots: 1, rows: 1, blocks, sx, xsum, qsum }
     }
 
     /// Up to eight rows (`x` holds `rows * k` values) in the tile layout: blocks
@@ -141,6 +143,7 @@ impl XTile {
         let mut blocks = vec![ZERO_BLOCK; nblocks * slots];
         let mut sx = vec![0f32; gp * TILE_ROWS];
         let mut xsum = vec![0f32; gp * TILE_ROWS];
+        let mut qsum = vec![0i32; gp * TILE_ROWS];
         for (r, xr) in x.chunks_exact(k).enumerate() {
             let rc = quantize_row(xr, g, codes);
             for b in 0..nblocks {
@@ -149,14 +152,16 @@ impl XTile {
             if slots <= GROUP_LANE_ROWS {
                 sx[r * gp..(r + 1) * gp].copy_from_slice(&rc.sx);
                 xsum[r * gp..(r + 1) * gp].copy_from_slice(&rc.xsum);
+                qsum[r * gp..(r + 1) * gp].copy_from_slice(&rc.qsum);
             } else {
                 for gi in 0..gpr {
                     sx[gi * TILE_ROWS + r] = rc.sx[gi];
                     xsum[gi * TILE_ROWS + r] = rc.xsum[gi];
+                    qsum[gi * TILE_ROWS + r] = rc.qsum[gi];
                 }
             }
         }
-        XTile { slots, rows, blocks, sx, xsum }
+        XTile { slots, rows, blocks, sx, xsum, qsum }
     }
 
     /// Splits `m` rows of `x` into tiles of at most eight rows.

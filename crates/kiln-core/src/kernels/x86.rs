@@ -11,8 +11,9 @@
 //!   `madd` by ones.
 //! - 8-bit: `cvtepu8_epi16` widens 16 codes, `madd` multiplies them against 16-bit
 //!   activations into i32 pairs (u8 * i16 products, which `maddubs` would saturate).
-//! - The eight i32x8 partials of eight groups (or of eight rows) are reduced at once with
-//!   an `hadd` tree, so one `cvt` and two FMAs serve eight outputs.
+//! - The eight partials of eight groups (or of eight rows) are reduced at once by a
+//!   transpose of unpacks and adds, so one `cvt` and three FMAs serve eight outputs; the
+//!   centring (`- c * qsum`) is one shift and subtract per eight.
 //!
 //! Scales and biases are read in their stored dtype and widened a row at a time: f16
 //! with `vcvtph2ps`, bf16 by a 16-bit left shift, f32 as is.
@@ -285,7 +286,7 @@ fn qmv_row<const BITS: u32, const G: usize, const D: u8>(
         let tot = chunk8::<BITS, G>(&w[c * cw..(c + 1) * cw], &xt.blocks[c * cx..(c + 1) * cx]);
         let (sv, bv) =
             (load_scales8::<D>(&s[c * cs..(c + 1) * cs]), load_scales8::<D>(&b[c * cs..(c + 1) * cs]));
-        acc = lanes_step(acc, tot, sv, bv, &xt.sx[c * 8..c * 8 + 8], &xt.xsum[c * 8..c * 8 + 8]);
+        acc = lanes_step::<BITS>(acc, tot, sv, bv, XGroups::at(xt, c * 8));
     }
     if gpr % 8 != 0 {
         let g0 = full * 8;
@@ -316,7 +317,7 @@ fn qmv_row<const BITS: u32, const G: usize, const D: u8>(
             bp[..n].copy_from_slice(&b[full * cs..full * cs + n]);
             (load_scales8::<D>(&sp[..cs]), load_scales8::<D>(&bp[..cs]))
         };
-        acc = lanes_step(acc, tot, sv, bv, &xt.sx[g0..g0 + 8], &xt.xsum[g0..g0 + 8]);
+        acc = lanes_step::<BITS>(acc, tot, sv, bv, XGroups::at(xt, g0));
     }
     hsum(acc)
 }
@@ -421,13 +422,45 @@ fn q4_dot16(wv: __m256i, x: &Block) -> __m256i {
     _mm256_add_epi16(_mm256_maddubs_epi16(lo, load_lo(x)), _mm256_maddubs_epi16(hi, load_hi(x)))
 }
 
-/// `acc = fma(tot, s * sx, acc); acc = fma(b, xsum, acc)` for eight lanes.
+/// [`super::act::Lanes::add_group`] for eight lanes: with `t = tot - c * qsum` and
+/// `bc = fma(s, c, b)` (`c = 2^(BITS - 1)`), `acc = fma(t, s * sx, acc)` then
+/// `acc = fma(bc, xsum, acc)`. `x` holds the eight groups' activation scales, sums and
+/// code sums.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn lanes_step(acc: __m256, tot: __m256i, s: __m256, b: __m256, sx: &[f32], xsum: &[f32]) -> __m256 {
-    let ss = _mm256_mul_ps(s, load8f(sx));
-    let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), ss, acc);
-    _mm256_fmadd_ps(b, load8f(xsum), acc)
+fn lanes_step<const BITS: u32>(acc: __m256, tot: __m256i, s: __m256, b: __m256, x: XGroups<'_>) -> __m256 {
+    let centred = _mm256_sub_epi32(tot, times_center::<BITS>(load8i(x.qsum)));
+    let bc = _mm256_fmadd_ps(s, _mm256_set1_ps(center_of(BITS) as f32), b);
+    let ss = _mm256_mul_ps(s, load8f(x.sx));
+    let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(centred), ss, acc);
+    _mm256_fmadd_ps(bc, load8f(x.xsum), acc)
+}
+
+/// The eight groups' activation scales, exact sums and code sums (eight values each).
+#[derive(Clone, Copy)]
+struct XGroups<'a> {
+    sx: &'a [f32],
+    xsum: &'a [f32],
+    qsum: &'a [i32],
+}
+
+impl<'a> XGroups<'a> {
+    /// Groups `g0 .. g0 + 8` of a tile's lane-per-group layout starting at `base`.
+    fn at(xt: &'a XTile, base: usize) -> XGroups<'a> {
+        XGroups { sx: &xt.sx[base..base + 8], xsum: &xt.xsum[base..base + 8], qsum: &xt.qsum[base..base + 8] }
+    }
+}
+
+/// The weight code products are centred on: `2^(bits - 1)`.
+const fn center_of(bits: u32) -> i32 {
+    1 << (bits - 1)
+}
+
+/// `v * 2^(BITS - 1)` (exact: at most 128 * 128 * 32767 in magnitude).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn times_center<const BITS: u32>(v: __m256i) -> __m256i {
+    if BITS == 4 { _mm256_slli_epi32::<3>(v) } else { _mm256_slli_epi32::<7>(v) }
 }
 
 /// The eight lanes summed as [`super::act::Lanes::finish`] does.
@@ -593,7 +626,7 @@ fn group_lanes_row<const BITS: u32, const G: usize, const T: usize>(
         let bv = _mm256_and_ps(load8f(&b[g0..g0 + 8]), keep);
         for (r, (a, tot)) in acc.iter_mut().zip(tots).enumerate() {
             let x0 = r * gp + g0;
-            *a = lanes_step(*a, tot, sv, bv, &xt.sx[x0..x0 + 8], &xt.xsum[x0..x0 + 8]);
+            *a = lanes_step::<BITS>(*a, tot, sv, bv, XGroups::at(xt, x0));
         }
     }
     let mut out = [0f32; 8];
@@ -703,7 +736,8 @@ fn wide_row<const BITS: u32, const G: usize, const T: usize>(
             && b.len() >= gpr
             && xt.blocks.len() >= xblocks
             && xt.sx.len() >= gpr * TILE_ROWS
-            && xt.xsum.len() >= gpr * TILE_ROWS,
+            && xt.xsum.len() >= gpr * TILE_ROWS
+            && xt.qsum.len() >= gpr * TILE_ROWS,
         "wide_row: inputs shorter than the row's {gpr} groups"
     );
     let args = WideRow {
@@ -713,17 +747,18 @@ fn wide_row<const BITS: u32, const G: usize, const T: usize>(
         b: b.as_ptr(),
         sx: xt.sx.as_ptr(),
         xsum: xt.xsum.as_ptr(),
+        qsum: xt.qsum.as_ptr(),
         gpr,
     };
     // SAFETY: the assertion above gives every extent `wide_row_raw` requires: the row's
     // `gpr * gb` packed bytes, `ceil(gpr * gb / 32) * T` activation blocks, `gpr` scales
-    // and biases, and `gpr * 8` activation scales and sums.
+    // and biases, and `gpr * 8` activation scales, sums and code sums.
     unsafe { wide_row_raw::<BITS, G, T>(args) }
 }
 
 /// The inputs of [`wide_row_raw`] for one weight row: the row's packed codes, the tile's
 /// activation blocks, the row's widened scales and biases, the tile's transposed
-/// activation scales and sums, and the row's group count.
+/// activation scales, sums and code sums, and the row's group count.
 #[derive(Clone, Copy)]
 struct WideRow {
     w: *const u8,
@@ -732,6 +767,7 @@ struct WideRow {
     b: *const f32,
     sx: *const f32,
     xsum: *const f32,
+    qsum: *const i32,
     gpr: usize,
 }
 
@@ -741,7 +777,7 @@ struct WideRow {
 /// # Safety
 /// AVX2, FMA and F16C are available, and with `gb = G * BITS / 8`: `w` is readable for
 /// `gpr * gb` bytes, `x` for `ceil(gpr * gb / 32) * T` blocks, `s` and `b` for `gpr`
-/// values, `sx` and `xsum` for `gpr * 8`.
+/// values, `sx`, `xsum` and `qsum` for `gpr * 8`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn wide_row_raw<const BITS: u32, const G: usize, const T: usize>(a: WideRow) -> __m256 {
     let gb = G * BITS as usize / 8;
@@ -749,14 +785,18 @@ unsafe fn wide_row_raw<const BITS: u32, const G: usize, const T: usize>(a: WideR
     let mut acc = [_mm256_setzero_ps(); 8];
     // SAFETY: group `g < gpr` reads `w[g * gb .. (g + 1) * gb]` (4-bit g32: pair `g / 2`
     // reads 32 bytes, or 16 for a last lone group), blocks `[g * bpg * T, (g + 1) * bpg * T)`
-    // (4-bit g32: `[p * T, (p + 1) * T)`), `s[g]`, `b[g]`, `sx[8g .. 8g + 8]` and
-    // `xsum[8g .. 8g + 8]`: all inside the extents this function's contract gives.
+    // (4-bit g32: `[p * T, (p + 1) * T)`), `s[g]`, `b[g]`, and `sx`, `xsum`, `qsum` at
+    // `[8g .. 8g + 8]`: all inside the extents this function's contract gives.
     unsafe {
+        let center = _mm256_set1_ps(center_of(BITS) as f32);
         let step = |acc: &mut __m256, tot: __m256i, g: usize| {
-            let ss = _mm256_mul_ps(_mm256_set1_ps(*a.s.add(g)), _mm256_loadu_ps(a.sx.add(g * TILE_ROWS)));
-            let t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), ss, *acc);
-            *acc =
-                _mm256_fmadd_ps(_mm256_set1_ps(*a.b.add(g)), _mm256_loadu_ps(a.xsum.add(g * TILE_ROWS)), t);
+            let qsum = _mm256_loadu_si256(a.qsum.add(g * TILE_ROWS).cast());
+            let centred = _mm256_sub_epi32(tot, times_center::<BITS>(qsum));
+            let s = _mm256_set1_ps(*a.s.add(g));
+            let bc = _mm256_fmadd_ps(s, center, _mm256_set1_ps(*a.b.add(g)));
+            let ss = _mm256_mul_ps(s, _mm256_loadu_ps(a.sx.add(g * TILE_ROWS)));
+            let t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(centred), ss, *acc);
+            *acc = _mm256_fmadd_ps(bc, _mm256_loadu_ps(a.xsum.add(g * TILE_ROWS)), t);
         };
         if BITS == 4 && G == 32 {
             let mut g = 0;
@@ -1007,6 +1047,14 @@ fn load_hi(b: &Block) -> __m256i {
     // SAFETY: a `Block` is 64 bytes aligned to 64, so bytes 32..64 are readable and
     // 32-byte aligned.
     unsafe { _mm256_load_si256(b.0[32..].as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load8i(v: &[i32]) -> __m256i {
+    assert!(v.len() >= 8);
+    // SAFETY: `v` has at least 8 readable i32 (asserted); the load is unaligned.
+    unsafe { _mm256_loadu_si256(v.as_ptr().cast()) }
 }
 
 #[inline]
