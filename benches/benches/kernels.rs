@@ -1,7 +1,8 @@
 //! criterion benchmarks of the quantized kernels on real model shapes, single- and
 //! multi-threaded, beside the machine's read bandwidth measured in the same run.
 //!
-//! Ids: `read_bandwidth/sum_1GiB/t<threads>` and
+//! Ids: `read_bandwidth/sum_1024MiB_{start,end}/t<threads>` (measured first and last, so a
+//! shared machine's load shows as a gap between the two; reports use the higher) and
 //! `<kernel>/q<bits>_g64_n<N>_k<K>_m<M>/t<threads>`, where the kernel is the one the
 //! dispatcher runs at that M (`qmv` at M = 1, `qmv_wide` and `qmv_per_row` below
 //! `qmv_batch_limit`, `qmm` from it on). Throughput is the matrix's bytes (packed codes +
@@ -36,12 +37,14 @@ fn main() {
         .measurement_time(MIN_MEASUREMENT)
         .configure_from_args();
     let threads = thread_counts();
-    read_bandwidth(&mut c, &threads);
+    let mut buf = None;
+    read_bandwidth(&mut c, &threads, &mut buf, "start");
     for shape in SHAPES {
         for bits in BITS {
             kernels(&mut c, shape, bits, &threads);
         }
     }
+    read_bandwidth(&mut c, &threads, &mut buf, "end");
     c.final_summary();
 }
 
@@ -51,14 +54,13 @@ fn thread_counts() -> Vec<usize> {
     if all > 1 { vec![1, all] } else { vec![1] }
 }
 
-fn read_bandwidth(c: &mut Criterion, threads: &[usize]) {
-    let mut buf: Option<ReadBuffer> = None;
+fn read_bandwidth(c: &mut Criterion, threads: &[usize], buf: &mut Option<ReadBuffer>, when: &str) {
     let bytes = if smoke_run() { 1 << 20 } else { DEFAULT_BYTES };
     let mut g = c.benchmark_group("read_bandwidth");
     g.sampling_mode(SamplingMode::Flat).throughput(Throughput::Bytes(bytes as u64));
     for &t in threads {
         let p = pool(t);
-        g.bench_function(BenchmarkId::new(format!("sum_{}MiB", bytes >> 20), format!("t{t}")), |b| {
+        g.bench_function(BenchmarkId::new(format!("sum_{}MiB_{when}", bytes >> 20), format!("t{t}")), |b| {
             let buf = buf.get_or_insert_with(|| ReadBuffer::new(bytes));
             b.iter(|| p.install(|| buf.sum()));
         });
