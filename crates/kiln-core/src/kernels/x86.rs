@@ -266,9 +266,8 @@ fn qmv_rows<const BITS: u32, const G: usize, const D: u8>(
 
 /// One output of `qmv`: eight groups per step, lane = group. `w`, `s` and `b` start at
 /// the row's packed codes, scales and biases (in their stored bytes) and run on to the
-/// end of the matrix: the last, partial step of eight groups reads past the row when the
-/// matrix goes on, with zero activation codes and masked scales for the groups that
-/// are not the row's.
+/// end of the matrix: the last, partial step of eight groups reads its scales past the
+/// row when the matrix goes on, masking the lanes that are not the row's.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn qmv_row<const BITS: u32, const G: usize, const D: u8>(
     w: &[u8],
@@ -283,7 +282,7 @@ fn qmv_row<const BITS: u32, const G: usize, const D: u8>(
     let full = gpr / 8;
     for c in 0..full {
         prefetch_ahead(w, c * cw, cw);
-        let tot = chunk8::<BITS, G>(&w[c * cw..(c + 1) * cw], &xt.blocks[c * cx..(c + 1) * cx]);
+        let tot = chunk8::<BITS, G>(&w[c * cw..(c + 1) * cw], &xt.blocks[c * cx..(c + 1) * cx], 8);
         let (sv, bv) =
             (load_scales8::<D>(&s[c * cs..(c + 1) * cs]), load_scales8::<D>(&b[c * cs..(c + 1) * cs]));
         acc = lanes_step::<BITS>(acc, tot, sv, bv, XGroups::at(xt, c * 8));
@@ -292,11 +291,8 @@ fn qmv_row<const BITS: u32, const G: usize, const D: u8>(
         let g0 = full * 8;
         let ng = gpr - g0;
         prefetch_ahead(w, full * cw, ng * gb);
-        let xb = &xt.blocks[full * cx..(full + 1) * cx];
-        let wt = &w[full * cw..];
-        // Past the row, the activation blocks are zero, so whatever codes follow add 0.
         let tot =
-            if wt.len() >= cw { chunk8::<BITS, G>(&wt[..cw], xb) } else { chunk_sums::<BITS, G>(wt, xb, ng) };
+            chunk8::<BITS, G>(&w[full * cw..full * cw + ng * gb], &xt.blocks[full * cx..(full + 1) * cx], ng);
         let st = &s[full * cs..];
         let (sv, bv) = if st.len() >= cs {
             // Zero the lanes that hold the next row's scales, so even a non-finite
@@ -322,20 +318,37 @@ fn qmv_row<const BITS: u32, const G: usize, const D: u8>(
     hsum(acc)
 }
 
-/// The integer dots of eight whole groups (`w` their packed bytes, `x` their activation
-/// blocks): lane `j` = group `j`. Straight-line code, so the partials stay in registers.
+/// The integer dots of `ng <= 8` consecutive groups (`w` their `ng` groups of packed bytes,
+/// `x` the activation blocks of eight groups): lane `j` = group `j`, zero from `ng` on.
+/// Straight-line code, so the partials stay in registers; a whole step passes `ng = 8` as a
+/// constant and its guards fold away.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn chunk8<const BITS: u32, const G: usize>(w: &[u8], x: &[Block]) -> __m256i {
+fn chunk8<const BITS: u32, const G: usize>(w: &[u8], x: &[Block], ng: usize) -> __m256i {
     let gb = G * BITS as usize / 8;
     let bpg = gb.div_ceil(32);
-    assert!(w.len() == 8 * gb && x.len() == 8 * gb / 32);
+    assert!(ng <= 8 && w.len() == ng * gb && x.len() == 8 * gb / 32);
+    let zero = _mm256_setzero_si256();
     if BITS == 4 && G == 32 {
-        let p = |i: usize| q4_dot16(load32(&w[32 * i..32 * i + 32]), &x[i]);
+        // Block `i` holds groups 2i and 2i + 1; a last lone group is a half block.
+        let p = |i: usize| {
+            if 2 * i + 1 < ng {
+                q4_dot16(load32(&w[32 * i..32 * i + 32]), &x[i])
+            } else if 2 * i < ng {
+                q4_dot16(load16z(&w[32 * i..32 * i + 16]), &x[i])
+            } else {
+                zero
+            }
+        };
         pairs_to_groups([p(0), p(1), p(2), p(3)])
     } else {
-        let g =
-            |j: usize| group_partials::<BITS, G, 1>(&w[j * gb..(j + 1) * gb], &x[j * bpg..(j + 1) * bpg])[0];
+        let g = |j: usize| {
+            if j < ng {
+                group_partials::<BITS, G, 1>(&w[j * gb..(j + 1) * gb], &x[j * bpg..(j + 1) * bpg])[0]
+            } else {
+                zero
+            }
+        };
         let (lo, hi) = reduce8::<BITS, G>([g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7)]);
         _mm256_add_epi32(lo, hi)
     }
@@ -471,35 +484,6 @@ fn hsum(acc: __m256) -> f32 {
     let s2 = _mm_add_ps(s1, _mm_movehl_ps(s1, s1));
     let s3 = _mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2));
     _mm_cvtss_f32(s3)
-}
-
-/// Integer dots of `ng <= 8` consecutive groups of one row with the single activation row
-/// of `x`: lane `j` = group `j`, zero beyond `ng`. Reads only the row's own bytes (`w`
-/// may end with the row), for the matrix's last rows.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn chunk_sums<const BITS: u32, const G: usize>(w: &[u8], x: &[Block], ng: usize) -> __m256i {
-    let zero = _mm256_setzero_si256();
-    let gb = G * BITS as usize / 8;
-    if BITS == 4 && G == 32 {
-        let mut v = [zero; 4];
-        for (p, vp) in v.iter_mut().enumerate() {
-            let g = 2 * p;
-            if g < ng {
-                let wb = &w[g * gb..((g + 2).min(ng)) * gb];
-                *vp = group_partials::<4, 32, 1>(wb, &x[p..p + 1])[0];
-            }
-        }
-        pairs_to_groups(v)
-    } else {
-        let bpg = gb / 32;
-        let mut v = [zero; 8];
-        for (j, vj) in v.iter_mut().enumerate().take(ng) {
-            *vj = group_partials::<BITS, G, 1>(&w[j * gb..(j + 1) * gb], &x[j * bpg..(j + 1) * bpg])[0];
-        }
-        let (lo, hi) = reduce8::<BITS, G>(v);
-        _mm256_add_epi32(lo, hi)
-    }
 }
 
 /// Integer partials of one group (4-bit g32: of a pair of groups, or of a last lone group
