@@ -336,6 +336,30 @@ fn qmv_wide_and_per_row_qmv_are_bit_identical() {
     }
 }
 
+/// Rows of Llama-sized width (more than 8192 elements, where the activation codes no
+/// longer sit in L1 beside the weights), with a partial last step of five groups: exact
+/// against the other paths and within the bound.
+#[test]
+fn long_rows_stay_exact() {
+    for bits in [4, 8] {
+        for g in [32, 64, 128] {
+            for (i, &dtype) in DTYPES.iter().enumerate() {
+                let k = 8192 + 13 * g;
+                let case = Case::new(19, k, 2, bits, g, dtype, 7000 + 10 * g as u64 + i as u64);
+                let refy = reference_y(&case);
+                let results = run_all(&case);
+                for (what, y) in &results {
+                    case.check(what, scheme_for(bits), y, &refy);
+                }
+                let (first_what, first) = &results[0];
+                for (what, y) in &results[1..] {
+                    assert!(bits_identical(first, y), "{what} differs in its bits from {first_what}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn other_widths_take_f32_activations_within_their_bound() {
     let mut seed = 5000;
