@@ -25,7 +25,7 @@ use half::{bf16, f16};
 
 use super::act::{ActCodes, TILE_ROWS};
 use super::drive;
-use super::tile::{Block, XTile};
+use super::tile::{Block, GROUP_LANE_ROWS, XTile};
 use crate::matrix::{QuantizedMatrix, ScaleData};
 
 /// The loop order of the tiled kernels.
@@ -559,8 +559,13 @@ fn tiled_rows<const BITS: u32, const G: usize>(
     };
     match order {
         Order::RowOuter => {
+            // Tiles of up to four rows prefetch as they go; an eight-row tile, compute-bound,
+            // asks for its next row at once.
+            let burst = tiles.first().is_some_and(|t| t.slots > GROUP_LANE_ROWS);
             for r in rows {
-                prefetch_ahead(packed, r * row_bytes, row_bytes);
+                if burst {
+                    prefetch_ahead(packed, r * row_bytes, row_bytes);
+                }
                 for (ti, tile) in tiles.iter().enumerate() {
                     one(r, ti, tile);
                 }
@@ -569,7 +574,7 @@ fn tiled_rows<const BITS: u32, const G: usize>(
         Order::TileOuter => {
             for (ti, tile) in tiles.iter().enumerate() {
                 for r in rows.clone() {
-                    if ti == 0 {
+                    if ti == 0 && tile.slots > GROUP_LANE_ROWS {
                         prefetch_ahead(packed, r * row_bytes, row_bytes);
                     }
                     one(r, ti, tile);
@@ -594,10 +599,14 @@ fn group_lanes_row<const BITS: u32, const G: usize, const T: usize>(
 ) -> [f32; 8] {
     debug_assert_eq!(xt.slots, T);
     let gp = gpr.div_ceil(8) * 8;
+    let gb = G * BITS as usize / 8;
     let mut acc = [_mm256_setzero_ps(); T];
     for c in 0..gpr.div_ceil(8) {
         let g0 = 8 * c;
         let ng = (gpr - g0).min(8);
+        // Spread over the row as `qmv` does: a burst at the start of each row leaves these
+        // memory-bound small tiles waiting on memory.
+        prefetch_ahead(wrow, g0 * gb, ng * gb);
         let tots = chunk_rows::<BITS, G, T>(wrow, &xt.blocks, g0, ng);
         // `s` and `b` run on past the row (RowScales pads the last row with eight zeros):
         // zero the lanes past the row's groups, so even a non-finite neighbour cannot
