@@ -28,6 +28,8 @@ use anyhow::{Context, Result};
 use serde::Deserialize;
 use xshell::{Shell, cmd};
 
+use crate::machine::{self, Machine};
+
 /// The bench target the task runs.
 const BENCH_PACKAGE: &str = "kiln-benches";
 const BENCH_TARGET: &str = "kernels";
@@ -117,11 +119,12 @@ impl BenchKernels {
             cmd!(sh, "cargo bench -p {BENCH_PACKAGE} --bench {BENCH_TARGET} -- {args...}").run().is_ok();
 
         let rows = collect(&criterion_dir, &expected, &baseline, start)?;
+        let machine = Machine::probe();
         let context = RunContext {
             date: chrono::Local::now().format("%Y-%m-%d %H:%M").to_string(),
-            commit: commit(sh),
-            host: host(),
-            cpu: cpu_model(),
+            commit: machine::commit(&sh.current_dir()),
+            host: machine.host.clone(),
+            cpu: format!("{} ({} logical CPUs)", machine.cpu, machine.cpus),
             quick: self.quick,
             filter: self.filter.clone(),
             baseline: compared,
@@ -696,31 +699,6 @@ fn render_scaling(w: &mut String, rows: &[Row]) {
             cells.join(" | ")
         );
     }
-}
-
-/// The commit, with `-dirty` when the tree has changes.
-fn commit(sh: &Shell) -> String {
-    let rev = cmd!(sh, "git rev-parse --short HEAD").quiet().read().unwrap_or_else(|_| "unknown".into());
-    let dirty =
-        cmd!(sh, "git status --porcelain --untracked-files=no").quiet().read().map(|s| !s.trim().is_empty());
-    if dirty.unwrap_or(false) { format!("{rev}-dirty") } else { rev }
-}
-
-fn host() -> String {
-    rustix::system::uname().nodename().to_string_lossy().into_owned()
-}
-
-/// The CPU model from /proc/cpuinfo, with the logical CPU count.
-fn cpu_model() -> String {
-    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = info
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    format!("{model} ({cpus} logical CPUs)")
 }
 
 #[cfg(test)]
