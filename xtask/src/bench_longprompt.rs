@@ -79,13 +79,7 @@ impl BenchLongprompt {
             None => Output {
                 path: match &self.sweep.output {
                     Some(p) => user_path(p)?,
-                    None => {
-                        let path = session.default_output("longprompt");
-                        if path.exists() {
-                            eprintln!("note: replacing {} (--resume appends to it instead)", path.display());
-                        }
-                        path
-                    }
+                    None => session.default_output("longprompt"),
                 },
                 resumed: None,
             },

@@ -289,7 +289,8 @@ impl Session {
         &self.defaults
     }
 
-    /// `benchmarks/<backend>_<host>_<date>_<kind>.csv`.
+    /// `benchmarks/<backend>_<host>_<date>_<kind>.csv`, or the first free
+    /// `..._<kind>-N.csv` when an earlier run already wrote that file.
     pub fn default_output(&self, kind: &str) -> PathBuf {
         let host: String = self
             .machine
@@ -298,7 +299,17 @@ impl Session {
             .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
             .collect();
         let date = chrono::Utc::now().format("%Y-%m-%d");
-        self.root.join("benchmarks").join(format!("{}_{host}_{date}_{kind}.csv", self.backend.as_str()))
+        let stem = format!("{}_{host}_{date}_{kind}", self.backend.as_str());
+        let (path, taken) = unused_path(&self.root.join("benchmarks"), &stem);
+        if let Some(first) = taken {
+            eprintln!(
+                "note: {} exists; writing {} (pass --resume {} to finish that run instead)",
+                self.display(&first),
+                self.display(&path),
+                self.display(&first)
+            );
+        }
+        path
     }
 
     fn display(&self, p: &Path) -> String {
@@ -684,6 +695,24 @@ impl Driver<'_> {
     }
 }
 
+/// `dir/<stem>.csv`, or when that exists the first free `dir/<stem>-N.csv` (N from 2)
+/// together with the taken first name: a default output never overwrites what an
+/// earlier run measured.
+fn unused_path(dir: &Path, stem: &str) -> (PathBuf, Option<PathBuf>) {
+    let first = dir.join(format!("{stem}.csv"));
+    if !first.exists() {
+        return (first, None);
+    }
+    let mut i = 2;
+    loop {
+        let p = dir.join(format!("{stem}-{i}.csv"));
+        if !p.exists() {
+            return (p, Some(first));
+        }
+        i += 1;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
@@ -857,5 +886,20 @@ mod tests {
         let bare = RowMeta { features: None, kiln_env: BTreeMap::new(), ..meta };
         assert_eq!(bare.features_column(&BTreeMap::new()), "unknown");
         assert_eq!(bare.display(Path::new("/r/benchmarks/x.csv")), "benchmarks/x.csv");
+    }
+
+    #[test]
+    fn default_outputs_never_overwrite_an_earlier_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, taken) = unused_path(dir.path(), "cpu_h_2026-11-30_longprompt");
+        assert_eq!(p, dir.path().join("cpu_h_2026-11-30_longprompt.csv"));
+        assert!(taken.is_none());
+        fs::write(&p, "x").unwrap();
+        let (p2, taken) = unused_path(dir.path(), "cpu_h_2026-11-30_longprompt");
+        assert_eq!(p2, dir.path().join("cpu_h_2026-11-30_longprompt-2.csv"));
+        assert_eq!(taken, Some(p));
+        fs::write(&p2, "y").unwrap();
+        let (p3, _) = unused_path(dir.path(), "cpu_h_2026-11-30_longprompt");
+        assert_eq!(p3, dir.path().join("cpu_h_2026-11-30_longprompt-3.csv"));
     }
 }
