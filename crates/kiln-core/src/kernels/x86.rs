@@ -255,12 +255,13 @@ fn qmv_rows<const BITS: u32, const G: usize, const D: u8>(
     let srow_bytes = gpr * scale_size(D);
     let packed = packed_bytes(w);
     let (sall, ball) = (scale_bytes(w.scales()), scale_bytes(w.biases()));
+    let pf = Prefetch::for_qmv(k, BITS);
     for (r, o) in rows.zip(out) {
         let ahead = (r + SCALE_PREFETCH_ROWS) * srow_bytes;
         prefetch_line(sall, ahead);
         prefetch_line(ball, ahead);
         let (sb, wb) = (r * srow_bytes, r * row_bytes);
-        *o = qmv_row::<BITS, G, D>(&packed[wb..], &sall[sb..], &ball[sb..], xt, gpr);
+        *o = qmv_row::<BITS, G, D>(&packed[wb..], &sall[sb..], &ball[sb..], xt, gpr, pf);
     }
 }
 
@@ -275,13 +276,14 @@ fn qmv_row<const BITS: u32, const G: usize, const D: u8>(
     b: &[u8],
     xt: &XTile,
     gpr: usize,
+    pf: Prefetch,
 ) -> f32 {
     let gb = G * BITS as usize / 8;
     let (cw, cx, cs) = (8 * gb, 8 * gb / 32, 8 * scale_size(D));
     let mut acc = _mm256_setzero_ps();
     let full = gpr / 8;
     for c in 0..full {
-        prefetch_ahead(w, c * cw, cw);
+        pf.ahead(w, c * cw, cw);
         let tot = chunk8::<BITS, G>(&w[c * cw..(c + 1) * cw], &xt.blocks[c * cx..(c + 1) * cx], 8);
         let (sv, bv) =
             (load_scales8::<D>(&s[c * cs..(c + 1) * cs]), load_scales8::<D>(&b[c * cs..(c + 1) * cs]));
@@ -290,7 +292,7 @@ fn qmv_row<const BITS: u32, const G: usize, const D: u8>(
     if gpr % 8 != 0 {
         let g0 = full * 8;
         let ng = gpr - g0;
-        prefetch_ahead(w, full * cw, ng * gb);
+        pf.ahead(w, full * cw, ng * gb);
         let tot =
             chunk8::<BITS, G>(&w[full * cw..full * cw + ng * gb], &xt.blocks[full * cx..(full + 1) * cx], ng);
         let st = &s[full * cs..];
@@ -543,14 +545,15 @@ fn tiled_rows<const BITS: u32, const G: usize>(
     let packed = packed_bytes(w);
     let r0 = rows.start;
     let sc = RowScales::new(w, rows.clone());
+    let pf = Prefetch::for_tile(tiles.first().map_or(1, |t| t.slots), k, BITS);
     let mut one = |r: usize, ti: usize, tile: &XTile| {
         let (s, b) = sc.row(r - r0);
         let wrow = &packed[r * row_bytes..(r + 1) * row_bytes];
         let lanes = match tile.slots {
-            1 => group_lanes_row::<BITS, G, 1>(wrow, s, b, tile, gpr),
-            2 => group_lanes_row::<BITS, G, 2>(wrow, s, b, tile, gpr),
-            3 => group_lanes_row::<BITS, G, 3>(wrow, s, b, tile, gpr),
-            4 => group_lanes_row::<BITS, G, 4>(wrow, s, b, tile, gpr),
+            1 => group_lanes_row::<BITS, G, 1>(wrow, s, b, tile, gpr, pf),
+            2 => group_lanes_row::<BITS, G, 2>(wrow, s, b, tile, gpr, pf),
+            3 => group_lanes_row::<BITS, G, 3>(wrow, s, b, tile, gpr, pf),
+            4 => group_lanes_row::<BITS, G, 4>(wrow, s, b, tile, gpr, pf),
             _ => store8f(wide_row::<BITS, G, 8>(wrow, s, b, tile, gpr)),
         };
         for (i, &l) in lanes.iter().enumerate().take(tile.rows) {
@@ -564,7 +567,7 @@ fn tiled_rows<const BITS: u32, const G: usize>(
             let burst = tiles.first().is_some_and(|t| t.slots > GROUP_LANE_ROWS);
             for r in rows {
                 if burst {
-                    prefetch_ahead(packed, r * row_bytes, row_bytes);
+                    prefetch_burst(packed, r * row_bytes, row_bytes);
                 }
                 for (ti, tile) in tiles.iter().enumerate() {
                     one(r, ti, tile);
@@ -575,7 +578,7 @@ fn tiled_rows<const BITS: u32, const G: usize>(
             for (ti, tile) in tiles.iter().enumerate() {
                 for r in rows.clone() {
                     if ti == 0 && tile.slots > GROUP_LANE_ROWS {
-                        prefetch_ahead(packed, r * row_bytes, row_bytes);
+                        prefetch_burst(packed, r * row_bytes, row_bytes);
                     }
                     one(r, ti, tile);
                 }
@@ -596,6 +599,7 @@ fn group_lanes_row<const BITS: u32, const G: usize, const T: usize>(
     b: &[f32],
     xt: &XTile,
     gpr: usize,
+    pf: Prefetch,
 ) -> [f32; 8] {
     debug_assert_eq!(xt.slots, T);
     let gp = gpr.div_ceil(8) * 8;
@@ -606,7 +610,7 @@ fn group_lanes_row<const BITS: u32, const G: usize, const T: usize>(
         let ng = (gpr - g0).min(8);
         // Spread over the row as `qmv` does: a burst at the start of each row leaves these
         // memory-bound small tiles waiting on memory.
-        prefetch_ahead(wrow, g0 * gb, ng * gb);
+        pf.ahead(wrow, g0 * gb, ng * gb);
         let tots = chunk_rows::<BITS, G, T>(wrow, &xt.blocks, g0, ng);
         // `s` and `b` run on past the row (RowScales pads the last row with eight zeros):
         // zero the lanes past the row's groups, so even a non-finite neighbour cannot
@@ -964,20 +968,96 @@ fn widen(sd: &ScaleData, start: usize, out: &mut [f32]) {
     }
 }
 
-/// How far ahead of the bytes being read the packed stream is prefetched into L1: the
-/// hardware prefetcher alone leaves the kernels short of the bandwidth a plain sum
-/// reaches; 1-2 KiB ahead measured best on the development machine (4 KiB and L2 hints
-/// no better, 8 KiB worse).
-const PREFETCH_AHEAD: usize = 2048;
+/// How the packed stream is prefetched while a kernel walks it.
+///
+/// The hardware prefetchers alone leave the kernels short of the bandwidth a plain sum
+/// reaches, so the kernels ask for the lines ahead of the ones they read. Into L1 only (one
+/// level, 2 KiB ahead, the best single distance measured) suits short rows. Long rows need
+/// two levels: a line in flight from memory into L1 holds one of L1's few miss buffers,
+/// and once the activation codes are too large to stay in L1 beside the weights
+/// (K = 14336: 14 KiB of 8-bit codes, 28 KiB of 16-bit ones), each code line reloaded from
+/// L2 waited behind those buffers, and such rows read at 45-60% of the bandwidth. Asking
+/// for lines far ahead into L2 and near ahead into L1 (then a short L2 hit) lifted them to
+/// 80-90% on the development machine, 8-bit K = 4096 by about a tenth, and left 4-bit
+/// K = 4096 level or a little ahead. The far level costs an instruction per line, which
+/// compute-bound loops cannot spare: it slowed `qmv` on 151936 x 896 (short rows, a fixed
+/// cost per row) by 5-8% on one thread, and `qmv_wide` at M = 2 on 14336 x 4096 by 5-10%,
+/// while it sped M = 2 on 4096 x 14336 (28 KiB of codes) by 10-20%.
+#[derive(Clone, Copy)]
+enum Prefetch {
+    /// Into L1, [`PREFETCH_L1_ONLY`] ahead.
+    L1,
+    /// Into L2, [`PREFETCH_FAR`] ahead, and into L1, [`PREFETCH_NEAR`] ahead.
+    TwoLevel,
+}
 
-/// Asks for the cache lines `PREFETCH_AHEAD` bytes beyond `row[off .. off + len]`; they
-/// may lie past the row (in the next row, or past the matrix, where the hint is dropped).
+/// Distance of the one-level scheme (1-2 KiB measured best; 4 KiB no better, 8 KiB worse).
+const PREFETCH_L1_ONLY: usize = 2048;
+/// Distances of the two-level scheme: 6-8 KiB into L2 (4 KiB was too close), about 1.5 KiB
+/// into L1 (0.75-1.5 KiB measured alike).
+const PREFETCH_FAR: usize = 8192;
+/// See [`PREFETCH_FAR`].
+const PREFETCH_NEAR: usize = 1536;
+/// Bytes of activation codes from which `qmv` (memory-bound) takes the two-level scheme:
+/// 4 KiB (4-bit K = 4096, 8-bit K = 2048) and up.
+const QMV_TWO_LEVEL_CODE_BYTES: usize = 4 << 10;
+/// The same for the tiles of up to four rows of `qmv_wide` and `qmm` (compute-bound): 24
+/// KiB, three quarters of the L1 data cache.
+const TILE_TWO_LEVEL_CODE_BYTES: usize = 24 << 10;
+
+impl Prefetch {
+    /// The scheme for `qmv` on rows of `k` `bits`-bit codes.
+    fn for_qmv(k: usize, bits: u32) -> Prefetch {
+        Prefetch::by_code_bytes(code_bytes(1, k, bits), QMV_TWO_LEVEL_CODE_BYTES)
+    }
+
+    /// The scheme for a tile of `slots` activation rows against rows of `k` `bits`-bit codes.
+    fn for_tile(slots: usize, k: usize, bits: u32) -> Prefetch {
+        Prefetch::by_code_bytes(code_bytes(slots, k, bits), TILE_TWO_LEVEL_CODE_BYTES)
+    }
+
+    fn by_code_bytes(bytes: usize, two_level_from: usize) -> Prefetch {
+        if bytes >= two_level_from { Prefetch::TwoLevel } else { Prefetch::L1 }
+    }
+
+    /// Asks for the cache lines ahead of `row[off .. off + len]`; they may lie past the row
+    /// (in the next row, or past the matrix, where the hint is dropped).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn ahead(self, row: &[u8], off: usize, len: usize) {
+        let at = row.as_ptr().wrapping_add(off);
+        // A prefetch is a hint: it never faults, so an address past the end is fine.
+        match self {
+            Prefetch::L1 => {
+                for line in (0..len).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_L1_ONLY + line).cast());
+                }
+            }
+            Prefetch::TwoLevel => {
+                for line in (0..len).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(PREFETCH_FAR + line).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_NEAR + line).cast());
+                }
+            }
+        }
+    }
+}
+
+/// Bytes of activation codes for `slots` rows of `k` elements: 8-bit codes for 4-bit
+/// weights, 16-bit ones for 8-bit weights.
+fn code_bytes(slots: usize, k: usize, bits: u32) -> usize {
+    slots * k * if bits == 4 { 1 } else { 2 }
+}
+
+/// Asks, into L1 and all at once, for the lines [`PREFETCH_L1_ONLY`] beyond
+/// `row[off .. off + len]`: eight-row tiles, compute-bound, ask for a whole row's worth as
+/// they start each row.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn prefetch_ahead(row: &[u8], off: usize, len: usize) {
-    let base = row.as_ptr().wrapping_add(off + PREFETCH_AHEAD);
+fn prefetch_burst(row: &[u8], off: usize, len: usize) {
+    let base = row.as_ptr().wrapping_add(off + PREFETCH_L1_ONLY);
     for line in (0..len).step_by(64) {
-        // A prefetch is a hint: it never faults, so an address past the end is fine.
+        // A hint: it never faults, so an address past the end is fine.
         _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(line).cast());
     }
 }
