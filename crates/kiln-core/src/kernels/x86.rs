@@ -249,19 +249,33 @@ fn qmv_rows<const BITS: u32, const G: usize, const D: u8>(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
+    // The scheme is a type parameter of the row loop, so no branch on it runs per step.
+    match Prefetch::for_qmv(w.k(), BITS) {
+        Prefetch::L1 => qmv_rows_by::<BITS, G, D, false>(w, xt, rows, out),
+        Prefetch::TwoLevel => qmv_rows_by::<BITS, G, D, true>(w, xt, rows, out),
+    }
+}
+
+/// [`qmv_rows`] with the prefetch scheme fixed: [`Prefetch::TwoLevel`] when `TWO_LEVEL`.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn qmv_rows_by<const BITS: u32, const G: usize, const D: u8, const TWO_LEVEL: bool>(
+    w: &QuantizedMatrix,
+    xt: &XTile,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
     let k = w.k();
     let gpr = k / G;
     let row_bytes = k * BITS as usize / 8;
     let srow_bytes = gpr * scale_size(D);
     let packed = packed_bytes(w);
     let (sall, ball) = (scale_bytes(w.scales()), scale_bytes(w.biases()));
-    let pf = Prefetch::for_qmv(k, BITS);
     for (r, o) in rows.zip(out) {
         let ahead = (r + SCALE_PREFETCH_ROWS) * srow_bytes;
         prefetch_line(sall, ahead);
         prefetch_line(ball, ahead);
         let (sb, wb) = (r * srow_bytes, r * row_bytes);
-        *o = qmv_row::<BITS, G, D>(&packed[wb..], &sall[sb..], &ball[sb..], xt, gpr, pf);
+        *o = qmv_row::<BITS, G, D, TWO_LEVEL>(&packed[wb..], &sall[sb..], &ball[sb..], xt, gpr);
     }
 }
 
@@ -270,20 +284,19 @@ fn qmv_rows<const BITS: u32, const G: usize, const D: u8>(
 /// end of the matrix: the last, partial step of eight groups reads its scales past the
 /// row when the matrix goes on, masking the lanes that are not the row's.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn qmv_row<const BITS: u32, const G: usize, const D: u8>(
+fn qmv_row<const BITS: u32, const G: usize, const D: u8, const TWO_LEVEL: bool>(
     w: &[u8],
     s: &[u8],
     b: &[u8],
     xt: &XTile,
     gpr: usize,
-    pf: Prefetch,
 ) -> f32 {
     let gb = G * BITS as usize / 8;
     let (cw, cx, cs) = (8 * gb, 8 * gb / 32, 8 * scale_size(D));
     let mut acc = _mm256_setzero_ps();
     let full = gpr / 8;
     for c in 0..full {
-        pf.ahead(w, c * cw, cw);
+        prefetch_ahead::<TWO_LEVEL>(w, c * cw, cw);
         let tot = chunk8::<BITS, G>(&w[c * cw..(c + 1) * cw], &xt.blocks[c * cx..(c + 1) * cx], 8);
         let (sv, bv) =
             (load_scales8::<D>(&s[c * cs..(c + 1) * cs]), load_scales8::<D>(&b[c * cs..(c + 1) * cs]));
@@ -292,7 +305,7 @@ fn qmv_row<const BITS: u32, const G: usize, const D: u8>(
     if gpr % 8 != 0 {
         let g0 = full * 8;
         let ng = gpr - g0;
-        pf.ahead(w, full * cw, ng * gb);
+        prefetch_ahead::<TWO_LEVEL>(w, full * cw, ng * gb);
         let tot =
             chunk8::<BITS, G>(&w[full * cw..full * cw + ng * gb], &xt.blocks[full * cx..(full + 1) * cx], ng);
         let st = &s[full * cs..];
@@ -545,15 +558,20 @@ fn tiled_rows<const BITS: u32, const G: usize>(
     let packed = packed_bytes(w);
     let r0 = rows.start;
     let sc = RowScales::new(w, rows.clone());
-    let pf = Prefetch::for_tile(tiles.first().map_or(1, |t| t.slots), k, BITS);
+    let two_level =
+        matches!(Prefetch::for_tile(tiles.first().map_or(1, |t| t.slots), k, BITS), Prefetch::TwoLevel);
     let mut one = |r: usize, ti: usize, tile: &XTile| {
         let (s, b) = sc.row(r - r0);
         let wrow = &packed[r * row_bytes..(r + 1) * row_bytes];
         let lanes = match tile.slots {
-            1 => group_lanes_row::<BITS, G, 1>(wrow, s, b, tile, gpr, pf),
-            2 => group_lanes_row::<BITS, G, 2>(wrow, s, b, tile, gpr, pf),
-            3 => group_lanes_row::<BITS, G, 3>(wrow, s, b, tile, gpr, pf),
-            4 => group_lanes_row::<BITS, G, 4>(wrow, s, b, tile, gpr, pf),
+            1 if two_level => group_lanes_row::<BITS, G, 1, true>(wrow, s, b, tile, gpr),
+            1 => group_lanes_row::<BITS, G, 1, false>(wrow, s, b, tile, gpr),
+            2 if two_level => group_lanes_row::<BITS, G, 2, true>(wrow, s, b, tile, gpr),
+            2 => group_lanes_row::<BITS, G, 2, false>(wrow, s, b, tile, gpr),
+            3 if two_level => group_lanes_row::<BITS, G, 3, true>(wrow, s, b, tile, gpr),
+            3 => group_lanes_row::<BITS, G, 3, false>(wrow, s, b, tile, gpr),
+            4 if two_level => group_lanes_row::<BITS, G, 4, true>(wrow, s, b, tile, gpr),
+            4 => group_lanes_row::<BITS, G, 4, false>(wrow, s, b, tile, gpr),
             _ => store8f(wide_row::<BITS, G, 8>(wrow, s, b, tile, gpr)),
         };
         for (i, &l) in lanes.iter().enumerate().take(tile.rows) {
@@ -593,13 +611,12 @@ fn tiled_rows<const BITS: u32, const G: usize>(
 /// the lane = row kernel would leave most of its eight lanes empty. Returns the outputs in
 /// lanes `0..T`.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn group_lanes_row<const BITS: u32, const G: usize, const T: usize>(
+fn group_lanes_row<const BITS: u32, const G: usize, const T: usize, const TWO_LEVEL: bool>(
     wrow: &[u8],
     s: &[f32],
     b: &[f32],
     xt: &XTile,
     gpr: usize,
-    pf: Prefetch,
 ) -> [f32; 8] {
     debug_assert_eq!(xt.slots, T);
     let gp = gpr.div_ceil(8) * 8;
@@ -610,7 +627,7 @@ fn group_lanes_row<const BITS: u32, const G: usize, const T: usize>(
         let ng = (gpr - g0).min(8);
         // Spread over the row as `qmv` does: a burst at the start of each row leaves these
         // memory-bound small tiles waiting on memory.
-        pf.ahead(wrow, g0 * gb, ng * gb);
+        prefetch_ahead::<TWO_LEVEL>(wrow, g0 * gb, ng * gb);
         let tots = chunk_rows::<BITS, G, T>(wrow, &xt.blocks, g0, ng);
         // `s` and `b` run on past the row (RowScales pads the last row with eight zeros):
         // zero the lanes past the row's groups, so even a non-finite neighbour cannot
@@ -1019,26 +1036,22 @@ impl Prefetch {
     fn by_code_bytes(bytes: usize, two_level_from: usize) -> Prefetch {
         if bytes >= two_level_from { Prefetch::TwoLevel } else { Prefetch::L1 }
     }
+}
 
-    /// Asks for the cache lines ahead of `row[off .. off + len]`; they may lie past the row
-    /// (in the next row, or past the matrix, where the hint is dropped).
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn ahead(self, row: &[u8], off: usize, len: usize) {
-        let at = row.as_ptr().wrapping_add(off);
-        // A prefetch is a hint: it never faults, so an address past the end is fine.
-        match self {
-            Prefetch::L1 => {
-                for line in (0..len).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_L1_ONLY + line).cast());
-                }
-            }
-            Prefetch::TwoLevel => {
-                for line in (0..len).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(PREFETCH_FAR + line).cast());
-                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_NEAR + line).cast());
-                }
-            }
+/// Asks for the cache lines ahead of `row[off .. off + len]` by [`Prefetch::TwoLevel`]
+/// when `TWO_LEVEL`, else by [`Prefetch::L1`]; they may lie past the row (in the next
+/// row, or past the matrix, where the hint is dropped).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn prefetch_ahead<const TWO_LEVEL: bool>(row: &[u8], off: usize, len: usize) {
+    let at = row.as_ptr().wrapping_add(off);
+    // A prefetch is a hint: it never faults, so an address past the end is fine.
+    for line in (0..len).step_by(64) {
+        if TWO_LEVEL {
+            _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(PREFETCH_FAR + line).cast());
+            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_NEAR + line).cast());
+        } else {
+            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_L1_ONLY + line).cast());
         }
     }
 }
