@@ -123,11 +123,11 @@ impl<T: bytemuck::Pod> Buffer<T> {
             return Err(BufferError::OutOfBounds { start, end, len: all.len() });
         }
         let elem = size_of::<T>();
-        if (end - start) % elem != 0 {
+        if !(end - start).is_multiple_of(elem) {
             return Err(BufferError::Ragged { bytes: end - start, elem });
         }
         let align = align_of::<T>();
-        if (all.as_ptr() as usize + start) % align != 0 {
+        if !(all.as_ptr() as usize + start).is_multiple_of(align) {
             return Err(BufferError::Misaligned { offset: start, align });
         }
         let len = (end - start) / elem;

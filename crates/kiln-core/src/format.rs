@@ -138,7 +138,7 @@ pub fn validate_geometry(n: usize, k: usize, spec: QuantSpec) -> Result<(), Geom
     if n == 0 || k == 0 {
         return Err(GeometryError::Empty { n, k });
     }
-    if k % spec.group_size() != 0 {
+    if !k.is_multiple_of(spec.group_size()) {
         return Err(GeometryError::KNotMultipleOfGroup { n, k, group_size: spec.group_size() });
     }
     // group_size is a multiple of 32, so k * bits is always a whole number of u32 words.

@@ -274,7 +274,7 @@ fn norm(n: &RmsNorm, x: &[f32], out: &mut [f32]) {
 }
 
 fn check_shapes(c: &ModelConfig, w: &ModelWeights) -> Result<()> {
-    if c.head_dim > MAX_HEAD_DIM || c.head_dim % 2 != 0 {
+    if c.head_dim > MAX_HEAD_DIM || !c.head_dim.is_multiple_of(2) {
         return Err(ModelError::InvalidArgument {
             what: "head_dim".into(),
             message: format!(

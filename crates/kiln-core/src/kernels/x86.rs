@@ -302,7 +302,7 @@ fn qmv_row<const BITS: u32, const G: usize, const D: u8, const TWO_LEVEL: bool>(
             (load_scales8::<D>(&s[c * cs..(c + 1) * cs]), load_scales8::<D>(&b[c * cs..(c + 1) * cs]));
         acc = lanes_step::<BITS>(acc, tot, sv, bv, XGroups::at(xt, c * 8));
     }
-    if gpr % 8 != 0 {
+    if !gpr.is_multiple_of(8) {
         let g0 = full * 8;
         let ng = gpr - g0;
         prefetch_ahead::<TWO_LEVEL>(w, full * cw, ng * gb);

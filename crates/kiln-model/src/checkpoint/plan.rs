@@ -271,7 +271,7 @@ impl Planner<'_> {
                 match (self.quantize, dense) {
                     // As mlx-lm's quantizer, a matrix whose K is not a whole number of
                     // groups stays unquantized.
-                    (Some(spec), MatrixPlan::Dense { weight }) if k % spec.group_size() == 0 => {
+                    (Some(spec), MatrixPlan::Dense { weight }) if k.is_multiple_of(spec.group_size()) => {
                         let scale_dtype = scale_dtype_of(weight.dtype).unwrap_or(ScaleDtype::F32);
                         MatrixPlan::QuantizeOnLoad { weight, spec, scale_dtype }
                     }
