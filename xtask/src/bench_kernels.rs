@@ -95,7 +95,7 @@ impl BenchKernels {
         }
         let baseline = Snapshot::read(&criterion_dir, &compared, &expected)?;
 
-        let start = SystemTime::now();
+        let start = run_started(&criterion_dir)?;
         let mut args: Vec<String> = Vec::new();
         if !filter.is_empty() {
             args.push(filter.clone());
@@ -217,6 +217,18 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
 
 fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// Marks the start of a run with a file in `criterion_dir` and returns its modification
+/// time. Results are told fresh by comparing their files' times with it: both come from
+/// the filesystem's clock, which can lag `SystemTime::now()` by a tick, so a file written
+/// just after `now()` could otherwise look older than the run.
+fn run_started(criterion_dir: &Path) -> Result<SystemTime> {
+    std::fs::create_dir_all(criterion_dir)
+        .with_context(|| format!("creating {}", criterion_dir.display()))?;
+    let marker = criterion_dir.join(".kiln-run-start");
+    std::fs::write(&marker, b"").with_context(|| format!("writing {}", marker.display()))?;
+    modified(&marker).with_context(|| format!("reading the time of {}", marker.display()))
 }
 
 /// Maps benchmark ids to their directories by reading every `<sub>/benchmark.json`.
@@ -802,8 +814,9 @@ mod tests {
         let snapshot = Snapshot::read(dir, "main", &ids).unwrap();
         assert_eq!(snapshot.results.len(), 3);
 
+        // The stale files above are older than the run by more than a filesystem tick.
         std::thread::sleep(std::time::Duration::from_millis(20));
-        let start = SystemTime::now();
+        let start = run_started(dir).unwrap();
         // This run: bandwidth 20 GB/s (1 GiB... here 1e9 bytes in 50 ms), qmv 25% faster,
         // qmv_wide unchanged, one benchmark with no baseline, one that did not run.
         results(dir, bw, "new", 1_000_000_000, &[50.0e6, 50.2e6, 49.8e6, 50.0e6]);
