@@ -6,8 +6,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use xshell::Shell;
 
-use crate::console::usage;
-use crate::sweep::plan::{self, CellTemplate, Named, Plan, Prompt};
+use crate::sweep::plan::{self, Named, Plan, Prompt};
 use crate::sweep::{HarnessEnv, Output, Prepared, Session, SweepFlags, user_path};
 
 /// The prompt length of a cell when neither `--prompt` nor `--prompt-tokens` is given.
@@ -49,14 +48,7 @@ impl BenchDecode {
             (None, Some(n)) => Prompt::Tokens(n),
             (None, None) => Prompt::Tokens(DEFAULT_PROMPT_TOKENS),
         };
-        let template = CellTemplate {
-            max_tokens: self.sweep.max_tokens.unwrap_or(d.max_tokens),
-            warmup_tokens: self.sweep.warmup_tokens,
-            named,
-        };
-        if let Err(e) = template.validate() {
-            usage!("{e}");
-        }
+        let template = self.sweep.cell_template(&d, named)?;
         let plan = Plan::grid(&self.models.map_or(d.models, |m| m.0), &[prompt], &template);
         let path = match &self.sweep.output {
             Some(p) => user_path(p)?,

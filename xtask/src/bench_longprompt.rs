@@ -8,7 +8,7 @@ use anyhow::Result;
 use xshell::Shell;
 
 use crate::console::usage;
-use crate::sweep::plan::{self, CellTemplate, Named, Plan, Prompt};
+use crate::sweep::plan::{self, Named, Plan, Prompt};
 use crate::sweep::{HarnessEnv, Output, Prepared, Session, SweepFlags, rows, user_path};
 
 /// Flags of `cargo xtask bench-longprompt`.
@@ -62,17 +62,10 @@ impl BenchLongprompt {
         };
         let d = session.defaults().clone();
         let named = Named { models: self.models.is_some(), prompts: self.lengths.is_some() };
+        let template = self.sweep.cell_template(&d, named)?;
         let models = self.models.map_or(d.models, |m| m.0);
         let prompts: Vec<Prompt> =
             self.lengths.map_or(d.lengths, |l| l.0).into_iter().map(Prompt::Tokens).collect();
-        let template = CellTemplate {
-            max_tokens: self.sweep.max_tokens.unwrap_or(d.max_tokens),
-            warmup_tokens: self.sweep.warmup_tokens,
-            named,
-        };
-        if let Err(e) = template.validate() {
-            usage!("{e}");
-        }
         let plan = Plan::grid(&models, &prompts, &template);
         let output = match resumed {
             Some((path, rows)) => Output { path, resumed: Some(rows) },

@@ -170,6 +170,12 @@ fn a_bad_ladder_exits_2_before_the_output_is_touched() {
     let run = sb.run_with("bench-longprompt", &["--lengths", "64"], &[("KILN_BENCH_FAKE_OOM", "tiny")]);
     run.expect_code(2).expect_stderr("KILN_BENCH_FAKE_OOM entry `tiny`");
     assert_eq!(fs::read_to_string(sb.csv()).unwrap(), "an earlier sweep\n", "output touched{run}");
+    // Token counts that leave no timed decode step are refused by both bench commands.
+    for cmd in ["bench-longprompt", "bench-decode"] {
+        let run = sb.run(cmd, &["--models", TINY, "--max-tokens", "3", "--warmup-tokens", "5"]);
+        run.expect_code(2).expect_stderr("--warmup-tokens 5 leaves no timed decode step");
+        assert_eq!(fs::read_to_string(sb.csv()).unwrap(), "an earlier sweep\n", "output touched{run}");
+    }
 }
 
 #[test]

@@ -89,6 +89,22 @@ pub struct SweepFlags {
     pub runs_dir: Option<PathBuf>,
 }
 
+impl SweepFlags {
+    /// The cell template these flags and the backend's defaults give, checked the way
+    /// the engine counts tokens; a bad combination is a usage error (exit 2).
+    pub fn cell_template(&self, defaults: &Defaults, named: plan::Named) -> Result<plan::CellTemplate> {
+        let template = plan::CellTemplate {
+            max_tokens: self.max_tokens.unwrap_or(defaults.max_tokens),
+            warmup_tokens: self.warmup_tokens,
+            named,
+        };
+        if let Err(e) = template.validate() {
+            crate::console::usage!("{e}");
+        }
+        Ok(template)
+    }
+}
+
 /// The defaults that depend on the backend.
 #[derive(Clone, Debug)]
 pub struct Defaults {
