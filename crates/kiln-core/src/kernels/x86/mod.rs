@@ -1,0 +1,186 @@
+//! AVX2 + FMA + F16C kernels for 4- and 8-bit weights at group sizes 32, 64 and 128.
+//!
+//! They follow the integer scheme (see [`super::act`]): activations quantized per group,
+//! one exact integer dot per weight group, then the float work of [`super::act::Lanes`]
+//! done for eight groups (`qmv`) or eight activation rows (`qmv_wide`, `qmm`) at once.
+//!
+//! - 4-bit: a 32-byte block of packed weights holds 64 codes; `and 0x0F` gives the even
+//!   elements, `>> 4` the odd ones, each multiplied against the de-interleaved 8-bit
+//!   activations with `maddubs` (u4 * i8 pairs cannot saturate), the two i16 results
+//!   added (at most 8 products of 15 * 127 per lane over a 128-group) and widened with
+//!   `madd` by ones.
+//! - 8-bit: `cvtepu8_epi16` widens 16 codes, `madd` multiplies them against 16-bit
+//!   activations into i32 pairs (u8 * i16 products, which `maddubs` would saturate).
+//! - The eight partials of eight groups (or of eight rows) are reduced at once by a
+//!   transpose of unpacks and adds, so one `cvt` and three FMAs serve eight outputs; the
+//!   centring (`- c * qsum`) is one shift and subtract per eight.
+//!
+//! Scales and biases are read in their stored dtype and widened a row at a time: f16
+//! with `vcvtph2ps`, bf16 by a 16-bit left shift, f32 as is.
+//!
+//! This file holds the entry points and the dispatch on geometry and scale dtype; the
+//! work is in `row` (the `qmv` row loop), `tiled` (the tiled loop and tiles of up to
+//! four rows), `tile8` (eight-row tiles), `reduce` (integer dots and their reductions),
+//! `lanes` (the float work per group), `scales` (scale and bias loads and widening),
+//! `prefetch` (the prefetch policy) and `loads` (checked SIMD loads and stores).
+
+mod lanes;
+mod loads;
+mod prefetch;
+mod reduce;
+mod row;
+mod scales;
+mod tile8;
+mod tiled;
+
+use std::ops::Range;
+
+use super::act::ActCodes;
+use super::drive;
+use super::tile::XTile;
+use crate::matrix::{QuantizedMatrix, ScaleData};
+use row::qmv_rows;
+use scales::{BF16, F16, F32};
+use tiled::tiled_rows;
+
+/// The loop order of the tiled kernels.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Order {
+    /// Each weight row once, every tile against it (`qmv_wide`): one pass over the
+    /// weights with the row hot in L1.
+    RowOuter,
+    /// Each tile against a task's whole block of weight rows (`qmm`): the block stays in
+    /// L2 while the activation tile is hot in L1.
+    TileOuter,
+}
+
+/// `y[n] = W x` for one activation row.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+pub(super) unsafe fn qmv(x: &[f32], w: &QuantizedMatrix, y: &mut [f32]) {
+    let spec = w.spec();
+    let codes = codes_for(spec.bits());
+    // SAFETY: this function's caller guarantees AVX2, FMA and F16C.
+    let xt = unsafe { quantize_vector(x, spec.group_size(), codes) };
+    let rpt = drive::rows_per_task(w.n(), w.bytes_read() / w.n());
+    drive::rows(y, rpt, |rows, out| {
+        // SAFETY: this function's caller guarantees AVX2, FMA and F16C; every core rayon
+        // runs this closure on is the same CPU.
+        unsafe { qmv_rows_any(w, &xt, rows, out) }
+    });
+}
+
+/// `y[m, n] = x[m, k] W^T` with each weight row read once for every activation row.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+pub(super) unsafe fn qmv_wide(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { tiled(x, m, w, y, Order::RowOuter) }
+}
+
+/// `y[m, n] = x[m, k] W^T` for large `m`, blocked so weights are read from memory once and
+/// from L2 for every further tile of activation rows.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+pub(super) unsafe fn qmm(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { tiled(x, m, w, y, Order::TileOuter) }
+}
+
+fn codes_for(bits: u32) -> ActCodes {
+    ActCodes::for_weight_bits(bits).expect("the AVX2 kernels take 4- and 8-bit weights only")
+}
+
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+unsafe fn tiled(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32], order: Order) {
+    let spec = w.spec();
+    // SAFETY: this function's caller guarantees AVX2, FMA and F16C.
+    let tiles = unsafe { quantize_tiles(x, m, w.k(), spec.group_size(), codes_for(spec.bits())) };
+    let rpt = drive::rows_per_task(w.n(), w.bytes_read() / w.n());
+    drive::rows_multi(y, m, w.n(), rpt, |rows, outs| {
+        // SAFETY: this function's caller guarantees AVX2, FMA and F16C; every core rayon
+        // runs this closure on is the same CPU.
+        unsafe { tiled_rows_any(w, &tiles, rows, outs, order) }
+    });
+}
+
+/// The activation quantizer compiled for AVX2 (its functions are `inline(always)`).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quantize_vector(x: &[f32], g: usize, codes: ActCodes) -> XTile {
+    XTile::vector(x, g, codes)
+}
+
+/// The tile quantizer compiled for AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quantize_tiles(x: &[f32], m: usize, k: usize, g: usize, codes: ActCodes) -> Vec<XTile> {
+    XTile::tiles(x, m, k, g, codes)
+}
+
+macro_rules! by_geometry {
+    ($w:expr, $f:ident, ($($arg:expr),*)) => {
+        match ($w.spec().bits(), $w.spec().group_size()) {
+            (4, 32) => $f::<4, 32>($($arg),*),
+            (4, 64) => $f::<4, 64>($($arg),*),
+            (4, 128) => $f::<4, 128>($($arg),*),
+            (8, 32) => $f::<8, 32>($($arg),*),
+            (8, 64) => $f::<8, 64>($($arg),*),
+            (8, 128) => $f::<8, 128>($($arg),*),
+            (bits, g) => unreachable!("no AVX2 kernel for {bits}-bit g{g}: the dispatcher routes it elsewhere"),
+        }
+    };
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn qmv_rows_any(w: &QuantizedMatrix, xt: &XTile, rows: Range<usize>, out: &mut [f32]) {
+    match w.scales() {
+        ScaleData::F16(_) => by_geometry!(w, qmv_rows_f16, (w, xt, rows, out)),
+        ScaleData::Bf16(_) => by_geometry!(w, qmv_rows_bf16, (w, xt, rows, out)),
+        ScaleData::F32(_) => by_geometry!(w, qmv_rows_f32, (w, xt, rows, out)),
+    }
+}
+
+// One monomorphic entry per scale dtype, so `by_geometry!` can name them.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn qmv_rows_f16<const BITS: u32, const G: usize>(
+    w: &QuantizedMatrix,
+    xt: &XTile,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    qmv_rows::<BITS, G, F16>(w, xt, rows, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn qmv_rows_bf16<const BITS: u32, const G: usize>(
+    w: &QuantizedMatrix,
+    xt: &XTile,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    qmv_rows::<BITS, G, BF16>(w, xt, rows, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn qmv_rows_f32<const BITS: u32, const G: usize>(
+    w: &QuantizedMatrix,
+    xt: &XTile,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    qmv_rows::<BITS, G, F32>(w, xt, rows, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tiled_rows_any(
+    w: &QuantizedMatrix,
+    tiles: &[XTile],
+    rows: Range<usize>,
+    outs: &mut [&mut [f32]],
+    order: Order,
+) {
+    by_geometry!(w, tiled_rows, (w, tiles, rows, outs, order))
+}

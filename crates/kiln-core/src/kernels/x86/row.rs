@@ -1,0 +1,140 @@
+//! The `qmv` row loop: one activation row against a range of weight rows, eight groups
+//! per step (lane = group).
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::lanes::{XGroups, hsum, lanes_step};
+use super::loads::{load16z, load32};
+use super::prefetch::{Prefetch, SCALE_PREFETCH_ROWS, prefetch_ahead, prefetch_line};
+use super::reduce::{group_partials, pairs_to_groups, q4_dot16, reduce8};
+use super::scales::{load_scales8, packed_bytes, scale_bytes, scale_size};
+use crate::kernels::tile::{Block, XTile};
+use crate::matrix::QuantizedMatrix;
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn qmv_rows<const BITS: u32, const G: usize, const D: u8>(
+    w: &QuantizedMatrix,
+    xt: &XTile,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    // The scheme is a type parameter of the row loop, so no branch on it runs per step.
+    match Prefetch::for_qmv(w.k(), BITS) {
+        Prefetch::L1 => qmv_rows_by::<BITS, G, D, false>(w, xt, rows, out),
+        Prefetch::TwoLevel => qmv_rows_by::<BITS, G, D, true>(w, xt, rows, out),
+    }
+}
+
+/// [`qmv_rows`] with the prefetch scheme fixed: [`Prefetch::TwoLevel`] when `TWO_LEVEL`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn qmv_rows_by<const BITS: u32, const G: usize, const D: u8, const TWO_LEVEL: bool>(
+    w: &QuantizedMatrix,
+    xt: &XTile,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    let k = w.k();
+    let gpr = k / G;
+    let row_bytes = k * BITS as usize / 8;
+    let srow_bytes = gpr * scale_size(D);
+    let packed = packed_bytes(w);
+    let (sall, ball) = (scale_bytes(w.scales()), scale_bytes(w.biases()));
+    for (r, o) in rows.zip(out) {
+        let ahead = (r + SCALE_PREFETCH_ROWS) * srow_bytes;
+        prefetch_line(sall, ahead);
+        prefetch_line(ball, ahead);
+        let (sb, wb) = (r * srow_bytes, r * row_bytes);
+        *o = qmv_row::<BITS, G, D, TWO_LEVEL>(&packed[wb..], &sall[sb..], &ball[sb..], xt, gpr);
+    }
+}
+
+/// One output of `qmv`: eight groups per step, lane = group. `w`, `s` and `b` start at
+/// the row's packed codes, scales and biases (in their stored bytes) and run on to the
+/// end of the matrix: the last, partial step of eight groups reads its scales past the
+/// row when the matrix goes on, masking the lanes that are not the row's.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn qmv_row<const BITS: u32, const G: usize, const D: u8, const TWO_LEVEL: bool>(
+    w: &[u8],
+    s: &[u8],
+    b: &[u8],
+    xt: &XTile,
+    gpr: usize,
+) -> f32 {
+    let gb = G * BITS as usize / 8;
+    let (cw, cx, cs) = (8 * gb, 8 * gb / 32, 8 * scale_size(D));
+    let mut acc = _mm256_setzero_ps();
+    let full = gpr / 8;
+    for c in 0..full {
+        prefetch_ahead::<TWO_LEVEL>(w, c * cw, cw);
+        let tot = chunk8::<BITS, G>(&w[c * cw..(c + 1) * cw], &xt.blocks[c * cx..(c + 1) * cx], 8);
+        let (sv, bv) =
+            (load_scales8::<D>(&s[c * cs..(c + 1) * cs]), load_scales8::<D>(&b[c * cs..(c + 1) * cs]));
+        acc = lanes_step::<BITS>(acc, tot, sv, bv, XGroups::at(xt, c * 8));
+    }
+    if !gpr.is_multiple_of(8) {
+        let g0 = full * 8;
+        let ng = gpr - g0;
+        prefetch_ahead::<TWO_LEVEL>(w, full * cw, ng * gb);
+        let tot =
+            chunk8::<BITS, G>(&w[full * cw..full * cw + ng * gb], &xt.blocks[full * cx..(full + 1) * cx], ng);
+        let st = &s[full * cs..];
+        let (sv, bv) = if st.len() >= cs {
+            // Zero the lanes that hold the next row's scales, so even a non-finite
+            // neighbour cannot reach this output.
+            let keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                _mm256_set1_epi32(ng as i32),
+                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+            ));
+            (
+                _mm256_and_ps(load_scales8::<D>(&st[..cs]), keep),
+                _mm256_and_ps(load_scales8::<D>(&b[full * cs..full * cs + cs]), keep),
+            )
+        } else {
+            // The matrix's last row: a zero-padded copy.
+            let (mut sp, mut bp) = ([0u8; 32], [0u8; 32]);
+            let n = ng * scale_size(D);
+            sp[..n].copy_from_slice(&st[..n]);
+            bp[..n].copy_from_slice(&b[full * cs..full * cs + n]);
+            (load_scales8::<D>(&sp[..cs]), load_scales8::<D>(&bp[..cs]))
+        };
+        acc = lanes_step::<BITS>(acc, tot, sv, bv, XGroups::at(xt, g0));
+    }
+    hsum(acc)
+}
+
+/// The integer dots of `ng <= 8` consecutive groups (`w` their `ng` groups of packed bytes,
+/// `x` the activation blocks of eight groups): lane `j` = group `j`, zero from `ng` on.
+/// Straight-line code, so the partials stay in registers; a whole step passes `ng = 8` as a
+/// constant and its guards fold away.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn chunk8<const BITS: u32, const G: usize>(w: &[u8], x: &[Block], ng: usize) -> __m256i {
+    let gb = G * BITS as usize / 8;
+    let bpg = gb.div_ceil(32);
+    assert!(ng <= 8 && w.len() == ng * gb && x.len() == 8 * gb / 32);
+    let zero = _mm256_setzero_si256();
+    if BITS == 4 && G == 32 {
+        // Block `i` holds groups 2i and 2i + 1; a last lone group is a half block.
+        let p = |i: usize| {
+            if 2 * i + 1 < ng {
+                q4_dot16(load32(&w[32 * i..32 * i + 32]), &x[i])
+            } else if 2 * i < ng {
+                q4_dot16(load16z(&w[32 * i..32 * i + 16]), &x[i])
+            } else {
+                zero
+            }
+        };
+        pairs_to_groups([p(0), p(1), p(2), p(3)])
+    } else {
+        let g = |j: usize| {
+            if j < ng {
+                group_partials::<BITS, G, 1>(&w[j * gb..(j + 1) * gb], &x[j * bpg..(j + 1) * bpg])[0]
+            } else {
+                zero
+            }
+        };
+        let (lo, hi) = reduce8::<BITS, G>([g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7)]);
+        _mm256_add_epi32(lo, hi)
+    }
+}
