@@ -101,11 +101,21 @@ impl fmt::Display for OutOfMemory {
 
 /// The pool limit could not be determined from the environment.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{MEMORY_LIMIT_ENV}: {source}")]
+#[error("invalid {MEMORY_LIMIT_ENV}: {cause}")]
 pub struct LimitError {
-    /// The parse failure.
-    #[source]
-    pub source: SizeParseError,
+    /// Why the value is unusable (in the message, not chained, so it is printed once).
+    pub cause: LimitCause,
+}
+
+/// Why `KILN_MEMORY_LIMIT` is unusable.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LimitCause {
+    /// The value is not a size.
+    #[error(transparent)]
+    Size(#[from] SizeParseError),
+    /// The value is not UTF-8 text.
+    #[error("the value is not UTF-8 text: accepted values are sizes such as 512MiB, 2GiB or a number of bytes")]
+    NotUtf8,
 }
 
 /// A cloneable handle to one pool; all clones share counters and limit.
@@ -174,8 +184,9 @@ impl MemoryPool {
     /// The limit named by `KILN_MEMORY_LIMIT`, if the variable is set.
     pub fn limit_from_env() -> Result<Option<u64>, LimitError> {
         match std::env::var(MEMORY_LIMIT_ENV) {
-            Ok(v) => parse_size(&v).map(Some).map_err(|source| LimitError { source }),
-            Err(_) => Ok(None),
+            Ok(v) => parse_size(&v).map(Some).map_err(|e| LimitError { cause: e.into() }),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => Err(LimitError { cause: LimitCause::NotUtf8 }),
         }
     }
 

@@ -109,9 +109,9 @@ impl ChatTemplate {
         };
         let (bos, eos) = (token("bos_token")?, token("eos_token")?);
         let jinja = dir.join(TEMPLATE_FILE);
-        if jinja.is_file() {
+        if crate::source::regular_file(&jinja)? {
             let source = std::fs::read_to_string(&jinja)
-                .map_err(|source| ModelError::Io { path: jinja.clone(), source })?;
+                .map_err(|cause| ModelError::Io { path: jinja.clone(), cause })?;
             return Self::new(source, bos, eos, jinja).map(Some);
         }
         let json_path = dir.join(TEMPLATE_JSON_FILE);
@@ -220,11 +220,11 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
 }
 
 fn read_json_if_present(path: &Path) -> Result<Option<Json>> {
-    if !path.is_file() {
+    if !crate::source::regular_file(path)? {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+    let text =
+        std::fs::read_to_string(path).map_err(|cause| ModelError::Io { path: path.to_path_buf(), cause })?;
     serde_json::from_str(&text).map(Some).map_err(|e| ModelError::Tokenizer {
         path: path.to_path_buf(),
         message: format!("not valid JSON: {e}"),

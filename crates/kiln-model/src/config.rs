@@ -9,6 +9,17 @@ use serde_json::{Map, Value};
 
 use crate::error::ConfigError;
 
+/// Largest `hidden_size`, `intermediate_size` and `head_dim` kiln accepts: 2^20, far above
+/// any published model and small enough that every size kiln derives from a config (a
+/// matrix, a layer, the whole model) fits in 64 bits.
+pub const MAX_WIDTH: usize = 1 << 20;
+/// Largest `num_hidden_layers`, `num_attention_heads` and `num_key_value_heads`: 4096.
+pub const MAX_COUNT: usize = 4096;
+/// Largest `vocab_size`: 2^24 (16.7M tokens; token ids are 32-bit).
+pub const MAX_VOCAB: usize = 1 << 24;
+/// Largest `max_position_embeddings` (and RoPE's original context): 2^28 positions.
+pub const MAX_POSITIONS: usize = 1 << 28;
+
 /// Decoder families kiln runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -165,6 +176,9 @@ impl ModelConfig {
         }
         let hidden_size = required_usize(m, "hidden_size")?;
         let num_attention_heads = required_usize(m, "num_attention_heads")?;
+        // Checked before head_dim is derived from them, so the error names them.
+        check_count("hidden_size", hidden_size, MAX_WIDTH)?;
+        check_count("num_attention_heads", num_attention_heads, MAX_COUNT)?;
         let num_key_value_heads = usize_field(m, "num_key_value_heads")?.unwrap_or(num_attention_heads);
         if num_key_value_heads == 0 || num_attention_heads % num_key_value_heads != 0 {
             return Err(ConfigError::Invalid {
@@ -246,7 +260,7 @@ impl ModelConfig {
                 });
             }
         };
-        Ok(ModelConfig {
+        let config = ModelConfig {
             architecture,
             hidden_size,
             intermediate_size: required_usize(m, "intermediate_size")?,
@@ -266,7 +280,60 @@ impl ModelConfig {
             bos_token_id,
             eos_token_ids,
             quantization,
-        })
+        };
+        config.check_ranges()?;
+        Ok(config)
+    }
+
+    /// Refuses values that parse but that no model can have, before anything is sized
+    /// from them: widths, counts and lengths from 1 up to [`MAX_WIDTH`], [`MAX_COUNT`],
+    /// [`MAX_VOCAB`] and [`MAX_POSITIONS`]; `rms_norm_eps` and `rope_theta` finite and
+    /// positive; RoPE scaling factors finite and positive, llama3's high frequency factor
+    /// above its low one.
+    fn check_ranges(&self) -> Result<(), ConfigError> {
+        let counts = [
+            ("hidden_size", self.hidden_size, MAX_WIDTH),
+            ("intermediate_size", self.intermediate_size, MAX_WIDTH),
+            ("head_dim", self.head_dim, MAX_WIDTH),
+            ("num_hidden_layers", self.num_hidden_layers, MAX_COUNT),
+            ("num_attention_heads", self.num_attention_heads, MAX_COUNT),
+            ("num_key_value_heads", self.num_key_value_heads, MAX_COUNT),
+            ("vocab_size", self.vocab_size, MAX_VOCAB),
+            ("max_position_embeddings", self.max_position_embeddings, MAX_POSITIONS),
+        ];
+        for (field, value, max) in counts {
+            check_count(field, value, max)?;
+        }
+        check_positive("rms_norm_eps", self.rms_norm_eps)?;
+        check_positive("rope_theta", self.rope_theta)?;
+        match self.rope_scaling {
+            None => {}
+            Some(RopeScaling::Linear { factor }) => check_positive("rope_scaling.factor", factor)?,
+            Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }) => {
+                check_positive("rope_scaling.factor", factor)?;
+                check_positive("rope_scaling.low_freq_factor", low_freq_factor)?;
+                check_positive("rope_scaling.high_freq_factor", high_freq_factor)?;
+                if high_freq_factor <= low_freq_factor {
+                    return Err(ConfigError::Invalid {
+                        field: "rope_scaling.high_freq_factor".into(),
+                        message: format!(
+                            "{high_freq_factor} must be greater than low_freq_factor = {low_freq_factor}"
+                        ),
+                    });
+                }
+                check_count(
+                    "rope_scaling.original_max_position_embeddings",
+                    original_max_position_embeddings,
+                    MAX_POSITIONS,
+                )?;
+            }
+        }
+        Ok(())
     }
 
     /// Query heads per key/value head.
@@ -296,6 +363,10 @@ fn check_sliding_window(
         return Ok(max_pos);
     }
     match usize_field(m, "sliding_window")? {
+        Some(0) => Err(ConfigError::Invalid {
+            field: "sliding_window".into(),
+            message: "0 is out of range: accepted values are 1 or more".into(),
+        }),
         Some(w) if w < max_pos => Ok(w),
         _ => Ok(max_pos),
     }
@@ -319,12 +390,31 @@ fn parse_rope_scaling(s: &Map<String, Value>, field: &str) -> Result<Option<Rope
             factor: f("factor")?,
             low_freq_factor: f("low_freq_factor")?,
             high_freq_factor: f("high_freq_factor")?,
-            original_max_position_embeddings: f("original_max_position_embeddings")? as usize,
+            original_max_position_embeddings: positions(s, field)?,
         })),
         other => Err(ConfigError::Unsupported {
             field: format!("{field}.rope_type"),
             value: format!("{other:?}"),
             accepted: "default, linear, llama3".into(),
+        }),
+    }
+}
+
+/// llama3 scaling's `original_max_position_embeddings`: a positive integer (written as
+/// one, or as a float with no fraction, as some converters do).
+fn positions(s: &Map<String, Value>, field: &str) -> Result<usize, ConfigError> {
+    let name = format!("{field}.original_max_position_embeddings");
+    let v = s
+        .get("original_max_position_embeddings")
+        .ok_or_else(|| ConfigError::Missing { field: name.clone() })?;
+    let n = v.as_u64().or_else(|| {
+        v.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= MAX_POSITIONS as f64).map(|f| f as u64)
+    });
+    match n {
+        Some(n) => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
+        None => Err(ConfigError::Invalid {
+            field: name,
+            message: format!("expected a positive integer, found {v}"),
         }),
     }
 }
@@ -349,10 +439,17 @@ fn parse_quantization(q: &Map<String, Value>) -> Result<QuantizationConfig, Conf
         });
     }
     let spec_of = |obj: &Map<String, Value>, at: &str| -> Result<QuantSpec, ConfigError> {
-        let bits = required_usize(obj, "bits").map_err(|e| e.within(at))? as u32;
+        let bits = required_usize(obj, "bits").map_err(|e| e.within(at))?;
+        // A width that does not fit 32 bits is refused as written, never truncated.
+        let bits = u32::try_from(bits).unwrap_or(u32::MAX);
         let group = required_usize(obj, "group_size").map_err(|e| e.within(at))?;
-        QuantSpec::new(bits, group)
-            .map_err(|e| ConfigError::Invalid { field: at.to_string(), message: e.to_string() })
+        QuantSpec::new(bits, group).map_err(|e| {
+            let field = match e {
+                kiln_core::GeometryError::UnsupportedGroupSize { .. } => "group_size",
+                _ => "bits",
+            };
+            ConfigError::Invalid { field: format!("{at}.{field}"), message: e.to_string() }
+        })
     };
     let default = spec_of(q, "quantization")?;
     let mut overrides = BTreeMap::new();
@@ -368,6 +465,28 @@ fn parse_quantization(q: &Map<String, Value>) -> Result<QuantizationConfig, Conf
         }
     }
     Ok(QuantizationConfig { default, overrides })
+}
+
+/// `value` must be in `1..=max`.
+fn check_count(field: &str, value: usize, max: usize) -> Result<(), ConfigError> {
+    if value == 0 || value > max {
+        return Err(ConfigError::Invalid {
+            field: field.into(),
+            message: format!("{value} is out of range: accepted values are 1 to {max}"),
+        });
+    }
+    Ok(())
+}
+
+/// `value` must be finite and greater than 0.
+fn check_positive(field: &str, value: f32) -> Result<(), ConfigError> {
+    if !(value.is_finite() && value > 0.0) {
+        return Err(ConfigError::Invalid {
+            field: field.into(),
+            message: format!("{value} is out of range: accepted values are finite and greater than 0"),
+        });
+    }
+    Ok(())
 }
 
 fn str_field(m: &Map<String, Value>, name: &str) -> Result<Option<String>, ConfigError> {
@@ -516,5 +635,85 @@ mod tests {
         assert!(msg.contains("model_type") && msg.contains("gpt2") && msg.contains("llama, qwen2, mistral"));
         let msg = ModelConfig::from_json_str(r#"{"model_type": "llama"}"#, "x").unwrap_err().to_string();
         assert!(msg.contains("hidden_size"), "{msg}");
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused_at_parse_time() {
+        let with = |field: &str, value: &str| {
+            let mut m: Map<String, Value> = serde_json::from_str(
+                r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256}"#,
+            )
+            .unwrap();
+            let v: Value = serde_json::from_str(value).unwrap();
+            match field.split_once('.') {
+                Some((outer, inner)) => {
+                    let o = m.entry(outer).or_insert_with(|| Value::Object(Map::new()));
+                    o.as_object_mut().unwrap().insert(inner.into(), v);
+                }
+                None => {
+                    m.insert(field.into(), v);
+                }
+            }
+            ModelConfig::from_json_str(&Value::Object(m).to_string(), "config.json")
+        };
+        let llama3 = r#"{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}"#;
+        assert!(with("rope_scaling", llama3).is_ok());
+        let cases = [
+            ("num_hidden_layers", "1000000000"),
+            ("num_hidden_layers", "0"),
+            ("hidden_size", "0"),
+            ("hidden_size", "1099511627776"),
+            ("intermediate_size", "0"),
+            ("intermediate_size", "4294967296"),
+            ("vocab_size", "0"),
+            ("vocab_size", "4294967296"),
+            ("num_attention_heads", "100000"),
+            ("head_dim", "4194304"),
+            ("max_position_embeddings", "0"),
+            ("max_position_embeddings", "18446744073709551615"),
+            ("sliding_window", "0"),
+            ("rope_theta", "-10000.0"),
+            ("rope_theta", "0"),
+            ("rope_theta", "1e300"),
+            ("rms_norm_eps", "-1e-6"),
+            ("rms_norm_eps", "0"),
+            ("quantization.bits", "4294967300"),
+            ("quantization.group_size", "18446744073709551615"),
+        ];
+        for (field, value) in cases {
+            let text = if field.starts_with("quantization") {
+                let other = if field.ends_with("bits") { "group_size" } else { "bits" };
+                let other_v = if other == "bits" { "4" } else { "64" };
+                format!(r#"{{"{}": {value}, "{other}": {other_v}}}"#, field.split_once('.').unwrap().1)
+            } else {
+                value.to_string()
+            };
+            let at = if field.starts_with("quantization") { "quantization" } else { field };
+            let r = if field == "sliding_window" {
+                let mistral = r#"{"model_type": "mistral", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
+                    "sliding_window": 0}"#;
+                ModelConfig::from_json_str(mistral, "config.json").map(|_| ())
+            } else {
+                with(at, &text).map(|_| ())
+            };
+            let msg = r.expect_err(&format!("{field} = {value} was accepted")).to_string();
+            let name = field.rsplit('.').next().unwrap();
+            assert!(msg.contains(name), "{field} = {value}: {msg:?} does not name the field");
+        }
+        for (field, value) in [
+            ("factor", "-8.0"),
+            ("low_freq_factor", "0"),
+            ("high_freq_factor", "0.5"),
+            ("original_max_position_embeddings", "-1"),
+            ("original_max_position_embeddings", "1.5"),
+        ] {
+            let mut s: Map<String, Value> = serde_json::from_str(llama3).unwrap();
+            s.insert(field.into(), serde_json::from_str(value).unwrap());
+            let msg = with("rope_scaling", &Value::Object(s).to_string()).unwrap_err().to_string();
+            assert!(msg.contains(&format!("rope_scaling.{field}")), "{field} = {value}: {msg:?}");
+        }
     }
 }

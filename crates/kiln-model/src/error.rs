@@ -79,23 +79,22 @@ pub enum ModelError {
         /// The profiles kiln knows.
         accepted: String,
     },
-    /// `config.json` could not be used.
-    #[error("{path}: {source}")]
+    /// `config.json` could not be used. The cause is part of the message, not a chained
+    /// source, so a report that prints the chain says it once.
+    #[error("{path}: {cause}")]
     Config {
         /// The file.
         path: PathBuf,
         /// Why.
-        #[source]
-        source: ConfigError,
+        cause: ConfigError,
     },
     /// A quantized tensor's geometry is invalid.
-    #[error("{tensor}: {source}")]
+    #[error("{tensor}: {cause}")]
     Geometry {
         /// The tensor or module.
         tensor: String,
-        /// The rule it broke.
-        #[source]
-        source: GeometryError,
+        /// The rule it broke (in the message, not chained).
+        cause: GeometryError,
     },
     /// A checkpoint file is unreadable, inconsistent or lacks a tensor.
     #[error("{path}: {message}")]
@@ -113,14 +112,22 @@ pub enum ModelError {
         /// What is wrong.
         message: String,
     },
+    /// A model file exists but is not a regular file (a FIFO, socket, device or directory),
+    /// so reading it could block or mean nothing.
+    #[error("{path} is {kind}, not a regular file: kiln reads model files from regular files only")]
+    NotRegularFile {
+        /// The file.
+        path: PathBuf,
+        /// What it is instead ("a FIFO", "a directory", ...).
+        kind: &'static str,
+    },
     /// A file could not be read.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The file.
         path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
+        /// The OS error (in the message, not chained).
+        cause: std::io::Error,
     },
     /// The requested sequence is longer than the model's context.
     #[error(
@@ -142,6 +149,12 @@ pub enum ModelError {
         expected: String,
         /// The shape found.
         found: String,
+    },
+    /// A run whose memory plan overflows 64 bits.
+    #[error("the run is too large to plan: {what} overflows 64 bits")]
+    RunTooLarge {
+        /// The part that overflows.
+        what: String,
     },
     /// A run option is out of range.
     #[error("invalid {what}: {message}")]

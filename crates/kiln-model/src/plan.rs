@@ -4,12 +4,18 @@
 //! The same figures size the real allocations (the workspace is allocated from
 //! [`MemoryPlan::workspace`], the cache grows in the blocks counted here), so `kiln
 //! estimate` predicts `kiln bench-decode`'s pool peak from first principles rather than
-//! from a fitted model. With streaming attention the prediction is an upper bound that
-//! overshoots only by the rounding of the cache's last block; with naive attention it
-//! also counts the largest score matrix, held while the cache is at most as full.
+//! from a fitted model. The cache's last block is counted whole both here and when it is
+//! allocated, so the prediction is the peak itself, not a bound above it; with naive
+//! attention it also counts the largest score matrix, held while the cache is at most as
+//! full.
+//!
+//! Every size is computed in checked 64-bit arithmetic and in closed form (no loop over
+//! the prompt's chunks), so any run shape, however large, plans in constant time and one
+//! whose bytes overflow is [`ModelError::RunTooLarge`], not a wrapped number or an abort.
 
 use crate::attention::{AttentionKind, AttnShape};
 use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvDtype, KvLayout};
 
 /// What a run does, as far as memory is concerned.
@@ -50,9 +56,10 @@ impl RunShape {
         }
     }
 
-    /// Positions each sequence's cache must hold.
+    /// Positions each sequence's cache must hold (saturating at `usize::MAX`, which no
+    /// context reaches).
     pub fn sequence_tokens(&self) -> usize {
-        self.prompt_tokens + self.max_tokens
+        self.prompt_tokens.saturating_add(self.max_tokens)
     }
 }
 
@@ -77,9 +84,18 @@ impl WorkspaceShape {
     }
 
     /// Bytes a workspace of this shape allocates for `config`.
+    ///
+    /// # Panics
+    /// When the size overflows 64 bits; [`Self::checked_bytes`] returns `None` instead.
     pub fn bytes(&self, config: &ModelConfig) -> u64 {
-        let values = self.rows * Self::values_per_row(config) + self.logit_rows * config.vocab_size;
-        values as u64 * 4
+        self.checked_bytes(config).expect("workspace size overflows 64 bits")
+    }
+
+    /// [`Self::bytes`], `None` when it overflows 64 bits.
+    pub fn checked_bytes(&self, config: &ModelConfig) -> Option<u64> {
+        let rows = (self.rows as u64).checked_mul(Self::values_per_row(config) as u64)?;
+        let logits = (self.logit_rows as u64).checked_mul(config.vocab_size as u64)?;
+        rows.checked_add(logits)?.checked_mul(4)
     }
 }
 
@@ -104,41 +120,62 @@ pub struct MemoryPlan {
 }
 
 /// Plans `run` for a model of `config` whose weights take `weights_bytes`.
-pub fn plan(config: &ModelConfig, weights_bytes: u64, run: &RunShape) -> MemoryPlan {
+///
+/// # Errors
+/// [`ModelError::RunTooLarge`] when a part, or the total, overflows 64 bits.
+pub fn plan(config: &ModelConfig, weights_bytes: u64, run: &RunShape) -> Result<MemoryPlan> {
+    let too_large = |what: &str| ModelError::RunTooLarge { what: what.to_string() };
     let batch = run.batch.max(1);
     let layout = KvLayout::new(config, run.kv_dtype);
-    let kv_bytes = batch as u64 * layout.bytes_for(run.sequence_tokens());
+    let tokens = run
+        .prompt_tokens
+        .checked_add(run.max_tokens)
+        .ok_or_else(|| too_large("prompt plus generated tokens"))?;
+    let kv_bytes = (layout.blocks_for(tokens) as u64)
+        .checked_mul(layout.block_bytes())
+        .and_then(|b| b.checked_mul(batch as u64))
+        .ok_or_else(|| too_large("the KV cache"))?;
     let workspace = WorkspaceShape { rows: run.prefill_rows().max(batch), logit_rows: batch };
-    let workspace_bytes = workspace.bytes(config);
+    let workspace_bytes = workspace.checked_bytes(config).ok_or_else(|| too_large("the workspace"))?;
     let attention_scores_bytes = match run.attention {
         AttentionKind::Streaming => 0,
-        AttentionKind::Naive => 4 * max_naive_scores(config, run) as u64,
+        AttentionKind::Naive => max_naive_scores(config, run, tokens)
+            .and_then(|v| v.checked_mul(4))
+            .ok_or_else(|| too_large("the naive attention scores"))?,
     };
-    let scratch_bytes = workspace_bytes + attention_scores_bytes;
-    MemoryPlan {
+    let scratch_bytes =
+        workspace_bytes.checked_add(attention_scores_bytes).ok_or_else(|| too_large("the scratch"))?;
+    let total_bytes = weights_bytes
+        .checked_add(kv_bytes)
+        .and_then(|b| b.checked_add(scratch_bytes))
+        .ok_or_else(|| too_large("the total"))?;
+    Ok(MemoryPlan {
         weights_bytes,
         kv_bytes,
         scratch_bytes,
         workspace_bytes,
         attention_scores_bytes,
-        total_bytes: weights_bytes + kv_bytes + scratch_bytes,
+        total_bytes,
         workspace,
-    }
+    })
 }
 
-/// The largest score matrix over the prefill chunks and the decode steps.
-fn max_naive_scores(config: &ModelConfig, run: &RunShape) -> usize {
-    let shape = attn_shape(config);
-    let chunk = run.prefill_rows().max(1);
-    let mut most = 0;
-    let mut start = 0;
-    while start < run.prompt_tokens {
-        let rows = chunk.min(run.prompt_tokens - start);
-        most = most.max(shape.naive_scores(rows, start + rows));
-        start += rows;
-    }
-    // A decode step of one sequence sees at most every position of the run.
-    most.max(shape.naive_scores(1, run.sequence_tokens()))
+/// Values of the largest score matrix over the prefill chunks and the decode steps of a
+/// run of `tokens` positions, `None` when it overflows 64 bits.
+///
+/// A chunk of `rows` rows ending at position `end` holds `heads * rows * end` scores.
+/// Over the full chunks of `c` rows that grows with `end`, so the last full chunk (ending
+/// at `c * floor(P / c)`) is their largest; a last partial chunk of `P mod c` rows ends at
+/// `P`; a decode step is one row against at most every position of the run.
+fn max_naive_scores(config: &ModelConfig, run: &RunShape, tokens: usize) -> Option<u64> {
+    let heads = attn_shape(config).heads as u64;
+    let p = run.prompt_tokens as u64;
+    let c = run.prefill_rows().max(1) as u64;
+    let full_end = p / c * c;
+    let full = c.checked_mul(full_end)?;
+    let partial = (p % c).checked_mul(p)?;
+    let decode = tokens as u64;
+    heads.checked_mul(full.max(partial).max(decode))
 }
 
 /// The head geometry of `config`.
@@ -159,13 +196,14 @@ mod tests {
     fn parts_add_up_and_chunking_bounds_the_workspace() {
         let info = synthetic::inspect("qwen2.5-0.5b").unwrap();
         let c = &info.config;
-        let whole = plan(c, info.weight_bytes, &RunShape::single(2048, 128));
+        let whole = plan(c, info.weight_bytes, &RunShape::single(2048, 128)).unwrap();
         assert_eq!(whole.total_bytes, whole.weights_bytes + whole.kv_bytes + whole.scratch_bytes);
         assert_eq!(whole.workspace.rows, 2048);
         // 24 layers x 2 x 128 values x 2 bytes per position, 9 blocks of 256.
         assert_eq!(whole.kv_bytes, 24 * 2 * 128 * 2 * 256 * 9);
         let chunked =
-            plan(c, info.weight_bytes, &RunShape { prefill_chunk: 256, ..RunShape::single(2048, 128) });
+            plan(c, info.weight_bytes, &RunShape { prefill_chunk: 256, ..RunShape::single(2048, 128) })
+                .unwrap();
         assert_eq!(chunked.workspace.rows, 256);
         assert!(chunked.scratch_bytes * 7 < whole.scratch_bytes);
         assert_eq!(chunked.kv_bytes, whole.kv_bytes);
@@ -178,12 +216,68 @@ mod tests {
         let naive = |p, chunk| {
             let run =
                 RunShape { attention: AttentionKind::Naive, prefill_chunk: chunk, ..RunShape::single(p, 4) };
-            plan(c, 0, &run).attention_scores_bytes
+            plan(c, 0, &run).unwrap().attention_scores_bytes
         };
         assert_eq!(naive(100, 0), 4 * 4 * 100 * 100);
         assert_eq!(naive(200, 0), 4 * 4 * 200 * 200);
         // Chunks of 64 over 200: the last full chunk, rows 128..192, is the largest.
         assert_eq!(naive(200, 64), 4 * 4 * 64 * 192);
-        assert_eq!(plan(c, 0, &RunShape::single(200, 4)).attention_scores_bytes, 0);
+        assert_eq!(plan(c, 0, &RunShape::single(200, 4)).unwrap().attention_scores_bytes, 0);
+        // A last partial chunk: 64-row chunks over 150 end with rows 128..150 (22 * 150 =
+        // 3300 < 64 * 128 = 8192), a 1-row chunking's largest is its last row.
+        assert_eq!(naive(150, 64), 4 * 4 * 64 * 128);
+        assert_eq!(naive(150, 100), 4 * 4 * 100 * 100);
+        assert_eq!(naive(190, 100), 4 * 4 * 90 * 190);
+        assert_eq!(naive(200, 1), 4 * 4 * 204);
+    }
+
+    #[test]
+    fn the_closed_form_matches_a_walk_over_the_chunks() {
+        let info = synthetic::inspect("tiny").unwrap();
+        let c = &info.config;
+        let shape = attn_shape(c);
+        for p in 1..80 {
+            for chunk in 0..p + 2 {
+                let run = RunShape {
+                    attention: AttentionKind::Naive,
+                    prefill_chunk: chunk,
+                    ..RunShape::single(p, 3)
+                };
+                let rows = run.prefill_rows().max(1);
+                let (mut most, mut start) = (shape.naive_scores(1, p + 3), 0);
+                while start < p {
+                    let r = rows.min(p - start);
+                    most = most.max(shape.naive_scores(r, start + r));
+                    start += r;
+                }
+                assert_eq!(
+                    plan(c, 0, &run).unwrap().attention_scores_bytes,
+                    4 * most as u64,
+                    "p {p} chunk {chunk}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn sizes_that_overflow_are_errors_and_huge_ones_plan_at_once() {
+        let info = synthetic::inspect("tiny").unwrap();
+        let c = &info.config;
+        for (p, n) in [(usize::MAX, 1), (usize::MAX / 2, usize::MAX / 2 + 2), (1 << 62, 128)] {
+            let e = plan(c, 0, &RunShape::single(p, n)).unwrap_err();
+            assert!(matches!(e, ModelError::RunTooLarge { .. }), "{e}");
+        }
+        // 10^12 naive prompt tokens in chunks of 1: constant time, no loop per chunk.
+        let run = RunShape {
+            attention: AttentionKind::Naive,
+            prefill_chunk: 1,
+            ..RunShape::single(1_000_000_000_000, 1)
+        };
+        let p = plan(c, 0, &run).unwrap();
+        assert_eq!(p.attention_scores_bytes, 4 * 4 * 1_000_000_000_001);
+        assert_eq!(
+            plan(c, u64::MAX, &RunShape::single(1, 1)).unwrap_err().to_string(),
+            ModelError::RunTooLarge { what: "the total".into() }.to_string()
+        );
     }
 }

@@ -8,13 +8,19 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 use crate::error::{ModelError, Result};
 use crate::ops::{argmax, exp};
 
+/// Temperatures below this are greedy: sampling divides logits by the temperature, and
+/// below about 3e-39 (the subnormals) its reciprocal is infinite and the softmax NaN; long
+/// before that the most likely token takes all the probability anyway.
+pub const GREEDY_BELOW_TEMPERATURE: f32 = 1e-6;
+
 /// Candidates sorted before falling back to sorting the whole vocabulary for top-p.
 const TOP_P_FIRST_PASS: usize = 1024;
 
 /// How to choose tokens.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SamplingParams {
-    /// 0 for greedy; otherwise logits are divided by it before the softmax.
+    /// 0 (or anything below [`GREEDY_BELOW_TEMPERATURE`]) for greedy; otherwise logits are
+    /// divided by it before the softmax.
     pub temperature: f32,
     /// Keep only the `top_k` most likely tokens; 0 keeps all.
     pub top_k: usize,
@@ -32,9 +38,10 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
-    /// Whether this picks the most likely token every time.
+    /// Whether this picks the most likely token every time: a temperature below
+    /// [`GREEDY_BELOW_TEMPERATURE`], or top-k 1.
     pub fn is_greedy(&self) -> bool {
-        self.temperature == 0.0 || self.top_k == 1
+        self.temperature < GREEDY_BELOW_TEMPERATURE || self.top_k == 1
     }
 
     /// Checks the ranges: temperature finite and >= 0, top-p in (0, 1].
@@ -219,6 +226,24 @@ mod tests {
         let mut s = Sampler::new(p, 50).unwrap();
         for _ in 0..50 {
             assert!(s.sample(&flat) < 5);
+        }
+    }
+
+    #[test]
+    fn tiny_temperatures_pick_the_most_likely_token() {
+        // Distinct logits (37 is prime to 50), so the most likely token is unique.
+        let l: Vec<f32> = (0..50).map(|i| ((i * 37 % 50) as f32) * 0.3).collect();
+        let best = argmax(&l) as u32;
+        // Subnormal, below the threshold, and just above it (where 1 / t is still finite).
+        for t in [1e-40, f32::MIN_POSITIVE, 1e-7, GREEDY_BELOW_TEMPERATURE, 2e-6] {
+            let p = SamplingParams { temperature: t, top_k: 0, top_p: 1.0, seed: 9 };
+            let mut s = Sampler::new(p, 50).unwrap();
+            for _ in 0..20 {
+                assert_eq!(s.sample(&l), best, "temperature {t}");
+            }
+            let p = SamplingParams { top_p: 0.5, ..p };
+            let mut s = Sampler::new(p, 50).unwrap();
+            assert_eq!(s.sample(&l), best, "temperature {t}, top-p 0.5");
         }
     }
 

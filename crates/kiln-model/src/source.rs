@@ -1,6 +1,7 @@
 //! Where a model comes from: `synthetic:<profile>[@4bit|@8bit]`, a name under `./models/`
 //! (MLX-style `models/NAME` directories), or a path to a checkpoint directory.
 
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{ModelError, Result};
@@ -23,15 +24,24 @@ impl ModelSource {
 
     /// [`Self::resolve`] relative to `root` instead of the current directory.
     pub fn resolve_in(spec: &str, root: &Path) -> Result<Self> {
+        if spec.trim().is_empty() {
+            return Err(ModelError::InvalidArgument {
+                what: "model".into(),
+                message: format!(
+                    "the model name {spec:?} is empty: expected synthetic:<profile>, a directory \
+                     under ./models/, or a path to a directory holding config.json"
+                ),
+            });
+        }
         if let Some(rest) = spec.strip_prefix("synthetic:") {
             return Ok(ModelSource::Synthetic(rest.to_string()));
         }
         let direct = root.join(spec);
-        if direct.join("config.json").is_file() {
+        if regular_file(&direct.join("config.json"))? {
             return Ok(ModelSource::Dir(direct));
         }
         let under_models = root.join("models").join(spec);
-        if under_models.join("config.json").is_file() {
+        if regular_file(&under_models.join("config.json"))? {
             return Ok(ModelSource::Dir(under_models));
         }
         let path = if direct.exists() { direct.join("config.json") } else { PathBuf::from(spec) };
@@ -45,6 +55,32 @@ impl ModelSource {
             ModelSource::Dir(d) => d.display().to_string(),
         }
     }
+}
+
+/// Whether `path` is present as a regular file (symbolic links followed): `Ok(false)`
+/// when nothing is there, [`ModelError::NotRegularFile`] when something else is. Only the
+/// file's metadata is read, so a FIFO is named without blocking on it.
+pub fn regular_file(path: &Path) -> Result<bool> {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(cause) => return Err(ModelError::Io { path: path.to_path_buf(), cause }),
+    };
+    let t = meta.file_type();
+    let kind = if t.is_file() {
+        return Ok(true);
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else {
+        "not a file"
+    };
+    Err(ModelError::NotRegularFile { path: path.to_path_buf(), kind })
 }
 
 #[cfg(test)]
@@ -71,5 +107,7 @@ mod tests {
         );
         let e = ModelSource::resolve_in("nope", root).unwrap_err();
         assert!(e.to_string().contains("nope"), "{e}");
+        let e = ModelSource::resolve_in("", root).unwrap_err().to_string();
+        assert!(e.contains("empty") && !e.contains("not found"), "{e}");
     }
 }

@@ -79,7 +79,9 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
     if args.prompt_tokens == Some(0) {
         return Err(usage("invalid --prompt-tokens 0: a prompt needs at least 1 token"));
     }
-    if args.warmup_tokens > 0 && args.warmup_tokens + 1 >= args.max_tokens {
+    // `max_tokens - 1` decode steps, the first `warmup_tokens` untimed: at least one must
+    // be timed. (Written without `warmup + 1`, which would wrap at usize::MAX.)
+    if args.warmup_tokens > 0 && args.warmup_tokens >= args.max_tokens - 1 {
         return Err(usage(format!(
             "invalid --warmup-tokens {}: with --max-tokens {} there would be no timed decode step; \
              accepted values are below max-tokens - 1",
@@ -105,7 +107,7 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         kiln_model::inspect(model_name, &load_opts).with_context(|| format!("reading model {model_name}"))?;
     let context = info.config.max_position_embeddings;
     let check_context = |prompt: usize| -> anyhow::Result<()> {
-        let requested = prompt + args.max_tokens;
+        let requested = runtime::sequence_tokens(prompt, args.prompt_tokens.is_some(), args.max_tokens)?;
         if requested > context {
             return Err(ModelError::ContextExceeded { requested, limit: context }).with_context(|| {
                 format!("{model_name}: prompt of {prompt} tokens plus {} generated", args.max_tokens)
@@ -113,9 +115,9 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         }
         Ok(())
     };
-    if let Some(n) = args.prompt_tokens {
-        check_context(n)?;
-    }
+    runtime::warn_ignored_quantize(&args.run, &info.config);
+    // A text prompt is at least one token: `-n` alone can already be beyond the context.
+    check_context(args.prompt_tokens.unwrap_or(1))?;
     let model =
         kiln_model::load(model_name, &load_opts).with_context(|| format!("loading model {model_name}"))?;
     let ids = match (&args.prompt, args.prompt_tokens) {
@@ -134,7 +136,9 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         attention: options.attention,
         kv_dtype: options.kv_dtype,
     };
-    let plan = kiln_model::plan(&model.config, info.weight_bytes, &run_shape);
+    let plan = kiln_model::plan(&model.config, info.weight_bytes, &run_shape).with_context(|| {
+        format!("planning {} prompt tokens plus --max-tokens {}", ids.len(), args.max_tokens)
+    })?;
     let mut engine = Engine::new(&model, &pool, options).context("preparing the forward pass")?;
     engine.reserve_workspace(plan.workspace).context("allocating the workspace")?;
     let mut cache = engine.new_cache();

@@ -48,6 +48,8 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
     let name = &args.run.model;
     let info = kiln_model::inspect(name, &runtime::load_options(&args.run, &pool))
         .with_context(|| format!("reading model {name}"))?;
+    runtime::warn_ignored_quantize(&args.run, &info.config);
+    runtime::sequence_tokens(args.prompt_tokens, true, args.max_tokens)?;
     let options = runtime::engine_options(&args.run);
     let shape = RunShape {
         prompt_tokens: args.prompt_tokens,
@@ -57,7 +59,9 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
         attention: options.attention,
         kv_dtype: options.kv_dtype,
     };
-    let plan = kiln_model::plan(&info.config, info.weight_bytes, &shape);
+    let plan = kiln_model::plan(&info.config, info.weight_bytes, &shape).with_context(|| {
+        format!("planning --prompt-tokens {} with --max-tokens {}", args.prompt_tokens, args.max_tokens)
+    })?;
     let limit = runtime::limit_bytes(&pool);
     let context = info.config.max_position_embeddings;
     let record = Record {

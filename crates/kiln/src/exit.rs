@@ -93,6 +93,24 @@ pub fn report(err: &anyhow::Error) -> ExitCode {
     ExitCode::from(code)
 }
 
+/// Makes a panic end with its message: the default report (message, location and, when
+/// RUST_BACKTRACE asks, a backtrace) is followed by one `error: kiln panicked: ...` line,
+/// so the last lines of stderr name the panic even when a backtrace precedes them.
+pub fn install_panic_report() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(no message)");
+        let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+        eprintln!("error: kiln panicked: {message}{at}");
+    }));
+}
+
 fn oom_message(cause: &(dyn std::error::Error + 'static)) -> Option<String> {
     if let Some(e) = cause.downcast_ref::<OutOfMemory>() {
         return Some(e.to_string());
@@ -123,8 +141,7 @@ mod tests {
         let e = Err::<(), _>(io).context("writing").unwrap_err();
         assert_eq!(classify(&e), Kind::BrokenPipe);
         assert_eq!(classify(&anyhow::anyhow!("something")), Kind::Other);
-        let e =
-            anyhow::Error::new(ModelError::Io { path: "x".into(), source: std::io::Error::other("disk") });
+        let e = anyhow::Error::new(ModelError::Io { path: "x".into(), cause: std::io::Error::other("disk") });
         assert_eq!(classify(&e), Kind::Other);
     }
 }

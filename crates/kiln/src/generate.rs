@@ -30,13 +30,14 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let name = &args.run.model;
     let model = kiln_model::load(name, &runtime::load_options(&args.run, &pool))
         .with_context(|| format!("loading model {name}"))?;
+    runtime::warn_ignored_quantize(&args.run, &model.config);
     let ids = encode_prompt(&model, &args.prompt, !args.no_chat_template)?;
     let limit = model.config.max_position_embeddings;
-    if ids.len() + args.max_tokens > limit {
-        return Err(ModelError::ContextExceeded { requested: ids.len() + args.max_tokens, limit })
-            .with_context(|| {
-                format!("prompt of {} tokens plus --max-tokens {}", ids.len(), args.max_tokens)
-            });
+    let requested = runtime::sequence_tokens(ids.len(), false, args.max_tokens)?;
+    if requested > limit {
+        return Err(ModelError::ContextExceeded { requested, limit }).with_context(|| {
+            format!("prompt of {} tokens plus --max-tokens {}", ids.len(), args.max_tokens)
+        });
     }
     let mut engine = Engine::new(&model, &pool, runtime::engine_options(&args.run))
         .context("preparing the forward pass")?;
@@ -50,6 +51,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
 
     let mut out = std::io::stdout().lock();
     let mut text = TextStream::default();
+    // Bounded by the context, checked above.
     let mut generated = Vec::with_capacity(args.max_tokens);
     let t = Instant::now();
     let mut logits = engine.prefill(&mut cache, &ids).context("running the prefill")?;
@@ -67,6 +69,10 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             break;
         }
         logits = engine.decode(&mut cache, token).context("running a decode step")?;
+    }
+    if !generated.is_empty() {
+        let decoded = model.tokenizer.decode(&generated).context("decoding generated tokens")?;
+        text.finish(&decoded, &mut out).context("writing to stdout")?;
     }
     writeln!(out).context("writing to stdout")?;
     out.flush().context("writing to stdout")?;
@@ -117,6 +123,19 @@ impl TextStream {
         }
         Ok(())
     }
+
+    /// Writes whatever is left at the end of the stream, an incomplete final character
+    /// included (as the decoder's U+FFFD replacement), so no output is dropped.
+    fn finish(&mut self, decoded: &str, out: &mut impl Write) -> std::io::Result<()> {
+        if let Some(rest) = decoded.get(self.written..)
+            && !rest.is_empty()
+        {
+            out.write_all(rest.as_bytes())?;
+            out.flush()?;
+            self.written = decoded.len();
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -131,5 +150,20 @@ mod tests {
         s.write_new("he\u{fffd}", &mut out).unwrap();
         s.write_new("heé", &mut out).unwrap();
         assert_eq!(String::from_utf8(out).unwrap(), "heé");
+    }
+
+    #[test]
+    fn an_incomplete_last_character_is_flushed_at_the_end() {
+        let mut s = TextStream::default();
+        let mut out = Vec::new();
+        s.write_new("ab", &mut out).unwrap();
+        s.write_new("ab\u{fffd}", &mut out).unwrap();
+        s.finish("ab\u{fffd}", &mut out).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "ab\u{fffd}");
+        let mut s = TextStream::default();
+        let mut out = Vec::new();
+        s.write_new("ok", &mut out).unwrap();
+        s.finish("ok", &mut out).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "ok");
     }
 }

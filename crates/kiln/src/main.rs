@@ -44,6 +44,7 @@ impl Clock {
 
 fn main() -> ExitCode {
     let mut clock = Clock::start();
+    exit::install_panic_report();
     // clap prints usage errors itself and exits 2, the protocol's code for bad arguments.
     let cli = Cli::parse();
     let result = match cli.command {

@@ -9,14 +9,65 @@ use kiln_model::{EngineOptions, LoadOptions};
 use crate::cli::RunArgs;
 use crate::exit::usage;
 
-/// Checks `--threads`: 1 or more when given.
-pub fn check_threads(threads: Option<usize>) -> anyhow::Result<()> {
-    if threads == Some(0) {
-        return Err(usage("invalid --threads 0: accepted values are 1 or more"));
-    }
-    Ok(())
+/// Worker threads allowed per CPU the process may use: more only add scheduling and
+/// memory costs (100000 threads turn a millisecond run into minutes).
+pub const MAX_THREADS_PER_CPU: usize = 4;
+
+/// The most worker threads `--threads` (or RAYON_NUM_THREADS) may ask for:
+/// [`MAX_THREADS_PER_CPU`] times the available parallelism.
+pub fn max_threads() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cpus.saturating_mul(MAX_THREADS_PER_CPU)
 }
 
+/// Checks `--threads` (1 to [`max_threads`]) and, when it is not given, the
+/// RAYON_NUM_THREADS rayon would read instead.
+pub fn check_threads(threads: Option<usize>) -> anyhow::Result<()> {
+    let max = max_threads();
+    let accepted = format!("accepted values are 1 to {max} ({MAX_THREADS_PER_CPU} per available CPU)");
+    match threads {
+        Some(n) if n == 0 || n > max => Err(usage(format!("invalid --threads {n}: {accepted}"))),
+        Some(_) => Ok(()),
+        None => match std::env::var("RAYON_NUM_THREADS") {
+            // rayon treats 0 and unparsable values as unset.
+            Ok(v) if v.trim().parse::<usize>().is_ok_and(|n| n > max) => {
+                Err(usage(format!("invalid RAYON_NUM_THREADS {v}: {accepted}, or 0 for one per CPU")))
+            }
+            _ => Ok(()),
+        },
+    }
+}
+
+/// Warns on stderr when `--quantize` is given for a model that is quantized already: the
+/// checkpoint's own quantization is used and the flag changes nothing.
+pub fn warn_ignored_quantize(args: &RunArgs, config: &kiln_model::ModelConfig) {
+    if let (Some(bits), Some(q)) = (&args.quantize, &config.quantization) {
+        eprintln!(
+            "warning: --quantize {bits} ignored: {} is already quantized ({}-bit, group {}); \
+             its own quantization is used",
+            args.model,
+            q.default.bits(),
+            q.default.group_size()
+        );
+    }
+}
+
+/// The positions a run needs, prompt plus generated tokens, or a usage error naming the
+/// flags when the sum overflows. `prompt_flag` is true when the prompt's length is
+/// `--prompt-tokens` itself rather than an encoded text.
+pub fn sequence_tokens(prompt: usize, prompt_flag: bool, max_tokens: usize) -> anyhow::Result<usize> {
+    prompt.checked_add(max_tokens).ok_or_else(|| {
+        let what = if prompt_flag {
+            format!("--prompt-tokens {prompt} with --max-tokens {max_tokens}")
+        } else {
+            format!("--max-tokens {max_tokens} with a prompt of {prompt} tokens")
+        };
+        usage(format!(
+            "invalid {what}: the sum overflows; accepted values keep prompt plus generated tokens \
+             within the model's context"
+        ))
+    })
+}
 /// Runs `f` on a worker of a new rayon pool of `threads` workers (default: rayon's own
 /// choice, RAYON_NUM_THREADS or one per CPU), passing it the number of workers. Driving
 /// the run from inside the pool means the forward's many short parallel regions are

@@ -80,7 +80,7 @@ fn linear(l: &LinearPlan, reader: &TensorReader<'_>) -> Result<Linear> {
             let scales = reader.scales(&w("scales"), scales)?;
             let biases = reader.scales(&w("biases"), biases)?;
             let q = QuantizedMatrix::new(l.n, l.k, *spec, packed, scales, biases)
-                .map_err(|source| ModelError::Geometry { tensor: l.module.clone(), source })?;
+                .map_err(|cause| ModelError::Geometry { tensor: l.module.clone(), cause })?;
             LinearWeight::Quantized(q)
         }
         MatrixPlan::Dense { weight } => {
@@ -130,7 +130,7 @@ fn quantize_on_load(
             .par_chunks(per_task * k)
             .map(|rows| quantize_as(rows, rows.len() / k, k, spec, dtype))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|source| ModelError::Geometry { tensor: l.module.clone(), source })?;
+            .map_err(|cause| ModelError::Geometry { tensor: l.module.clone(), cause })?;
         let mut at = r0;
         for q in &parts {
             packed[at * words_per_row..(at + q.n()) * words_per_row].copy_from_slice(q.packed());
@@ -141,7 +141,7 @@ fn quantize_on_load(
         r0 += r;
     }
     QuantizedMatrix::new(n, k, spec, Buffer::from_pool(packed), scales.into_data(), biases.into_data())
-        .map_err(|source| ModelError::Geometry { tensor: l.module.clone(), source })
+        .map_err(|cause| ModelError::Geometry { tensor: l.module.clone(), cause })
 }
 
 /// Pool-counted storage for scales or biases in their final dtype.

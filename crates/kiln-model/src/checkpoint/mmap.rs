@@ -20,7 +20,7 @@ pub(crate) struct MappedFile {
 impl MappedFile {
     /// Maps `path`. Mapping reads nothing: pages come in when a tensor is first touched.
     pub(crate) fn open(path: &Path) -> Result<Arc<Self>> {
-        let io = |source| ModelError::Io { path: path.to_path_buf(), source };
+        let io = |cause| ModelError::Io { path: path.to_path_buf(), cause };
         let file = File::open(path).map_err(io)?;
         // SAFETY: the file is opened read-only and kiln never writes to it, so the mapped
         // bytes cannot change through this process, and `Mmap` only hands out shared

@@ -81,16 +81,19 @@ fn quantize_spec(opts: &LoadOptions, config: &ModelConfig) -> Result<Option<Quan
 /// (chat models list their end-of-turn token there).
 pub fn read_config(dir: &Path) -> Result<ModelConfig> {
     let path = dir.join("config.json");
+    if !crate::source::regular_file(&path)? {
+        return Err(ModelError::NotFound { path });
+    }
     let text =
-        std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
+        std::fs::read_to_string(&path).map_err(|cause| ModelError::Io { path: path.clone(), cause })?;
     let mut config = ModelConfig::from_json_str(&text, "config.json")
-        .map_err(|source| ModelError::Config { path: path.clone(), source })?;
+        .map_err(|cause| ModelError::Config { path: path.clone(), cause })?;
     let gen_path = dir.join("generation_config.json");
-    if gen_path.is_file() {
+    if crate::source::regular_file(&gen_path)? {
         let text = std::fs::read_to_string(&gen_path)
-            .map_err(|source| ModelError::Io { path: gen_path.clone(), source })?;
+            .map_err(|cause| ModelError::Io { path: gen_path.clone(), cause })?;
         if let Some(eos) = generation_eos(&text, "generation_config.json")
-            .map_err(|source| ModelError::Config { path: gen_path.clone(), source })?
+            .map_err(|cause| ModelError::Config { path: gen_path.clone(), cause })?
         {
             config.eos_token_ids = eos;
         }

@@ -314,9 +314,9 @@ impl Planner<'_> {
         spec: QuantSpec,
         weight: TensorRef,
     ) -> Result<MatrixPlan> {
-        validate_geometry(n, k, spec).map_err(|source| ModelError::Geometry {
+        validate_geometry(n, k, spec).map_err(|cause| ModelError::Geometry {
             tensor: format!("{module} ({spec} per config.json's quantization)"),
-            source,
+            cause,
         })?;
         let weight_name = format!("{module}.weight");
         if weight.dtype != Dtype::U32 {

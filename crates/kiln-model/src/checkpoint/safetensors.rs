@@ -58,15 +58,15 @@ impl Checkpoint {
     /// else `model.safetensors`, else every `model*.safetensors` file (as mlx-lm globs).
     pub(crate) fn open(dir: &Path) -> Result<Self> {
         let index = dir.join(INDEX_FILE);
-        if index.is_file() {
+        if crate::source::regular_file(&index)? {
             return Self::open_index(dir, &index);
         }
         let single = dir.join(SINGLE_FILE);
-        if single.is_file() {
+        if crate::source::regular_file(&single)? {
             return Self::open_files(&single, std::slice::from_ref(&single));
         }
         let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(|source| ModelError::Io { path: dir.to_path_buf(), source })?
+            .map_err(|cause| ModelError::Io { path: dir.to_path_buf(), cause })?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| {
                 p.is_file()
@@ -91,7 +91,7 @@ impl Checkpoint {
     fn open_index(dir: &Path, index: &Path) -> Result<Self> {
         let bad = |message: String| ModelError::Checkpoint { path: index.to_path_buf(), message };
         let text = std::fs::read_to_string(index)
-            .map_err(|source| ModelError::Io { path: index.to_path_buf(), source })?;
+            .map_err(|cause| ModelError::Io { path: index.to_path_buf(), cause })?;
         let value: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
         let Some(Value::Object(map)) = value.get("weight_map") else {
             return Err(bad("expected a \"weight_map\" object from tensor names to shard files".into()));
@@ -114,7 +114,7 @@ impl Checkpoint {
         }
         let paths: Vec<PathBuf> = wanted.keys().map(|f| dir.join(f)).collect();
         for p in &paths {
-            if !p.is_file() {
+            if !crate::source::regular_file(p)? {
                 return Err(bad(format!(
                     "weight_map names shard {}, which does not exist",
                     p.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()

@@ -253,7 +253,7 @@ impl Views {
     fn matrix(&mut self, n: usize, k: usize, quant: QuantSpec) -> Result<QuantizedMatrix> {
         let (packed, scales, biases) = (self.next()?, self.next()?, self.next()?);
         QuantizedMatrix::new(n, k, quant, packed, ScaleData::Bf16(scales), ScaleData::Bf16(biases))
-            .map_err(|source| ModelError::Geometry { tensor: format!("synthetic [{n}, {k}]"), source })
+            .map_err(|cause| ModelError::Geometry { tensor: format!("synthetic [{n}, {k}]"), cause })
     }
 }
 
