@@ -144,4 +144,34 @@ mod tests {
         let e = anyhow::Error::new(ModelError::Io { path: "x".into(), cause: std::io::Error::other("disk") });
         assert_eq!(classify(&e), Kind::Other);
     }
+
+    /// Set only in the child process [`a_panic_ends_with_its_message`] starts.
+    const PANIC_CHILD: &str = "KILN_TEST_PANIC_CHILD";
+
+    #[test]
+    fn a_panic_ends_with_its_message() {
+        if std::env::var_os(PANIC_CHILD).is_some() {
+            install_panic_report();
+            panic!("the probe's panic text");
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "exit::tests::a_panic_ends_with_its_message",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(PANIC_CHILD, "1")
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        let lines: Vec<&str> = stderr.lines().collect();
+        let report =
+            lines.iter().rposition(|l| l.starts_with("error: kiln panicked: the probe's panic text at "));
+        let report = report.unwrap_or_else(|| panic!("no panic report line: {stderr}"));
+        let backtrace = lines.iter().position(|l| l.contains("stack backtrace"));
+        assert!(backtrace.is_none_or(|b| b < report), "the report follows the backtrace: {stderr}");
+    }
 }
