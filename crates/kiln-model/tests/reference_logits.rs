@@ -40,6 +40,12 @@ const F32_FLOOR: f32 = 5e-4;
 /// says its run is clear of ties under the configuration.
 const MIN_GREEDY_STEPS: usize = 32;
 
+/// Steps the free-running greedy decode must follow the reference where the run is not
+/// clear of near ties: it is compared up to its first one, which for
+/// `llama3-tiny-4bit-g64` under integer kernels (the only such run, with both caches) is
+/// step 12 (docs/models.md). Fewer would mean a tolerance grown or a decode gone wrong.
+const MIN_GREEDY_STEPS_BEFORE_A_TIE: usize = 12;
+
 struct Reference {
     name: String,
     prompt_ids: Vec<u32>,
@@ -217,9 +223,8 @@ fn check(dir: &str, name: &str, quantize: Option<u32>) {
                 tol.near_tie,
             );
             assert!(dev <= tol.logit, "{dir} {opts:?}: logits deviate by {dev}, tolerance {}", tol.logit);
-            if tol.clear {
-                assert!(steps >= MIN_GREEDY_STEPS, "{dir} {opts:?}: {steps} greedy steps");
-            }
+            let min = if tol.clear { MIN_GREEDY_STEPS } else { MIN_GREEDY_STEPS_BEFORE_A_TIE };
+            assert!(steps >= min, "{dir} {opts:?}: {steps} greedy steps, at least {min} required");
         }
     }
 }
