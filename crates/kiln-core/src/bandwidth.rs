@@ -74,10 +74,11 @@ pub fn measure(buf: &ReadBuffer, passes: usize) -> Bandwidth {
 }
 
 fn sum_chunk(c: &[u64]) -> u64 {
+    // The kernels' dispatcher detects the CPU's features, once, for the whole crate.
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 support was just detected at run time.
+        if crate::kernels::Isa::Avx2.is_available() {
+            // SAFETY: the dispatcher detected AVX2 (with FMA and F16C) at run time.
             return unsafe { sum_chunk_avx2(c) };
         }
     }

@@ -114,7 +114,9 @@ pub enum LimitCause {
     #[error(transparent)]
     Size(#[from] SizeParseError),
     /// The value is not UTF-8 text.
-    #[error("the value is not UTF-8 text: accepted values are sizes such as 512MiB, 2GiB or a number of bytes")]
+    #[error(
+        "the value is not UTF-8 text: accepted values are sizes such as 512MiB, 2GiB or a number of bytes"
+    )]
     NotUtf8,
 }
 

@@ -1,6 +1,7 @@
 //! The activations of a forward pass, allocated from the pool under [`Tag::Scratch`] for
 //! a number of rows ([`WorkspaceShape`]) and reused by every forward that fits, so a
-//! decode step allocates nothing.
+//! decode step allocates no activations (naive attention's score matrix and the
+//! kernels' activation codes are allocated per step, see docs/cli.md).
 
 use kiln_core::{MemoryPool, OutOfMemory, PoolVec, Tag};
 

@@ -4,8 +4,10 @@
 //! The run is greedy and never stops at EOS. The prefill yields the first generated token;
 //! each further token is one decode step; the first `--warmup-tokens` steps are not
 //! timed. The workspace and the whole KV cache are allocated from the memory plan before
-//! the prefill, so a run that does not fit fails before it starts, and the timed steps
-//! allocate nothing.
+//! the prefill, so a run that does not fit fails before it starts. The timed steps take
+//! from the pool only naive attention's score matrix (allocated and freed each step, its
+//! largest counted in the plan); the kernels' activation codes are small heap buffers
+//! outside the pool.
 
 use std::collections::BTreeMap;
 use std::io::Write;

@@ -22,7 +22,9 @@
 //! All kernels thread with rayon over weight rows, on the current pool: run inside a
 //! one-thread pool's `install` for a single-thread measurement.
 //!
-//! This module is the only place that chooses an implementation by target or CPU feature.
+//! This module is the only place that detects CPU features ([`Isa`], cached after the
+//! first call); the memory bandwidth probe (`bandwidth.rs`) asks it too, and only
+//! compiles its own AVX2 loop under `cfg(target_arch)`.
 
 pub mod reference;
 
@@ -82,10 +84,13 @@ impl Isa {
         })
     }
 
-    /// Whether this CPU can run the path.
+    /// Whether this CPU can run the path (detected once, then cached).
     pub fn is_available(self) -> bool {
         match self {
-            Isa::Avx2 => avx2_available(),
+            Isa::Avx2 => {
+                static AVX2: OnceLock<bool> = OnceLock::new();
+                *AVX2.get_or_init(avx2_available)
+            }
             Isa::Neon => cfg!(target_arch = "aarch64"),
             Isa::Portable => true,
         }
@@ -288,4 +293,41 @@ pub fn qmm_on(isa: Isa, x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32])
 pub fn qmm_sgemm(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
     check_shapes("qmm_sgemm", x, m, w, y);
     portable::qmm_sgemm(x, m, w, y)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The crate's sources, every `.rs` file under `src/`, as (path, text).
+    fn sources() -> Vec<(std::path::PathBuf, String)> {
+        let mut out = Vec::new();
+        let mut dirs = vec![std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src")];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    out.push((path, text));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn cpu_features_are_detected_in_one_place() {
+        let this = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kernels/mod.rs");
+        let needle = concat!("is_x86_feature", "_detected!");
+        let needle_arm = concat!("is_aarch64_feature", "_detected!");
+        for (path, text) in sources() {
+            if path != this {
+                assert!(
+                    !text.contains(needle) && !text.contains(needle_arm),
+                    "{} detects CPU features itself: ask kernels::Isa instead",
+                    path.display()
+                );
+            }
+        }
+    }
 }
