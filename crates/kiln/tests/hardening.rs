@@ -277,6 +277,7 @@ fn quantize_on_a_quantized_model_warns() {
         let run =
             dir.run(&["estimate", "-m", model, "--prompt-tokens", "8", "--quantize", "4"]).expect_code(0);
         assert!(run.stderr().contains("warning: --quantize 4 ignored"), "{}", run.describe());
+        assert_eq!(run.json()["prompt_tokens"], 8, "the warning does not touch the record{}", run.describe());
     }
     // The unquantized fixture is quantized on load: no warning.
     let float = fixture.with_file_name("llama3-tiny");
