@@ -19,7 +19,9 @@ struct Switch {
 fn switch() -> &'static Switch {
     static SWITCH: OnceLock<Switch> = OnceLock::new();
     SWITCH.get_or_init(|| {
-        let value = std::env::var(QMV_WIDE_ENV).ok();
+        // A value that is not UTF-8 is still set (pinned) and, being none of the "off"
+        // words, turns the switch on, as the documentation says of any other value.
+        let value = std::env::var_os(QMV_WIDE_ENV).map(|v| v.to_string_lossy().into_owned());
         let on = value.as_deref().is_none_or(parse_switch_value);
         Switch { on: AtomicBool::new(on), pinned: value.is_some() }
     })

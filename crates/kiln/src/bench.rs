@@ -108,18 +108,20 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
     let info =
         kiln_model::inspect(model_name, &load_opts).with_context(|| format!("reading model {model_name}"))?;
     let context = info.config.max_position_embeddings;
-    let check_context = |prompt: usize| -> anyhow::Result<()> {
+    // `at_least`: the prompt is text not yet encoded, so `prompt` is a lower bound.
+    let check_context = |prompt: usize, at_least: bool| -> anyhow::Result<()> {
         let requested = runtime::sequence_tokens(prompt, args.prompt_tokens.is_some(), args.max_tokens)?;
         if requested > context {
+            let of = if at_least { "at least " } else { "" };
             return Err(ModelError::ContextExceeded { requested, limit: context }).with_context(|| {
-                format!("{model_name}: prompt of {prompt} tokens plus {} generated", args.max_tokens)
+                format!("{model_name}: prompt of {of}{prompt} tokens plus {} generated", args.max_tokens)
             });
         }
         Ok(())
     };
     runtime::warn_ignored_quantize(&args.run, &info.config);
     // A text prompt is at least one token: `-n` alone can already be beyond the context.
-    check_context(args.prompt_tokens.unwrap_or(1))?;
+    check_context(args.prompt_tokens.unwrap_or(1), args.prompt_tokens.is_none())?;
     let model =
         kiln_model::load(model_name, &load_opts).with_context(|| format!("loading model {model_name}"))?;
     let ids = match (&args.prompt, args.prompt_tokens) {
@@ -127,7 +129,7 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         (Some(text), None) => prompt::of_text(&model.tokenizer, text)?,
         (None, None) => return Err(usage("bench-decode needs --prompt TEXT or --prompt-tokens N")),
     };
-    check_context(ids.len())?;
+    check_context(ids.len(), false)?;
 
     let options = runtime::engine_options(&args.run);
     let run_shape = RunShape {
