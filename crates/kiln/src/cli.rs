@@ -105,10 +105,12 @@ pub struct RunArgs {
     /// KV cache storage type.
     #[arg(long, value_enum, default_value_t = KvType::F16)]
     pub kv_dtype: KvType,
-    /// Quantize an unquantized checkpoint on load to this many bits (group 64).
+    /// Quantize an unquantized checkpoint on load to this many bits (group 64); a quantized
+    /// one keeps its own quantization (with a warning).
     #[arg(long, value_name = "BITS", value_parser = ["4", "8"])]
     pub quantize: Option<String>,
-    /// Worker threads. Default: RAYON_NUM_THREADS, else one per CPU.
+    /// Worker threads, 1 to 4 per available CPU. Default: RAYON_NUM_THREADS, else one per
+    /// CPU.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
 }
@@ -125,7 +127,7 @@ pub struct GenerateArgs {
     /// Tokens to generate at most (EOS stops earlier).
     #[arg(short = 'n', long = "max-tokens", value_name = "N", default_value_t = 128)]
     pub max_tokens: usize,
-    /// Sampling temperature; 0 is greedy.
+    /// Sampling temperature; 0 (or below 1e-6) is greedy.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
     /// Sample only from the K most likely tokens; 0 keeps all.
