@@ -470,3 +470,61 @@ fn an_api_key_is_required_when_set() {
     assert_eq!(get(s.addr, "/metrics").status, 200);
     let _ = &s.shared;
 }
+
+/// Two-character strings that occur exactly once in `text`, the first before the second,
+/// without U+FFFD: think tags whose effect on `text` is known.
+fn unique_pair(text: &str) -> Option<(String, String)> {
+    let chars: Vec<char> = text.chars().collect();
+    let once = |s: &str| text.matches(s).count() == 1;
+    let candidates: Vec<(usize, String)> = (0..chars.len().saturating_sub(1))
+        .map(|i| (i, chars[i..i + 2].iter().collect::<String>()))
+        .filter(|(_, s)| !s.contains('\u{fffd}') && once(s))
+        .collect();
+    for (i, open) in &candidates {
+        for (j, close) in &candidates {
+            if *j >= i + 3 && !open.contains(close.as_str()) {
+                return Some((open.clone(), close.clone()));
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn text_between_think_tags_streams_as_reasoning_content() {
+    let plain = boot(config());
+    let mut found = None;
+    for i in 0..20 {
+        let body = json!({
+            "model": "tiny", "messages": [{"role": "user", "content": format!("{i} 2 3 4")}],
+            "max_tokens": 48, "temperature": 0, "ignore_eos": true,
+        });
+        let full = text_of(&post(plain.addr, "/v1/chat/completions", &body));
+        if let Some(tags) = unique_pair(&full) {
+            found = Some((body, full, tags));
+            break;
+        }
+    }
+    let (mut body, full, (open, close)) = found.expect("no greedy output with usable tags");
+    let (a, b) = (full.find(&open).unwrap(), full.find(&close).unwrap());
+    let reasoning = &full[a + open.len()..b];
+    let content = format!("{}{}", &full[..a], &full[b + close.len()..]);
+
+    let mut c = config();
+    c.think_tags = ThinkTags { open, close };
+    let s = boot(c);
+    let r = post(s.addr, "/v1/chat/completions", &body).json();
+    assert_eq!(r["choices"][0]["message"]["reasoning_content"], reasoning);
+    assert_eq!(r["choices"][0]["message"]["content"], content);
+    body["stream"] = json!(true);
+    let streamed = post(s.addr, "/v1/chat/completions", &body);
+    let mut got_reasoning = String::new();
+    for e in streamed.events().iter().filter(|e| *e != "[DONE]") {
+        let v: Value = serde_json::from_str(e).unwrap();
+        if let Some(t) = v["choices"][0]["delta"]["reasoning_content"].as_str() {
+            got_reasoning.push_str(t);
+        }
+    }
+    assert_eq!(got_reasoning, reasoning);
+    assert_eq!(stream_text(&streamed).0, content);
+}

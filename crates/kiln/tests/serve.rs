@@ -134,6 +134,22 @@ fn logs_the_kernel_configuration_then_serves_the_same_greedy_text_as_generate() 
     // `kiln generate` never writes a trailing incomplete character; the server sends it
     // as U+FFFD.
     assert_eq!(server_text.trim_end_matches('\u{fffd}'), generated.trim_end_matches('\u{fffd}'));
+
+    // Idle, the server sleeps: over a second it uses a small fraction of a CPU.
+    if let Some(before) = cpu_ticks(s.child.id()) {
+        std::thread::sleep(Duration::from_secs(1));
+        let used = cpu_ticks(s.child.id()).unwrap() - before;
+        assert!(used <= 20, "{used} CPU ticks (1/100 s) in one idle second: the server is polling");
+    }
+}
+
+/// User plus system CPU time of process `pid` in clock ticks, where /proc exists.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
 
 #[test]
