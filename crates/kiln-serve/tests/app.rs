@@ -528,3 +528,27 @@ fn text_between_think_tags_streams_as_reasoning_content() {
     assert_eq!(got_reasoning, reasoning);
     assert_eq!(stream_text(&streamed).0, content);
 }
+
+#[test]
+fn an_out_of_memory_mid_step_fails_that_request_only() {
+    let info = kiln_model::synthetic::inspect("tiny").unwrap();
+    let mut c = config();
+    // Whole-prompt prefill: the workspace grows with the prompt, which admission (KV
+    // only) does not plan, so a long prompt runs out of memory inside the forward.
+    c.scheduler.prefill_chunk = 0;
+    c.scheduler.prompt_cache_bytes = 0;
+    let layout = kiln_model::KvLayout::new(&info.config, kiln_model::KvDtype::F16);
+    let small = WorkspaceShape { rows: c.scheduler.parallel, logit_rows: c.scheduler.parallel };
+    let large = WorkspaceShape { rows: 501, logit_rows: c.scheduler.parallel };
+    let headroom = layout.bytes_for(501 + 8) + 4096;
+    assert!(large.bytes(&info.config) - small.bytes(&info.config) > headroom);
+    c.load.pool = MemoryPool::with_limit(info.weight_bytes + small.bytes(&info.config) + headroom);
+    let s = boot(c);
+    let r = post(s.addr, "/v1/completions", &completion(&"x".repeat(500), 8));
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "out_of_memory", "{}", r.body);
+    assert!(r.json()["error"]["message"].as_str().unwrap().starts_with("out of memory:"), "{}", r.body);
+    // The server is unharmed and serves what fits.
+    text_of(&post(s.addr, "/v1/completions", &completion("short", 8)));
+    assert_eq!(metric(s.addr, "kiln_active_slots"), 0.0);
+}

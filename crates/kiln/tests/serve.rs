@@ -237,3 +237,33 @@ fn a_model_that_does_not_load_exits_2() {
     assert_eq!(r.output.status.code(), Some(2), "{}", r.describe());
     assert!(r.stderr().contains("--parallel"), "{}", r.describe());
 }
+
+#[test]
+fn streams_still_running_when_the_grace_ends_get_an_error_event_and_the_server_exits_0() {
+    let mut s = Serve::start(&[
+        "-m",
+        "synthetic:smollm-135m",
+        "--served-model-name",
+        "slow",
+        "--shutdown-grace",
+        "0.3",
+    ]);
+    let mut body = greedy("a very long answer please", 1500);
+    body["model"] = json!("slow");
+    body["ignore_eos"] = json!(true);
+    body["stream"] = json!(true);
+    let conn = send(s.addr, "POST", "/v1/completions", body.to_string().as_bytes(), &[]);
+    let t = Instant::now();
+    while !get(s.addr, "/metrics").body.lines().any(|l| l == "kiln_active_slots 1") {
+        assert!(t.elapsed() < Duration::from_secs(60), "the stream never started{}", s.stderr());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    s.signal(libc::SIGINT);
+    s.wait_for("shutdown grace over");
+    let reply = client::read_reply(conn);
+    let events = reply.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{}", reply.body);
+    let error: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert_eq!(error["error"]["code"], "shutting_down", "{}", reply.body);
+    assert_eq!(s.wait_exit(Duration::from_secs(30)).code(), Some(0), "{}", s.stderr());
+}
