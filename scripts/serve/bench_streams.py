@@ -69,6 +69,9 @@ def one_stream(url, model, prompt, max_tokens, result):
         if event.get("usage"):
             tokens = event["usage"]["completion_tokens"]
             continue
+        # Token chunks only (the server sends one per sampled token), not the finish chunk.
+        if not event["choices"] or event["choices"][0].get("finish_reason"):
+            continue
         if first is None:
             first = now
         last = now
@@ -91,7 +94,7 @@ def level(url, model, n, prompt_tokens, max_tokens):
     errors = [r["error"] for r in results if "error" in r]
     if errors:
         raise SystemExit(f"level {n}: {errors[0]}")
-    rates = [(r["tokens"] - 1) / (r["last"] - r["first"]) for r in results]
+    rates = [(r["tokens"] - 1) / max(r["last"] - r["first"], 1e-9) for r in results]
     wall = max(r["done"] for r in results) - min(r["sent"] for r in results)
     step = after["kiln_step_seconds_total"] - before["kiln_step_seconds_total"]
     fwd = after["kiln_forward_seconds_total"] - before["kiln_forward_seconds_total"]
