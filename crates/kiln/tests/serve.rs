@@ -188,10 +188,11 @@ fn a_second_server_on_the_same_port_exits_2_naming_it() {
 
 #[test]
 fn sigterm_during_streams_finishes_them_and_exits_0() {
-    // A model slow enough that the streams are still running when the signal comes.
+    // A model slow enough, and streams long enough, that they are still running when the
+    // signal comes and when the refused request is sent.
     let mut s =
         Serve::start(&["-m", "synthetic:smollm-135m", "--served-model-name", "slow", "--parallel", "3"]);
-    let mut body = greedy("a long answer please", 48);
+    let mut body = greedy("a long answer please", 96);
     body["model"] = json!("slow");
     body["ignore_eos"] = json!(true);
     body["stream"] = json!(true);
@@ -222,7 +223,7 @@ fn sigterm_during_streams_finishes_them_and_exits_0() {
         let last: Value = serde_json::from_str(&events[events.len() - 3]).unwrap();
         assert_eq!(last["choices"][0]["finish_reason"], "length", "{}{}", reply.body, s.stderr());
         let usage = stream_text(&reply).1.expect("a usage chunk");
-        assert_eq!(usage["completion_tokens"], 48, "{}", reply.body);
+        assert_eq!(usage["completion_tokens"], 96, "{}", reply.body);
     }
     let status = s.wait_exit(Duration::from_secs(30));
     assert_eq!(status.code(), Some(0), "{}", s.stderr());
