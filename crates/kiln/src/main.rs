@@ -10,6 +10,7 @@ mod generate;
 mod prompt;
 mod runtime;
 mod rusage;
+mod speculate;
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
