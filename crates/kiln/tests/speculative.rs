@@ -7,6 +7,9 @@ mod util;
 
 use util::{Dir, Run};
 
+/// Extra environment variables of one run.
+type Env<'a> = &'a [(&'a str, &'a str)];
+
 /// A prompt the model must repeat: prompt lookup finds its continuations.
 const PROMPT: &str = "kiln kiln fire clay kiln kiln fire clay kiln kiln fire clay kiln kiln fire clay";
 
@@ -72,7 +75,7 @@ fn every_gate_recipe_logs_its_line_and_acts_on_it() {
     let pin = ("KILN_QMV_WIDE", "1");
     let allow = ("KILN_SPEC_ALLOW_INEXACT", "1");
     // (environment, the line, whether it speculates)
-    let table: [(&[(&str, &str)], &str, bool); 6] = [
+    let table: [(Env, &str, bool); 6] = [
         // 1. default environment: the gate drops qmv_wide and the retry is exact.
         (
             &[wide],
@@ -157,7 +160,7 @@ fn bench_decode_reports_acceptance_only_when_speculating() {
 #[test]
 fn bad_speculative_input_exits_2_naming_it() {
     let dir = Dir::new();
-    let cases: [(&[&str], &[(&str, &str)], &str); 5] = [
+    let cases: [(&[&str], Env, &str); 5] = [
         (&["--draft-tokens", "3"], &[], "need --speculative"),
         (
             &["--speculative", "--draft-tokens", "0"],
