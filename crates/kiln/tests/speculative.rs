@@ -63,6 +63,20 @@ fn greedy_text_is_identical_with_and_without_speculation() {
     }
 }
 
+/// With a temperature the rejection rule runs; a seed still reproduces the text.
+#[test]
+fn sampled_speculation_reproduces_from_its_seed() {
+    let dir = Dir::new();
+    for draft in [&[][..], &["--model-draft", "synthetic:tiny-draft"]] {
+        let mut extra = vec!["--speculative", "--temperature", "0.8", "--top-p", "0.9", "--seed", "7"];
+        extra.extend_from_slice(draft);
+        let a = generate(&dir, "synthetic:tiny", &extra, &[]);
+        let b = generate(&dir, "synthetic:tiny", &extra, &[]);
+        assert_eq!(a.stdout(), b.stdout(), "{}{}", a.describe(), b.describe());
+        assert!(a.stderr().contains("speculative: drafter="), "{}", a.describe());
+    }
+}
+
 /// The seed's gate table, with `KILN_SPEC_TEST_INEXACT=wide` making the probe inexact
 /// while `qmv_wide` is on (as a wide kernel that rounds differently would), plus `always`
 /// for the two outcomes that need the narrow retry to fail too.
