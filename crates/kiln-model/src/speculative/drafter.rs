@@ -1,5 +1,5 @@
 //! Drafters: what proposes the tokens a verify block checks. [`PromptLookup`] finds the
-//! sequence's latest n-gram earlier in the sequence and proposes what followed it there
+//! sequence's last few tokens earlier in the sequence and proposes what followed them there
 //! (no weights, works on every model); [`DraftModel`] runs a smaller model of the same
 //! vocabulary ahead of the target.
 
@@ -61,19 +61,28 @@ impl Default for PromptLookup {
 }
 
 impl PromptLookup {
-    /// The tokens that followed the latest earlier occurrence of the longest matching
-    /// suffix, at most `k` of them.
+    /// The tokens that followed an earlier occurrence of the longest matching suffix, at
+    /// most `k` of them: the latest occurrence that still has `k` tokens after it, else
+    /// the earliest (the one with the most), so a short period (`a b a b a b`) still
+    /// drafts k tokens instead of the one or two before the end of the sequence.
     pub fn lookup<'h>(&self, history: &'h [u32], k: usize) -> &'h [u32] {
         let len = history.len();
         for n in (self.min_ngram.max(1)..=self.max_ngram.min(len.saturating_sub(1))).rev() {
             let suffix = &history[len - n..];
-            // Latest start first; an occurrence must end before the suffix itself starts
-            // to have a continuation that is not the suffix.
+            // An occurrence must end before the suffix itself starts, to have a
+            // continuation that is not the suffix.
+            let mut earliest = None;
             for start in (0..len - n).rev() {
                 if &history[start..start + n] == suffix {
                     let from = start + n;
-                    return &history[from..(from + k).min(len)];
+                    if from + k <= len {
+                        return &history[from..from + k];
+                    }
+                    earliest = Some(from);
                 }
+            }
+            if let Some(from) = earliest {
+                return &history[from..(from + k).min(len)];
             }
         }
         &[]
@@ -192,8 +201,12 @@ mod tests {
         // "1 2 3" occurs at 0 and is the suffix; what followed is 4 5 6.
         assert_eq!(pl.lookup(&[1, 2, 3, 4, 5, 6, 9, 1, 2, 3], 3), &[4, 5, 6]);
         assert_eq!(pl.lookup(&[1, 2, 3, 4, 5, 6, 9, 1, 2, 3], 10), &[4, 5, 6, 9, 1, 2, 3]);
-        // The latest of two occurrences wins.
+        // The latest of two occurrences with k tokens after it wins.
         assert_eq!(pl.lookup(&[7, 1, 8, 7, 1, 9, 7, 1], 1), &[9]);
+        assert_eq!(pl.lookup(&[7, 1, 8, 7, 1, 9, 7, 1], 3), &[9, 7, 1]);
+        assert_eq!(pl.lookup(&[7, 1, 8, 7, 1, 9, 7, 1], 4), &[8, 7, 1, 9]);
+        // A period of one: the latest match has one token after it, an earlier one four.
+        assert_eq!(pl.lookup(&[5, 4, 4, 4, 4, 4, 4, 4, 4], 4), &[4, 4, 4, 4]);
         // A longer suffix beats a later shorter one: "2 7" matches at 1, "7" alone later.
         assert_eq!(pl.lookup(&[5, 2, 7, 4, 7, 6, 2, 7], 2), &[4, 7]);
         // Nothing repeats: no proposal.
