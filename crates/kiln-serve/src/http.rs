@@ -404,8 +404,16 @@ fn stream_response(st: Started) -> Sse<impl Stream<Item = Result<SseEvent, Infal
                 return None;
             }
             let event = state.st.events.recv().await;
+            let token = matches!(event, Some(Event::Token(_)));
             match state.progress.on(&state.st.model, event) {
                 Ok(pieces) => {
+                    if token && pieces.is_empty() && state.progress.finish.is_none() {
+                        // One chunk per sampled token even while its text is held back
+                        // (an incomplete character, a possible stop string or tag), so
+                        // clients can time every token.
+                        let c = state.chunk(json!({"content": ""}), None);
+                        state.queue.push_back(c);
+                    }
                     state.pieces(pieces);
                     if state.progress.finish.is_some() {
                         state.finish();

@@ -145,41 +145,49 @@ fn emit(out: &mut Vec<Piece>, channel: Channel, text: &str) {
 
 /// Decoded text so far, released only as whole characters (a byte-level token can end
 /// inside a UTF-8 sequence, which decodes to U+FFFD until the rest arrives).
+///
+/// Each step decodes only a window: the tokens since the last release point plus the ones
+/// before it that were last released (so a tokenizer that writes a token differently at
+/// the start of a text, such as SentencePiece's leading space, still gets its context),
+/// and releases what the window adds beyond its already-sent prefix. The cost per token
+/// stays constant however long the generation runs.
 #[derive(Debug, Default)]
 pub struct Detokenizer {
     ids: Vec<u32>,
-    sent: usize,
+    /// Start of the window.
+    prefix: usize,
+    /// End of the part of the window already sent.
+    read: usize,
 }
 
 impl Detokenizer {
-    /// Adds `token`; `decode` turns all ids so far into text. Returns the new text, empty
-    /// while a character is incomplete.
+    /// Adds `token`; `decode` turns ids into text. Returns the new text, empty while a
+    /// character is incomplete.
     pub fn push<E>(&mut self, token: u32, decode: impl Fn(&[u32]) -> Result<String, E>) -> Result<String, E> {
         self.ids.push(token);
-        let text = decode(&self.ids)?;
-        if text.ends_with('\u{fffd}') {
-            return Ok(String::new());
-        }
-        Ok(self.take_new(text))
+        self.release(&decode, false)
     }
 
     /// The end of generation: whatever is left, an incomplete character included.
     pub fn finish<E>(&mut self, decode: impl Fn(&[u32]) -> Result<String, E>) -> Result<String, E> {
-        let text = decode(&self.ids)?;
-        Ok(self.take_new(text))
+        self.release(&decode, true)
     }
 
-    fn take_new(&mut self, text: String) -> String {
-        match text.get(self.sent..) {
-            Some(new) => {
-                let new = new.to_string();
-                self.sent = text.len();
-                new
-            }
-            // A tokenizer whose decode is not prefix-stable: send nothing rather than
-            // repeat or cut text.
-            None => String::new(),
+    fn release<E>(&mut self, decode: &impl Fn(&[u32]) -> Result<String, E>, last: bool) -> Result<String, E> {
+        let sent = decode(&self.ids[self.prefix..self.read])?;
+        let text = decode(&self.ids[self.prefix..])?;
+        if text.len() <= sent.len() || (!last && text.ends_with('\u{fffd}')) {
+            return Ok(String::new());
         }
+        // A tokenizer whose decode is not prefix-stable: send nothing rather than repeat
+        // or cut text.
+        let Some(new) = text.get(sent.len()..).filter(|_| text.starts_with(&sent)) else {
+            return Ok(String::new());
+        };
+        let new = new.to_string();
+        self.prefix = self.read;
+        self.read = self.ids.len();
+        Ok(new)
     }
 }
 

@@ -119,6 +119,9 @@ fn both_endpoints_stream_and_answer_with_consistent_usage() {
     assert!(streamed.header("content-type").unwrap().starts_with("text/event-stream"));
     let events = streamed.events();
     assert_eq!(events.last().unwrap(), "[DONE]", "{}", streamed.body);
+    // One chunk per token (its text possibly held back), perhaps one flushing held text
+    // at the end, the finish chunk, the usage chunk and [DONE].
+    assert!((12 + 3..=12 + 4).contains(&events.len()), "{} events: {}", events.len(), streamed.body);
     let (stext, usage) = stream_text(&streamed);
     assert_eq!(stext, text, "streamed and whole greedy text differ");
     assert_eq!(usage.unwrap()["completion_tokens"], 12);
@@ -477,4 +480,86 @@ fn an_api_key_is_required_when_set() {
     assert_eq!(get(s.addr, "/health").status, 200);
     assert_eq!(get(s.addr, "/metrics").status, 200);
     let _ = &s.shared;
+}
+
+/// Two-character strings that occur exactly once in `text`, the first before the second,
+/// without U+FFFD: think tags whose effect on `text` is known.
+fn unique_pair(text: &str) -> Option<(String, String)> {
+    let chars: Vec<char> = text.chars().collect();
+    let once = |s: &str| text.matches(s).count() == 1;
+    let candidates: Vec<(usize, String)> = (0..chars.len().saturating_sub(1))
+        .map(|i| (i, chars[i..i + 2].iter().collect::<String>()))
+        .filter(|(_, s)| !s.contains('\u{fffd}') && once(s))
+        .collect();
+    for (i, open) in &candidates {
+        for (j, close) in &candidates {
+            if *j >= i + 3 && !open.contains(close.as_str()) {
+                return Some((open.clone(), close.clone()));
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn text_between_think_tags_streams_as_reasoning_content() {
+    let plain = boot(config());
+    let mut found = None;
+    for i in 0..20 {
+        let body = json!({
+            "model": "tiny", "messages": [{"role": "user", "content": format!("{i} 2 3 4")}],
+            "max_tokens": 48, "temperature": 0, "ignore_eos": true,
+        });
+        let full = text_of(&post(plain.addr, "/v1/chat/completions", &body));
+        if let Some(tags) = unique_pair(&full) {
+            found = Some((body, full, tags));
+            break;
+        }
+    }
+    let (mut body, full, (open, close)) = found.expect("no greedy output with usable tags");
+    let (a, b) = (full.find(&open).unwrap(), full.find(&close).unwrap());
+    let reasoning = &full[a + open.len()..b];
+    let content = format!("{}{}", &full[..a], &full[b + close.len()..]);
+
+    let mut c = config();
+    c.think_tags = ThinkTags { open, close };
+    let s = boot(c);
+    let r = post(s.addr, "/v1/chat/completions", &body).json();
+    assert_eq!(r["choices"][0]["message"]["reasoning_content"], reasoning);
+    assert_eq!(r["choices"][0]["message"]["content"], content);
+    body["stream"] = json!(true);
+    let streamed = post(s.addr, "/v1/chat/completions", &body);
+    let mut got_reasoning = String::new();
+    for e in streamed.events().iter().filter(|e| *e != "[DONE]") {
+        let v: Value = serde_json::from_str(e).unwrap();
+        if let Some(t) = v["choices"][0]["delta"]["reasoning_content"].as_str() {
+            got_reasoning.push_str(t);
+        }
+    }
+    assert_eq!(got_reasoning, reasoning);
+    assert_eq!(stream_text(&streamed).0, content);
+}
+
+#[test]
+fn an_out_of_memory_mid_step_fails_that_request_only() {
+    let info = kiln_model::synthetic::inspect("tiny").unwrap();
+    let mut c = config();
+    // Whole-prompt prefill: the workspace grows with the prompt, which admission (KV
+    // only) does not plan, so a long prompt runs out of memory inside the forward.
+    c.scheduler.prefill_chunk = 0;
+    c.scheduler.prompt_cache_bytes = 0;
+    let layout = kiln_model::KvLayout::new(&info.config, kiln_model::KvDtype::F16);
+    let small = WorkspaceShape { rows: c.scheduler.parallel, logit_rows: c.scheduler.parallel };
+    let large = WorkspaceShape { rows: 501, logit_rows: c.scheduler.parallel };
+    let headroom = layout.bytes_for(501 + 8) + 4096;
+    assert!(large.bytes(&info.config) - small.bytes(&info.config) > headroom);
+    c.load.pool = MemoryPool::with_limit(info.weight_bytes + small.bytes(&info.config) + headroom);
+    let s = boot(c);
+    let r = post(s.addr, "/v1/completions", &completion(&"x".repeat(500), 8));
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "out_of_memory", "{}", r.body);
+    assert!(r.json()["error"]["message"].as_str().unwrap().starts_with("out of memory:"), "{}", r.body);
+    // The server is unharmed and serves what fits.
+    text_of(&post(s.addr, "/v1/completions", &completion("short", 8)));
+    assert_eq!(metric(s.addr, "kiln_active_slots"), 0.0);
 }

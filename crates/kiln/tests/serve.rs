@@ -134,6 +134,22 @@ fn logs_the_kernel_configuration_then_serves_the_same_greedy_text_as_generate() 
     // `kiln generate` never writes a trailing incomplete character; the server sends it
     // as U+FFFD.
     assert_eq!(server_text.trim_end_matches('\u{fffd}'), generated.trim_end_matches('\u{fffd}'));
+
+    // Idle, the server sleeps: over a second it uses a small fraction of a CPU.
+    if let Some(before) = cpu_ticks(s.child.id()) {
+        std::thread::sleep(Duration::from_secs(1));
+        let used = cpu_ticks(s.child.id()).unwrap() - before;
+        assert!(used <= 20, "{used} CPU ticks (1/100 s) in one idle second: the server is polling");
+    }
+}
+
+/// User plus system CPU time of process `pid` in clock ticks, where /proc exists.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
 
 #[test]
@@ -172,10 +188,11 @@ fn a_second_server_on_the_same_port_exits_2_naming_it() {
 
 #[test]
 fn sigterm_during_streams_finishes_them_and_exits_0() {
-    // A model slow enough that the streams are still running when the signal comes.
+    // A model slow enough, and streams long enough, that they are still running when the
+    // signal comes and when the refused request is sent.
     let mut s =
         Serve::start(&["-m", "synthetic:smollm-135m", "--served-model-name", "slow", "--parallel", "3"]);
-    let mut body = greedy("a long answer please", 48);
+    let mut body = greedy("a long answer please", 96);
     body["model"] = json!("slow");
     body["ignore_eos"] = json!(true);
     body["stream"] = json!(true);
@@ -206,7 +223,7 @@ fn sigterm_during_streams_finishes_them_and_exits_0() {
         let last: Value = serde_json::from_str(&events[events.len() - 3]).unwrap();
         assert_eq!(last["choices"][0]["finish_reason"], "length", "{}{}", reply.body, s.stderr());
         let usage = stream_text(&reply).1.expect("a usage chunk");
-        assert_eq!(usage["completion_tokens"], 48, "{}", reply.body);
+        assert_eq!(usage["completion_tokens"], 96, "{}", reply.body);
     }
     let status = s.wait_exit(Duration::from_secs(30));
     assert_eq!(status.code(), Some(0), "{}", s.stderr());
@@ -220,4 +237,34 @@ fn a_model_that_does_not_load_exits_2() {
     let r = Dir::new().run(&["serve", "-m", "synthetic:tiny", "--port", "0", "--parallel", "0"]);
     assert_eq!(r.output.status.code(), Some(2), "{}", r.describe());
     assert!(r.stderr().contains("--parallel"), "{}", r.describe());
+}
+
+#[test]
+fn streams_still_running_when_the_grace_ends_get_an_error_event_and_the_server_exits_0() {
+    let mut s = Serve::start(&[
+        "-m",
+        "synthetic:smollm-135m",
+        "--served-model-name",
+        "slow",
+        "--shutdown-grace",
+        "0.3",
+    ]);
+    let mut body = greedy("a very long answer please", 1500);
+    body["model"] = json!("slow");
+    body["ignore_eos"] = json!(true);
+    body["stream"] = json!(true);
+    let conn = send(s.addr, "POST", "/v1/completions", body.to_string().as_bytes(), &[]);
+    let t = Instant::now();
+    while !get(s.addr, "/metrics").body.lines().any(|l| l == "kiln_active_slots 1") {
+        assert!(t.elapsed() < Duration::from_secs(60), "the stream never started{}", s.stderr());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    s.signal(libc::SIGINT);
+    s.wait_for("shutdown grace over");
+    let reply = client::read_reply(conn);
+    let events = reply.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{}", reply.body);
+    let error: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert_eq!(error["error"]["code"], "shutting_down", "{}", reply.body);
+    assert_eq!(s.wait_exit(Duration::from_secs(30)).code(), Some(0), "{}", s.stderr());
 }
