@@ -16,6 +16,7 @@ pub mod plan;
 pub mod rope;
 pub mod sampling;
 pub mod source;
+pub mod speculative;
 pub mod synthetic;
 pub mod tokenizer;
 pub mod transformer;

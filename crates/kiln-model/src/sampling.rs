@@ -142,6 +142,63 @@ impl Sampler {
     }
 }
 
+impl Sampler {
+    /// Writes into `out` the distribution [`Self::sample`] draws from at these logits:
+    /// temperature, then top-k, then top-p, renormalised; tokens outside the candidates
+    /// get 0. Greedy parameters give all the mass to the first maximum. Speculative
+    /// verification compares draft and target under this distribution.
+    pub fn distribution(&mut self, logits: &[f32], out: &mut Vec<f32>) {
+        let vocab = logits.len();
+        out.clear();
+        out.resize(vocab, 0.0);
+        if self.params.is_greedy() {
+            out[argmax(logits)] = 1.0;
+            return;
+        }
+        let inv_t = 1.0 / self.params.temperature;
+        let max = logits[argmax(logits)];
+        for (p, &l) in out.iter_mut().zip(logits) {
+            *p = if l.is_nan() { 0.0 } else { exp((l - max) * inv_t) };
+        }
+        let k = match self.params.top_k {
+            0 => vocab,
+            k => k.min(vocab),
+        };
+        if k < vocab || self.params.top_p < 1.0 {
+            let total: f64 = out.iter().map(|&p| p as f64).sum();
+            let order = &mut self.order;
+            order.clear();
+            order.extend(0..vocab as u32);
+            let probs = &*out;
+            order.sort_unstable_by(|a, b| probs[*b as usize].total_cmp(&probs[*a as usize]).then(a.cmp(b)));
+            let kept = nucleus(order[..k].iter().map(|&i| probs[i as usize]), total, self.params.top_p)
+                .unwrap_or(k)
+                .min(k);
+            for &i in &order[kept..] {
+                out[i as usize] = 0.0;
+            }
+        }
+        let total: f64 = out.iter().map(|&p| p as f64).sum();
+        if total > 0.0 {
+            let inv = (1.0 / total) as f32;
+            out.iter_mut().for_each(|p| *p *= inv);
+        }
+    }
+
+    /// A uniform draw in [0, 1) from the sampler's generator.
+    pub fn uniform(&mut self) -> f64 {
+        (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Draws a token from `weights` (non-negative, any total) with the sampler's
+    /// generator; the first positive weight when they all round away.
+    pub fn draw(&mut self, weights: &[f32]) -> u32 {
+        let total: f64 = weights.iter().map(|&p| p.max(0.0) as f64).sum();
+        let u = self.uniform();
+        pick(weights.iter().enumerate().map(|(i, &p)| (i as u32, p)), total * u)
+    }
+}
+
 /// How many of the sorted probabilities it takes to reach `top_p` of `total`, or `None`
 /// when these do not.
 fn nucleus(sorted: impl Iterator<Item = f32>, total: f64, top_p: f32) -> Option<usize> {

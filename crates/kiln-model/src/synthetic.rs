@@ -51,8 +51,9 @@ pub struct Profile {
     tie_word_embeddings: bool,
 }
 
-/// Every profile, smallest first.
-pub const PROFILES: [Profile; 7] = [
+/// Every profile: published shapes smallest first, then the drafters (one small layer
+/// with a published family's vocabulary, for `--model-draft`).
+pub const PROFILES: [Profile; 13] = [
     Profile {
         name: "tiny",
         origin: "test-sized Llama 3 shape",
@@ -187,6 +188,108 @@ pub const PROFILES: [Profile; 7] = [
         max_position_embeddings: 131_072,
         tie_word_embeddings: false,
     },
+    Profile {
+        name: "tiny-draft",
+        origin: "speculative drafter for tiny: same vocabulary, one small layer",
+        architecture: Architecture::Llama,
+        hidden_size: 128,
+        intermediate_size: 256,
+        num_hidden_layers: 1,
+        num_attention_heads: 2,
+        num_key_value_heads: 1,
+        head_dim: 64,
+        vocab_size: 512,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10_000.0,
+        rope_scaling: None,
+        max_position_embeddings: 1024,
+        tie_word_embeddings: true,
+    },
+    Profile {
+        name: "tiny-qwen-draft",
+        origin: "speculative drafter for tiny-qwen: same vocabulary, one small layer",
+        architecture: Architecture::Qwen2,
+        hidden_size: 128,
+        intermediate_size: 256,
+        num_hidden_layers: 1,
+        num_attention_heads: 2,
+        num_key_value_heads: 1,
+        head_dim: 64,
+        vocab_size: 384,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        rope_scaling: None,
+        max_position_embeddings: 1024,
+        tie_word_embeddings: false,
+    },
+    Profile {
+        name: "smollm-draft",
+        origin: "speculative drafter for smollm-135m: same vocabulary, one small layer",
+        architecture: Architecture::Llama,
+        hidden_size: 128,
+        intermediate_size: 256,
+        num_hidden_layers: 1,
+        num_attention_heads: 2,
+        num_key_value_heads: 1,
+        head_dim: 64,
+        vocab_size: 49152,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10_000.0,
+        rope_scaling: None,
+        max_position_embeddings: 2048,
+        tie_word_embeddings: true,
+    },
+    Profile {
+        name: "qwen2.5-draft",
+        origin: "speculative drafter for qwen2.5-0.5b: same vocabulary, one small layer",
+        architecture: Architecture::Qwen2,
+        hidden_size: 128,
+        intermediate_size: 256,
+        num_hidden_layers: 1,
+        num_attention_heads: 2,
+        num_key_value_heads: 1,
+        head_dim: 64,
+        vocab_size: 151_936,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        rope_scaling: None,
+        max_position_embeddings: 32_768,
+        tie_word_embeddings: true,
+    },
+    Profile {
+        name: "qwen2.5-7b-draft",
+        origin: "speculative drafter for qwen2.5-7b (its padded vocabulary): same vocabulary, one small layer",
+        architecture: Architecture::Qwen2,
+        hidden_size: 128,
+        intermediate_size: 256,
+        num_hidden_layers: 1,
+        num_attention_heads: 2,
+        num_key_value_heads: 1,
+        head_dim: 64,
+        vocab_size: 152_064,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        rope_scaling: None,
+        max_position_embeddings: 32_768,
+        tie_word_embeddings: true,
+    },
+    Profile {
+        name: "llama-3-draft",
+        origin: "speculative drafter for llama-3.2-1b and llama-3.1-8b: same vocabulary, one small layer",
+        architecture: Architecture::Llama,
+        hidden_size: 128,
+        intermediate_size: 256,
+        num_hidden_layers: 1,
+        num_attention_heads: 2,
+        num_key_value_heads: 1,
+        head_dim: 64,
+        vocab_size: 128_256,
+        rms_norm_eps: 1e-5,
+        rope_theta: 500_000.0,
+        rope_scaling: None,
+        max_position_embeddings: 131_072,
+        tie_word_embeddings: true,
+    },
 ];
 
 impl Profile {
@@ -214,6 +317,20 @@ impl Profile {
             eos_token_ids: vec![ByteTokenizer::EOS],
             quantization: Some(QuantizationConfig { default: spec, overrides: Default::default() }),
         }
+    }
+}
+
+/// The drafter profile sharing `profile`'s vocabulary (`qwen2.5-draft` for
+/// `qwen2.5-0.5b`), for speculative decoding with a draft model.
+pub fn drafter_for(profile: &str) -> Option<&'static str> {
+    let target = PROFILES.iter().find(|p| p.name == profile && !p.is_drafter())?;
+    PROFILES.iter().find(|p| p.is_drafter() && p.vocab_size == target.vocab_size).map(|p| p.name)
+}
+
+impl Profile {
+    /// Whether this is a drafter profile.
+    pub fn is_drafter(&self) -> bool {
+        self.name.ends_with("-draft")
     }
 }
 
@@ -295,6 +412,19 @@ mod tests {
             assert!(matches!(e, ModelError::UnknownSynthetic { .. }), "{bad}");
             assert!(msg.contains(bad) && msg.contains("qwen2.5-0.5b") && msg.contains("@8bit"), "{msg}");
         }
+    }
+
+    #[test]
+    fn every_published_profile_has_a_drafter_of_its_vocabulary() {
+        for p in PROFILES.iter().filter(|p| !p.is_drafter()) {
+            let d = drafter_for(p.name).unwrap_or_else(|| panic!("{} has no drafter", p.name));
+            assert_eq!(parse(d).unwrap().profile.vocab_size, p.vocab_size, "{}", p.name);
+            assert!(
+                parse(d).unwrap().profile.max_position_embeddings >= p.max_position_embeddings.min(32_768)
+            );
+        }
+        assert_eq!(drafter_for("qwen2.5-0.5b"), Some("qwen2.5-draft"));
+        assert_eq!(drafter_for("qwen2.5-draft"), None);
     }
 
     #[test]

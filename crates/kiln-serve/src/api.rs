@@ -45,6 +45,8 @@ pub struct GenerationRequest {
     pub stream: bool,
     /// Add a usage chunk at the end of the stream.
     pub include_usage: bool,
+    /// Ask for a speculative slot (`"speculative": true`, kiln's extension).
+    pub speculative: bool,
 }
 
 /// Fields each endpoint understands.
@@ -64,6 +66,7 @@ const COMMON_FIELDS: &[&str] = &[
     "logprobs",
     "presence_penalty",
     "frequency_penalty",
+    "speculative",
 ];
 const CHAT_FIELDS: &[&str] = &["messages", "max_completion_tokens", "top_logprobs", "parallel_tool_calls"];
 const COMPLETION_FIELDS: &[&str] = &["prompt", "echo", "best_of"];
@@ -184,6 +187,7 @@ pub fn parse(
         None => fresh_seed(),
     };
     let ignore_eos = opt_bool(&obj, "ignore_eos")?.unwrap_or(false);
+    let speculative = opt_bool(&obj, "speculative")?.unwrap_or(false);
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
     let include_usage = match obj.get("stream_options") {
         None | Some(Value::Null) => false,
@@ -239,7 +243,16 @@ pub fn parse(
         return Err(ApiError::invalid("user", "user must be a string"));
     }
     let sampling = SamplingParams { temperature: temperature as f32, top_k, top_p: top_p as f32, seed };
-    Ok(GenerationRequest { prompt, max_tokens, sampling, ignore_eos, stop, stream, include_usage })
+    Ok(GenerationRequest {
+        prompt,
+        max_tokens,
+        sampling,
+        ignore_eos,
+        stop,
+        stream,
+        include_usage,
+        speculative,
+    })
 }
 
 /// A seed for a request that names none: different per request, as OpenAI's are.

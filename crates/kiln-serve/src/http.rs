@@ -213,6 +213,8 @@ struct Progress {
     emitter: Emitter,
     completion_tokens: usize,
     finish: Option<FinishReason>,
+    /// Drafted and accepted tokens, when the request held a speculative slot.
+    speculative: Option<(u64, u64)>,
 }
 
 impl Progress {
@@ -223,6 +225,7 @@ impl Progress {
             emitter: Emitter::new(st.request.stop.clone(), tags),
             completion_tokens: 0,
             finish: None,
+            speculative: None,
         }
     }
 
@@ -252,6 +255,10 @@ impl Progress {
                 }
                 Ok(pieces)
             }
+            Some(Event::Speculation { drafted, accepted }) => {
+                self.speculative = Some((drafted, accepted));
+                Ok(Vec::new())
+            }
             Some(Event::Failed(e)) => Err(e),
             Some(Event::Started { .. }) | None => Err(gone()),
         }
@@ -259,12 +266,16 @@ impl Progress {
 
     fn usage(&self, st: &Started) -> Value {
         let prompt = st.request.prompt.len();
-        json!({
+        let mut usage = json!({
             "prompt_tokens": prompt,
             "completion_tokens": self.completion_tokens,
             "total_tokens": prompt + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": st.cached_tokens},
-        })
+        });
+        if let Some((drafted, accepted)) = self.speculative {
+            usage["speculative"] = json!({"drafted": drafted, "accepted": accepted});
+        }
+        usage
     }
 }
 

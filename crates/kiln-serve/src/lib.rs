@@ -36,8 +36,10 @@ pub struct ServerConfig {
     pub load: LoadOptions,
     /// How the forward runs.
     pub engine: EngineOptions,
-    /// Slots, prefill chunking and the prompt cache.
+    /// Slots, prefill chunking, the prompt cache and speculation.
     pub scheduler: SchedulerOptions,
+    /// The draft model of speculative slots; prompt lookup when `None`.
+    pub model_draft: Option<String>,
     /// Requests waiting for a slot before new ones get 429.
     pub max_queue: usize,
     /// Largest request body; larger ones get 413.
@@ -172,8 +174,22 @@ fn load_and_run(
     let load_err = |source| Box::new(ServeError::Load { model: c.model.clone(), source });
     let model = Arc::new(kiln_model::load(&c.model, &c.load).map_err(load_err)?);
     let engine = Engine::new(&model, &c.load.pool, c.engine).map_err(load_err)?;
-    let sched = scheduler::Scheduler::new(&model, engine, &c.load.pool, c.scheduler, shared.metrics.clone())
-        .map_err(load_err)?;
+    let draft = match &c.model_draft {
+        Some(name) => Some(
+            kiln_model::load(name, &c.load)
+                .map_err(|source| Box::new(ServeError::Load { model: name.clone(), source }))?,
+        ),
+        None => None,
+    };
+    let sched = scheduler::Scheduler::new(
+        &model,
+        engine,
+        draft.as_ref(),
+        &c.load.pool,
+        c.scheduler,
+        shared.metrics.clone(),
+    )
+    .map_err(load_err)?;
     let _ = shared.model.set(model.clone());
     tracing::info!(
         "model loaded: {} ({} layers, context {} tokens) in {:.2} s; {} slots, prefill chunk {}, prompt cache {} bytes",

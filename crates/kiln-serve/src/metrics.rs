@@ -38,6 +38,14 @@ pub struct Metrics {
     pub step_nanos: AtomicU64,
     /// Nanoseconds inside the forward.
     pub forward_nanos: AtomicU64,
+    /// Tokens drafted and checked by a speculative verify.
+    pub spec_drafted_tokens: AtomicU64,
+    /// Of those, tokens accepted.
+    pub spec_accepted_tokens: AtomicU64,
+    /// Speculative verify forwards.
+    pub spec_verifies: AtomicU64,
+    /// Slots currently speculating.
+    pub spec_active_slots: AtomicU64,
 }
 
 impl Metrics {
@@ -121,6 +129,25 @@ impl Metrics {
         );
         gauge(&mut s, "kiln_queue_depth", "Requests waiting for a slot.", get(&self.queue_depth));
         gauge(&mut s, "kiln_active_slots", "Slots holding a request.", get(&self.active_slots));
+        counter(
+            &mut s,
+            "kiln_spec_drafted_tokens_total",
+            "Tokens drafted and checked by speculative verify forwards.",
+            get(&self.spec_drafted_tokens),
+        );
+        counter(
+            &mut s,
+            "kiln_spec_accepted_tokens_total",
+            "Drafted tokens the target accepted.",
+            get(&self.spec_accepted_tokens),
+        );
+        counter(&mut s, "kiln_spec_verifies_total", "Speculative verify forwards.", get(&self.spec_verifies));
+        gauge(
+            &mut s,
+            "kiln_spec_active_slots",
+            "Slots decoding speculatively.",
+            get(&self.spec_active_slots),
+        );
         let secs = |n: u64| n as f64 / 1e9;
         let _ = writeln!(
             s,

@@ -7,6 +7,12 @@
 //! quantized kernels) together with prefill chunks of the slots still reading their
 //! prompts, at most `prefill_chunk` prompt tokens per step in all. Tokens are sampled
 //! and sent as soon as the forward returns. With nothing to do it blocks on the channel.
+//!
+//! Speculative slots (`--spec-slots`, held by the first decoding requests that ask for
+//! speculation, or by every request with `--speculative`) leave the joint forward: after
+//! it, each runs its own verify forward of K + 1 positions through
+//! `kiln_model::speculative`, so a verify block never shares a forward with other
+//! sequences. A stream the exactness gate declines returns to the joint forward.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -15,6 +21,9 @@ use std::time::Instant;
 
 use axum::http::StatusCode;
 use kiln_core::{MemoryPool, Tag};
+use kiln_model::speculative::{
+    DraftModel, Drafter, ExactnessGate, GateKey, PromptLookup, SpecStats, SpecStream,
+};
 use kiln_model::{Engine, KvCache, KvLayout, LoadedModel, Logits, Sampler, SeqChunk, WorkspaceShape};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -52,6 +61,14 @@ pub enum Event {
     },
     /// A sampled token (EOS is never sent).
     Token(u32),
+    /// The request held a speculative slot: its drafted and accepted tokens, sent just
+    /// before [`Event::Done`].
+    Speculation {
+        /// Tokens drafted and checked by a verify.
+        drafted: u64,
+        /// Of those, tokens accepted.
+        accepted: u64,
+    },
     /// Generation ended.
     Done(FinishReason),
     /// The job failed; nothing more follows.
@@ -85,10 +102,16 @@ pub struct SchedulerOptions {
     pub prefill_chunk: usize,
     /// Byte budget of the prompt cache; 0 disables it.
     pub prompt_cache_bytes: u64,
+    /// Every request asks for speculation, not only those sending `"speculative": true`.
+    pub speculative: bool,
+    /// Slots that may decode speculatively at once.
+    pub spec_slots: usize,
+    /// Tokens drafted per verify (K).
+    pub draft_tokens: usize,
 }
 
 /// A job holding a slot.
-struct Slot {
+struct Slot<'m> {
     job: Job,
     cache: KvCache,
     sampler: Sampler,
@@ -101,6 +124,10 @@ struct Slot {
     /// Admission order, to pick whom to fail on an out-of-memory.
     admitted: u64,
     done: Option<Outcome>,
+    /// The speculative stream while the slot holds a speculative slot.
+    spec: Option<SpecStream<'m>>,
+    /// Counts of the speculation, once the slot held a speculative slot.
+    spec_stats: Option<SpecStats>,
 }
 
 enum Outcome {
@@ -109,7 +136,7 @@ enum Outcome {
     Failed(ApiError),
 }
 
-impl Slot {
+impl Slot<'_> {
     fn decoding(&self) -> bool {
         self.prefilled == self.job.request.prompt.len()
     }
@@ -142,25 +169,36 @@ pub struct Scheduler<'m> {
     metrics: Arc<Metrics>,
     eos: Vec<u32>,
     waiting: std::collections::VecDeque<Job>,
-    slots: Vec<Slot>,
+    slots: Vec<Slot<'m>>,
+    draft: Option<&'m LoadedModel>,
+    gate: ExactnessGate,
+    model_name: String,
     prompt_cache: PromptCache,
     admitted: u64,
 }
 
 impl<'m> Scheduler<'m> {
-    /// A scheduler over `engine`, its workspace sized for the largest step now.
+    /// A scheduler over `engine`, its workspace sized for the largest step now. `draft`
+    /// is the draft model of speculative slots (prompt lookup when none); the exactness
+    /// gate's policy is read from the environment.
     pub fn new(
         model: &'m LoadedModel,
         mut engine: Engine<'m>,
+        draft: Option<&'m LoadedModel>,
         pool: &MemoryPool,
         options: SchedulerOptions,
         metrics: Arc<Metrics>,
     ) -> kiln_model::Result<Self> {
         let parallel = options.parallel.max(1);
+        let verify = options.draft_tokens + 1;
         engine.reserve_workspace(WorkspaceShape {
-            rows: parallel + options.prefill_chunk,
-            logit_rows: parallel,
+            rows: (parallel + options.prefill_chunk).max(verify),
+            logit_rows: parallel.max(verify),
         })?;
+        if let Some(d) = draft {
+            kiln_model::speculative::check_vocabulary(d, model.config.vocab_size)?;
+        }
+        let gate = ExactnessGate::from_env()?;
         let layout = KvLayout::new(&model.config, engine.options().kv_dtype);
         // Stop at the config's EOS ids and at the chat template's end token, as `kiln
         // generate` does.
@@ -177,6 +215,9 @@ impl<'m> Scheduler<'m> {
             eos,
             waiting: Default::default(),
             slots: Vec::with_capacity(parallel),
+            draft,
+            gate,
+            model_name: model.source.display_path(),
             prompt_cache: PromptCache::new(options.prompt_cache_bytes),
             admitted: 0,
         })
@@ -248,6 +289,11 @@ impl<'m> Scheduler<'m> {
         self.retire();
         self.admit();
         let forward = self.forward();
+        let verify = self.speculate();
+        let forward = match (forward, verify) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
         let step = t.elapsed();
         if let Some(f) = forward {
             self.metrics.step_nanos.fetch_add(step.as_nanos() as u64, Ordering::Relaxed);
@@ -361,6 +407,8 @@ impl<'m> Scheduler<'m> {
             planned_bytes,
             admitted: self.admitted,
             done: None,
+            spec: None,
+            spec_stats: None,
         });
     }
 
@@ -374,6 +422,10 @@ impl<'m> Scheduler<'m> {
             .slots
             .iter()
             .map(|s| {
+                if s.spec.is_some() {
+                    // Decodes in its own verify forward (`speculate`).
+                    return None;
+                }
                 if s.decoding() {
                     return Some(Part::Decode);
                 }
@@ -457,6 +509,112 @@ impl<'m> Scheduler<'m> {
         Some(took)
     }
 
+    /// Hands free speculative slots to decoding slots that ask for one, then runs one
+    /// speculative step (draft, gate, verify forward) for every slot holding one, and
+    /// sends the tokens it accepted. Returns the time spent in those steps.
+    fn speculate(&mut self) -> Option<std::time::Duration> {
+        let key = GateKey {
+            model: self.model_name.clone(),
+            k: self.options.draft_tokens,
+            kv_dtype: self.layout.dtype,
+        };
+        let declined = self.gate.decided(&key).is_some_and(|o| !o.speculates());
+        let mut held = self.slots.iter().filter(|s| s.spec.is_some()).count();
+        for s in &mut self.slots {
+            if held >= self.options.spec_slots || declined {
+                break;
+            }
+            let wants = self.options.speculative || s.job.request.speculative;
+            if !wants || s.spec.is_some() || s.spec_stats.is_some() || s.done.is_some() || !s.decoding() {
+                continue;
+            }
+            let Some((&pending, fed)) = s.generated.split_last() else { continue };
+            let drafter: Box<dyn Drafter + 'm> = match self.draft {
+                Some(d) => {
+                    match DraftModel::new(
+                        d,
+                        self.model.config.vocab_size,
+                        &self.pool,
+                        self.engine.options(),
+                        s.sampler.params(),
+                    ) {
+                        Ok(d) => Box::new(d),
+                        Err(e) => {
+                            s.done = Some(Outcome::Failed(engine_error(&e)));
+                            continue;
+                        }
+                    }
+                }
+                None => Box::new(PromptLookup::default()),
+            };
+            let mut history = s.job.request.prompt.clone();
+            history.extend_from_slice(fed);
+            s.spec = Some(SpecStream::new(drafter, key.clone(), &history, pending));
+            s.spec_stats = Some(SpecStats::default());
+            held += 1;
+        }
+        let mut took = None;
+        for s in &mut self.slots {
+            let Some(stream) = s.spec.as_mut() else { continue };
+            if s.done.is_some() {
+                continue;
+            }
+            let want = s.job.request.max_tokens.saturating_sub(s.generated.len()).max(1);
+            let before = stream.stats();
+            let t = Instant::now();
+            let result = stream.step(&mut self.engine, &mut s.cache, &mut s.sampler, &mut self.gate, want);
+            *took.get_or_insert(std::time::Duration::ZERO) += t.elapsed();
+            let step = match result {
+                Ok(step) => step,
+                Err(e) => {
+                    s.done = Some(Outcome::Failed(engine_error(&e)));
+                    continue;
+                }
+            };
+            if let Some(report) = &step.gate {
+                if report.outcome.is_warning() {
+                    tracing::warn!("{}", report.message());
+                } else {
+                    tracing::info!("{}", report.message());
+                }
+            }
+            let after = stream.stats();
+            let m = &self.metrics;
+            m.spec_drafted_tokens.fetch_add(after.drafted - before.drafted, Ordering::Relaxed);
+            m.spec_accepted_tokens.fetch_add(after.accepted - before.accepted, Ordering::Relaxed);
+            m.spec_verifies.fetch_add(after.verifies - before.verifies, Ordering::Relaxed);
+            s.spec_stats = Some(after);
+            if stream.declined() {
+                // Back to the joint forward, from the same state.
+                s.spec = None;
+            }
+            for token in step.tokens {
+                if self.eos.contains(&token) && !s.job.request.ignore_eos {
+                    s.done = Some(Outcome::Finished(FinishReason::Stop));
+                    break;
+                }
+                s.generated.push(token);
+                m.generated_tokens.fetch_add(1, Ordering::Relaxed);
+                if s.job.events.send(Event::Token(token)).is_err() {
+                    s.done = Some(Outcome::Cancelled);
+                    break;
+                }
+                if s.generated.len() >= s.job.request.max_tokens {
+                    s.done = Some(Outcome::Finished(FinishReason::Length));
+                    break;
+                }
+            }
+            // The cache holds every token but the last one sent; drop positions of
+            // tokens accepted past a stop.
+            let keep = s.job.request.prompt.len() + s.generated.len().saturating_sub(1);
+            if s.cache.len() > keep {
+                s.cache.truncate(keep);
+            }
+        }
+        self.retire();
+        took
+    }
+
     /// Ends every slot with an outcome: tells its handler, and keeps its cache in the
     /// prompt cache unless it failed.
     fn retire(&mut self) {
@@ -469,6 +627,12 @@ impl<'m> Scheduler<'m> {
             let s = self.slots.swap_remove(i);
             let keep = match s.done {
                 Some(Outcome::Finished(r)) => {
+                    if let Some(st) = s.spec_stats {
+                        let _ = s
+                            .job
+                            .events
+                            .send(Event::Speculation { drafted: st.drafted, accepted: st.accepted });
+                    }
                     let _ = s.job.events.send(Event::Done(r));
                     true
                 }
@@ -490,6 +654,8 @@ impl<'m> Scheduler<'m> {
 
     fn publish(&self) {
         self.metrics.active_slots.store(self.slots.len() as u64, Ordering::Relaxed);
+        let speculating = self.slots.iter().filter(|s| s.spec.is_some()).count();
+        self.metrics.spec_active_slots.store(speculating as u64, Ordering::Relaxed);
         self.metrics.prompt_cache_bytes.store(self.prompt_cache.bytes(), Ordering::Relaxed);
     }
 }
@@ -498,4 +664,13 @@ enum Room {
     Fits,
     Later,
     Never(String),
+}
+
+/// The API error of a failed engine call: 503 for an out-of-memory, else 500.
+fn engine_error(e: &kiln_model::ModelError) -> ApiError {
+    if e.is_out_of_memory() {
+        ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "out_of_memory", e.to_string())
+    } else {
+        ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "engine_error", e.to_string())
+    }
 }

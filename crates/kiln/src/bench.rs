@@ -21,7 +21,7 @@ use kiln_model::{Engine, ModelError, RunShape};
 
 use crate::cli::{BenchArgs, Format};
 use crate::exit::usage;
-use crate::{Clock, prompt, runtime, rusage};
+use crate::{Clock, prompt, runtime, rusage, speculate};
 
 /// Passes over the bandwidth buffer; the best one is reported.
 const BANDWIDTH_PASSES: usize = 5;
@@ -58,6 +58,33 @@ pub struct Scalars {
     read_bandwidth_bytes_per_s: Option<f64>,
     bandwidth_probe_ms: Option<f64>,
     decode_bandwidth_share: Option<f64>,
+    // `--speculative` only (absent otherwise, so other records keep their columns): the
+    // drafter, K, the gate's outcome and the acceptance counts of the whole run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spec_drafter: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spec_draft_tokens: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spec_gate: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spec_drafted: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spec_accepted: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spec_acceptance: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spec_verifies: Option<u64>,
+}
+
+/// What a speculative run adds to the record.
+struct SpecFields {
+    drafter: &'static str,
+    draft_tokens: usize,
+    gate: &'static str,
+    drafted: u64,
+    accepted: u64,
+    acceptance: Option<f64>,
+    verifies: u64,
 }
 
 /// The JSON record: the scalars and the peak's per-tag breakdown.
@@ -157,14 +184,65 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
 
     let steps = args.max_tokens - 1;
     let mut timed_from = None;
-    for step in 0..steps {
-        if step == args.warmup_tokens {
-            timed_from = Some(Instant::now());
+    let mut spec_fields = None;
+    let decode_steps = if args.spec.enabled()? {
+        // Speculative: each step emits one or more tokens; the timer starts at the first
+        // step that begins past the warm-up tokens, and counts the tokens after it.
+        let draft = speculate::load_draft(&args.spec, &args.run, &pool, &model)?;
+        let mut gate = speculate::gate()?;
+        let params = kiln_model::SamplingParams::default();
+        let mut sampler = kiln_model::Sampler::new(params, model.config.vocab_size)?;
+        let mut stream = speculate::stream(
+            &args.spec,
+            model_name,
+            draft.as_ref(),
+            &pool,
+            options,
+            params,
+            &ids,
+            next,
+            model.config.vocab_size,
+        )?;
+        let (mut done, mut timed_tokens) = (0, 0);
+        let mut outcome = None;
+        while done < steps {
+            if timed_from.is_none() && done >= args.warmup_tokens {
+                timed_from = Some(Instant::now());
+            }
+            let step = stream
+                .step(&mut engine, &mut cache, &mut sampler, &mut gate, steps - done)
+                .context("running a speculative step")?;
+            if let Some(report) = &step.gate {
+                speculate::log_gate(report);
+                outcome = Some(report.outcome);
+            }
+            done += step.tokens.len();
+            if timed_from.is_some() {
+                timed_tokens += step.tokens.len();
+            }
         }
-        next = argmax(engine.decode(&mut cache, next).context("running a decode step")?) as u32;
-    }
+        let stats = stream.stats();
+        speculate::log_summary(stream.drafter_name(), args.spec.k(), &stats);
+        spec_fields = Some(SpecFields {
+            drafter: stream.drafter_name(),
+            draft_tokens: args.spec.k(),
+            gate: outcome.map_or("not-run", |o| o.as_str()),
+            drafted: stats.drafted,
+            accepted: stats.accepted,
+            acceptance: stats.acceptance_rate(),
+            verifies: stats.verifies,
+        });
+        timed_tokens
+    } else {
+        for step in 0..steps {
+            if step == args.warmup_tokens {
+                timed_from = Some(Instant::now());
+            }
+            next = argmax(engine.decode(&mut cache, next).context("running a decode step")?) as u32;
+        }
+        steps.saturating_sub(args.warmup_tokens)
+    };
     let decode_s = timed_from.map_or(0.0, |t| t.elapsed().as_secs_f64());
-    let decode_steps = steps.saturating_sub(args.warmup_tokens);
     let decode_tok_s = if decode_s > 0.0 { decode_steps as f64 / decode_s } else { 0.0 };
 
     let stats = pool.stats();
@@ -201,6 +279,13 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         decode_bandwidth_share: bandwidth
             .filter(|_| decode_tok_s > 0.0)
             .map(|(bw, _)| decode_tok_s * bytes_read_per_token as f64 / bw.bytes_per_s),
+        spec_drafter: spec_fields.as_ref().map(|f| f.drafter),
+        spec_draft_tokens: spec_fields.as_ref().map(|f| f.draft_tokens),
+        spec_gate: spec_fields.as_ref().map(|f| f.gate),
+        spec_drafted: spec_fields.as_ref().map(|f| f.drafted),
+        spec_accepted: spec_fields.as_ref().map(|f| f.accepted),
+        spec_acceptance: spec_fields.as_ref().and_then(|f| f.acceptance),
+        spec_verifies: spec_fields.as_ref().map(|f| f.verifies),
     };
     let peak_breakdown = stats.by_tag.iter().map(|(tag, s)| (tag.clone(), s.at_peak)).collect();
     let mut out = std::io::stdout().lock();

@@ -16,7 +16,7 @@ Exit status:
 
 pub const MODEL_HELP: &str = "synthetic:<profile>[@4bit|@8bit], a directory under ./models/, or a path \
      to a checkpoint directory (profiles: tiny, tiny-qwen, smollm-135m, qwen2.5-0.5b, llama-3.2-1b, \
-     qwen2.5-7b, llama-3.1-8b)";
+     qwen2.5-7b, llama-3.1-8b; drafters for --model-draft: tiny-draft, tiny-qwen-draft, smollm-draft, qwen2.5-draft, qwen2.5-7b-draft, llama-3-draft)";
 
 /// The kiln inference engine.
 #[derive(Parser, Debug)]
@@ -118,6 +118,23 @@ pub struct RunArgs {
     pub threads: Option<usize>,
 }
 
+/// Speculative decoding, shared by `generate` and `bench-decode`.
+#[derive(Args, Debug, Clone)]
+pub struct SpecArgs {
+    /// Decode speculatively: draft tokens (by prompt lookup, or with --model-draft),
+    /// verify them in one forward. Greedy output is identical to decoding without it
+    /// when the exactness gate finds the verify exact (see docs/environment-variables.md).
+    #[arg(long)]
+    pub speculative: bool,
+    /// Tokens drafted per verify (K; the verify forward runs K + 1 positions). Default 4.
+    #[arg(long, value_name = "K")]
+    pub draft_tokens: Option<usize>,
+    /// A draft model of the same vocabulary instead of prompt lookup (same forms as
+    /// --model; synthetic profiles have drafters such as synthetic:qwen2.5-draft).
+    #[arg(long, value_name = "MODEL")]
+    pub model_draft: Option<String>,
+}
+
 /// `kiln generate`.
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
@@ -145,6 +162,9 @@ pub struct GenerateArgs {
     /// Use the prompt as it is, without the model's chat template.
     #[arg(long)]
     pub no_chat_template: bool,
+    /// Speculative decoding.
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 /// `kiln bench-decode`.
@@ -173,6 +193,9 @@ pub struct BenchArgs {
     /// model, and report decode speed as a share of bandwidth / bytes read per token.
     #[arg(long)]
     pub measure_bandwidth: bool,
+    /// Speculative decoding (greedy); the record gains the acceptance counts.
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 /// `kiln estimate`.

@@ -3,6 +3,7 @@
 //! decodes to whole characters. Stops at EOS or after `--max-tokens`. Timing goes to
 //! stderr.
 
+use std::collections::VecDeque;
 use std::io::Write;
 use std::time::Instant;
 
@@ -11,7 +12,7 @@ use kiln_model::{Engine, LoadedModel, ModelError, Sampler, SamplingParams};
 
 use crate::cli::GenerateArgs;
 use crate::exit::usage;
-use crate::runtime;
+use crate::{runtime, speculate};
 
 /// Runs the generation on the worker pool.
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
@@ -39,8 +40,11 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             format!("prompt of {} tokens plus --max-tokens {}", ids.len(), args.max_tokens)
         });
     }
-    let mut engine = Engine::new(&model, &pool, runtime::engine_options(&args.run))
-        .context("preparing the forward pass")?;
+    let speculative = args.spec.enabled()?;
+    let mut gate = if speculative { Some(speculate::gate()?) } else { None };
+    let draft = speculate::load_draft(&args.spec, &args.run, &pool, &model)?;
+    let options = runtime::engine_options(&args.run);
+    let mut engine = Engine::new(&model, &pool, options).context("preparing the forward pass")?;
     let mut cache = engine.new_cache();
     let mut sampler = Sampler::new(params, model.config.vocab_size)?;
     // Stop at the config's EOS ids and at the chat template's end token (an instruct
@@ -54,11 +58,28 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     // Bounded by the context, checked above.
     let mut generated = Vec::with_capacity(args.max_tokens);
     let t = Instant::now();
-    let mut logits = engine.prefill(&mut cache, &ids).context("running the prefill")?;
+    let logits = engine.prefill(&mut cache, &ids).context("running the prefill")?;
     let prefill_s = t.elapsed().as_secs_f64();
+    let first = sampler.sample(logits);
+    let mut stream = match gate {
+        Some(_) => Some(speculate::stream(
+            &args.spec,
+            name,
+            draft.as_ref(),
+            &pool,
+            options,
+            params,
+            &ids,
+            first,
+            model.config.vocab_size,
+        )?),
+        None => None,
+    };
+    // Tokens sampled but not yet written: one at a time classically, a verify's
+    // accepted run speculatively.
+    let mut queue = VecDeque::from([first]);
     let t = Instant::now();
-    while generated.len() < args.max_tokens {
-        let token = sampler.sample(logits);
+    while let Some(token) = queue.pop_front() {
         if eos.contains(&token) {
             break;
         }
@@ -68,7 +89,25 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         if generated.len() == args.max_tokens {
             break;
         }
-        logits = engine.decode(&mut cache, token).context("running a decode step")?;
+        if !queue.is_empty() {
+            continue;
+        }
+        match (&mut stream, &mut gate) {
+            (Some(stream), Some(gate)) => {
+                let want = args.max_tokens - generated.len();
+                let step = stream
+                    .step(&mut engine, &mut cache, &mut sampler, gate, want)
+                    .context("running a speculative step")?;
+                if let Some(report) = &step.gate {
+                    speculate::log_gate(report);
+                }
+                queue.extend(step.tokens);
+            }
+            _ => {
+                let logits = engine.decode(&mut cache, token).context("running a decode step")?;
+                queue.push_back(sampler.sample(logits));
+            }
+        }
     }
     if !generated.is_empty() {
         let decoded = model.tokenizer.decode(&generated).context("decoding generated tokens")?;
@@ -84,6 +123,9 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         generated.len(),
         generated.len() as f64 / decode_s.max(f64::MIN_POSITIVE),
     );
+    if let Some(stream) = &stream {
+        speculate::log_summary(stream.drafter_name(), args.spec.k(), &stream.stats());
+    }
     Ok(())
 }
 

@@ -11,6 +11,7 @@ mod prompt;
 mod runtime;
 mod rusage;
 mod serve;
+mod speculate;
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};

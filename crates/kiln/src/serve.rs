@@ -91,6 +91,20 @@ pub struct ServeArgs {
     /// Worker threads of the kernels. Default: RAYON_NUM_THREADS, else one per CPU.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Every request asks for a speculative slot, not only those sending
+    /// `"speculative": true`.
+    #[arg(long)]
+    pub speculative: bool,
+    /// Speculative slots: requests decoding speculatively at once; the others decode in
+    /// the joint forward.
+    #[arg(long, value_name = "S", default_value_t = 1)]
+    pub spec_slots: usize,
+    /// Tokens drafted per verify (K; the verify forward runs K + 1 positions).
+    #[arg(long, value_name = "K", default_value_t = kiln_model::speculative::DEFAULT_DRAFT_TOKENS)]
+    pub draft_tokens: usize,
+    /// A draft model of the same vocabulary for speculative slots, instead of prompt lookup.
+    #[arg(long, value_name = "MODEL")]
+    pub model_draft: Option<String>,
 }
 
 /// Runs the server until a signal stops it.
@@ -100,6 +114,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.parallel == 0 {
         return Err(usage("invalid --parallel 0: accepted values are 1 or more"));
     }
+    if !(1..=crate::speculate::MAX_DRAFT_TOKENS).contains(&args.draft_tokens) {
+        return Err(usage(format!(
+            "invalid --draft-tokens {}: accepted values are 1 to {}",
+            args.draft_tokens,
+            crate::speculate::MAX_DRAFT_TOKENS
+        )));
+    }
+    // Refuse a bad gate variable now, not at the first speculative request.
+    kiln_model::speculative::GatePolicy::from_env().map_err(|e| usage(e.to_string()))?;
     if args.max_queue == 0 {
         return Err(usage("invalid --max-queue 0: accepted values are 1 or more"));
     }
@@ -136,7 +159,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             parallel: args.parallel,
             prefill_chunk: args.prefill_chunk,
             prompt_cache_bytes,
+            speculative: args.speculative,
+            spec_slots: args.spec_slots,
+            draft_tokens: args.draft_tokens,
         },
+        model_draft: args.model_draft.clone(),
         max_queue: args.max_queue,
         max_body_bytes: usize::try_from(max_body_bytes).unwrap_or(usize::MAX),
         api_key,
