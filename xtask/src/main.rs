@@ -5,11 +5,11 @@
 mod bench_decode;
 mod bench_kernels;
 mod bench_longprompt;
+mod child;
 mod console;
 mod engine;
 mod machine;
 mod oom_record;
-mod shutdown;
 mod sweep;
 
 use std::process::ExitCode;
