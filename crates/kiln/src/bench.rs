@@ -7,8 +7,6 @@
 //! the prefill, so a run that does not fit fails before it starts, and the timed steps
 //! allocate nothing.
 
-use std::collections::BTreeMap;
-use std::io::Write;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -16,6 +14,7 @@ use kiln_core::bandwidth::{self, ReadBuffer};
 use kiln_core::wide::qmv_wide_enabled;
 use kiln_model::ops::argmax;
 use kiln_model::{Engine, ModelError, RunShape};
+use kiln_protocol::DecodeReport;
 
 use crate::cli::{BenchArgs, Format};
 use crate::exit::usage;
@@ -23,48 +22,6 @@ use crate::{Clock, prompt, runtime, rusage};
 
 /// Passes over the bandwidth buffer; the best one is reported.
 const BANDWIDTH_PASSES: usize = 5;
-
-/// The protocol's scalar fields, in order, plus kiln's additions after them.
-#[derive(Debug, serde::Serialize)]
-pub struct Scalars {
-    model: String,
-    model_path: String,
-    prompt_tokens: usize,
-    generated_tokens: usize,
-    prefill_ms: f64,
-    prefill_tok_s: f64,
-    decode_ms: f64,
-    decode_tok_s: f64,
-    peak_bytes: u64,
-    max_rss_bytes: Option<u64>,
-    startup_ms: f64,
-    first_token_ms: f64,
-    backend: &'static str,
-    threads: usize,
-    kiln_version: &'static str,
-    attention: &'static str,
-    prefill_chunk: usize,
-    memory_limit_bytes: Option<u64>,
-    max_tokens: usize,
-    warmup_tokens: usize,
-    decode_steps: usize,
-    kv_dtype: &'static str,
-    qmv_wide: bool,
-    weights_bytes: u64,
-    estimated_peak_bytes: u64,
-    bytes_read_per_token: u64,
-    read_bandwidth_bytes_per_s: Option<f64>,
-    bandwidth_probe_ms: Option<f64>,
-    decode_bandwidth_share: Option<f64>,
-}
-
-/// The JSON record: the scalars and the peak's per-tag breakdown.
-#[derive(Debug, serde::Serialize)]
-struct Record {
-    #[serde(flatten)]
-    scalars: Scalars,
-    peak_breakdown: BTreeMap<String, u64>,
-}
 
 /// Runs the measurement on the worker pool and prints its record.
 pub fn run(args: BenchArgs, clock: &mut Clock) -> anyhow::Result<()> {
@@ -161,11 +118,11 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
 
     let stats = pool.stats();
     let bytes_read_per_token = model.weights.bytes_read_per_token() as u64;
-    let scalars = Scalars {
+    let report = DecodeReport {
         model: model_name.clone(),
         model_path: model.source.display_path(),
-        prompt_tokens: ids.len(),
-        generated_tokens: args.max_tokens,
+        prompt_tokens: ids.len() as u64,
+        generated_tokens: args.max_tokens as u64,
         prefill_ms: prefill_s * 1e3,
         prefill_tok_s: ids.len() as f64 / prefill_s,
         decode_ms: decode_s * 1e3,
@@ -174,40 +131,31 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         max_rss_bytes: rusage::max_rss_bytes(),
         startup_ms,
         first_token_ms,
-        backend: "cpu",
-        threads,
-        kiln_version: env!("CARGO_PKG_VERSION"),
-        attention: options.attention.as_str(),
-        prefill_chunk: options.prefill_chunk,
+        backend: "cpu".into(),
+        threads: threads as u64,
+        kiln_version: env!("CARGO_PKG_VERSION").into(),
+        attention: options.attention.as_str().into(),
+        prefill_chunk: options.prefill_chunk as u64,
         memory_limit_bytes: runtime::limit_bytes(&pool),
-        max_tokens: args.max_tokens,
-        warmup_tokens: args.warmup_tokens,
-        decode_steps,
-        kv_dtype: options.kv_dtype.as_str(),
-        qmv_wide: qmv_wide_enabled(),
-        weights_bytes: info.weight_bytes,
-        estimated_peak_bytes: plan.total_bytes,
-        bytes_read_per_token,
+        max_tokens: Some(args.max_tokens as u64),
+        warmup_tokens: Some(args.warmup_tokens as u64),
+        decode_steps: Some(decode_steps as u64),
+        kv_dtype: Some(options.kv_dtype.as_str().into()),
+        qmv_wide: Some(qmv_wide_enabled()),
+        weights_bytes: Some(info.weight_bytes),
+        estimated_peak_bytes: Some(plan.total_bytes),
+        bytes_read_per_token: Some(bytes_read_per_token),
         read_bandwidth_bytes_per_s: bandwidth.map(|(bw, _)| bw.bytes_per_s),
         bandwidth_probe_ms: bandwidth.map(|(_, ms)| ms),
         decode_bandwidth_share: bandwidth
             .filter(|_| decode_tok_s > 0.0)
             .map(|(bw, _)| decode_tok_s * bytes_read_per_token as f64 / bw.bytes_per_s),
+        peak_breakdown: stats.by_tag.iter().map(|(tag, s)| (tag.clone(), s.at_peak)).collect(),
     };
-    let peak_breakdown = stats.by_tag.iter().map(|(tag, s)| (tag.clone(), s.at_peak)).collect();
-    let mut out = std::io::stdout().lock();
+    let out = std::io::stdout().lock();
     match args.format {
-        Format::Json => {
-            let record = Record { scalars, peak_breakdown };
-            serde_json::to_writer(&mut out, &record).context("writing the result")?;
-            writeln!(out).context("writing the result")?;
-        }
-        Format::Csv => {
-            let mut w = csv::Writer::from_writer(&mut out);
-            w.serialize(&scalars).context("writing the result")?;
-            w.flush().context("writing the result")?;
-        }
+        Format::Json => report.write_json(out),
+        Format::Csv => report.write_csv(out),
     }
-    out.flush().context("writing the result")?;
-    Ok(())
+    .context("writing the result")
 }
