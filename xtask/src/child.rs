@@ -136,8 +136,8 @@ impl Owned {
         if self.is_alive()? {
             if !grace.is_zero() {
                 self.signal(Signal::TERM);
-                let deadline = Instant::now() + grace;
-                while self.is_alive()? && Instant::now() < deadline {
+                let deadline = Instant::now().checked_add(grace);
+                while self.is_alive()? && deadline.is_none_or(|d| Instant::now() < d) {
                     thread::sleep(Duration::from_millis(10));
                 }
             }
@@ -174,7 +174,8 @@ impl Owned {
                 let _ = tx.send(Event::Ended(token));
             })
             .context("starting a child waiter")?;
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A timeout too long to add to the clock is no timeout at all.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let outcome = loop {
             let event = match deadline {
                 None => shutdown.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
@@ -336,10 +337,13 @@ mod tests {
         assert!(start.elapsed() < Duration::from_secs(10));
         thread::sleep(Duration::from_millis(2500));
         assert!(!marker.exists(), "the grandchild outlived its group's kill");
-        let child = spawn(&mut sh("exit 7"), Group::Own).unwrap();
-        match child.wait(&sd, Some(Duration::from_secs(30)), Duration::ZERO).unwrap() {
-            Waited::Exited(st) => assert_eq!(st.code(), Some(7)),
-            other => panic!("{other:?}"),
+        // Any timeout, up to the largest, is accepted.
+        for timeout in [Duration::from_secs(30), Duration::from_secs(u64::MAX), Duration::MAX] {
+            let child = spawn(&mut sh("exit 7"), Group::Own).unwrap();
+            match child.wait(&sd, Some(timeout), Duration::ZERO).unwrap() {
+                Waited::Exited(st) => assert_eq!(st.code(), Some(7)),
+                other => panic!("{other:?}"),
+            }
         }
         assert_eq!(sd.pending(), None);
     }
