@@ -620,3 +620,54 @@ fn the_workspace_is_found_from_the_current_directory() {
     assert_eq!(csvs.len(), 1, "{csvs:?}{run}");
     assert!(ws.join("benchmarks/runs").is_dir(), "{run}");
 }
+
+#[test]
+fn a_signal_during_prune_leaves_the_record_whole_and_no_temporary_file() {
+    let sb = Sandbox::new();
+    // Long comment lines: cheap to parse, slow to write and sync, so the temporary file
+    // lives long enough to be seen.
+    let comment = format!("# {}\n", "x".repeat(256 << 10));
+    let keep: String =
+        (0..96).map(|i| format!("{comment}synthetic:tiny,{i},2026-01-01,abc1234,,s.csv,\n")).collect();
+    let original = format!("{keep}gone,1,2026-01-01,abc1234,,s.csv,\n");
+    let record = sb.record();
+    let temp_files = || -> Vec<String> {
+        fs::read_dir(sb.dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".tmp."))
+            .collect()
+    };
+    let mut caught = 0;
+    for _ in 0..20 {
+        fs::write(&record, &original).unwrap();
+        let mut cmd =
+            sb.command("oom-record", &["prune", "--file", record.to_str().unwrap(), "--model", "gone"]);
+        let mut child = cmd
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // SIGTERM the moment the temporary file appears.
+        let pid = rustix::process::Pid::from_child(&child);
+        while child.try_wait().unwrap().is_none() {
+            if !temp_files().is_empty() {
+                rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+                caught += 1;
+                break;
+            }
+        }
+        let status = child.wait().unwrap();
+        assert!(temp_files().is_empty(), "a SIGTERM during the prune ({status}) left {:?}", temp_files());
+        let now = fs::read_to_string(&record).unwrap();
+        assert!(
+            now == original || now == keep,
+            "a SIGTERM during the prune ({status}) left a partial record"
+        );
+        if caught >= 3 {
+            break;
+        }
+    }
+    assert!(caught > 0, "the temporary file was never seen: the test proved nothing");
+}

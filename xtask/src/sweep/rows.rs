@@ -320,7 +320,7 @@ fn parse_rows(bytes: &[u8], path: &Path) -> Result<(Vec<Row>, usize)> {
         && rec.iter().eq(HEADER.iter().map(|h| h.as_bytes()))
         && bytes.get((rdr.position().byte() as usize).wrapping_sub(1)) == Some(&b'\n');
     if !header_ok {
-        bail!(
+        usage!(
             "{} does not start with the sweep header: expected {:?}, found {:?}",
             path.display(),
             HEADER.join(","),
