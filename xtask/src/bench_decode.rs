@@ -49,7 +49,7 @@ impl BenchDecode {
         let plan = Plan::grid(&self.models.map_or(d.models, |m| m.0), &[prompt], &template);
         let path = match &self.sweep.output {
             Some(p) => user_path(p)?,
-            None => session.default_output("decode"),
+            None => session.default_output("decode")?,
         };
         let output = session.open_output(path, false, &session.knobs(&template))?;
         session.sweep(&plan, output, &self.sweep)

@@ -9,6 +9,7 @@ use xshell::Shell;
 
 use crate::console::usage;
 use crate::sweep::plan::{self, Named, Plan, Prompt};
+use crate::sweep::record::real_path;
 use crate::sweep::{HarnessEnv, Session, SweepFlags, user_path};
 
 /// Flags of `cargo xtask bench-longprompt`.
@@ -39,7 +40,7 @@ impl BenchLongprompt {
             Some(file) => {
                 let file = user_path(file)?;
                 if let Some(out) = &self.sweep.output
-                    && user_path(out)? != file
+                    && real_path(&user_path(out)?) != real_path(&file)
                 {
                     usage!(
                         "--resume {} and --output {} differ: a resumed sweep appends to the file it resumes",
@@ -65,7 +66,7 @@ impl BenchLongprompt {
             None => {
                 let path = match &self.sweep.output {
                     Some(p) => user_path(p)?,
-                    None => session.default_output("longprompt"),
+                    None => session.default_output("longprompt")?,
                 };
                 session.open_output(path, false, &knobs)?
             }

@@ -188,7 +188,7 @@ impl Session {
 
     /// `benchmarks/<backend>_<host>_<date>_<kind>.csv`, or the first free
     /// `..._<kind>-N.csv` when an earlier run already wrote that file.
-    pub fn default_output(&self, kind: &str) -> PathBuf {
+    pub fn default_output(&self, kind: &str) -> Result<PathBuf> {
         let host: String = self
             .machine
             .host
@@ -197,7 +197,7 @@ impl Session {
             .collect();
         let date = chrono::Utc::now().format("%Y-%m-%d");
         let stem = format!("{}_{host}_{date}_{kind}", self.backend.as_str());
-        let (path, taken) = unused_path(&self.root.join("benchmarks"), &stem);
+        let (path, taken) = unused_path(&self.root.join("benchmarks"), &stem)?;
         if let Some(first) = taken {
             eprintln!(
                 "note: {} exists; writing {} (pass --resume {} to finish that run instead)",
@@ -206,7 +206,7 @@ impl Session {
                 self.display(&first)
             );
         }
-        path
+        Ok(path)
     }
 
     fn display(&self, p: &Path) -> String {
@@ -362,19 +362,20 @@ fn same_file(a: &Path, b: &Path) -> bool {
 /// `dir/<stem>.csv`, or when that exists the first free `dir/<stem>-N.csv` (N from 2)
 /// together with the taken first name: a default output never overwrites what an
 /// earlier run measured.
-fn unused_path(dir: &Path, stem: &str) -> (PathBuf, Option<PathBuf>) {
+/// The name is claimed by creating the file (`create_new`), so two sweeps started at once
+/// never pick the same one.
+fn unused_path(dir: &Path, stem: &str) -> Result<(PathBuf, Option<PathBuf>)> {
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let first = dir.join(format!("{stem}.csv"));
-    if !first.exists() {
-        return (first, None);
-    }
-    let mut i = 2;
-    loop {
-        let p = dir.join(format!("{stem}-{i}.csv"));
-        if !p.exists() {
-            return (p, Some(first));
+    for i in 1..10_000 {
+        let p = if i == 1 { first.clone() } else { dir.join(format!("{stem}-{i}.csv")) };
+        match fs::OpenOptions::new().write(true).create_new(true).open(&p) {
+            Ok(_) => return Ok((p, (i > 1).then(|| first.clone()))),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("creating {}", p.display())),
         }
-        i += 1;
     }
+    anyhow::bail!("no free output name for {stem} in {}", dir.display())
 }
 
 #[cfg(test)]
@@ -384,15 +385,15 @@ mod tests {
     #[test]
     fn default_outputs_never_overwrite_an_earlier_run() {
         let dir = tempfile::tempdir().unwrap();
-        let (p, taken) = unused_path(dir.path(), "cpu_h_2026-11-30_longprompt");
+        let (p, taken) = unused_path(dir.path(), "cpu_h_2026-11-30_longprompt").unwrap();
         assert_eq!(p, dir.path().join("cpu_h_2026-11-30_longprompt.csv"));
         assert!(taken.is_none());
-        fs::write(&p, "x").unwrap();
-        let (p2, taken) = unused_path(dir.path(), "cpu_h_2026-11-30_longprompt");
+        // Claimed at once: the next call, as from a sweep started in the same second,
+        // gets the next name.
+        let (p2, taken) = unused_path(dir.path(), "cpu_h_2026-11-30_longprompt").unwrap();
         assert_eq!(p2, dir.path().join("cpu_h_2026-11-30_longprompt-2.csv"));
         assert_eq!(taken, Some(p));
-        fs::write(&p2, "y").unwrap();
-        let (p3, _) = unused_path(dir.path(), "cpu_h_2026-11-30_longprompt");
+        let (p3, _) = unused_path(dir.path(), "cpu_h_2026-11-30_longprompt").unwrap();
         assert_eq!(p3, dir.path().join("cpu_h_2026-11-30_longprompt-3.csv"));
     }
 }
