@@ -139,10 +139,19 @@ impl Session {
 
     /// The knobs of `template`'s cells as the CSV records them.
     pub fn knobs(&self, template: &CellTemplate) -> Knobs {
-        let k = &self.engine_knobs;
         Knobs {
             max_tokens: template.max_tokens,
             warmup_tokens: template.warmup_tokens,
+            ..self.engine_row_knobs()
+        }
+    }
+
+    /// The engine knobs as the CSV records them, token counts left at zero.
+    fn engine_row_knobs(&self) -> Knobs {
+        let k = &self.engine_knobs;
+        Knobs {
+            max_tokens: 0,
+            warmup_tokens: 0,
             attention: k.attention.clone().unwrap_or_default(),
             prefill_chunk: k.prefill_chunk,
             kv_dtype: k.kv_dtype.clone().unwrap_or_default(),
@@ -228,15 +237,8 @@ impl Session {
         let record_path = self.record_path.clone();
         let cell_timeout = flags.cell_timeout.map(Duration::from_secs).unwrap_or(self.defaults.cell_timeout);
         let knobs = self.engine_knobs.clone();
-        let row_knobs = Knobs {
-            max_tokens: 0,
-            warmup_tokens: 0,
-            attention: knobs.attention.clone().unwrap_or_default(),
-            prefill_chunk: knobs.prefill_chunk,
-            kv_dtype: knobs.kv_dtype.clone().unwrap_or_default(),
-            memory_limit_bytes: self.memory_limit_bytes,
-            threads: knobs.threads,
-        };
+        // Each row takes its token counts from its cell.
+        let row_knobs = self.engine_row_knobs();
         let runs_dir = match &flags.runs_dir {
             Some(d) => user_path(d)?,
             None => self.root.join("benchmarks/runs"),
