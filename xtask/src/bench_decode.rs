@@ -7,7 +7,7 @@ use anyhow::Result;
 use xshell::Shell;
 
 use crate::sweep::plan::{self, Named, Plan, Prompt};
-use crate::sweep::{HarnessEnv, Output, Prepared, Session, SweepFlags, user_path};
+use crate::sweep::{HarnessEnv, Session, SweepFlags, user_path};
 
 /// The prompt length of a cell when neither `--prompt` nor `--prompt-tokens` is given.
 const DEFAULT_PROMPT_TOKENS: u64 = 128;
@@ -34,10 +34,7 @@ pub struct BenchDecode {
 impl BenchDecode {
     pub fn run(self, sh: &Shell) -> Result<ExitCode> {
         let harness_env = HarnessEnv::read()?;
-        let session = match Session::prepare(&sh.current_dir(), "decode", &self.sweep, harness_env)? {
-            Prepared::Ready(s) => s,
-            Prepared::Interrupted(sig) => return Ok(ExitCode::from(crate::shutdown::exit_code_for(sig))),
-        };
+        let session = Session::prepare(&sh.current_dir(), "decode", &self.sweep, harness_env)?;
         let d = session.defaults().clone();
         let named = Named {
             models: self.models.is_some(),
@@ -52,8 +49,9 @@ impl BenchDecode {
         let plan = Plan::grid(&self.models.map_or(d.models, |m| m.0), &[prompt], &template);
         let path = match &self.sweep.output {
             Some(p) => user_path(p)?,
-            None => session.default_output("decode"),
+            None => session.default_output("decode")?,
         };
-        session.sweep(&plan, Output { path, resumed: None }, &self.sweep)
+        let output = session.open_output(path, false, &session.knobs(&template))?;
+        session.sweep(&plan, output, &self.sweep)
     }
 }

@@ -9,7 +9,8 @@ use xshell::Shell;
 
 use crate::console::usage;
 use crate::sweep::plan::{self, Named, Plan, Prompt};
-use crate::sweep::{HarnessEnv, Output, Prepared, Session, SweepFlags, rows, user_path};
+use crate::sweep::record::real_path;
+use crate::sweep::{HarnessEnv, Session, SweepFlags, user_path};
 
 /// Flags of `cargo xtask bench-longprompt`.
 #[derive(clap::Args)]
@@ -22,7 +23,8 @@ pub struct BenchLongprompt {
     models: Option<plan::Models>,
     /// Prompt lengths in tokens, e.g. "512 2048 8192" [default: "128 512 2048" on the
     /// CPU, "512 2048 8192 32768" on a GPU].
-    #[arg(long, value_name = "LADDER", value_parser = plan::ladder_arg)]
+    // Hyphen values reach the ladder parser, so `--lengths -5` gets its message.
+    #[arg(long, value_name = "LADDER", value_parser = plan::ladder_arg, allow_hyphen_values = true)]
     lengths: Option<plan::Ladder>,
     /// Append to FILE, running only the cells that have no row in it.
     #[arg(long, value_name = "FILE")]
@@ -34,11 +36,11 @@ pub struct BenchLongprompt {
 impl BenchLongprompt {
     pub fn run(self, sh: &Shell) -> Result<ExitCode> {
         let harness_env = HarnessEnv::read()?;
-        let resumed = match &self.resume {
+        let resume = match &self.resume {
             Some(file) => {
                 let file = user_path(file)?;
                 if let Some(out) = &self.sweep.output
-                    && user_path(out)? != file
+                    && real_path(&user_path(out)?) != real_path(&file)
                 {
                     usage!(
                         "--resume {} and --output {} differ: a resumed sweep appends to the file it resumes",
@@ -46,20 +48,11 @@ impl BenchLongprompt {
                         out.display()
                     );
                 }
-                if !file.is_file() {
-                    usage!(
-                        "--resume {}: no such file: expected a CSV written by an earlier sweep",
-                        file.display()
-                    );
-                }
-                Some((file.clone(), rows::read_rows(&file)?))
+                Some(file)
             }
             None => None,
         };
-        let session = match Session::prepare(&sh.current_dir(), "longprompt", &self.sweep, harness_env)? {
-            Prepared::Ready(s) => s,
-            Prepared::Interrupted(sig) => return Ok(ExitCode::from(crate::shutdown::exit_code_for(sig))),
-        };
+        let session = Session::prepare(&sh.current_dir(), "longprompt", &self.sweep, harness_env)?;
         let d = session.defaults().clone();
         let named = Named { models: self.models.is_some(), prompts: self.lengths.is_some() };
         let template = self.sweep.cell_template(&d, named)?;
@@ -67,15 +60,16 @@ impl BenchLongprompt {
         let prompts: Vec<Prompt> =
             self.lengths.map_or(d.lengths, |l| l.0).into_iter().map(Prompt::Tokens).collect();
         let plan = Plan::grid(&models, &prompts, &template);
-        let output = match resumed {
-            Some((path, rows)) => Output { path, resumed: Some(rows) },
-            None => Output {
-                path: match &self.sweep.output {
+        let knobs = session.knobs(&template);
+        let output = match resume {
+            Some(path) => session.open_output(path, true, &knobs)?,
+            None => {
+                let path = match &self.sweep.output {
                     Some(p) => user_path(p)?,
-                    None => session.default_output("longprompt"),
-                },
-                resumed: None,
-            },
+                    None => session.default_output("longprompt")?,
+                };
+                session.open_output(path, false, &knobs)?
+            }
         };
         session.sweep(&plan, output, &self.sweep)
     }

@@ -5,13 +5,14 @@
 mod bench_decode;
 mod bench_kernels;
 mod bench_longprompt;
+mod child;
 mod console;
 mod engine;
 mod machine;
 mod oom_record;
-mod shutdown;
 mod sweep;
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -46,7 +47,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    sh.change_dir(project_root());
+    match std::env::current_dir() {
+        Ok(cwd) => sh.change_dir(project_root(&cwd)),
+        Err(e) => {
+            eprintln!("error: reading the current directory: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let result = match cli.task {
         Task::BenchDecode(t) => t.run(&sh),
         Task::BenchLongprompt(t) => t.run(&sh),
@@ -65,10 +72,34 @@ fn main() -> ExitCode {
     }
 }
 
-/// The workspace root: xtask's manifest directory's parent.
-fn project_root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(|p| p.to_path_buf())
-        .unwrap_or_else(|| std::path::PathBuf::from("."))
+/// The workspace root, found from `cwd` as cargo finds it: the nearest directory at or
+/// above it whose Cargo.toml has a `[workspace]` table. Not the directory xtask was built
+/// from: two checkouts may share one target directory, and so one xtask binary. Outside
+/// any workspace, `cwd` itself.
+fn project_root(cwd: &Path) -> PathBuf {
+    cwd.ancestors()
+        .find(|dir| {
+            std::fs::read_to_string(dir.join("Cargo.toml"))
+                .is_ok_and(|text| text.lines().any(|l| l.trim() == "[workspace]"))
+        })
+        .unwrap_or(cwd)
+        .to_path_buf()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_root_is_the_nearest_workspace_above_the_current_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("checkout");
+        let member = ws.join("crates/member/src");
+        std::fs::create_dir_all(&member).unwrap();
+        std::fs::write(ws.join("Cargo.toml"), "[workspace]\nmembers = [\"crates/*\"]\n").unwrap();
+        std::fs::write(ws.join("crates/member/Cargo.toml"), "[package]\nname = \"member\"\n").unwrap();
+        assert_eq!(project_root(&member), ws);
+        assert_eq!(project_root(&ws), ws);
+        assert_eq!(project_root(dir.path()), dir.path(), "outside a workspace: the directory itself");
+    }
 }

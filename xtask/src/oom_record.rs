@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use xshell::Shell;
 
+use crate::child::{self, Shutdown};
 use crate::console::{self, usage};
 use crate::sweep::record::{Entry, RecordFile, RecordLine};
 use crate::sweep::user_path;
@@ -115,7 +116,14 @@ impl OomRecord {
                     );
                 }
                 let file = RecordFile::new(resolve(&flags.file)?);
+                // SIGINT, SIGTERM and SIGHUP wait until the record is replaced (or the
+                // temporary file removed): a prune is never left half done.
+                let shutdown = Shutdown::install()?;
                 let gone = file.prune(|r| flags.selects(r), flags.malformed, flags.dry_run)?;
+                if let Some(sig) = shutdown.pending() {
+                    eprintln!("interrupted by {} after the prune finished", child::signal_name(sig));
+                    return Ok(ExitCode::from(child::exit_code_for(sig)));
+                }
                 let verb = if flags.dry_run { "would remove" } else { "removed" };
                 let mut text = String::new();
                 for e in &gone {

@@ -92,10 +92,10 @@ fn backstop_and_record_are_per_model() {
 #[test]
 fn a_hand_written_record_pre_skips_and_the_override_runs_for_real_while_still_appending() {
     let sb = Sandbox::new();
-    let hand = "synthetic:tiny,128,2026-01-01,abc1234,,hand.csv\n";
+    let hand = "synthetic:tiny,128,2026-01-01,abc1234,,hand.csv,\n";
     fs::write(sb.record(), hand).unwrap();
     let run = sb.run("bench-longprompt", &args(&["--models", TINY, "--lengths", "64 128 256"]));
-    run.expect_code(0).expect_stderr(":1: synthetic:tiny,128,2026-01-01,abc1234,,hand.csv");
+    run.expect_code(0).expect_stderr(":1: synthetic:tiny,128,2026-01-01,abc1234,,hand.csv,");
     assert_eq!(
         sb.statuses(TINY),
         expect(&[("64", "ok"), ("128", "SKIP:oom_record"), ("256", "SKIP:oom_record")]),
@@ -124,7 +124,7 @@ fn a_hand_written_record_pre_skips_and_the_override_runs_for_real_while_still_ap
 #[test]
 fn a_truncated_record_line_is_warned_about_and_ignored_while_a_valid_one_applies() {
     let sb = Sandbox::new();
-    fs::write(sb.record(), "synthetic:tiny,64\nsynthetic:tiny-qwen,64,2026-01-01,abc1234,,hand.csv\n")
+    fs::write(sb.record(), "synthetic:tiny,64\nsynthetic:tiny-qwen,64,2026-01-01,abc1234,,hand.csv,\n")
         .unwrap();
     let run = sb.run(
         "bench-longprompt",
@@ -335,21 +335,40 @@ fn an_interrupt_kills_the_running_cell_keeps_rows_and_exits_130() {
     assert_eq!(sb.statuses(TINY), expect(&[("512", "ok"), ("1000", "ok")]), "{run}");
     assert!(sb.statuses("synthetic:smollm-135m").is_empty(), "{run}");
     // No engine process of this run survives.
-    let survivors: Vec<String> = fs::read_dir("/proc")
-        .map(|d| {
-            d.filter_map(|e| {
-                let e = e.ok()?;
-                let environ = fs::read(e.path().join("environ")).ok()?;
-                let needle = format!("XTASK_TEST_TAG={tag}");
-                environ
-                    .split(|&b| b == 0)
-                    .any(|v| v == needle.as_bytes())
-                    .then(|| e.file_name().to_string_lossy().into_owned())
-            })
-            .collect()
-        })
-        .unwrap_or_default();
+    let survivors = util::tagged_processes(&tag);
     assert!(survivors.is_empty(), "processes of the interrupted run survive: {survivors:?}{run}");
+}
+
+#[test]
+fn a_sigkilled_harness_takes_the_running_engine_with_it() {
+    let sb = Sandbox::new();
+    util::kiln_bin();
+    let tag = format!("xtask-sigkill-{}", std::process::id());
+    // smollm-135m at 1000 tokens prefills for seconds in a debug engine.
+    let (line, mut child) = sb.spawn(
+        "bench-longprompt",
+        &args(&["--models", "synthetic:smollm-135m", "--lengths", "1000", "--no-estimate"]),
+        &[("XTASK_TEST_TAG", tag.as_str())],
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let engine_running = || util::tagged_processes(&tag).iter().any(|(_, cmd)| cmd.contains("bench-decode"));
+    while !engine_running() {
+        assert!(Instant::now() < deadline, "no kiln bench-decode after 120s: {line}");
+        assert!(child.try_wait().unwrap().is_none(), "xtask ended early: {line}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SIGKILL cannot be trapped: only the kernel's parent-death signal can stop the cell.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = util::tagged_processes(&tag);
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "processes outlived the SIGKILLed harness: {left:?} ({line})");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]
@@ -357,7 +376,7 @@ fn oom_record_list_and_prune() {
     let sb = Sandbox::new();
     fs::write(
         sb.record(),
-        "synthetic:tiny,512,2026-01-01T00:00:00Z,aaa1111,,a.csv\nbroken,line\nsynthetic:tiny,2048,2026-03-01T00:00:00Z,bbb2222,99,b.csv,cpu:X\nsynthetic:small,512,2026-03-01T00:00:00Z,bbb2222,,b.csv\n",
+        "synthetic:tiny,512,2026-01-01T00:00:00Z,aaa1111,,a.csv,\nbroken,line\nsynthetic:tiny,2048,2026-03-01T00:00:00Z,bbb2222,99,b.csv,cpu:X\nsynthetic:small,512,2026-03-01T00:00:00Z,bbb2222,,b.csv,\n",
     )
     .unwrap();
     let record = sb.record();
@@ -384,7 +403,8 @@ fn oom_record_list_and_prune() {
 fn a_closed_stdout_ends_the_command_quietly() {
     let sb = Sandbox::new();
     // More output than a pipe holds, so the writer meets the closed end.
-    let text: String = (0..5000).map(|i| format!("synthetic:tiny,{i},2026-01-01,abc1234,,s.csv\n")).collect();
+    let text: String =
+        (0..5000).map(|i| format!("synthetic:tiny,{i},2026-01-01,abc1234,,s.csv,\n")).collect();
     fs::write(sb.record(), text).unwrap();
     let record = sb.record();
     let mut cmd = sb.command("oom-record", &["list", "--file", record.to_str().unwrap()]);
@@ -404,4 +424,250 @@ fn a_closed_stdout_ends_the_command_quietly() {
     };
     run.expect_code(0);
     assert!(run.stderr.is_empty(), "a closed stdout is not an error to report{run}");
+}
+
+/// A fake engine's stderr line for kiln's pool refusing an allocation.
+const KILN_OOM_LINE: &str = "out of memory: requested 1.00 KiB (1024 bytes) for kv with 0 B (0 bytes) in use, limit 1.00 KiB (1024 bytes)";
+
+#[test]
+fn only_evidence_of_running_out_of_memory_writes_a_record_line() {
+    let sb = Sandbox::new();
+    let panic = "printf \"thread 'main' panicked at src/plan.rs:9:5:\\nout of memory while planning 1000000000 layers\\nnote: run with \\`RUST_BACKTRACE=1\\` environment variable to display a backtrace\\n\" >&2; exit 101";
+    let cases = [
+        ("kill -9 $$", "FAIL:killed", "no out-of-memory kill in the cgroup"),
+        (
+            "echo 'memory allocation of 1099511627776 bytes failed' >&2; kill -6 $$",
+            "FAIL:abort",
+            "memory allocation of 1099511627776 bytes failed",
+        ),
+        (panic, "FAIL:bench", "panicked at src/plan.rs:9:5: out of memory while planning 1000000000 layers"),
+        ("echo 'error: the pool said nothing' >&2; exit 3", "FAIL:bench", "the pool said nothing"),
+    ];
+    for (i, (bench, status, reason)) in cases.iter().enumerate() {
+        let kiln = util::fake_kiln(&sb, &format!("kiln-{i}"), "exit 1", bench);
+        let run = sb.run(
+            "bench-longprompt",
+            &args(&[
+                "--kiln-bin",
+                kiln.to_str().unwrap(),
+                "--models",
+                "fake",
+                "--lengths",
+                "64",
+                "--no-estimate",
+            ]),
+        );
+        run.expect_code(1).expect_stderr(status).expect_stderr(reason);
+        assert_eq!(sb.statuses("fake"), expect(&[("64", status)]), "{run}");
+        assert!(!sb.record().exists(), "no evidence, yet a record line{run}");
+    }
+    // kiln's exit 3 with its line is evidence.
+    let bench = format!("echo 'error: {KILN_OOM_LINE}' >&2; exit 3");
+    let kiln = util::fake_kiln(&sb, "kiln-oom", "exit 1", &bench);
+    let run = sb.run(
+        "bench-longprompt",
+        &args(&[
+            "--kiln-bin",
+            kiln.to_str().unwrap(),
+            "--models",
+            "fake",
+            "--lengths",
+            "64",
+            "--no-estimate",
+        ]),
+    );
+    // Nothing was measured, so 1.
+    run.expect_code(1);
+    assert_eq!(sb.statuses("fake"), expect(&[("64", "SKIP:oom")]), "{run}");
+    assert_eq!(sb.record_lines().len(), 1, "{run}");
+}
+
+#[test]
+fn the_estimate_is_bounded_by_the_cell_timeout() {
+    let sb = Sandbox::new();
+    let kiln = util::fake_kiln(&sb, "kiln", "exec sleep 60", "exit 1");
+    let start = Instant::now();
+    let run = sb.run(
+        "bench-longprompt",
+        &args(&[
+            "--kiln-bin",
+            kiln.to_str().unwrap(),
+            "--models",
+            "fake",
+            "--lengths",
+            "64",
+            "--cell-timeout",
+            "1",
+        ]),
+    );
+    run.expect_code(1).expect_stderr("timed out after 1s (--cell-timeout)");
+    assert!(start.elapsed() < Duration::from_secs(30), "the estimate ran past the cell timeout{run}");
+    assert_eq!(sb.statuses("fake"), expect(&[("64", "FAIL:estimate")]), "{run}");
+}
+
+#[test]
+fn resume_trusts_only_whole_rows_and_refuses_other_knobs() {
+    let sb = Sandbox::new();
+    let sweep = args(&["--models", TINY, "--lengths", "64 128"]);
+    sb.run("bench-longprompt", &sweep).expect_code(0);
+    // The last row cut inside its status: `ok` became `o`, with no newline.
+    let text = fs::read_to_string(sb.csv()).unwrap();
+    assert!(text.ends_with(",ok\n"), "{text}");
+    fs::write(sb.csv(), &text[..text.len() - 2]).unwrap();
+    let csv = sb.csv();
+    let mut resume = sweep.clone();
+    resume.extend(["--resume", csv.to_str().unwrap()]);
+    let run = sb.run("bench-longprompt", &resume);
+    run.expect_code(0).expect_stderr("1 of 2 cells already have a row").expect_stderr("cut short");
+    assert_eq!(sb.statuses(TINY), expect(&[("64", "ok"), ("128", "ok")]), "{run}");
+    // Another knob is refused before anything runs, naming it, and the file is untouched.
+    let before = fs::read(sb.csv()).unwrap();
+    for (extra, needle) in [
+        (vec!["--max-tokens", "8"], "--max-tokens 6 in the file, 8 in this run"),
+        (vec!["--attention", "naive"], "--attention (default) in the file, naive in this run"),
+        (vec!["--prefill-chunk", "16"], "--prefill-chunk (default) in the file, 16 in this run"),
+        (
+            vec!["--memory-limit", "1GiB"],
+            "--memory-limit (bytes) (default) in the file, 1073741824 in this run",
+        ),
+    ] {
+        let mut other: Vec<&str> = resume.clone();
+        if extra[0] == "--max-tokens" {
+            other =
+                vec!["--max-tokens", "8", "--warmup-tokens", "1", "--models", TINY, "--lengths", "64 128"];
+            other.extend(["--resume", csv.to_str().unwrap()]);
+        } else {
+            other.extend(extra.iter().copied());
+        }
+        let run = sb.run("bench-longprompt", &other);
+        run.expect_code(2).expect_stderr(needle);
+        assert_eq!(fs::read(sb.csv()).unwrap(), before, "a refused resume changed the file{run}");
+    }
+    // The knobs are columns of every row.
+    let rows = sb.rows(&sb.csv());
+    assert_eq!((rows[0].get("max_tokens"), rows[0].get("warmup_tokens")), ("6", "1"));
+    assert_eq!((rows[0].get("attention"), rows[0].get("kv_dtype"), rows[0].get("threads")), ("", "", ""));
+}
+
+#[test]
+fn the_output_is_locked_for_the_run_and_is_never_the_record() {
+    let sb = Sandbox::new();
+    fs::write(sb.record(), "synthetic:tiny,4096,2026-01-01,abc1234,,hand.csv,\n").unwrap();
+    let record_before = fs::read(sb.record()).unwrap();
+    // The record, spelled another way: through a symlink, and with a `./` detour.
+    let link = sb.path("looks-like-a.csv");
+    std::os::unix::fs::symlink(sb.record(), &link).unwrap();
+    let detour = sb.dir.path().join(".").join("oom-record");
+    for out in [link.to_str().unwrap(), detour.to_str().unwrap()] {
+        let run = sb.run("bench-longprompt", &args(&["--models", TINY, "--lengths", "64", "--output", out]));
+        run.expect_code(2).expect_stderr("is the OOM record");
+        assert_eq!(fs::read(sb.record()).unwrap(), record_before, "the record was touched{run}");
+    }
+    // Another sweep holds the output: this one is refused, naming it, and truncates nothing.
+    fs::write(sb.csv(), "rows of the other sweep\n").unwrap();
+    let held = fs::File::open(sb.csv()).unwrap();
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let run = sb.run("bench-longprompt", &args(&["--models", TINY, "--lengths", "64"]));
+    run.expect_code(2).expect_stderr("being written by another sweep").expect_stderr("out.csv");
+    assert_eq!(fs::read_to_string(sb.csv()).unwrap(), "rows of the other sweep\n");
+    drop(held);
+}
+
+#[test]
+fn every_flag_is_checked_before_anything_runs() {
+    let sb = Sandbox::new();
+    let run = sb.run("bench-longprompt", &["--models", TINY, "--lengths", "64", "--memory-limit", "12XB"]);
+    run.expect_code(2).expect_stderr("--memory-limit").expect_stderr("\"12XB\"").expect_stderr("MiB");
+    let run = sb.run_with(
+        "bench-longprompt",
+        &["--models", TINY, "--lengths", "64"],
+        &[("KILN_MEMORY_LIMIT", "lots")],
+    );
+    run.expect_code(2).expect_stderr("KILN_MEMORY_LIMIT");
+    let run = sb.run("bench-longprompt", &["--models", TINY, "--lengths", "-5"]);
+    run.expect_code(2).expect_stderr("`-5` is not a non-negative integer");
+    let run = sb.run("bench-longprompt", &["--models", TINY, "--lengths", "64", "--threads", "0"]);
+    run.expect_code(2).expect_stderr("--threads");
+    assert!(!sb.csv().exists() && !sb.path("runs").exists(), "something ran{run}");
+}
+
+#[test]
+fn the_workspace_is_found_from_the_current_directory() {
+    let sb = Sandbox::new();
+    util::kiln_bin();
+    // A second checkout: its own workspace, entered at a subdirectory.
+    let ws = sb.path("checkout");
+    fs::create_dir_all(ws.join("crates/x")).unwrap();
+    fs::write(ws.join("Cargo.toml"), "[workspace]\nmembers = []\n").unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_xtask"));
+    cmd.args(["bench-decode", "--models", TINY, "--max-tokens", "6", "--warmup-tokens", "1", "--kiln-bin"])
+        .arg(util::kiln_bin())
+        .current_dir(ws.join("crates/x"))
+        .env("RAYON_NUM_THREADS", "1");
+    let out = cmd.output().unwrap();
+    let run = Run {
+        cmd: format!("{cmd:?}"),
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    run.expect_code(0);
+    let csvs: Vec<_> = fs::read_dir(ws.join("benchmarks"))
+        .unwrap_or_else(|e| panic!("no benchmarks/ in the checkout ({e}){run}"))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with("_decode.csv"))
+        .collect();
+    assert_eq!(csvs.len(), 1, "{csvs:?}{run}");
+    assert!(ws.join("benchmarks/runs").is_dir(), "{run}");
+}
+
+#[test]
+fn a_signal_during_prune_leaves_the_record_whole_and_no_temporary_file() {
+    let sb = Sandbox::new();
+    // Long comment lines: cheap to parse, slow to write and sync, so the temporary file
+    // lives long enough to be seen.
+    let comment = format!("# {}\n", "x".repeat(256 << 10));
+    let keep: String =
+        (0..96).map(|i| format!("{comment}synthetic:tiny,{i},2026-01-01,abc1234,,s.csv,\n")).collect();
+    let original = format!("{keep}gone,1,2026-01-01,abc1234,,s.csv,\n");
+    let record = sb.record();
+    let temp_files = || -> Vec<String> {
+        fs::read_dir(sb.dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".tmp."))
+            .collect()
+    };
+    let mut caught = 0;
+    for _ in 0..20 {
+        fs::write(&record, &original).unwrap();
+        let mut cmd =
+            sb.command("oom-record", &["prune", "--file", record.to_str().unwrap(), "--model", "gone"]);
+        let mut child = cmd
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // SIGTERM the moment the temporary file appears.
+        let pid = rustix::process::Pid::from_child(&child);
+        while child.try_wait().unwrap().is_none() {
+            if !temp_files().is_empty() {
+                rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+                caught += 1;
+                break;
+            }
+        }
+        let status = child.wait().unwrap();
+        assert!(temp_files().is_empty(), "a SIGTERM during the prune ({status}) left {:?}", temp_files());
+        let now = fs::read_to_string(&record).unwrap();
+        assert!(
+            now == original || now == keep,
+            "a SIGTERM during the prune ({status}) left a partial record"
+        );
+        if caught >= 3 {
+            break;
+        }
+    }
+    assert!(caught > 0, "the temporary file was never seen: the test proved nothing");
 }

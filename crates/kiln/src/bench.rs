@@ -9,8 +9,6 @@
 //! largest counted in the plan); the kernels' activation codes are small heap buffers
 //! outside the pool.
 
-use std::collections::BTreeMap;
-use std::io::Write;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -18,6 +16,7 @@ use kiln_core::bandwidth::{self, ReadBuffer};
 use kiln_core::wide::qmv_wide_enabled;
 use kiln_model::ops::argmax;
 use kiln_model::{Engine, ModelError, RunShape};
+use kiln_protocol::DecodeReport;
 
 use crate::cli::{BenchArgs, Format};
 use crate::exit::usage;
@@ -25,56 +24,6 @@ use crate::{Clock, prompt, runtime, rusage, speculate};
 
 /// Passes over the bandwidth buffer; the best one is reported.
 const BANDWIDTH_PASSES: usize = 5;
-
-/// The protocol's scalar fields, in order, plus kiln's additions after them.
-#[derive(Debug, serde::Serialize)]
-pub struct Scalars {
-    model: String,
-    model_path: String,
-    prompt_tokens: usize,
-    generated_tokens: usize,
-    prefill_ms: f64,
-    prefill_tok_s: f64,
-    decode_ms: f64,
-    decode_tok_s: f64,
-    peak_bytes: u64,
-    max_rss_bytes: Option<u64>,
-    startup_ms: f64,
-    first_token_ms: f64,
-    backend: &'static str,
-    threads: usize,
-    kiln_version: &'static str,
-    attention: &'static str,
-    prefill_chunk: usize,
-    memory_limit_bytes: Option<u64>,
-    max_tokens: usize,
-    warmup_tokens: usize,
-    decode_steps: usize,
-    kv_dtype: &'static str,
-    qmv_wide: bool,
-    weights_bytes: u64,
-    estimated_peak_bytes: u64,
-    bytes_read_per_token: u64,
-    read_bandwidth_bytes_per_s: Option<f64>,
-    bandwidth_probe_ms: Option<f64>,
-    decode_bandwidth_share: Option<f64>,
-    // `--speculative` only (absent otherwise, so other records keep their columns): the
-    // drafter, K, the gate's outcome and the acceptance counts of the whole run.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    spec_drafter: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    spec_draft_tokens: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    spec_gate: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    spec_drafted: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    spec_accepted: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    spec_acceptance: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    spec_verifies: Option<u64>,
-}
 
 /// What a speculative run adds to the record.
 struct SpecFields {
@@ -85,14 +34,6 @@ struct SpecFields {
     accepted: u64,
     acceptance: Option<f64>,
     verifies: u64,
-}
-
-/// The JSON record: the scalars and the peak's per-tag breakdown.
-#[derive(Debug, serde::Serialize)]
-struct Record {
-    #[serde(flatten)]
-    scalars: Scalars,
-    peak_breakdown: BTreeMap<String, u64>,
 }
 
 /// Runs the measurement on the worker pool and prints its record.
@@ -247,11 +188,11 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
 
     let stats = pool.stats();
     let bytes_read_per_token = model.weights.bytes_read_per_token() as u64;
-    let scalars = Scalars {
+    let report = DecodeReport {
         model: model_name.clone(),
         model_path: model.source.display_path(),
-        prompt_tokens: ids.len(),
-        generated_tokens: args.max_tokens,
+        prompt_tokens: ids.len() as u64,
+        generated_tokens: args.max_tokens as u64,
         prefill_ms: prefill_s * 1e3,
         prefill_tok_s: ids.len() as f64 / prefill_s,
         decode_ms: decode_s * 1e3,
@@ -260,47 +201,38 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         max_rss_bytes: rusage::max_rss_bytes(),
         startup_ms,
         first_token_ms,
-        backend: "cpu",
-        threads,
-        kiln_version: env!("CARGO_PKG_VERSION"),
-        attention: options.attention.as_str(),
-        prefill_chunk: options.prefill_chunk,
+        backend: "cpu".into(),
+        threads: threads as u64,
+        kiln_version: env!("CARGO_PKG_VERSION").into(),
+        attention: options.attention.as_str().into(),
+        prefill_chunk: options.prefill_chunk as u64,
         memory_limit_bytes: runtime::limit_bytes(&pool),
-        max_tokens: args.max_tokens,
-        warmup_tokens: args.warmup_tokens,
-        decode_steps,
-        kv_dtype: options.kv_dtype.as_str(),
-        qmv_wide: qmv_wide_enabled(),
-        weights_bytes: info.weight_bytes,
-        estimated_peak_bytes: plan.total_bytes,
-        bytes_read_per_token,
+        max_tokens: Some(args.max_tokens as u64),
+        warmup_tokens: Some(args.warmup_tokens as u64),
+        decode_steps: Some(decode_steps as u64),
+        kv_dtype: Some(options.kv_dtype.as_str().into()),
+        qmv_wide: Some(qmv_wide_enabled()),
+        weights_bytes: Some(info.weight_bytes),
+        estimated_peak_bytes: Some(plan.total_bytes),
+        bytes_read_per_token: Some(bytes_read_per_token),
         read_bandwidth_bytes_per_s: bandwidth.map(|(bw, _)| bw.bytes_per_s),
         bandwidth_probe_ms: bandwidth.map(|(_, ms)| ms),
         decode_bandwidth_share: bandwidth
             .filter(|_| decode_tok_s > 0.0)
             .map(|(bw, _)| decode_tok_s * bytes_read_per_token as f64 / bw.bytes_per_s),
-        spec_drafter: spec_fields.as_ref().map(|f| f.drafter),
-        spec_draft_tokens: spec_fields.as_ref().map(|f| f.draft_tokens),
-        spec_gate: spec_fields.as_ref().map(|f| f.gate),
+        spec_drafter: spec_fields.as_ref().map(|f| f.drafter.to_string()),
+        spec_draft_tokens: spec_fields.as_ref().map(|f| f.draft_tokens as u64),
+        spec_gate: spec_fields.as_ref().map(|f| f.gate.to_string()),
         spec_drafted: spec_fields.as_ref().map(|f| f.drafted),
         spec_accepted: spec_fields.as_ref().map(|f| f.accepted),
         spec_acceptance: spec_fields.as_ref().and_then(|f| f.acceptance),
         spec_verifies: spec_fields.as_ref().map(|f| f.verifies),
+        peak_breakdown: stats.by_tag.iter().map(|(tag, s)| (tag.clone(), s.at_peak)).collect(),
     };
-    let peak_breakdown = stats.by_tag.iter().map(|(tag, s)| (tag.clone(), s.at_peak)).collect();
-    let mut out = std::io::stdout().lock();
+    let out = std::io::stdout().lock();
     match args.format {
-        Format::Json => {
-            let record = Record { scalars, peak_breakdown };
-            serde_json::to_writer(&mut out, &record).context("writing the result")?;
-            writeln!(out).context("writing the result")?;
-        }
-        Format::Csv => {
-            let mut w = csv::Writer::from_writer(&mut out);
-            w.serialize(&scalars).context("writing the result")?;
-            w.flush().context("writing the result")?;
-        }
+        Format::Json => report.write_json(out),
+        Format::Csv => report.write_csv(out),
     }
-    out.flush().context("writing the result")?;
-    Ok(())
+    .context("writing the result")
 }

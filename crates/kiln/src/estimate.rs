@@ -4,36 +4,13 @@
 //! A run beyond the model's context is still planned and printed, with `within_context`
 //! false, so a harness can tell "would not fit in memory" from "cannot run at this length".
 
-use std::io::Write;
-
 use anyhow::Context;
 use kiln_model::RunShape;
+use kiln_protocol::EstimateReport;
 
 use crate::cli::{EstimateArgs, Format};
 use crate::exit::usage;
 use crate::runtime;
-
-/// The record, protocol fields first.
-#[derive(Debug, serde::Serialize)]
-struct Record {
-    model: String,
-    model_path: String,
-    prompt_tokens: usize,
-    max_tokens: usize,
-    weights_bytes: u64,
-    kv_bytes: u64,
-    scratch_bytes: u64,
-    total_bytes: u64,
-    memory_limit_bytes: Option<u64>,
-    fits: bool,
-    context_length: usize,
-    attention: &'static str,
-    prefill_chunk: usize,
-    within_context: bool,
-    kv_dtype: &'static str,
-    workspace_bytes: u64,
-    attention_scores_bytes: u64,
-}
 
 /// Plans the run and prints the record.
 pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
@@ -64,37 +41,29 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
     })?;
     let limit = runtime::limit_bytes(&pool);
     let context = info.config.max_position_embeddings;
-    let record = Record {
+    let record = EstimateReport {
         model: name.clone(),
         model_path: info.source.display_path(),
-        prompt_tokens: args.prompt_tokens,
-        max_tokens: args.max_tokens,
+        prompt_tokens: args.prompt_tokens as u64,
+        max_tokens: args.max_tokens as u64,
         weights_bytes: plan.weights_bytes,
         kv_bytes: plan.kv_bytes,
         scratch_bytes: plan.scratch_bytes,
         total_bytes: plan.total_bytes,
         memory_limit_bytes: limit,
         fits: limit.is_none_or(|l| plan.total_bytes <= l),
-        context_length: context,
-        attention: options.attention.as_str(),
-        prefill_chunk: options.prefill_chunk,
+        context_length: context as u64,
+        attention: options.attention.as_str().into(),
+        prefill_chunk: options.prefill_chunk as u64,
         within_context: shape.sequence_tokens() <= context,
-        kv_dtype: options.kv_dtype.as_str(),
-        workspace_bytes: plan.workspace_bytes,
-        attention_scores_bytes: plan.attention_scores_bytes,
+        kv_dtype: Some(options.kv_dtype.as_str().into()),
+        workspace_bytes: Some(plan.workspace_bytes),
+        attention_scores_bytes: Some(plan.attention_scores_bytes),
     };
-    let mut out = std::io::stdout().lock();
+    let out = std::io::stdout().lock();
     match args.format {
-        Format::Json => {
-            serde_json::to_writer(&mut out, &record).context("writing the estimate")?;
-            writeln!(out).context("writing the estimate")?;
-        }
-        Format::Csv => {
-            let mut w = csv::Writer::from_writer(&mut out);
-            w.serialize(&record).context("writing the estimate")?;
-            w.flush().context("writing the estimate")?;
-        }
+        Format::Json => record.write_json(out),
+        Format::Csv => record.write_csv(out),
     }
-    out.flush().context("writing the estimate")?;
-    Ok(())
+    .context("writing the estimate")
 }

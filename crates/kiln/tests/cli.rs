@@ -35,28 +35,8 @@ fn bench_decode_prints_every_protocol_field() {
         ])
         .expect_code(0);
     let j = run.json();
-    for key in [
-        "model",
-        "model_path",
-        "prompt_tokens",
-        "generated_tokens",
-        "prefill_ms",
-        "prefill_tok_s",
-        "decode_ms",
-        "decode_tok_s",
-        "peak_bytes",
-        "peak_breakdown",
-        "max_rss_bytes",
-        "startup_ms",
-        "first_token_ms",
-        "backend",
-        "threads",
-        "kiln_version",
-        "attention",
-        "prefill_chunk",
-        "memory_limit_bytes",
-        "bytes_read_per_token",
-    ] {
+    // Every field the protocol crate lists, kiln's additions included.
+    for key in kiln_protocol::DECODE_FIELDS.into_iter().chain(["peak_breakdown"]) {
         assert!(j.contains_key(key), "missing {key}{}", run.describe());
     }
     assert_eq!(j["model"], "synthetic:tiny");
@@ -96,12 +76,7 @@ fn bench_decode_csv_is_a_header_and_one_row() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 2, "{}", run.describe());
     let header: Vec<&str> = lines[0].split(',').collect();
-    assert!(
-        header.starts_with(&["model", "model_path", "prompt_tokens", "generated_tokens"]),
-        "{}",
-        run.describe()
-    );
-    assert!(!header.contains(&"peak_breakdown"));
+    assert_eq!(header, kiln_protocol::DECODE_FIELDS, "{}", run.describe());
     assert_eq!(lines[1].split(',').count(), header.len(), "{}", run.describe());
 }
 

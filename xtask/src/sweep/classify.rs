@@ -1,14 +1,17 @@
 //! How a finished child is classified: the status vocabulary of a sweep row, and the
-//! out-of-memory classifier, a pure function of the exit and the captured text.
+//! out-of-memory classifier, a pure function of the exit, the captured text and the
+//! evidence the harness gathered. A `SKIP:oom` row writes a record line that pre-skips
+//! the cell for good, so only evidence of running out of memory makes one.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 
 /// The protocol's exit code for "the memory pool refused an allocation".
-pub const KILN_OOM_EXIT_CODE: i32 = 3;
+pub const KILN_OOM_EXIT_CODE: i32 = kiln_protocol::EXIT_OUT_OF_MEMORY as i32;
 /// The protocol's exit code for "bad arguments or an unusable model".
-pub const KILN_BY_RULE_EXIT_CODE: i32 = 2;
+pub const KILN_BY_RULE_EXIT_CODE: i32 = kiln_protocol::EXIT_USAGE as i32;
 /// SIGKILL's number, the kernel OOM killer's signal (the same on Linux and macOS).
-const SIGKILL: i32 = 9;
+pub const SIGKILL: i32 = 9;
 
 /// How a child ended, as the harness saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,11 +61,16 @@ pub enum Status {
     NoOutput,
     /// `kiln estimate` failed, so the budget layer could not decide.
     Estimate,
+    /// SIGKILL from outside the harness with no evidence of an out-of-memory kill.
+    Killed,
+    /// A Rust allocation or capacity abort: a bug asking for an impossible size, not a
+    /// machine out of memory.
+    Abort,
 }
 
 impl Status {
     /// Every status, in the order the documentation lists them.
-    pub const ALL: [Status; 12] = [
+    pub const ALL: [Status; 14] = [
         Status::Ok,
         Status::OomEstimate,
         Status::Oom,
@@ -75,6 +83,8 @@ impl Status {
         Status::Bench,
         Status::NoOutput,
         Status::Estimate,
+        Status::Killed,
+        Status::Abort,
     ];
 
     /// The text written in the `status` column.
@@ -92,6 +102,8 @@ impl Status {
             Status::Bench => "FAIL:bench",
             Status::NoOutput => "FAIL:no_output",
             Status::Estimate => "FAIL:estimate",
+            Status::Killed => "FAIL:killed",
+            Status::Abort => "FAIL:abort",
         }
     }
 
@@ -108,7 +120,15 @@ impl Status {
 
     /// A failure: always a non-zero exit.
     pub fn is_failure(self) -> bool {
-        matches!(self, Status::Timeout | Status::Bench | Status::NoOutput | Status::Estimate)
+        matches!(
+            self,
+            Status::Timeout
+                | Status::Bench
+                | Status::NoOutput
+                | Status::Estimate
+                | Status::Killed
+                | Status::Abort
+        )
     }
 
     /// Not measured, for any reason.
@@ -124,32 +144,42 @@ impl fmt::Display for Status {
 }
 
 /// Whether a child that ended with `exit` and printed `text` (stdout and stderr together)
-/// ran out of memory. A timeout never is: the harness's own kill says nothing about
-/// memory; nor is a clean exit, whatever its log says about a fallback. Matching is by specific, grounded phrases only, so "zoom", "room" or a bare
-/// "oom" in a log never count.
-pub fn is_oom(exit: ChildExit, text: &str) -> bool {
+/// ran out of memory, on evidence only:
+///
+/// - kiln's exit 3 together with its `out of memory:` line;
+/// - SIGKILL while the cgroup's `oom_kill` count rose (`oom_kill_rose`): the kernel's OOM
+///   killer, not a `kill -9` from someone else;
+/// - another engine's allocator reporting it (the CUDA and Metal markers below), under any
+///   failing exit.
+///
+/// A timeout or a clean exit never is; nor is a panic (its text may mention memory, its
+/// cause is a bug), nor a Rust allocation or capacity abort ([`is_abort`]).
+pub fn is_oom(exit: ChildExit, text: &str, oom_kill_rose: bool) -> bool {
     match exit {
         ChildExit::TimedOut | ChildExit::Code(0) => false,
-        ChildExit::Code(KILN_OOM_EXIT_CODE) => true,
-        // Nobody but the kernel's OOM killer SIGKILLs a cell the harness did not kill.
-        ChildExit::Signal(SIGKILL) => true,
+        ChildExit::Signal(SIGKILL) => oom_kill_rose,
+        _ if is_panic(text) || is_abort(text) => false,
+        ChildExit::Code(KILN_OOM_EXIT_CODE) if has_kiln_oom_line(text) => true,
         ChildExit::Code(_) | ChildExit::Signal(_) => text.lines().any(line_reports_oom),
     }
 }
 
-/// Phrases that mean an allocation failed for lack of memory wherever they appear.
+/// kiln's pool message: a line that starts with `out of memory:` (after `error: `).
+fn has_kiln_oom_line(text: &str) -> bool {
+    text.lines()
+        .map(|l| l.trim_start())
+        .any(|l| l.strip_prefix("error: ").unwrap_or(l).starts_with(kiln_protocol::OOM_LINE_PREFIX))
+}
+
+/// Allocators' own out-of-memory reports, from engines that are not kiln.
 const OOM_PHRASES: &[&str] = &[
-    // kiln's pool and the generic wording of most allocators and runtimes.
-    "out of memory",
-    "failed to allocate",
-    "cannot allocate memory",
-    "std::bad_alloc",
     // Metal.
     "[metal::malloc]",
     "greater than the maximum allowed buffer size",
     // CUDA.
     "cuda_error_out_of_memory",
     "cudaerrormemoryallocation",
+    "cuda out of memory",
 ];
 
 /// Reasons that make a `cuMemAlloc failed` line an out-of-memory one; without one, the
@@ -161,10 +191,7 @@ fn line_reports_oom(line: &str) -> bool {
     if OOM_PHRASES.iter().any(|p| contains_phrase(&lower, p)) {
         return true;
     }
-    if lower.contains("cumemalloc failed") {
-        return CU_MEM_ALLOC_OOM_REASONS.iter().any(|r| lower.contains(r));
-    }
-    is_rust_alloc_failure(&lower)
+    lower.contains("cumemalloc failed") && CU_MEM_ALLOC_OOM_REASONS.iter().any(|r| lower.contains(r))
 }
 
 /// `phrase` in `haystack` with no letter or digit glued to either end, so that
@@ -182,6 +209,16 @@ fn contains_phrase(haystack: &str, phrase: &str) -> bool {
     })
 }
 
+/// A Rust allocation abort (`memory allocation of 1024 bytes failed`) or capacity
+/// overflow: the program asked for a size no machine has, which is a bug to fix, not a
+/// cell to skip for good.
+pub fn is_abort(text: &str) -> bool {
+    text.lines().any(|line| {
+        let lower = line.to_ascii_lowercase();
+        lower.contains("capacity overflow") || is_rust_alloc_failure(&lower)
+    })
+}
+
 /// Rust's allocation-error handler: `memory allocation of 1024 bytes failed`.
 fn is_rust_alloc_failure(lower: &str) -> bool {
     const HEAD: &str = "memory allocation of ";
@@ -190,6 +227,73 @@ fn is_rust_alloc_failure(lower: &str) -> bool {
         let digits = rest.chars().take_while(char::is_ascii_digit).count();
         digits > 0 && rest[digits..].starts_with(" bytes failed")
     })
+}
+
+/// Whether the text holds a Rust panic.
+fn is_panic(text: &str) -> bool {
+    text.lines().any(is_panic_head)
+}
+
+/// `thread 'main' panicked at src/x.rs:1:2:` (newer toolchains add the thread id:
+/// `thread 'main' (7) panicked at ...`).
+fn is_panic_head(line: &str) -> bool {
+    line.starts_with("thread '") && line.contains(" panicked at ")
+}
+
+/// A panic's own message (`thread 'main' panicked at src/x.rs:1:2:` is followed by it),
+/// as `panicked at src/x.rs:1:2: the message`, never the backtrace footer.
+pub fn panic_message(text: &str) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines.iter().position(|l| is_panic_head(l))?;
+    let head = lines[at];
+    let location = head[head.find(" panicked at ")? + " panicked at ".len()..].trim_end_matches(':');
+    let message: Vec<&str> = lines[at + 1..]
+        .iter()
+        .map(|l| l.trim())
+        .take_while(|l| !l.starts_with("note: ") && !l.starts_with("stack backtrace:"))
+        .filter(|l| !l.is_empty())
+        .collect();
+    let message = if message.is_empty() { "(no message)".to_string() } else { message.join(" ") };
+    Some(format!("panicked at {location}: {message}"))
+}
+
+/// Why a failing child failed, in one line: its panic message when it panicked, else
+/// its last `error:` line (see [`reason_line`]).
+pub fn failure_reason(stderr: &str) -> String {
+    match panic_message(stderr) {
+        Some(m) => truncate(&m),
+        None => reason_line(stderr),
+    }
+}
+
+/// Whether the engine refused the cell because the model is not where it was named: its
+/// `error:` line carries `model not found:` (after any context it adds in front).
+pub fn is_missing_model(stderr: &str) -> bool {
+    stderr.lines().map(str::trim).any(|l| {
+        l.strip_prefix("error: ").is_some_and(|e| {
+            e.starts_with(kiln_protocol::MODEL_NOT_FOUND)
+                || e.contains(&format!(": {}", kiln_protocol::MODEL_NOT_FOUND))
+        })
+    })
+}
+
+/// The `memory.events` file of the cgroup this process is in (cgroup v2), when the
+/// system has one: the children run in the same cgroup.
+pub fn memory_events_path() -> Option<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let file = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/')).join("memory.events");
+    file.is_file().then_some(file)
+}
+
+/// The `oom_kill` count in a `memory.events` file.
+pub fn oom_kill_count(path: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    parse_oom_kill(&text)
+}
+
+fn parse_oom_kill(text: &str) -> Option<u64> {
+    text.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|n| n.trim().parse().ok())
 }
 
 /// The bytes an engine's `out of memory:` line says the cell needed when it was refused:
@@ -220,7 +324,11 @@ pub fn reason_line(text: &str) -> String {
         .or(lines.last())
         .copied()
         .unwrap_or("no message");
-    let line = line.strip_prefix("error: ").unwrap_or(line);
+    truncate(line.strip_prefix("error: ").unwrap_or(line))
+}
+
+/// One line for a terminal: at most 300 bytes.
+fn truncate(line: &str) -> String {
     const MAX: usize = 300;
     if line.len() > MAX {
         let cut = (0..=MAX).rev().find(|&i| line.is_char_boundary(i)).unwrap_or(0);
@@ -238,30 +346,88 @@ mod tests {
         ChildExit::Code(c)
     }
 
-    #[test]
-    fn kiln_oom_exit_code_is_oom_without_any_text() {
-        assert!(is_oom(code(3), ""));
+    const KILN_OOM: &str = "error: out of memory: requested 390.62 KiB (400000 bytes) for kv with \
+                            1.00 MiB (1048576 bytes) in use, limit 1.00 MiB (1048576 bytes)";
+
+    fn is_oom(exit: ChildExit, text: &str) -> bool {
+        super::is_oom(exit, text, false)
     }
 
     #[test]
-    fn sigkill_is_the_oom_killer() {
-        assert!(is_oom(ChildExit::Signal(9), ""));
-        assert!(!is_oom(ChildExit::Signal(11), "segmentation fault"));
+    fn kiln_exit_3_needs_its_out_of_memory_line() {
+        assert!(is_oom(code(3), KILN_OOM));
+        assert!(is_oom(code(3), "out of memory: requested 1 B (1 bytes) for kv"));
+        assert!(!is_oom(code(3), ""), "exit 3 alone is no evidence");
+        assert!(!is_oom(code(3), "error: something else"));
+        // The pool's line under another exit code is not kiln reporting an OOM.
+        assert!(!is_oom(code(1), KILN_OOM));
+    }
+
+    #[test]
+    fn sigkill_is_an_oom_only_when_the_cgroup_counted_a_kill() {
+        assert!(super::is_oom(ChildExit::Signal(9), "", true));
+        assert!(!super::is_oom(ChildExit::Signal(9), "", false), "kill -9 from outside");
+        assert!(!super::is_oom(ChildExit::Signal(11), "segmentation fault", true));
         assert!(!is_oom(ChildExit::Signal(6), "assertion failed"));
     }
 
     #[test]
     fn a_timeout_is_never_oom() {
-        assert!(!is_oom(ChildExit::TimedOut, ""));
-        assert!(!is_oom(ChildExit::TimedOut, "out of memory: requested 1 (1 bytes)"));
+        assert!(!super::is_oom(ChildExit::TimedOut, "", true));
+        assert!(!is_oom(ChildExit::TimedOut, KILN_OOM));
     }
 
     #[test]
-    fn the_engine_message_counts_under_any_exit_code() {
-        let msg = "out of memory: requested 390.62 KiB (400000 bytes) for kv with 1.00 MiB \
-                   (1048576 bytes) in use, limit 1.00 MiB (1048576 bytes)";
-        assert!(is_oom(code(1), msg));
-        assert!(is_oom(code(1), &format!("error: {msg}")));
+    fn panics_and_rust_aborts_are_bugs_not_ooms() {
+        let panic = "thread 'main' (123) panicked at crates/kiln-model/src/plan.rs:40:9:\n\
+                     out of memory while planning: 1000000000 layers\n\
+                     note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n";
+        assert!(!is_oom(code(101), panic));
+        assert!(!is_oom(code(3), &format!("{panic}{KILN_OOM}")));
+        assert_eq!(
+            panic_message(panic).unwrap(),
+            "panicked at crates/kiln-model/src/plan.rs:40:9: out of memory while planning: 1000000000 layers"
+        );
+        assert_eq!(failure_reason(panic), panic_message(panic).unwrap());
+        let abort = "memory allocation of 17179869184 bytes failed\n";
+        assert!(!is_oom(ChildExit::Signal(6), abort) && is_abort(abort));
+        let overflow = "thread 'main' panicked at library/alloc/src/raw_vec.rs:24:5:\ncapacity overflow\n";
+        assert!(!is_oom(code(101), overflow) && is_abort(overflow));
+        assert!(!is_abort("memory allocation of many bytes failed") && !is_abort(KILN_OOM));
+        // Without a panic the last error line stands.
+        assert_eq!(failure_reason("x\nerror: bad thing\n"), "bad thing");
+    }
+
+    #[test]
+    fn generic_allocator_phrases_are_not_evidence() {
+        for text in [
+            "Out Of Memory",
+            "error: failed to allocate 1073741824 bytes",
+            "mmap: Cannot allocate memory (os error 12)",
+            "terminate called after throwing an instance of 'std::bad_alloc'",
+        ] {
+            assert!(!is_oom(code(1), text), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn the_oom_kill_count_is_read_from_memory_events() {
+        let text = "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n";
+        assert_eq!(parse_oom_kill(text), Some(2));
+        assert_eq!(parse_oom_kill("oom 3\n"), None);
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("memory.events");
+        std::fs::write(&f, text).unwrap();
+        assert_eq!(oom_kill_count(&f), Some(2));
+        assert_eq!(oom_kill_count(&dir.path().join("none")), None);
+    }
+
+    #[test]
+    fn a_missing_model_is_named_by_the_protocol_prefix() {
+        assert!(is_missing_model("error: model not found: ./m: expected synthetic:<profile>"));
+        assert!(is_missing_model("error: reading model m: model not found: m: expected synthetic:<profile>"));
+        assert!(!is_missing_model("warning: model not found: m"));
+        assert!(!is_missing_model("error: unsupported config: bits 3"));
     }
 
     #[test]
@@ -292,13 +458,8 @@ mod tests {
     }
 
     #[test]
-    fn generic_allocator_messages() {
+    fn the_pytorch_cuda_message_counts() {
         assert!(is_oom(code(1), "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"));
-        assert!(is_oom(code(1), "Out Of Memory"));
-        assert!(is_oom(code(1), "error: failed to allocate 1073741824 bytes"));
-        assert!(is_oom(code(1), "mmap: Cannot allocate memory (os error 12)"));
-        assert!(is_oom(code(134), "terminate called after throwing an instance of 'std::bad_alloc'"));
-        assert!(is_oom(code(134), "memory allocation of 17179869184 bytes failed"));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use anyhow::Result;
 use super::classify::Status;
 use super::plan::Cell;
 use super::record::{RecordLine, RecordView};
-use super::report::EstimateReport;
+use kiln_protocol::EstimateReport;
 
 /// A decision not to launch a cell.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,24 +36,28 @@ pub enum EstimateFacts {
     Report(EstimateReport),
     /// The engine refused the cell by rule (exit 2), with its reason.
     ByRule(String),
+    /// The engine found no model where the cell names one (exit 2, `model not found:`).
+    MissingModel(String),
     /// The estimate failed otherwise, with the reason.
     Failed(String),
 }
 
-/// The estimate layer's verdict: context first (a rule), then the budget unless the layer
+/// The estimate layer's verdict: the model's presence and the context first (rules, as the
+/// engine answers them), then the budget unless the layer
 /// is turned off (`--no-estimate`). With the layer off, a failed estimate does not stop the
 /// cell: the user asked for the real run.
 pub fn judge_estimate(facts: &EstimateFacts, estimate_on: bool) -> Option<Skip> {
     match facts {
         EstimateFacts::NotApplicable => None,
         EstimateFacts::ByRule(reason) => Some(Skip::new(Status::Unsupported, reason.clone())),
+        EstimateFacts::MissingModel(reason) => Some(Skip::new(Status::MissingModel, reason.clone())),
         EstimateFacts::Failed(reason) if estimate_on => {
             Some(Skip::new(Status::Estimate, format!("kiln estimate failed: {reason}")))
         }
         EstimateFacts::Failed(_) => None,
         EstimateFacts::Report(r) => {
-            let needed = r.prompt_tokens.saturating_add(r.max_tokens);
-            if needed > r.context_length {
+            // The engine's verdict: the harness does not repeat its context rule.
+            if !r.within_context {
                 return Some(Skip::new(
                     Status::Context,
                     format!(
@@ -189,6 +193,12 @@ mod tests {
 
     fn report(prompt: u64, max: u64, ctx: u64, fits: bool) -> EstimateReport {
         EstimateReport {
+            attention: "streaming".into(),
+            prefill_chunk: 0,
+            within_context: prompt + max <= ctx,
+            kv_dtype: None,
+            workspace_bytes: None,
+            attention_scores_bytes: None,
             model: "m".into(),
             model_path: "m".into(),
             prompt_tokens: prompt,
@@ -230,6 +240,14 @@ mod tests {
         assert_eq!(judge_estimate(&failed, false), None);
         let rule = EstimateFacts::ByRule("bad".into());
         assert_eq!(judge_estimate(&rule, false).unwrap().status, Status::Unsupported);
+        let missing = EstimateFacts::MissingModel("model not found: x".into());
+        assert_eq!(judge_estimate(&missing, false).unwrap().status, Status::MissingModel);
+        // The engine's own verdict stands, whatever the numbers beside it say.
+        let mut trusted = report(100, 28, 128, true);
+        trusted.within_context = false;
+        let skip = judge_estimate(&EstimateFacts::Report(trusted), true).unwrap();
+        assert_eq!(skip.status, Status::Context);
+        assert!(skip.reason.contains("context of 128 tokens"), "{}", skip.reason);
         assert_eq!(judge_estimate(&EstimateFacts::NotApplicable, true), None);
     }
 

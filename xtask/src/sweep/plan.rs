@@ -146,7 +146,7 @@ impl CellTemplate {
         if self.max_tokens == 0 {
             return Err("--max-tokens 0: expected 1 or more generated tokens".into());
         }
-        if self.warmup_tokens > 0 && self.warmup_tokens + 1 >= self.max_tokens {
+        if self.warmup_tokens > 0 && self.warmup_tokens.saturating_add(1) >= self.max_tokens {
             return Err(format!(
                 "--warmup-tokens {} leaves no timed decode step with --max-tokens {}: expected a warm-up below {}",
                 self.warmup_tokens,
@@ -308,6 +308,9 @@ mod tests {
         assert!(t(32, 4).is_ok() && t(2, 0).is_ok() && t(6, 4).is_ok());
         assert!(t(0, 0).unwrap_err().contains("--max-tokens 0"));
         assert!(t(5, 4).unwrap_err().contains("expected a warm-up below 4"));
+        // Counts at the top of the range are refused, not overflowed.
+        assert!(t(u64::MAX, u64::MAX).is_err());
+        assert!(t(u64::MAX, u64::MAX - 2).is_ok());
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The persistent OOM record, `benchmarks/.oom-record`: one CSV line per real out of
 //! memory, `model,prompt_target_len,date,commit,peak_bytes,source_csv,device`. Appends and
-//! rewrites hold an exclusive lock on a sidecar `.lock` file, reads a shared one, so
-//! concurrent sweeps (on one machine or on a shared filesystem) neither interleave nor
-//! lose lines, and a prune can replace the file atomically.
+//! rewrites hold an exclusive lock on a sidecar `.lock` file beside the record's real
+//! path (symlinks resolved), reads a shared one, so concurrent sweeps (on one machine or
+//! on a shared filesystem) neither interleave nor lose lines, and a prune can replace the
+//! file atomically. A line is trusted only when it is whole: seven fields and its newline.
 
 use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
@@ -87,20 +88,50 @@ pub enum Entry {
     Other { text: String },
 }
 
+/// An entry with the exact bytes of its line, terminator included, so a rewrite keeps
+/// every line it does not remove byte for byte (CRLF, bytes that are not UTF-8).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawEntry {
+    /// The parsed entry.
+    pub entry: Entry,
+    /// The line as it is in the file.
+    pub bytes: Vec<u8>,
+}
+
 /// Parses the file's text. Never fails: a bad line becomes [`Entry::Malformed`].
+#[cfg(test)]
 pub fn parse(text: &str) -> Vec<Entry> {
-    text.split_inclusive('\n')
+    parse_bytes(text.as_bytes()).into_iter().map(|r| r.entry).collect()
+}
+
+/// Parses the file's bytes. A last line without its newline was cut short (a crash, a
+/// full disk, a file-size limit) and is malformed, as is a line that is not UTF-8.
+pub fn parse_bytes(bytes: &[u8]) -> Vec<RawEntry> {
+    bytes
+        .split_inclusive(|&b| b == b'\n')
         .enumerate()
         .map(|(i, raw)| {
-            let text = raw.trim_end_matches(['\r', '\n']).to_string();
             let line = i as u64 + 1;
-            if text.trim().is_empty() || text.trim_start().starts_with('#') {
-                return Entry::Other { text };
-            }
-            match parse_line(&text) {
-                Ok(record) => Entry::Line { line, text, record },
-                Err(why) => Entry::Malformed(Malformed { line, text, why }),
-            }
+            let body = raw.strip_suffix(b"\n").unwrap_or(raw);
+            let body = body.strip_suffix(b"\r").unwrap_or(body);
+            let text = String::from_utf8_lossy(body).into_owned();
+            let entry = if text.trim().is_empty() || text.trim_start().starts_with('#') {
+                Entry::Other { text }
+            } else if std::str::from_utf8(body).is_err() {
+                Entry::Malformed(Malformed { line, text, why: "is not UTF-8 text".into() })
+            } else if !raw.ends_with(b"\n") {
+                Entry::Malformed(Malformed {
+                    line,
+                    text,
+                    why: "has no newline at its end: it was cut short while being written".into(),
+                })
+            } else {
+                match parse_line(&text) {
+                    Ok(record) => Entry::Line { line, text, record },
+                    Err(why) => Entry::Malformed(Malformed { line, text, why }),
+                }
+            };
+            RawEntry { entry, bytes: raw.to_vec() }
         })
         .collect()
 }
@@ -113,8 +144,12 @@ fn parse_line(text: &str) -> Result<RecordLine, String> {
         None => return Err("empty".into()),
     };
     let n = rec.len();
-    if !(6..=7).contains(&n) {
-        return Err(format!("has {n} fields, expected 6 or 7 ({})", FIELDS.join(",")));
+    if n != FIELDS.len() {
+        return Err(format!(
+            "has {n} fields, expected {} ({}; an empty device applies everywhere)",
+            FIELDS.len(),
+            FIELDS.join(",")
+        ));
     }
     let model = rec[0].trim().to_string();
     if model.is_empty() {
@@ -129,7 +164,7 @@ fn parse_line(text: &str) -> Result<RecordLine, String> {
     } else {
         Some(peak.parse().map_err(|_| format!("peak_bytes {peak:?} is not empty or an integer"))?)
     };
-    let device = rec.get(6).map(str::trim).filter(|d| !d.is_empty()).map(str::to_string);
+    let device = Some(rec[6].trim()).filter(|d| !d.is_empty()).map(str::to_string);
     Ok(RecordLine {
         model,
         prompt_target_len,
@@ -163,10 +198,17 @@ impl RecordFile {
         &self.path
     }
 
+    /// The file the path names: symlinks resolved, so two spellings of one record share
+    /// one lock and a rewrite replaces the link's target, not the link.
+    pub fn real_path(&self) -> PathBuf {
+        real_path(&self.path)
+    }
+
     fn lock_path(&self) -> PathBuf {
-        let mut name = self.path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+        let real = self.real_path();
+        let mut name = real.file_name().map(|n| n.to_os_string()).unwrap_or_default();
         name.push(".lock");
-        self.path.with_file_name(name)
+        real.with_file_name(name)
     }
 
     fn lock(&self, op: FlockOperation) -> Result<Lock> {
@@ -194,15 +236,21 @@ impl RecordFile {
     }
 
     fn read_unlocked(&self) -> Result<Vec<Entry>> {
+        Ok(self.read_raw_unlocked()?.into_iter().map(|r| r.entry).collect())
+    }
+
+    fn read_raw_unlocked(&self) -> Result<Vec<RawEntry>> {
         match fs::read(&self.path) {
-            Ok(bytes) => Ok(parse(&String::from_utf8_lossy(&bytes))),
+            Ok(bytes) => Ok(parse_bytes(&bytes)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
             Err(e) => Err(e).with_context(|| format!("reading the OOM record {}", self.path.display())),
         }
     }
 
-    /// Appends one line under the exclusive lock. When the file does not end with a
-    /// newline (a hand edit, a crash), one is written first so lines never merge.
+    /// Appends one line under the exclusive lock, in one write, its newline last: a write
+    /// cut short leaves a line without its newline, which readers refuse. When the file
+    /// does not end with a newline (a hand edit, a crash), one is written first so lines
+    /// never merge; the cut line stays malformed (it lacks fields).
     pub fn append(&self, line: &RecordLine) -> Result<()> {
         let text = line.to_csv_line()?;
         let _lock = self.lock(FlockOperation::LockExclusive)?;
@@ -224,9 +272,16 @@ impl RecordFile {
         }
         out.push_str(&text);
         out.push('\n');
-        file.write_all(out.as_bytes())
-            .and_then(|()| file.sync_data())
-            .with_context(|| format!("appending to the OOM record {}", self.path.display()))
+        let context = || format!("appending to the OOM record {}", self.path.display());
+        let written = file.write(out.as_bytes()).with_context(context)?;
+        if written != out.len() {
+            anyhow::bail!(
+                "appending to the OOM record {}: only {written} of {} bytes were written (disk full or a file-size limit?)",
+                self.path.display(),
+                out.len()
+            );
+        }
+        file.sync_data().with_context(context)
     }
 
     /// Removes the usable lines `remove` selects and, when `drop_malformed`, the malformed
@@ -242,48 +297,90 @@ impl RecordFile {
         if !self.path.exists() {
             return Ok(Vec::new());
         }
-        let entries = self.read_unlocked()?;
-        let (gone, kept): (Vec<Entry>, Vec<Entry>) = entries.into_iter().partition(|e| match e {
-            Entry::Line { record, .. } => remove(record),
-            Entry::Malformed(_) => drop_malformed,
-            Entry::Other { .. } => false,
-        });
+        let entries = self.read_raw_unlocked()?;
+        let (gone, kept): (Vec<RawEntry>, Vec<RawEntry>) =
+            entries.into_iter().partition(|r| match &r.entry {
+                Entry::Line { record, .. } => remove(record),
+                Entry::Malformed(_) => drop_malformed,
+                Entry::Other { .. } => false,
+            });
+        let gone: Vec<Entry> = gone.into_iter().map(|r| r.entry).collect();
         if gone.is_empty() || dry_run {
             return Ok(gone);
         }
-        let mut text = String::new();
-        for e in &kept {
-            let line = match e {
-                Entry::Line { text, .. } | Entry::Other { text } => text,
-                Entry::Malformed(m) => &m.text,
-            };
-            text.push_str(line);
-            text.push('\n');
+        let bytes: Vec<u8> = kept.into_iter().flat_map(|r| r.bytes).collect();
+        // Replace the file the path names, in its own directory (a rename is atomic only
+        // within one filesystem), keeping its permissions.
+        let target = self.real_path();
+        let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let mut tmp = TempFile::create(dir, &target)?;
+        if let Ok(meta) = fs::metadata(&target) {
+            let _ = tmp.file.set_permissions(meta.permissions());
         }
-        let dir = self.path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let mut tmp = tempfile_in(dir, &self.path)?;
-        tmp.1
-            .write_all(text.as_bytes())
-            .and_then(|()| tmp.1.sync_all())
-            .with_context(|| format!("writing {}", tmp.0.display()))?;
-        fs::rename(&tmp.0, &self.path)
-            .with_context(|| format!("replacing {} with {}", self.path.display(), tmp.0.display()))?;
+        tmp.file
+            .write_all(&bytes)
+            .and_then(|()| tmp.file.sync_all())
+            .with_context(|| format!("writing {}", tmp.path.display()))?;
+        tmp.persist(&target)?;
         Ok(gone)
     }
 }
 
-/// A new file beside `target` for an atomic replace (same directory, same filesystem).
-fn tempfile_in(dir: &Path, target: &Path) -> Result<(PathBuf, File)> {
-    let base = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    for attempt in 0..100u32 {
-        let path = dir.join(format!("{base}.tmp.{}.{attempt}", std::process::id()));
-        match OpenOptions::new().write(true).create_new(true).open(&path) {
-            Ok(f) => return Ok((path, f)),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
+/// `path` with its symlinks resolved; when it does not exist yet, its directory's real
+/// path joined with its name (following a dangling link to where it points).
+pub fn real_path(path: &Path) -> PathBuf {
+    if let Ok(p) = fs::canonicalize(path) {
+        return p;
+    }
+    let mut path = path.to_path_buf();
+    for _ in 0..40 {
+        match fs::read_link(&path) {
+            Ok(to) => path = path.parent().map_or(to.clone(), |d| d.join(&to)),
+            Err(_) => break,
         }
     }
-    anyhow::bail!("could not create a temporary file beside {}", target.display())
+    match (path.parent().filter(|d| !d.as_os_str().is_empty()), path.file_name()) {
+        (Some(dir), Some(name)) => fs::canonicalize(dir).map_or(path.clone(), |d| d.join(name)),
+        _ => path,
+    }
+}
+
+/// A temporary file beside its target for an atomic replace; removed when dropped unless
+/// it was persisted, so an error leaves nothing behind.
+struct TempFile {
+    path: PathBuf,
+    file: File,
+    persisted: bool,
+}
+
+impl TempFile {
+    fn create(dir: &Path, target: &Path) -> Result<TempFile> {
+        let base = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        for attempt in 0..100u32 {
+            let path = dir.join(format!("{base}.tmp.{}.{attempt}", std::process::id()));
+            match OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(file) => return Ok(TempFile { path, file, persisted: false }),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
+            }
+        }
+        anyhow::bail!("could not create a temporary file beside {}", target.display())
+    }
+
+    fn persist(mut self, target: &Path) -> Result<()> {
+        fs::rename(&self.path, target)
+            .with_context(|| format!("replacing {} with {}", target.display(), self.path.display()))?;
+        self.persisted = true;
+        Ok(())
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if !self.persisted {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// What a sweep sees of the record: re-read before each cell (another sweep may have
@@ -362,15 +459,15 @@ mod tests {
             text,
             "synthetic:tiny,2048,2026-01-02T03:04:05Z,abc1234,1234,\"benchmarks/a, b.csv\",cpu:Some CPU (16 GiB)"
         );
-        match &parse(&text)[..] {
+        match &parse(&format!("{text}\n"))[..] {
             [Entry::Line { line: 1, record, .. }] => assert_eq!(record, &l),
             other => panic!("{other:?}"),
         }
     }
 
     #[test]
-    fn six_fields_apply_everywhere_and_seven_to_one_device() {
-        let entries = parse("m,512,d,c,,src.csv\nm,512,d,c,,src.csv,gpu-a\n");
+    fn an_empty_device_applies_everywhere_and_a_named_one_to_that_device() {
+        let entries = parse("m,512,d,c,,src.csv,\nm,512,d,c,,src.csv,gpu-a\n");
         let recs: Vec<&RecordLine> = entries
             .iter()
             .map(|e| match e {
@@ -390,7 +487,7 @@ mod tests {
 
     #[test]
     fn malformed_lines_are_reported_with_their_number() {
-        let text = "# written by hand\n\nm,32768\nm,2o48,d,c,,s\nm,512,d,c,lots,s\nm,512,d,c,,s\n,1,d,c,,s\nm,1,d,c,,s,dev,extra\n";
+        let text = "# written by hand\n\nm,32768\nm,2o48,d,c,,s,\nm,512,d,c,lots,s,\nm,512,d,c,,s,\n,1,d,c,,s,\nm,1,d,c,,s,dev,extra\n";
         let entries = parse(text);
         let bad: Vec<(u64, &str)> = entries
             .iter()
@@ -418,7 +515,15 @@ mod tests {
         let file = RecordFile::new(path.clone());
         assert!(file.read().unwrap().is_empty());
         file.append(&line("a", 1, None)).unwrap();
-        fs::write(&path, format!("{}m,327", fs::read_to_string(&path).unwrap())).unwrap();
+        // A write cut by a full disk: the whole line but its newline.
+        let cut = line("z", 8, Some("dev")).to_csv_line().unwrap();
+        fs::write(&path, format!("{}{cut}", fs::read_to_string(&path).unwrap())).unwrap();
+        let entries = file.read().unwrap();
+        assert!(
+            matches!(&entries[1], Entry::Malformed(m) if m.why.contains("no newline")),
+            "a line without its newline was trusted: {entries:?}"
+        );
+        fs::write(&path, format!("{}m,327", fs::read_to_string(&path).unwrap().replace(&cut, ""))).unwrap();
         file.append(&line("b", 2, Some("dev"))).unwrap();
         let text = fs::read_to_string(&path).unwrap();
         assert_eq!(text.lines().count(), 3, "{text}");
@@ -433,27 +538,68 @@ mod tests {
     fn prune_replaces_the_file_and_keeps_the_rest_verbatim() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(".oom-record");
-        fs::write(&path, "# keep me\nm,512,d,c,,s\nm,2048,d,c,,s,dev\nbroken\nn,512,d,c,,s\n").unwrap();
+        fs::write(&path, "# keep me\nm,512,d,c,,s,\nm,2048,d,c,,s,dev\nbroken\nn,512,d,c,,s,\n").unwrap();
         let file = RecordFile::new(path.clone());
         let dry = file.prune(|r| r.model == "m", false, true).unwrap();
         assert_eq!(dry.len(), 2);
         assert_eq!(fs::read_to_string(&path).unwrap().lines().count(), 5);
         let gone = file.prune(|r| r.model == "m", true, false).unwrap();
         assert_eq!(gone.len(), 3);
-        assert_eq!(fs::read_to_string(&path).unwrap(), "# keep me\nn,512,d,c,,s\n");
+        assert_eq!(fs::read_to_string(&path).unwrap(), "# keep me\nn,512,d,c,,s,\n");
         let names: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names.len(), 2, "a temporary file was left behind: {names:?}");
+    }
+
+    #[test]
+    fn prune_keeps_the_lines_it_does_not_remove_byte_for_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(".oom-record");
+        let mut bytes = b"# caf\xe9 in Latin-1\r\nm,512,d,c,,s,\r\nn,512,d,c,,s,dev\xff\r\n".to_vec();
+        bytes.extend_from_slice(b"gone,1,d,c,,s,\nlast,1,d,c,,s,");
+        fs::write(&path, &bytes).unwrap();
+        let file = RecordFile::new(path.clone());
+        let gone = file.prune(|r| r.model == "gone", false, false).unwrap();
+        assert_eq!(gone.len(), 1);
+        let want =
+            [&bytes[..bytes.len() - b"gone,1,d,c,,s,\nlast,1,d,c,,s,".len()], b"last,1,d,c,,s,"].concat();
+        assert_eq!(fs::read(&path).unwrap(), want);
+        // The CRLF line is usable; the non-UTF-8 one and the unterminated one are not.
+        let entries = file.read().unwrap();
+        assert!(matches!(&entries[1], Entry::Line { record, .. } if record.model == "m"), "{entries:?}");
+        assert!(matches!(&entries[2], Entry::Malformed(m) if m.why.contains("UTF-8")), "{entries:?}");
+        assert!(matches!(&entries[3], Entry::Malformed(m) if m.why.contains("newline")), "{entries:?}");
+    }
+
+    #[test]
+    fn prune_through_a_symlink_replaces_the_target_and_keeps_the_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let real_dir = dir.path().join("real");
+        fs::create_dir(&real_dir).unwrap();
+        let target = real_dir.join("record");
+        fs::write(&target, "a,1,d,c,,s,\nb,1,d,c,,s,\n").unwrap();
+        let link = dir.path().join(".oom-record");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let file = RecordFile::new(link.clone());
+        assert_eq!(file.prune(|r| r.model == "a", false, false).unwrap().len(), 1);
+        assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link was replaced");
+        assert_eq!(fs::read_to_string(&target).unwrap(), "b,1,d,c,,s,\n");
+        // The temporary file went to the target's directory, and nothing is left over.
+        let mut names: Vec<_> = fs::read_dir(&real_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        names.sort();
+        assert_eq!(names, ["record", "record.lock"]);
+        // Both spellings lock the same file.
+        assert_eq!(RecordFile::new(link).lock_path(), RecordFile::new(target).lock_path());
     }
 
     #[test]
     fn the_view_finds_the_first_applicable_line() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(".oom-record");
-        fs::write(&path, "m,32768\nm,2048,d,c,,s,other-device\nm,8192,d,c,,s\n").unwrap();
+        fs::write(&path, "m,32768\nm,2048,d,c,,s,other-device\nm,8192,d,c,,s,\n").unwrap();
         let mut view = RecordView::new(RecordFile::new(path));
         assert_eq!(view.matching("m", 4096, "here").unwrap(), None);
         let (n, text) = view.matching("m", 8192, "here").unwrap().unwrap();
-        assert_eq!((n, text.as_str()), (3, "m,8192,d,c,,s"));
+        assert_eq!((n, text.as_str()), (3, "m,8192,d,c,,s,"));
         assert_eq!(view.matching("m", 2048, "other-device").unwrap().unwrap().0, 2);
         assert_eq!(view.warned.len(), 1);
     }

@@ -1,17 +1,21 @@
-//! The result CSV: the exact header, one typed row per cell, flushed after every row so
-//! an interrupted sweep keeps every finished row, and read back for `--resume`.
+//! The result CSV: the exact header, one typed row per cell, each written in one write
+//! and flushed so an interrupted sweep keeps every finished row, the file locked for the
+//! run's lifetime, and read back strictly for `--resume`.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use rustix::fs::{FlockOperation, flock};
 use serde::{Deserialize, Serialize};
 
+use super::classify::Status;
 use super::plan::CellKey;
+use crate::console::usage;
 
 /// The header, exactly.
-pub const HEADER: [&str; 21] = [
+pub const HEADER: [&str; 27] = [
     "model",
     "model_path",
     "prompt_tokens",
@@ -30,17 +34,24 @@ pub const HEADER: [&str; 21] = [
     "commit",
     "features",
     "max_tokens",
+    "warmup_tokens",
+    "attention",
+    "prefill_chunk",
+    "kv_dtype",
+    "memory_limit_bytes",
+    "threads",
     "prompt",
     "prompt_target_len",
     "status",
 ];
 
-/// One row. Measurements are empty when the cell was not measured.
+/// One row. Measurements are empty when the cell was not measured; a knob is empty when
+/// the engine's default applied.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Row {
     /// The model as named.
     pub model: String,
-    /// The engine's resolved path, or the harness's when the engine did not run.
+    /// Where the engine found it (from its report or estimate), else the model as named.
     pub model_path: String,
     /// Prompt tokens run.
     pub prompt_tokens: Option<u64>,
@@ -74,12 +85,67 @@ pub struct Row {
     pub features: String,
     /// Tokens asked for.
     pub max_tokens: u64,
+    /// Decode steps before the timed ones.
+    pub warmup_tokens: u64,
+    /// `--attention`; empty for the engine's default.
+    pub attention: String,
+    /// `--prefill-chunk`; empty for the engine's default.
+    pub prefill_chunk: Option<u64>,
+    /// `--kv-dtype`; empty for the engine's default.
+    pub kv_dtype: String,
+    /// The memory limit (`--memory-limit` or `KILN_MEMORY_LIMIT`) in bytes; empty for none.
+    pub memory_limit_bytes: Option<u64>,
+    /// `--threads`; empty for the engine's default.
+    pub threads: Option<u64>,
     /// The prompt text, empty for a token-count prompt.
     pub prompt: String,
     /// The prompt length asked for, empty for a text prompt.
     pub prompt_target_len: Option<u64>,
     /// Exactly one status.
     pub status: String,
+}
+
+/// Every setting that changes what a cell measures: a resumed sweep must use the same.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Knobs {
+    /// `--max-tokens`.
+    pub max_tokens: u64,
+    /// `--warmup-tokens`.
+    pub warmup_tokens: u64,
+    /// `--attention`.
+    pub attention: String,
+    /// `--prefill-chunk`.
+    pub prefill_chunk: Option<u64>,
+    /// `--kv-dtype`.
+    pub kv_dtype: String,
+    /// The memory limit in bytes.
+    pub memory_limit_bytes: Option<u64>,
+    /// `--threads`.
+    pub threads: Option<u64>,
+}
+
+impl Knobs {
+    /// The knobs that differ between `self` (the file's) and `run` (this run's), as
+    /// `--flag file-value` / `run-value` pairs for a message.
+    pub fn differences(&self, run: &Knobs) -> Vec<String> {
+        let show = |v: Option<String>| v.filter(|s| !s.is_empty()).unwrap_or_else(|| "(default)".into());
+        let n = |v: Option<u64>| show(v.map(|v| v.to_string()));
+        let t = |v: &str| show(Some(v.to_string()));
+        let pairs = [
+            ("--max-tokens", n(Some(self.max_tokens)), n(Some(run.max_tokens))),
+            ("--warmup-tokens", n(Some(self.warmup_tokens)), n(Some(run.warmup_tokens))),
+            ("--attention", t(&self.attention), t(&run.attention)),
+            ("--prefill-chunk", n(self.prefill_chunk), n(run.prefill_chunk)),
+            ("--kv-dtype", t(&self.kv_dtype), t(&run.kv_dtype)),
+            ("--memory-limit (bytes)", n(self.memory_limit_bytes), n(run.memory_limit_bytes)),
+            ("--threads", n(self.threads), n(run.threads)),
+        ];
+        pairs
+            .into_iter()
+            .filter(|(_, a, b)| a != b)
+            .map(|(flag, file, run)| format!("{flag} {file} in the file, {run} in this run"))
+            .collect()
+    }
 }
 
 impl Row {
@@ -91,6 +157,60 @@ impl Row {
             prompt: self.prompt.clone(),
         }
     }
+
+    /// The knobs the row was measured with.
+    pub fn knobs(&self) -> Knobs {
+        Knobs {
+            max_tokens: self.max_tokens,
+            warmup_tokens: self.warmup_tokens,
+            attention: self.attention.clone(),
+            prefill_chunk: self.prefill_chunk,
+            kv_dtype: self.kv_dtype.clone(),
+            memory_limit_bytes: self.memory_limit_bytes,
+            threads: self.threads,
+        }
+    }
+
+    /// Writes `k` into the row's knob columns.
+    pub fn set_knobs(&mut self, k: &Knobs) {
+        self.max_tokens = k.max_tokens;
+        self.warmup_tokens = k.warmup_tokens;
+        self.attention = k.attention.clone();
+        self.prefill_chunk = k.prefill_chunk;
+        self.kv_dtype = k.kv_dtype.clone();
+        self.memory_limit_bytes = k.memory_limit_bytes;
+        self.threads = k.threads;
+    }
+
+    /// Whether every field holds what a finished row holds; `Err` says what does not.
+    fn check(&self) -> Result<(), String> {
+        let status = Status::parse(&self.status)
+            .ok_or_else(|| format!("status {:?} is not one of the documented statuses", self.status))?;
+        if self.model.is_empty() {
+            return Err("the model is empty".into());
+        }
+        if chrono::NaiveDateTime::parse_from_str(&self.date, "%Y-%m-%dT%H:%M:%SZ").is_err() {
+            return Err(format!("date {:?} is not YYYY-MM-DDTHH:MM:SSZ", self.date));
+        }
+        if self.prompt_target_len.is_some() != self.prompt.is_empty() {
+            return Err("exactly one of prompt and prompt_target_len must be set".into());
+        }
+        if status == Status::Ok {
+            let measured = [
+                self.prompt_tokens.is_some(),
+                self.generated_tokens.is_some(),
+                self.prefill_ms.is_some(),
+                self.prefill_tok_s.is_some(),
+                self.decode_ms.is_some(),
+                self.decode_tok_s.is_some(),
+                self.peak_bytes.is_some(),
+            ];
+            if measured.contains(&false) {
+                return Err("an ok row lacks one of its measurements".into());
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Rounds a rate or a duration for the record: three decimals are below any noise.
@@ -98,80 +218,149 @@ pub fn round3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
 }
 
-/// The CSV being written.
+/// The CSV being written, locked (`flock`, exclusive) until it is dropped: a second sweep
+/// on the same file is refused instead of interleaving rows with this one.
 pub struct CsvOut {
     path: PathBuf,
-    writer: csv::Writer<File>,
+    file: File,
 }
 
 impl CsvOut {
-    /// Creates (or truncates) `path` and writes the header.
-    pub fn create(path: &Path) -> Result<CsvOut> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+    /// Opens `path` for writing and takes its lock without waiting; another sweep holding
+    /// it is a usage error naming the file. Nothing is truncated before the lock is held.
+    fn open_locked(path: &Path, create: bool) -> Result<File> {
+        if create && let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
-        let file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
-        let mut writer = csv::WriterBuilder::new().has_headers(false).from_writer(file);
-        writer.write_record(HEADER)?;
-        writer.flush().with_context(|| format!("writing {}", path.display()))?;
-        Ok(CsvOut { path: path.to_path_buf(), writer })
-    }
-
-    /// Opens an existing CSV to append to (`--resume`), making sure it ends with a newline.
-    pub fn append(path: &Path) -> Result<CsvOut> {
-        let mut file = OpenOptions::new()
+        let file = OpenOptions::new()
             .read(true)
-            .append(true)
+            .write(true)
+            .create(create)
+            .truncate(false)
             .open(path)
-            .with_context(|| format!("opening {} to resume", path.display()))?;
-        if file.metadata()?.len() > 0 {
-            let mut last = [0u8; 1];
-            file.seek(SeekFrom::End(-1))?;
-            file.read_exact(&mut last)?;
-            if last[0] != b'\n' {
-                file.write_all(b"\n")?;
-            }
+            .with_context(|| format!("opening {}", path.display()))?;
+        match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(file),
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK => usage!(
+                "{} is being written by another sweep (it holds the file's lock): wait for it to end, or pass another --output",
+                path.display()
+            ),
+            Err(e) => Err(e).with_context(|| format!("locking {}", path.display())),
         }
-        let writer = csv::WriterBuilder::new().has_headers(false).from_writer(file);
-        Ok(CsvOut { path: path.to_path_buf(), writer })
     }
 
-    /// Writes one row and flushes it to the file.
+    /// Creates (or empties) `path` under its lock and writes the header.
+    pub fn create(path: &Path) -> Result<CsvOut> {
+        let file = Self::open_locked(path, true)?;
+        file.set_len(0).with_context(|| format!("emptying {}", path.display()))?;
+        let mut out = CsvOut { path: path.to_path_buf(), file };
+        out.write_line(format!("{}\n", HEADER.join(",")).as_bytes())?;
+        Ok(out)
+    }
+
+    /// Opens an earlier sweep's CSV to append to (`--resume`) under its lock, and reads
+    /// its finished rows. A last row cut short (no newline: a crash or a full disk) is
+    /// removed, with a warning, so the rows appended after it stay whole.
+    pub fn resume(path: &Path) -> Result<(CsvOut, Vec<Row>)> {
+        let mut file = Self::open_locked(path, false)?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).with_context(|| format!("reading {}", path.display()))?;
+        let (rows, whole) = parse_rows(&bytes, path)?;
+        if whole < bytes.len() {
+            eprintln!(
+                "warning: {}: removing a last row cut short ({:?}); its cell runs again",
+                path.display(),
+                String::from_utf8_lossy(&bytes[whole..])
+            );
+            file.set_len(whole as u64).with_context(|| format!("truncating {}", path.display()))?;
+        }
+        file.seek(SeekFrom::End(0))?;
+        Ok((CsvOut { path: path.to_path_buf(), file }, rows))
+    }
+
+    /// Writes one row, in one write, and flushes it to the file.
     pub fn write(&mut self, row: &Row) -> Result<()> {
-        self.writer.serialize(row).with_context(|| format!("writing a row to {}", self.path.display()))?;
-        self.writer.flush().with_context(|| format!("writing {}", self.path.display()))
+        let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
+        w.serialize(row).with_context(|| format!("writing a row to {}", self.path.display()))?;
+        let bytes = w.into_inner().map_err(|e| anyhow::anyhow!("{}", e.error()))?;
+        self.write_line(&bytes)
+    }
+
+    fn write_line(&mut self, bytes: &[u8]) -> Result<()> {
+        let context = || format!("writing {}", self.path.display());
+        let n = self.file.write(bytes).with_context(context)?;
+        if n != bytes.len() {
+            bail!(
+                "writing {}: only {n} of {} bytes were written (disk full or a file-size limit?)",
+                self.path.display(),
+                bytes.len()
+            );
+        }
+        self.file.sync_data().with_context(context)
     }
 }
 
-/// Reads the rows of a CSV written by a sweep, for `--resume`. The header must be the
-/// exact one; a row that does not parse (a line cut by a crash) is warned about and left
-/// out, so its cell runs again.
+/// Reads the rows of a CSV written by a sweep, for `--resume`; see [`parse_rows`].
+/// Reads the rows of a CSV written by a sweep; see [`parse_rows`].
+#[cfg(test)]
 pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
-    let mut rdr = csv::ReaderBuilder::new()
-        .flexible(true)
-        .from_path(path)
-        .with_context(|| format!("opening {} to resume", path.display()))?;
-    let header = rdr.headers().with_context(|| format!("reading the header of {}", path.display()))?.clone();
-    if header.iter().ne(HEADER) {
-        bail!(
+    let bytes = fs::read(path).with_context(|| format!("opening {} to resume", path.display()))?;
+    Ok(parse_rows(&bytes, path)?.0)
+}
+
+/// The finished rows of a sweep's CSV and the byte length of its whole lines. The header
+/// must be the exact one. A row is finished only when it is whole: it ends with its
+/// newline, has every column, every value parses, its status is a documented one and an
+/// `ok` row has its measurements. Any other row is warned about and left out, so its cell
+/// runs again.
+fn parse_rows(bytes: &[u8], path: &Path) -> Result<(Vec<Row>, usize)> {
+    let mut rdr = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(bytes);
+    let mut rec = csv::ByteRecord::new();
+    let header_ok = rdr.read_byte_record(&mut rec).unwrap_or(false)
+        && rec.iter().eq(HEADER.iter().map(|h| h.as_bytes()))
+        && bytes.get((rdr.position().byte() as usize).wrapping_sub(1)) == Some(&b'\n');
+    if !header_ok {
+        usage!(
             "{} does not start with the sweep header: expected {:?}, found {:?}",
             path.display(),
             HEADER.join(","),
-            header.iter().collect::<Vec<_>>().join(",")
+            String::from_utf8_lossy(bytes.split(|&b| b == b'\n').next().unwrap_or_default())
         );
     }
+    let header = csv::ByteRecord::from(HEADER.to_vec());
+    let mut whole = rdr.position().byte() as usize;
     let mut rows = Vec::new();
-    for (i, rec) in rdr.records().enumerate() {
-        let line = i + 2;
-        match rec.map_err(anyhow::Error::from).and_then(|r| Ok(r.deserialize::<Row>(Some(&header))?)) {
+    loop {
+        let line = rdr.position().line();
+        let read = rdr.read_byte_record(&mut rec);
+        let end = rdr.position().byte() as usize;
+        let terminated = bytes.get(end.wrapping_sub(1)) == Some(&b'\n');
+        if terminated {
+            whole = end;
+        }
+        let row = match read {
+            Ok(false) => break,
+            Err(e) => Err(format!("not CSV ({e})")),
+            Ok(true) if !terminated => {
+                Err("it has no newline at its end: it was cut short while being written".into())
+            }
+            Ok(true) if rec.len() != HEADER.len() => {
+                Err(format!("it has {} fields, expected {}", rec.len(), HEADER.len()))
+            }
+            Ok(true) => rec
+                .deserialize::<Row>(Some(&header))
+                .map_err(|e| e.to_string())
+                .and_then(|row| row.check().map(|()| row)),
+        };
+        match row {
             Ok(row) => rows.push(row),
-            Err(e) => eprintln!(
-                "warning: {}:{line}: ignoring an unreadable row ({e}); its cell runs again",
+            Err(why) => eprintln!(
+                "warning: {}:{line}: ignoring an unfinished or malformed row: {why}; its cell runs again",
                 path.display()
             ),
         }
     }
-    Ok(rows)
+    Ok((rows, whole))
 }
 
 #[cfg(test)]
@@ -183,7 +372,12 @@ mod tests {
             model: model.into(),
             model_path: model.into(),
             prompt_tokens: len,
+            generated_tokens: Some(8),
+            prefill_ms: Some(1.0),
+            prefill_tok_s: Some(2.0),
+            decode_ms: Some(3.0),
             decode_tok_s: Some(12.5),
+            peak_bytes: Some(100),
             date: "2026-01-01T00:00:00Z".into(),
             max_tokens: 8,
             prompt: if len.is_none() { "Hello, \"world\"".into() } else { String::new() },
@@ -199,7 +393,8 @@ mod tests {
         assert_eq!(
             HEADER.join(","),
             "model,model_path,prompt_tokens,generated_tokens,prefill_ms,prefill_tok_s,decode_ms,decode_tok_s,\
-             peak_bytes,max_rss_bytes,date,host,device,backend,kiln_version,commit,features,max_tokens,prompt,\
+             peak_bytes,max_rss_bytes,date,host,device,backend,kiln_version,commit,features,max_tokens,\
+             warmup_tokens,attention,prefill_chunk,kv_dtype,memory_limit_bytes,threads,prompt,\
              prompt_target_len,status"
         );
         let mut w = csv::Writer::from_writer(Vec::new());
@@ -217,16 +412,99 @@ mod tests {
         assert_eq!(fs::read_to_string(&path).unwrap().lines().count(), 2, "not flushed");
         out.write(&row("b", None, "SKIP:oom")).unwrap();
         drop(out);
-        let mut text = fs::read_to_string(&path).unwrap();
-        text.push_str("c,c,1");
-        fs::write(&path, text).unwrap();
-        let mut out = CsvOut::append(&path).unwrap();
+        let (mut out, rows) = CsvOut::resume(&path).unwrap();
+        assert_eq!(rows.len(), 2);
         out.write(&row("d", Some(2), "ok")).unwrap();
         let rows = read_rows(&path).unwrap();
         assert_eq!(rows.iter().map(|r| r.model.as_str()).collect::<Vec<_>>(), ["a", "b", "d"]);
         assert_eq!(rows[0], row("a", Some(512), "ok"));
         assert_eq!(rows[1].prompt, "Hello, \"world\"");
         assert_eq!(rows[1].key().prompt_target_len, None);
+    }
+
+    /// The text of one row as the sweep writes it, newline included.
+    fn line(r: &Row) -> String {
+        let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
+        w.serialize(r).unwrap();
+        String::from_utf8(w.into_inner().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn only_whole_rows_are_finished() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.csv");
+        let header = format!("{}\n", HEADER.join(","));
+        let ok = line(&row("a", Some(1), "ok"));
+        let backstop = line(&row("b", Some(2), "SKIP:oom_backstop"));
+        // `ok` cut to `o`, and a status cut to exactly `SKIP:oom`: neither is finished.
+        let cut_ok = ok.trim_end().strip_suffix('k').unwrap().to_string();
+        let cut_skip = backstop.trim_end().strip_suffix("_backstop").unwrap().to_string();
+        for (tail, why) in [(&cut_ok, "cut inside `ok`"), (&cut_skip, "cut to SKIP:oom")] {
+            fs::write(&path, format!("{header}{backstop}{tail}")).unwrap();
+            let rows = read_rows(&path).unwrap();
+            assert_eq!(rows.len(), 1, "{why}: {rows:?}");
+            assert_eq!(rows[0].status, "SKIP:oom_backstop");
+        }
+        // Resuming removes the cut tail, so the next row starts on its own line and the
+        // cut one is never completed by a later newline.
+        let (mut out, rows) = CsvOut::resume(&path).unwrap();
+        assert_eq!(rows.len(), 1);
+        out.write(&row("c", Some(3), "ok")).unwrap();
+        drop(out);
+        assert_eq!(
+            fs::read_to_string(&path).unwrap(),
+            format!("{header}{backstop}{}", line(&row("c", Some(3), "ok")))
+        );
+        // Whole lines that are not finished rows: a status outside the vocabulary, a field
+        // missing, a number past u64, an ok row without its measurements, a bad date.
+        let mut no_rate = row("f", Some(6), "ok");
+        no_rate.decode_tok_s = None;
+        let mut bad_date = row("g", Some(7), "ok");
+        bad_date.date = "2026-01-01".into();
+        let bad = [
+            line(&row("a", Some(1), "o")),
+            ok.replacen(",ok\n", "\n", 1).replacen("a,a,1,", "a,a,", 1),
+            ok.replacen(",1,", ",18446744073709551616,", 1),
+            line(&no_rate),
+            line(&bad_date),
+        ];
+        fs::write(&path, format!("{header}{}{ok}", bad.concat())).unwrap();
+        let rows = read_rows(&path).unwrap();
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0], row("a", Some(1), "ok"));
+    }
+
+    #[test]
+    fn a_second_writer_is_refused_while_the_first_holds_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.csv");
+        let mut first = CsvOut::create(&path).unwrap();
+        first.write(&row("a", Some(1), "ok")).unwrap();
+        for second in [CsvOut::create(&path).map(|_| ()), CsvOut::resume(&path).map(|_| ())] {
+            let e = second.expect_err("a second writer got the lock");
+            assert!(e.downcast_ref::<crate::console::UsageError>().is_some(), "{e:#}");
+            assert!(e.to_string().contains("being written by another sweep"), "{e:#}");
+        }
+        // The refused create truncated nothing.
+        assert_eq!(read_rows(&path).unwrap().len(), 1);
+        drop(first);
+        assert!(CsvOut::resume(&path).is_ok());
+    }
+
+    #[test]
+    fn knob_differences_name_the_flag_and_both_values() {
+        let a = row("a", Some(1), "ok").knobs();
+        let mut b = a.clone();
+        b.max_tokens = 16;
+        b.attention = "naive".into();
+        assert_eq!(
+            a.differences(&b),
+            [
+                "--max-tokens 8 in the file, 16 in this run",
+                "--attention (default) in the file, naive in this run"
+            ]
+        );
+        assert!(a.differences(&a).is_empty());
     }
 
     #[test]

@@ -136,7 +136,9 @@ impl Sandbox {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_xtask"));
         cmd.arg(task);
         if task.starts_with("bench-") {
-            cmd.arg("--kiln-bin").arg(kiln_bin());
+            if !args.contains(&"--kiln-bin") {
+                cmd.arg("--kiln-bin").arg(kiln_bin());
+            }
             cmd.arg("--oom-record").arg(self.record());
             cmd.arg("--runs-dir").arg(self.path("runs"));
             if !args.contains(&"--output") && !args.contains(&"--resume") {
@@ -211,7 +213,38 @@ impl Sandbox {
     }
 }
 
+/// The processes whose environment holds `XTASK_TEST_TAG=<tag>`, as `(pid, cmdline)`.
+pub fn tagged_processes(tag: &str) -> Vec<(String, String)> {
+    let needle = format!("XTASK_TEST_TAG={tag}");
+    let Ok(dir) = fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        let environ = fs::read(e.path().join("environ")).ok()?;
+        if !environ.split(|&b| b == 0).any(|v| v == needle.as_bytes()) {
+            return None;
+        }
+        let cmdline = fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        Some((e.file_name().to_string_lossy().into_owned(), cmdline))
+    })
+    .collect()
+}
+
 /// `[(len, status)]` from literals.
 pub fn expect(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+}
+
+/// A stand-in `kiln` for scenarios the real engine cannot be made to produce on demand (a
+/// kill from outside, an allocation abort, a stalled estimate): a shell script that runs
+/// `estimate` for `kiln estimate` and `bench` for `kiln bench-decode`.
+pub fn fake_kiln(sb: &Sandbox, name: &str, estimate: &str, bench: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = sb.path(name);
+    let script = format!(
+        "#!/bin/sh\ncase \"$1\" in\n  estimate)\n{estimate}\n  ;;\n  bench-decode)\n{bench}\n  ;;\nesac\nexit 1\n"
+    );
+    fs::write(&path, script).expect("writing the fake kiln");
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
 }

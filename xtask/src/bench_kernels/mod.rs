@@ -1,0 +1,363 @@
+//! `cargo xtask bench-kernels`: runs kiln's criterion kernel benchmarks
+//! (`cargo bench -p kiln-benches --bench kernels`) and writes a markdown report ready to
+//! paste into a pull request, built from criterion's own output files.
+//!
+//! What criterion 0.8 leaves under `<target>/criterion/<group>/<function>/<value>/`:
+//! - `new/{benchmark,estimates,sample,tukey}.json`: this run (`benchmark.json` holds the
+//!   id and the throughput, `estimates.json` the mean/median/slope with 95% intervals in
+//!   ns, `sample.json` the raw iteration counts and times);
+//! - `<baseline>/...`: the same files for a named baseline (`base` unless named), copied
+//!   from `new/` after the run when the baseline is being saved;
+//! - `change/estimates.json`: the relative change of the mean and median against the
+//!   baseline, with intervals, written only when a comparison ran. It is not removed by
+//!   later runs, so the report uses it only when it is newer than this run's start.
+//!
+//! criterion's verdict needs a p-value it prints but never writes: the report recomputes it
+//! with Welch's t-test on the two saved samples (criterion bootstraps the same statistic),
+//! then applies criterion's rule: no change unless p < significance; otherwise improved or
+//! regressed only when the whole interval of the change lies beyond the noise threshold.
+//! The thresholds are passed to criterion, so both use the same ones.
+//!
+//! This module runs criterion; `files` reads what it leaves, `stats` judges a change, and
+//! `render` writes the report.
+
+mod files;
+mod render;
+mod stats;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use xshell::{Shell, cmd};
+
+use self::files::{Snapshot, collect, run_started};
+use self::render::{RunContext, render};
+use crate::machine::{self, Machine};
+
+/// The bench target the task runs.
+const BENCH_PACKAGE: &str = "kiln-benches";
+const BENCH_TARGET: &str = "kernels";
+/// The read-bandwidth benches, measured in every run (at its start and its end) so each
+/// report carries the machine's limit from the same run.
+const BANDWIDTH_GROUP: &str = "read_bandwidth";
+/// The baseline criterion compares with, and saves, when none is named.
+const DEFAULT_BASELINE: &str = "base";
+/// Where the report is written, under criterion's output directory.
+const REPORT_FILE: &str = "kiln-kernels-report.md";
+
+/// Flags of `cargo xtask bench-kernels`.
+#[derive(clap::Args)]
+pub struct BenchKernels {
+    /// Run only the benchmarks whose id matches this regular expression (criterion's
+    /// filter); the read-bandwidth benchmarks always run too.
+    #[arg(long, value_name = "REGEX")]
+    filter: Option<String>,
+    /// Save the results as this named baseline (comparing with it first when it exists).
+    #[arg(long, value_name = "NAME", conflicts_with = "baseline")]
+    save_baseline: Option<String>,
+    /// Compare with this named baseline and leave it as it is; benchmarks it lacks are
+    /// reported as having no baseline.
+    #[arg(long, value_name = "NAME")]
+    baseline: Option<String>,
+    /// criterion's quick mode: two samples per benchmark, a run in about two minutes;
+    /// comparisons from it rarely reach significance.
+    #[arg(long)]
+    quick: bool,
+    /// A change is called an improvement or a regression only when its whole confidence
+    /// interval lies beyond this fraction (criterion's --noise-threshold).
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.01)]
+    noise_threshold: f64,
+    /// p-value below which a change counts as significant (criterion's
+    /// --significance-level).
+    #[arg(long, value_name = "P", default_value_t = 0.05)]
+    significance_level: f64,
+}
+
+impl BenchKernels {
+    pub fn run(self, sh: &Shell) -> Result<ExitCode> {
+        let criterion_dir = criterion_dir()?;
+        let filter = match &self.filter {
+            Some(f) => format!("(?:{f})|^{BANDWIDTH_GROUP}/"),
+            None => String::new(),
+        };
+        let baseline_name = self.baseline.clone().or_else(|| self.save_baseline.clone());
+        let compared = baseline_name.clone().unwrap_or_else(|| DEFAULT_BASELINE.to_string());
+
+        // The benchmarks this run should produce, and the baseline as it is before the run
+        // (saving a baseline overwrites it).
+        let filter_arg: Vec<&str> = if filter.is_empty() { vec![] } else { vec![filter.as_str()] };
+        let listed =
+            cmd!(sh, "cargo bench -p {BENCH_PACKAGE} --bench {BENCH_TARGET} -- --list {filter_arg...}")
+                .read()
+                .context("listing the kernel benchmarks")?;
+        let expected = parse_list(&listed);
+        if expected.is_empty() {
+            anyhow::bail!(
+                "no kernel benchmark matches the filter {:?}",
+                self.filter.as_deref().unwrap_or("")
+            );
+        }
+        let baseline = Snapshot::read(&criterion_dir, &compared, &expected)?;
+
+        let start = run_started(&criterion_dir)?;
+        let mut args: Vec<String> = Vec::new();
+        if !filter.is_empty() {
+            args.push(filter.clone());
+        }
+        if let Some(name) = &self.save_baseline {
+            args.extend(["--save-baseline".into(), name.clone()]);
+        }
+        if let Some(name) = &self.baseline {
+            args.extend(["--baseline-lenient".into(), name.clone()]);
+        }
+        if self.quick {
+            args.push("--quick".into());
+        }
+        args.extend([
+            "--noise-threshold".into(),
+            self.noise_threshold.to_string(),
+            "--significance-level".into(),
+            self.significance_level.to_string(),
+        ]);
+        let bench_ok =
+            cmd!(sh, "cargo bench -p {BENCH_PACKAGE} --bench {BENCH_TARGET} -- {args...}").run().is_ok();
+
+        let rows = collect(&criterion_dir, &expected, &baseline, start)?;
+        let machine = Machine::probe();
+        let context = RunContext {
+            date: chrono::Local::now().format("%Y-%m-%d %H:%M").to_string(),
+            commit: machine::commit(&sh.current_dir()),
+            host: machine.host.clone(),
+            cpu: format!("{} ({} logical CPUs)", machine.cpu, machine.cpus),
+            quick: self.quick,
+            filter: self.filter.clone(),
+            baseline: compared,
+            baseline_named: baseline_name.is_some(),
+            saved_as: self.save_baseline.clone(),
+            noise_threshold: self.noise_threshold,
+            significance_level: self.significance_level,
+        };
+        let report = render(&context, &rows);
+        let path = criterion_dir.join(REPORT_FILE);
+        std::fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
+        println!("\n{report}");
+        println!("report written to {}", path.display());
+        if !bench_ok {
+            eprintln!("error: the benchmark run failed; benchmarks without results are listed as not run");
+            return Ok(ExitCode::FAILURE);
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// criterion's output directory: `$CRITERION_HOME`, else `<cargo target dir>/criterion`.
+fn criterion_dir() -> Result<PathBuf> {
+    if let Some(home) = std::env::var_os("CRITERION_HOME") {
+        return Ok(PathBuf::from(home));
+    }
+    let meta = cargo_metadata::MetadataCommand::new().no_deps().exec().context("running cargo metadata")?;
+    Ok(meta.target_directory.into_std_path_buf().join("criterion"))
+}
+
+/// Ids from criterion's `--list` output (`<id>: benchmark` lines), in a stable order.
+fn parse_list(out: &str) -> Vec<String> {
+    let ids: BTreeSet<String> =
+        out.lines().filter_map(|l| l.trim().strip_suffix(": benchmark")).map(str::to_string).collect();
+    ids.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    use super::files::*;
+    use super::render::*;
+    use super::stats::*;
+    use super::*;
+
+    fn write(dir: &Path, rel: &str, text: &str) {
+        let p = dir.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    fn benchmark_json(id: &str, bytes: u64) -> String {
+        let (group, rest) = id.split_once('/').unwrap();
+        let (function, value) = rest.split_once('/').unwrap();
+        format!(
+            r#"{{"group_id":"{group}","function_id":"{function}","value_str":"{value}","throughput":{{"Bytes":{bytes}}},"full_id":"{id}","directory_name":"{id}","title":"{id}"}}"#
+        )
+    }
+
+    fn estimates_json(mean: f64, lo: f64, hi: f64) -> String {
+        let e = |p: f64, l: f64, h: f64| {
+            format!(
+                r#"{{"confidence_interval":{{"confidence_level":0.95,"lower_bound":{l},"upper_bound":{h}}},"point_estimate":{p},"standard_error":1.0}}"#
+            )
+        };
+        format!(
+            r#"{{"mean":{},"median":{},"median_abs_dev":{},"slope":null,"std_dev":{}}}"#,
+            e(mean, lo, hi),
+            e(mean, lo, hi),
+            e(1.0, 0.5, 1.5),
+            e(1.0, 0.5, 1.5)
+        )
+    }
+
+    fn sample_json(per_iter: &[f64]) -> String {
+        let iters: Vec<String> = per_iter.iter().map(|_| "2.0".to_string()).collect();
+        let times: Vec<String> = per_iter.iter().map(|t| format!("{}", 2.0 * t)).collect();
+        format!(r#"{{"sampling_mode":"Flat","iters":[{}],"times":[{}]}}"#, iters.join(","), times.join(","))
+    }
+
+    fn change_json(p: f64, lo: f64, hi: f64) -> String {
+        let e = format!(
+            r#"{{"confidence_interval":{{"confidence_level":0.95,"lower_bound":{lo},"upper_bound":{hi}}},"point_estimate":{p},"standard_error":0.01}}"#
+        );
+        format!(r#"{{"mean":{e},"median":{e}}}"#)
+    }
+
+    fn results(dir: &Path, id: &str, sub: &str, bytes: u64, per_iter: &[f64]) {
+        let mean = per_iter.iter().sum::<f64>() / per_iter.len() as f64;
+        write(dir, &format!("{id}/{sub}/benchmark.json"), &benchmark_json(id, bytes));
+        write(dir, &format!("{id}/{sub}/estimates.json"), &estimates_json(mean, mean * 0.99, mean * 1.01));
+        write(dir, &format!("{id}/{sub}/sample.json"), &sample_json(per_iter));
+    }
+
+    #[test]
+    fn welch_matches_known_values() {
+        // t = 2.228 with 10 degrees of freedom is the two-sided 5% point.
+        assert!((student_t_two_sided(2.228, 10.0) - 0.05).abs() < 1e-3);
+        assert!((student_t_two_sided(0.0, 7.0) - 1.0).abs() < 1e-12);
+        assert!(student_t_two_sided(40.0, 18.0) < 1e-15);
+        // Identical samples: no evidence of a difference.
+        let a = [1.0, 2.0, 3.0, 4.0];
+        assert!((welch_p(&a, &a).unwrap() - 1.0).abs() < 1e-12);
+        assert_eq!(welch_p(&[1.0], &a), None);
+        // Well separated samples: t = 11.6 with about 3 degrees of freedom, p = 0.0014.
+        let p = welch_p(&[10.0, 10.1, 9.9, 10.05], &a).unwrap();
+        assert!((0.0005..0.005).contains(&p), "{p}");
+        assert!((ln_gamma(5.0) - 24f64.ln()).abs() < 1e-12);
+    }
+
+    #[test]
+    fn ids_parse_and_list_lines_are_read() {
+        let k = parse_kernel_id("qmv_wide/q4_g64_n14336_k4096_m8/t2").unwrap();
+        assert_eq!((k.kernel.as_str(), k.bits, k.n, k.k, k.m, k.threads), ("qmv_wide", 4, 14336, 4096, 8, 2));
+        assert_eq!(parse_kernel_id("read_bandwidth/sum_1024MiB/t1"), None);
+        assert_eq!(bandwidth_threads("read_bandwidth/sum_1024MiB/t1"), Some(1));
+        assert_eq!(bandwidth_threads("read_bandwidth/sum_1024MiB_end/t2"), Some(2));
+        let listed =
+            "read_bandwidth/sum_1024MiB/t1: benchmark\n\nqmv/q4_g64_n896_k4864_m1/t1: benchmark\nnoise\n";
+        assert_eq!(parse_list(listed), vec!["qmv/q4_g64_n896_k4864_m1/t1", "read_bandwidth/sum_1024MiB/t1"]);
+    }
+
+    #[test]
+    fn report_reads_criterion_files_and_says_what_is_missing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let bw = "read_bandwidth/sum_1024MiB_start/t1";
+        let bw_end = "read_bandwidth/sum_1024MiB_end/t1";
+        let qmv = "qmv/q4_g64_n4096_k4096_m1/t1";
+        let wide = "qmv_wide/q4_g64_n4096_k4096_m8/t1";
+        let fresh_only = "qmv/q8_g64_n4096_k4096_m1/t1";
+        let gone = "qmm/q4_g64_n4096_k4096_m16/t1";
+        // A baseline saved earlier, and a stale change file that must be ignored.
+        results(dir, qmv, "main", 9_437_184, &[1.0e6, 1.01e6, 0.99e6, 1.0e6]);
+        results(dir, wide, "main", 9_437_184, &[2.0e6, 2.02e6, 1.98e6, 2.0e6]);
+        results(dir, gone, "main", 9_437_184, &[3.0e6, 3.0e6]);
+        write(dir, &format!("{fresh_only}/change/estimates.json"), &change_json(0.5, 0.4, 0.6));
+        let ids: Vec<String> =
+            [bw, bw_end, qmv, wide, fresh_only, gone].iter().map(|s| s.to_string()).collect();
+        let snapshot = Snapshot::read(dir, "main", &ids).unwrap();
+        assert_eq!(snapshot.results.len(), 3);
+
+        // The stale files above are older than the run by more than a filesystem tick.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let start = run_started(dir).unwrap();
+        // This run: bandwidth 20 GB/s (1 GiB... here 1e9 bytes in 50 ms), qmv 25% faster,
+        // qmv_wide unchanged, one benchmark with no baseline, one that did not run.
+        results(dir, bw, "new", 1_000_000_000, &[50.0e6, 50.2e6, 49.8e6, 50.0e6]);
+        // Measured again at the end under someone else's load: the limit stays 20 GB/s.
+        results(dir, bw_end, "new", 1_000_000_000, &[80.0e6, 80.0e6, 80.0e6]);
+        results(dir, qmv, "new", 9_437_184, &[0.75e6, 0.76e6, 0.74e6, 0.75e6]);
+        write(dir, &format!("{qmv}/change/estimates.json"), &change_json(-0.25, -0.27, -0.23));
+        results(dir, wide, "new", 9_437_184, &[2.0e6, 2.03e6, 1.97e6, 2.0e6]);
+        write(dir, &format!("{wide}/change/estimates.json"), &change_json(0.001, -0.01, 0.012));
+        results(dir, fresh_only, "new", 18_874_368, &[1.5e6, 1.5e6, 1.5e6]);
+
+        let rows = collect(dir, &ids, &snapshot, start).unwrap();
+        let by_id: BTreeMap<&str, &Row> = rows.iter().map(|r| (r.id.as_str(), r)).collect();
+        assert_eq!(verdict(by_id[qmv], 0.01, 0.05).0, Verdict::Improved);
+        assert_eq!(verdict(by_id[wide], 0.01, 0.05).0, Verdict::NoChange);
+        assert_eq!(verdict(by_id[fresh_only], 0.01, 0.05).0, Verdict::NoBaseline);
+        assert_eq!(by_id[fresh_only].change, None, "a change file older than the run is stale");
+        assert_eq!(verdict(by_id[gone], 0.01, 0.05).0, Verdict::NotRun);
+
+        let ctx = RunContext {
+            date: "2026-11-30 12:00".into(),
+            commit: "abc1234".into(),
+            host: "devbox".into(),
+            cpu: "AMD EPYC (2 logical CPUs)".into(),
+            quick: false,
+            filter: Some("n4096_k4096".into()),
+            baseline: "main".into(),
+            baseline_named: true,
+            saved_as: None,
+            noise_threshold: 0.01,
+            significance_level: 0.05,
+        };
+        let md = render(&ctx, &rows);
+        assert!(md.contains("the start and the end): 20.0 GB/s with 1 thread(s)"), "{md}");
+        // qmv: 9437184 bytes in 0.75 ms = 12.6 GB/s, 63% of 20 GB/s.
+        let qmv_line = md.lines().find(|l| l.contains(qmv)).unwrap();
+        assert!(qmv_line.contains("| 1.000 ms |") && qmv_line.contains("| 750.00 µs ["), "{qmv_line}");
+        assert!(
+            qmv_line.contains("-25.0% [-27.0%, -23.0%]") && qmv_line.contains("| improved |"),
+            "{qmv_line}"
+        );
+        assert!(qmv_line.contains("| 12.6 | 63% |"), "{qmv_line}");
+        let gone_line = md.lines().find(|l| l.contains(gone)).unwrap();
+        assert!(gone_line.contains("did not run") && !gone_line.contains("| 0"), "{gone_line}");
+        assert!(md.lines().find(|l| l.contains(fresh_only)).unwrap().contains("| none |"));
+        assert!(md.contains("**1 benchmark(s) did not run**"));
+        // Batch scaling: 2.0 ms / 0.75 ms.
+        assert!(md.contains("| qmv_wide | 4 | n4096_k4096 | 1 | 2.67x |"), "{md}");
+    }
+
+    #[test]
+    fn a_run_without_bandwidth_says_so() {
+        let ctx = RunContext {
+            date: "d".into(),
+            commit: "c".into(),
+            host: "h".into(),
+            cpu: "cpu".into(),
+            quick: true,
+            filter: None,
+            baseline: "base".into(),
+            baseline_named: false,
+            saved_as: Some("x".into()),
+            noise_threshold: 0.02,
+            significance_level: 0.05,
+        };
+        let row = Row {
+            id: "qmv/q4_g64_n896_k4864_m1/t2".into(),
+            current: Some(Measured {
+                ns: 1e5,
+                ns_lo: 0.9e5,
+                ns_hi: 1.1e5,
+                samples: vec![1e5, 1e5],
+                bytes: Some(1_000_000),
+            }),
+            baseline: None,
+            change: None,
+        };
+        let md = render(&ctx, &[row]);
+        assert!(md.contains("**not measured in this run**"), "{md}");
+        assert!(md.contains("| no baseline | 10.0 | n/a |"), "{md}");
+        assert!(md.contains("`base` (the previous run)") && md.contains("results saved as `x`"), "{md}");
+    }
+}

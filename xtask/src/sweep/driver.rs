@@ -1,0 +1,464 @@
+//! The cell driver: walks a plan through the layers and the runner, writing one flushed
+//! row per cell and feeding each outcome back to the layers and the record.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Result;
+
+use super::classify::Status;
+use super::layers::{self, EstimateFacts, OomLayers, Skip};
+use super::plan::{self, CellKey, Plan};
+use super::record::RecordLine;
+use super::rows::{Knobs, Row, round3};
+use super::runner::{CellRunner, Outcome, Ran};
+use super::session::Output;
+use super::summary;
+use crate::child::{self as shutdown, Shutdown};
+use crate::console;
+
+/// The current time for rows and records: UTC, seconds.
+pub(super) fn now() -> String {
+    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// What every row of a run says about where it comes from.
+pub(super) struct RowMeta {
+    pub(super) root: PathBuf,
+    pub(super) host: String,
+    pub(super) backend: String,
+    pub(super) commit: String,
+    /// Build features, `None` for a binary the harness did not build.
+    pub(super) features: Option<Vec<String>>,
+    pub(super) kiln_env: BTreeMap<String, String>,
+    /// The engine's version; filled from the first report when the package did not say.
+    pub(super) kiln_version: String,
+}
+
+impl RowMeta {
+    /// The `features` column: the build features (`none`, `cuda`, or `unknown` for a
+    /// binary the harness did not build), then `; ` and the cell's `KILN_*` environment
+    /// (inherited, plus what the cell sets) when there is any.
+    fn features_column(&self, cell_env: &BTreeMap<String, String>) -> String {
+        let features = match &self.features {
+            None => "unknown".to_string(),
+            Some(f) if f.is_empty() => "none".to_string(),
+            Some(f) => f.join("+"),
+        };
+        let mut env = self.kiln_env.clone();
+        env.extend(cell_env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        if env.is_empty() {
+            features
+        } else {
+            let pairs: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            format!("{features}; {}", pairs.join(" "))
+        }
+    }
+
+    fn display(&self, p: &Path) -> String {
+        p.strip_prefix(&self.root).unwrap_or(p).display().to_string()
+    }
+}
+
+/// Walks a plan: layers, runner, rows.
+pub(super) struct Driver<'a> {
+    pub(super) meta: RowMeta,
+    pub(super) shutdown: &'a Shutdown,
+    pub(super) plan: &'a Plan,
+    pub(super) layers: OomLayers,
+    pub(super) estimate_on: bool,
+    pub(super) source_csv: String,
+    /// Where the engine found each model, from its estimates.
+    pub(super) model_paths: BTreeMap<String, String>,
+    /// The engine knobs of every row (the token counts come from each cell).
+    pub(super) knobs: Knobs,
+}
+
+/// What happened to one cell.
+enum CellResult {
+    Skipped(Skip),
+    Ran(Box<Outcome>),
+}
+
+impl Driver<'_> {
+    pub(super) fn run(&mut self, runner: &mut dyn CellRunner, output: Output) -> Result<u8> {
+        let mut rows: BTreeMap<CellKey, Row> = BTreeMap::new();
+        let mut csv = output.csv;
+        if let Some(existing) = output.resumed {
+            let wanted: BTreeMap<CellKey, ()> = self.plan.cells.iter().map(|c| (c.key(), ())).collect();
+            for row in existing.into_iter().filter(|r| wanted.contains_key(&r.key())) {
+                // A resumed sweep is the same sweep: its earlier OOMs still backstop.
+                if row.status == Status::Oom.as_str() {
+                    let len = row.prompt_target_len.unwrap_or(0);
+                    self.layers.backstop.note_oom(&row.model, len);
+                }
+                rows.insert(row.key(), row);
+            }
+            eprintln!(
+                "resuming {}: {} of {} cells already have a row",
+                self.source_csv,
+                rows.len(),
+                self.plan.cells.len()
+            );
+        }
+        let total = self.plan.cells.len();
+        let started = Instant::now();
+        let mut interrupted = None;
+        for (i, cell) in self.plan.cells.iter().enumerate() {
+            if rows.contains_key(&cell.key()) {
+                continue;
+            }
+            if let Some(sig) = self.shutdown.pending() {
+                interrupted = Some(sig);
+                break;
+            }
+            let result = match self.one_cell(runner, i, cell)? {
+                Ran::Done(r) => r,
+                Ran::Interrupted(sig) => {
+                    interrupted = Some(sig);
+                    break;
+                }
+            };
+            let row = self.row(runner, cell, &result);
+            let status = Status::parse(&row.status).unwrap_or(Status::Bench);
+            csv.write(&row)?;
+            self.print_cell(i, total, cell, &row, &result);
+            let device = match &result {
+                CellResult::Ran(o) => o.device.clone(),
+                CellResult::Skipped(_) => runner.device().to_string(),
+            };
+            let appended = self.layers.observe(cell, status, || RecordLine {
+                model: cell.model.clone(),
+                prompt_target_len: cell.layer_len(),
+                date: row.date.clone(),
+                commit: row.commit.clone(),
+                peak_bytes: row.peak_bytes,
+                source_csv: self.source_csv.clone(),
+                device: Some(device),
+            })?;
+            if appended {
+                eprintln!(
+                    "    recorded {}@{} in {}",
+                    cell.model,
+                    cell.layer_len(),
+                    self.meta.display(self.layers.record.file().path())
+                );
+            }
+            rows.insert(cell.key(), row);
+        }
+        if let Some(sig) = interrupted {
+            eprintln!(
+                "interrupted by {}: the running cell's process group was killed; finished rows are in {}",
+                shutdown::signal_name(sig),
+                self.source_csv
+            );
+        }
+        let finished = summary::pair(self.plan, &rows);
+        let text = summary::render(self.plan, &finished, interrupted.map(shutdown::signal_name));
+        console::out(&format!("\n{text}"))?;
+        if let Some(sig) = interrupted {
+            return Ok(shutdown::exit_code_for(sig));
+        }
+        let (code, reasons) = summary::exit_status(&finished);
+        for r in &reasons {
+            eprintln!("exit 1: {r}");
+        }
+        eprintln!("results: {} ({:.0} s)", self.source_csv, started.elapsed().as_secs_f64());
+        Ok(code)
+    }
+
+    /// The layers in order, then the runner.
+    fn one_cell(
+        &mut self,
+        runner: &mut dyn CellRunner,
+        i: usize,
+        cell: &plan::Cell,
+    ) -> Result<Ran<CellResult>> {
+        let facts = match runner.estimate(i, cell)? {
+            Ran::Done(f) => f,
+            Ran::Interrupted(sig) => return Ok(Ran::Interrupted(sig)),
+        };
+        if let EstimateFacts::Report(r) = &facts {
+            self.model_paths.insert(cell.model.clone(), r.model_path.clone());
+        }
+        if let EstimateFacts::Failed(why) = &facts
+            && !self.estimate_on
+        {
+            eprintln!("warning: {cell}: kiln estimate failed ({why}); running it anyway (--no-estimate)");
+        }
+        if let Some(skip) = layers::judge_estimate(&facts, self.estimate_on) {
+            return Ok(Ran::Done(CellResult::Skipped(skip)));
+        }
+        if let Some(skip) = self.layers.judge(cell, runner.device())? {
+            return Ok(Ran::Done(CellResult::Skipped(skip)));
+        }
+        Ok(match runner.run(i, cell)? {
+            Ran::Done(o) => Ran::Done(CellResult::Ran(Box::new(o))),
+            Ran::Interrupted(sig) => Ran::Interrupted(sig),
+        })
+    }
+
+    fn row(&mut self, runner: &mut dyn CellRunner, cell: &plan::Cell, result: &CellResult) -> Row {
+        let s = &self.meta;
+        let model_path = self.model_paths.get(&cell.model).cloned().unwrap_or_else(|| cell.model.clone());
+        let mut row = Row {
+            model: cell.model.clone(),
+            model_path,
+            date: now(),
+            host: s.host.clone(),
+            device: runner.device().to_string(),
+            backend: s.backend.clone(),
+            kiln_version: s.kiln_version.clone(),
+            commit: s.commit.clone(),
+            features: s.features_column(&cell.env),
+            prompt: cell.prompt_text().to_string(),
+            prompt_target_len: cell.prompt_target_len(),
+            ..Row::default()
+        };
+        row.set_knobs(&Knobs {
+            max_tokens: cell.max_tokens,
+            warmup_tokens: cell.warmup_tokens,
+            ..self.knobs.clone()
+        });
+        match result {
+            CellResult::Skipped(skip) => row.status = skip.status.as_str().into(),
+            CellResult::Ran(o) => {
+                row.status = o.status.as_str().into();
+                row.host = o.host.clone();
+                row.device = o.device.clone();
+                row.peak_bytes = o.oom_demand_bytes;
+                if let Some(r) = &o.report {
+                    if self.meta.kiln_version.is_empty() {
+                        self.meta.kiln_version = r.kiln_version.clone();
+                    }
+                    row.model_path = r.model_path.clone();
+                    row.prompt_tokens = Some(r.prompt_tokens);
+                    row.generated_tokens = Some(r.generated_tokens);
+                    row.prefill_ms = Some(round3(r.prefill_ms));
+                    row.prefill_tok_s = Some(round3(r.prefill_tok_s));
+                    row.decode_ms = Some(round3(r.decode_ms));
+                    row.decode_tok_s = Some(round3(r.decode_tok_s));
+                    row.peak_bytes = Some(r.peak_bytes);
+                    row.max_rss_bytes = r.max_rss_bytes;
+                    row.backend = r.backend.clone();
+                    row.kiln_version = r.kiln_version.clone();
+                }
+            }
+        }
+        row
+    }
+
+    fn print_cell(&self, i: usize, total: usize, cell: &plan::Cell, row: &Row, result: &CellResult) {
+        let head = format!("[{}/{total}] {cell}", i + 1);
+        match result {
+            CellResult::Skipped(skip) => eprintln!("{head}: {}: {}", skip.status, skip.reason),
+            CellResult::Ran(o) => match &o.report {
+                Some(r) => eprintln!(
+                    "{head}: ok: decode {:.1} tok/s, prefill {:.1} tok/s, {} prompt tokens, peak {:.1} MiB",
+                    r.decode_tok_s,
+                    r.prefill_tok_s,
+                    r.prompt_tokens,
+                    r.peak_bytes as f64 / (1u64 << 20) as f64
+                ),
+                None => eprintln!(
+                    "{head}: {}: {} (log: {})",
+                    row.status,
+                    o.reason.as_deref().unwrap_or("no reason given"),
+                    self.meta.display(Path::new(&o.log))
+                ),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use kiln_protocol::EstimateReport;
+
+    use super::super::layers::{Backstop, FakeOom};
+    use super::super::record::{self, RecordFile, RecordView};
+    use super::super::rows::{self, CsvOut};
+    use super::plan::{CellTemplate, Named, Prompt};
+    use super::*;
+
+    /// A runner that answers from a script: which models exist, which cells fail their
+    /// estimate, which run out of memory. It records what it was asked to launch.
+    struct Scripted {
+        missing: BTreeSet<String>,
+        estimate_fails: BTreeSet<String>,
+        ooms: BTreeSet<String>,
+        launched: Vec<String>,
+    }
+
+    impl CellRunner for Scripted {
+        fn estimate(&mut self, _: usize, cell: &plan::Cell) -> Result<Ran<EstimateFacts>> {
+            if self.missing.contains(&cell.model) {
+                return Ok(Ran::Done(EstimateFacts::MissingModel(format!(
+                    "model not found: {}",
+                    cell.model
+                ))));
+            }
+            if self.estimate_fails.contains(&cell.label()) {
+                return Ok(Ran::Done(EstimateFacts::Failed("exit code 1: boom".into())));
+            }
+            Ok(Ran::Done(EstimateFacts::Report(EstimateReport {
+                model: cell.model.clone(),
+                model_path: cell.model.clone(),
+                prompt_tokens: cell.layer_len(),
+                max_tokens: cell.max_tokens,
+                weights_bytes: 1,
+                kv_bytes: 1,
+                scratch_bytes: 1,
+                total_bytes: 3,
+                memory_limit_bytes: None,
+                fits: true,
+                context_length: 4096,
+                attention: "streaming".into(),
+                prefill_chunk: 0,
+                within_context: true,
+                kv_dtype: None,
+                workspace_bytes: None,
+                attention_scores_bytes: None,
+            })))
+        }
+
+        fn run(&mut self, _: usize, cell: &plan::Cell) -> Result<Ran<Outcome>> {
+            self.launched.push(cell.label());
+            let oom = self.ooms.contains(&cell.label());
+            Ok(Ran::Done(Outcome {
+                status: if oom { Status::Oom } else { Status::NoOutput },
+                report: None,
+                oom_demand_bytes: oom.then_some(777),
+                reason: Some("scripted".into()),
+                host: "elsewhere".into(),
+                device: "gpu:remote".into(),
+                log: "log".into(),
+            }))
+        }
+
+        fn device(&self) -> &str {
+            "gpu:remote"
+        }
+    }
+
+    fn set(items: &[&str]) -> BTreeSet<String> {
+        items.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_driver_feeds_outcomes_from_wherever_they_ran_into_rows_and_the_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let record = RecordFile::new(dir.path().join(".oom-record"));
+        let plan = Plan::grid(
+            &["a".to_string(), "b".to_string(), "gone".to_string()],
+            &[Prompt::Tokens(1), Prompt::Tokens(2), Prompt::Tokens(3)],
+            &CellTemplate { max_tokens: 4, warmup_tokens: 0, named: Named { models: false, prompts: false } },
+        );
+        let csv = dir.path().join("out.csv");
+        // b@1 already has a SKIP:oom row from the interrupted first half of this sweep.
+        let earlier = Row {
+            model: "b".into(),
+            date: "2026-01-01T00:00:00Z".into(),
+            prompt_target_len: Some(1),
+            status: "SKIP:oom".into(),
+            max_tokens: 4,
+            ..Row::default()
+        };
+        let mut first = CsvOut::create(&csv).unwrap();
+        first.write(&earlier).unwrap();
+        drop(first);
+        let shutdown = Shutdown::install().unwrap();
+        let mut driver = Driver {
+            meta: RowMeta {
+                root: dir.path().to_path_buf(),
+                host: "here".into(),
+                backend: "cpu".into(),
+                commit: "abc1234".into(),
+                features: Some(vec![]),
+                kiln_env: BTreeMap::new(),
+                kiln_version: "0.1.0".into(),
+            },
+            shutdown: &shutdown,
+            plan: &plan,
+            layers: OomLayers {
+                backstop: Backstop::default(),
+                record: RecordView::new(record.clone()),
+                ignore_record: false,
+                fake: FakeOom::default(),
+            },
+            estimate_on: true,
+            source_csv: "out.csv".into(),
+            model_paths: BTreeMap::new(),
+            knobs: Knobs::default(),
+        };
+        let mut runner = Scripted {
+            missing: set(&["gone"]),
+            estimate_fails: set(&["a@3"]),
+            ooms: set(&["a@2"]),
+            launched: Vec::new(),
+        };
+        let (out, resumed) = CsvOut::resume(&csv).unwrap();
+        let output = Output { path: csv.clone(), csv: out, resumed: Some(resumed) };
+        let code = driver.run(&mut runner, output).unwrap();
+        assert_eq!(code, 1, "a@1 and a@3 failed");
+        // b is backstopped by its earlier row; gone never reaches the runner.
+        assert_eq!(runner.launched, ["a@1", "a@2"]);
+        let statuses: Vec<(String, String)> = rows::read_rows(&csv)
+            .unwrap()
+            .into_iter()
+            .map(|r| (format!("{}@{}", r.model, r.prompt_target_len.unwrap()), r.status))
+            .collect();
+        let want = [
+            ("b@1", "SKIP:oom"),
+            ("a@1", "FAIL:no_output"),
+            ("a@2", "SKIP:oom"),
+            ("a@3", "FAIL:estimate"),
+            ("b@2", "SKIP:oom_backstop"),
+            ("b@3", "SKIP:oom_backstop"),
+            ("gone@1", "SKIP:missing_model"),
+            ("gone@2", "SKIP:missing_model"),
+            ("gone@3", "SKIP:missing_model"),
+        ];
+        let want: Vec<(String, String)> = want.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        assert_eq!(statuses, want);
+        let rows = rows::read_rows(&csv).unwrap();
+        let oom = rows.iter().find(|r| r.model == "a" && r.status == "SKIP:oom").unwrap();
+        assert_eq!(
+            (oom.host.as_str(), oom.device.as_str(), oom.peak_bytes),
+            ("elsewhere", "gpu:remote", Some(777))
+        );
+        // One record line, scoped to the device the cell ran on, with its demand.
+        let entries = record.read().unwrap();
+        assert_eq!(entries.len(), 1);
+        match &entries[0] {
+            record::Entry::Line { record: r, .. } => {
+                assert_eq!((r.model.as_str(), r.prompt_target_len, r.peak_bytes), ("a", 2, Some(777)));
+                assert_eq!(r.device.as_deref(), Some("gpu:remote"));
+                assert_eq!(r.source_csv, "out.csv");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_features_column_carries_the_kiln_environment() {
+        let meta = RowMeta {
+            root: PathBuf::from("/r"),
+            host: "h".into(),
+            backend: "cuda".into(),
+            commit: "c".into(),
+            features: Some(vec!["cuda".into()]),
+            kiln_env: [("KILN_QMV_WIDE".to_string(), "0".to_string())].into(),
+            kiln_version: String::new(),
+        };
+        assert_eq!(meta.features_column(&BTreeMap::new()), "cuda; KILN_QMV_WIDE=0");
+        let arm = [("KILN_QMV_WIDE".to_string(), "1".to_string())].into();
+        assert_eq!(meta.features_column(&arm), "cuda; KILN_QMV_WIDE=1");
+        let bare = RowMeta { features: None, kiln_env: BTreeMap::new(), ..meta };
+        assert_eq!(bare.features_column(&BTreeMap::new()), "unknown");
+        assert_eq!(bare.display(Path::new("/r/benchmarks/x.csv")), "benchmarks/x.csv");
+    }
+}

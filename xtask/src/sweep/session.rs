@@ -1,0 +1,401 @@
+//! The session: everything prepared before the first cell (the engine binary, the
+//! machine, the commit, the run directory with its env.json), and where the CSV goes.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::json;
+
+use super::classify;
+use super::driver::{Driver, RowMeta, now};
+use super::flags::{Defaults, HarnessEnv, SweepFlags, user_path};
+use super::layers::{Backstop, FakeOom, OomLayers};
+use super::plan::{CellTemplate, Plan};
+use super::record::{RecordFile, RecordView, real_path};
+use super::rows::{CsvOut, Knobs, Row};
+use super::runner::{EngineKnobs, LocalRunner};
+use crate::child::{self as shutdown, Shutdown};
+use crate::console::usage;
+use crate::engine::{self, Backend, BackendArg, EnginePackage};
+use crate::machine::{self, Machine};
+
+/// The CSV a sweep writes, locked for the run, and the rows it already holds when resumed.
+pub struct Output {
+    /// The CSV.
+    pub path: PathBuf,
+    /// The open, locked file.
+    pub csv: CsvOut,
+    /// Rows already in it (`--resume`).
+    pub resumed: Option<Vec<Row>>,
+}
+
+/// Everything prepared before the first cell: the engine binary, the machine, the commit,
+/// the checked knobs. Nothing is built until [`Session::sweep`], so every flag is checked
+/// first.
+pub struct Session {
+    root: PathBuf,
+    machine: Machine,
+    backend: Backend,
+    /// Build features, `None` for a binary the harness did not build.
+    features: Option<Vec<String>>,
+    kiln_bin: PathBuf,
+    /// Build `kiln` before the first cell.
+    build: bool,
+    kiln_version: String,
+    commit: String,
+    kiln_env: BTreeMap<String, String>,
+    device: String,
+    command: String,
+    defaults: Defaults,
+    shutdown: Shutdown,
+    harness_env: HarnessEnv,
+    engine_knobs: EngineKnobs,
+    memory_limit_bytes: Option<u64>,
+    record_path: PathBuf,
+}
+
+impl Session {
+    /// Checks the flags, probes the machine and chooses the backend and the binary.
+    pub fn prepare(
+        root: &Path,
+        command: &str,
+        flags: &SweepFlags,
+        harness_env: HarnessEnv,
+    ) -> Result<Session> {
+        let (engine_knobs, memory_limit_bytes) = flags.engine_knobs()?;
+        let shutdown = Shutdown::install()?;
+        let machine = Machine::probe();
+        let prebuilt = match flags.kiln_bin.clone().or_else(|| harness_env.kiln_bin.clone()) {
+            Some(p) => Some(user_path(&p)?),
+            None => None,
+        };
+        let pkg = EnginePackage::read(root);
+        let (backend, features, kiln_bin, kiln_version, build) = match prebuilt {
+            Some(bin) => {
+                if !bin.is_file() {
+                    usage!(
+                        "--kiln-bin (or KILN_BENCH_KILN_BIN) {}: no such file: expected a built kiln binary",
+                        bin.display()
+                    );
+                }
+                let backend = match flags.backend {
+                    BackendArg::Auto | BackendArg::Cpu => Backend::Cpu,
+                    BackendArg::Cuda => Backend::Cuda,
+                    BackendArg::Metal => Backend::Metal,
+                };
+                let version = pkg.as_ref().map(|p| p.version.clone()).unwrap_or_default();
+                (backend, None, bin, version, false)
+            }
+            None => {
+                let pkg = pkg?;
+                let choice = match engine::choose_for(&machine, flags.backend, &pkg) {
+                    Ok(c) => c,
+                    Err(e) => usage!("{e}"),
+                };
+                if let Some(note) = &choice.note {
+                    eprintln!("note: {note}");
+                }
+                let bin = pkg.binary("release");
+                if flags.no_build && !bin.is_file() {
+                    usage!(
+                        "--no-build: no kiln binary at {}: run without --no-build to build it",
+                        bin.display()
+                    );
+                }
+                (choice.backend, Some(choice.backend.features()), bin, pkg.version.clone(), !flags.no_build)
+            }
+        };
+        let kiln_env = machine::kiln_env();
+        let limit = flags.memory_limit.clone().or_else(|| kiln_env.get("KILN_MEMORY_LIMIT").cloned());
+        let device = machine.device(backend.as_str(), limit.as_deref());
+        let record_path = match &flags.oom_record {
+            Some(p) => user_path(p)?,
+            None => root.join("benchmarks/.oom-record"),
+        };
+        Ok(Session {
+            root: root.to_path_buf(),
+            commit: machine::commit(root),
+            defaults: Defaults::for_backend(backend),
+            machine,
+            backend,
+            features,
+            kiln_bin,
+            build,
+            kiln_version,
+            kiln_env,
+            device,
+            command: command.to_string(),
+            shutdown,
+            harness_env,
+            engine_knobs,
+            memory_limit_bytes,
+            record_path,
+        })
+    }
+
+    /// The knobs of `template`'s cells as the CSV records them.
+    pub fn knobs(&self, template: &CellTemplate) -> Knobs {
+        Knobs {
+            max_tokens: template.max_tokens,
+            warmup_tokens: template.warmup_tokens,
+            ..self.engine_row_knobs()
+        }
+    }
+
+    /// The engine knobs as the CSV records them, token counts left at zero.
+    fn engine_row_knobs(&self) -> Knobs {
+        let k = &self.engine_knobs;
+        Knobs {
+            max_tokens: 0,
+            warmup_tokens: 0,
+            attention: k.attention.clone().unwrap_or_default(),
+            prefill_chunk: k.prefill_chunk,
+            kv_dtype: k.kv_dtype.clone().unwrap_or_default(),
+            memory_limit_bytes: self.memory_limit_bytes,
+            threads: k.threads,
+        }
+    }
+
+    /// Opens the CSV under its lock: created (or emptied), or resumed when `resume`, in
+    /// which case its rows must have been measured with `knobs`. The OOM record is never
+    /// an output, however it is spelled.
+    pub fn open_output(&self, path: PathBuf, resume: bool, knobs: &Knobs) -> Result<Output> {
+        if real_path(&path) == real_path(&self.record_path) || same_file(&path, &self.record_path) {
+            usage!(
+                "{} is the OOM record ({}): pass another --output",
+                path.display(),
+                self.record_path.display()
+            );
+        }
+        if !resume {
+            let csv = CsvOut::create(&path)?;
+            return Ok(Output { path, csv, resumed: None });
+        }
+        if !path.is_file() {
+            usage!("--resume {}: no such file: expected a CSV written by an earlier sweep", path.display());
+        }
+        let (csv, rows) = CsvOut::resume(&path)?;
+        if let Some(row) = rows.iter().find(|r| &r.knobs() != knobs) {
+            let diff = row.knobs().differences(knobs);
+            usage!(
+                "--resume {}: its rows were measured with other settings ({}): resume with the same ones, or pass a new --output",
+                path.display(),
+                diff.join("; ")
+            );
+        }
+        Ok(Output { path, csv, resumed: Some(rows) })
+    }
+
+    /// The backend's defaults.
+    pub fn defaults(&self) -> &Defaults {
+        &self.defaults
+    }
+
+    /// `benchmarks/<backend>_<host>_<date>_<kind>.csv`, or the first free
+    /// `..._<kind>-N.csv` when an earlier run already wrote that file.
+    pub fn default_output(&self, kind: &str) -> Result<PathBuf> {
+        let host: String = self
+            .machine
+            .host
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+            .collect();
+        let date = chrono::Utc::now().format("%Y-%m-%d");
+        let stem = format!("{}_{host}_{date}_{kind}", self.backend.as_str());
+        let (path, taken) = unused_path(&self.root.join("benchmarks"), &stem)?;
+        if let Some(first) = taken {
+            eprintln!(
+                "note: {} exists; writing {} (pass --resume {} to finish that run instead)",
+                self.display(&first),
+                self.display(&path),
+                self.display(&first)
+            );
+        }
+        Ok(path)
+    }
+
+    fn display(&self, p: &Path) -> String {
+        p.strip_prefix(&self.root).unwrap_or(p).display().to_string()
+    }
+
+    /// Builds the engine when asked, then runs `plan` into `output` and returns the exit
+    /// status.
+    pub fn sweep(self, plan: &Plan, output: Output, flags: &SweepFlags) -> Result<ExitCode> {
+        if self.build {
+            if let Some(sig) = engine::build_release(&self.root, self.backend, &self.shutdown)? {
+                eprintln!("interrupted by {} during the build", shutdown::signal_name(sig));
+                return Ok(ExitCode::from(shutdown::exit_code_for(sig)));
+            }
+            if !self.kiln_bin.is_file() {
+                anyhow::bail!("the build left no kiln binary at {}", self.kiln_bin.display());
+            }
+        }
+        let record_path = self.record_path.clone();
+        let cell_timeout = flags.cell_timeout.map(Duration::from_secs).unwrap_or(self.defaults.cell_timeout);
+        let knobs = self.engine_knobs.clone();
+        // Each row takes its token counts from its cell.
+        let row_knobs = self.engine_row_knobs();
+        let runs_dir = match &flags.runs_dir {
+            Some(d) => user_path(d)?,
+            None => self.root.join("benchmarks/runs"),
+        };
+        fs::create_dir_all(&runs_dir).with_context(|| format!("creating {}", runs_dir.display()))?;
+        // `create_dir` claims the name atomically, so two sweeps started in the same
+        // second get two directories.
+        let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
+        let mut run_dir = None;
+        for i in 0..1000 {
+            let suffix = if i == 0 { String::new() } else { format!("-{i}") };
+            let dir = runs_dir.join(format!("{stamp}-{}{suffix}", self.command));
+            match fs::create_dir(&dir) {
+                Ok(()) => {
+                    run_dir = Some(dir);
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+            }
+        }
+        let run_dir =
+            run_dir.with_context(|| format!("no free run directory name in {}", runs_dir.display()))?;
+        self.write_env_json(&run_dir, &output.path, &record_path, &knobs, cell_timeout, flags)?;
+        eprintln!(
+            "sweep: {} cells; kiln {} ({}); device {}; run directory {}",
+            plan.cells.len(),
+            self.display(&self.kiln_bin),
+            self.backend.as_str(),
+            self.device,
+            self.display(&run_dir)
+        );
+        let mut runner = LocalRunner {
+            kiln: self.kiln_bin.clone(),
+            workdir: self.root.clone(),
+            user_cwd: std::env::current_dir().context("reading the current directory")?,
+            run_dir,
+            knobs,
+            cell_timeout,
+            host: self.machine.host.clone(),
+            device: self.device.clone(),
+            shutdown: &self.shutdown,
+            memory_events: classify::memory_events_path(),
+        };
+        let layers = OomLayers {
+            backstop: Backstop::default(),
+            record: RecordView::new(RecordFile::new(record_path)),
+            ignore_record: self.harness_env.ignore_record,
+            fake: FakeOom::new(self.harness_env.fake_oom.clone()),
+        };
+        if layers.ignore_record {
+            eprintln!("KILN_BENCH_IGNORE_OOM_RECORD=1: the OOM record does not pre-skip cells in this run");
+        }
+        let mut driver = Driver {
+            meta: RowMeta {
+                root: self.root.clone(),
+                host: self.machine.host.clone(),
+                backend: self.backend.as_str().to_string(),
+                commit: self.commit.clone(),
+                features: self.features.clone(),
+                kiln_env: self.kiln_env.clone(),
+                kiln_version: self.kiln_version.clone(),
+            },
+            shutdown: &self.shutdown,
+            plan,
+            layers,
+            estimate_on: !flags.no_estimate,
+            source_csv: self.display(&output.path),
+            model_paths: BTreeMap::new(),
+            knobs: row_knobs,
+        };
+        Ok(ExitCode::from(driver.run(&mut runner, output)?))
+    }
+
+    fn write_env_json(
+        &self,
+        run_dir: &Path,
+        output: &Path,
+        record: &Path,
+        knobs: &EngineKnobs,
+        cell_timeout: Duration,
+        flags: &SweepFlags,
+    ) -> Result<()> {
+        let env = json!({
+            "command": std::env::args().collect::<Vec<_>>(),
+            "started": now(),
+            "commit": self.commit,
+            "backend": self.backend.as_str(),
+            "features": self.features,
+            "kiln_bin": self.kiln_bin,
+            "kiln_version": self.kiln_version,
+            "host": self.machine.host,
+            "os": self.machine.os,
+            "cpu": self.machine.cpu,
+            "cpus": self.machine.cpus,
+            "memory_bytes": self.machine.memory_bytes,
+            "gpus": self.machine.gpus,
+            "device": self.device,
+            "kiln_env": self.kiln_env,
+            "output": output,
+            "oom_record": record,
+            "estimate_layer": !flags.no_estimate,
+            "memory_limit": knobs.memory_limit,
+            "prefill_chunk": knobs.prefill_chunk,
+            "attention": knobs.attention,
+            "cell_timeout_s": cell_timeout.as_secs(),
+        });
+        let path = run_dir.join("env.json");
+        fs::write(&path, serde_json::to_string_pretty(&env)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))
+    }
+}
+
+/// Whether `a` and `b` are one file (same device and inode, links followed).
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (fs::metadata(a), fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+/// `dir/<stem>.csv`, or when that exists the first free `dir/<stem>-N.csv` (N from 2)
+/// together with the taken first name: a default output never overwrites what an
+/// earlier run measured.
+/// The name is claimed by creating the file (`create_new`), so two sweeps started at once
+/// never pick the same one.
+fn unused_path(dir: &Path, stem: &str) -> Result<(PathBuf, Option<PathBuf>)> {
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let first = dir.join(format!("{stem}.csv"));
+    for i in 1..10_000 {
+        let p = if i == 1 { first.clone() } else { dir.join(format!("{stem}-{i}.csv")) };
+        match fs::OpenOptions::new().write(true).create_new(true).open(&p) {
+            Ok(_) => return Ok((p, (i > 1).then(|| first.clone()))),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("creating {}", p.display())),
+        }
+    }
+    anyhow::bail!("no free output name for {stem} in {}", dir.display())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_outputs_never_overwrite_an_earlier_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, taken) = unused_path(dir.path(), "cpu_h_2026-11-30_longprompt").unwrap();
+        assert_eq!(p, dir.path().join("cpu_h_2026-11-30_longprompt.csv"));
+        assert!(taken.is_none());
+        // Claimed at once: the next call, as from a sweep started in the same second,
+        // gets the next name.
+        let (p2, taken) = unused_path(dir.path(), "cpu_h_2026-11-30_longprompt").unwrap();
+        assert_eq!(p2, dir.path().join("cpu_h_2026-11-30_longprompt-2.csv"));
+        assert_eq!(taken, Some(p));
+        let (p3, _) = unused_path(dir.path(), "cpu_h_2026-11-30_longprompt").unwrap();
+        assert_eq!(p3, dir.path().join("cpu_h_2026-11-30_longprompt-3.csv"));
+    }
+}
