@@ -36,7 +36,7 @@ impl BenchDecode {
         let harness_env = HarnessEnv::read()?;
         let session = match Session::prepare(&sh.current_dir(), "decode", &self.sweep, harness_env)? {
             Prepared::Ready(s) => s,
-            Prepared::Interrupted(sig) => return Ok(ExitCode::from(crate::shutdown::exit_code_for(sig))),
+            Prepared::Interrupted(sig) => return Ok(ExitCode::from(crate::child::exit_code_for(sig))),
         };
         let d = session.defaults().clone();
         let named = Named {

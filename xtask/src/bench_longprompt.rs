@@ -58,7 +58,7 @@ impl BenchLongprompt {
         };
         let session = match Session::prepare(&sh.current_dir(), "longprompt", &self.sweep, harness_env)? {
             Prepared::Ready(s) => s,
-            Prepared::Interrupted(sig) => return Ok(ExitCode::from(crate::shutdown::exit_code_for(sig))),
+            Prepared::Interrupted(sig) => return Ok(ExitCode::from(crate::child::exit_code_for(sig))),
         };
         let d = session.defaults().clone();
         let named = Named { models: self.models.is_some(), prompts: self.lengths.is_some() };

@@ -5,12 +5,13 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use cargo_metadata::MetadataCommand;
 
+use crate::child::{self, Group, Shutdown, Waited};
 use crate::machine::Machine;
-use crate::shutdown::{Scope, Shutdown, Waited};
 
 /// `--backend`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -167,8 +168,9 @@ pub fn build_release(root: &Path, backend: Backend, shutdown: &Shutdown) -> Resu
         cmd.arg("--features").arg(features.join(","));
     }
     eprintln!("building kiln (release, backend {}): {cmd:?}", backend.as_str());
-    let child = cmd.spawn().with_context(|| format!("running {}", cargo.to_string_lossy()))?;
-    match shutdown.wait(child, None, Scope::Child)? {
+    let child = child::spawn(&mut cmd, Group::Shared)
+        .with_context(|| format!("running {}", cargo.to_string_lossy()))?;
+    match child.wait(shutdown, None, Duration::ZERO)? {
         Waited::Exited(st) if st.success() => Ok(None),
         Waited::Exited(st) => bail!("building kiln failed ({st}); fix the build or pass --no-build"),
         Waited::Interrupted(sig) => Ok(Some(sig)),

@@ -5,6 +5,7 @@
 mod bench_decode;
 mod bench_kernels;
 mod bench_longprompt;
+mod child;
 mod console;
 mod engine;
 mod machine;
@@ -15,7 +16,6 @@ mod quiet;
 mod runs;
 mod serve_bench;
 mod server;
-mod shutdown;
 mod sweep;
 
 use std::process::ExitCode;

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
+use crate::child::Shutdown;
 use crate::engine::{self, Backend, BackendArg, EnginePackage};
 use crate::machine::{self, Machine};
-use crate::shutdown::Shutdown;
 
 /// Claims `runs_dir/<UTC stamp>-<command>[-N]`. `create_dir` claims the name atomically,
 /// so two runs started in the same second get two directories.

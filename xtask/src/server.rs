@@ -1,22 +1,22 @@
-//! A long-running `kiln serve` child: started in its own process group with its output
-//! in a log file, watched (alive? ready? which kernels?), and stopped with SIGTERM, a
-//! grace period, then SIGKILL of the whole group, always reaped. The one place the
-//! harness starts and stops a server; the ABBA driver and serve-bench both use it.
+//! A long-running `kiln serve` child: started through `child` (own process group,
+//! killed with the harness) with its output in a log file, watched (alive? ready? which
+//! kernels?), and stopped with `child`'s SIGTERM, grace, SIGKILL of the group. The one
+//! place the harness boots a server; the ABBA driver and serve-bench both use it.
 
 use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use rustix::process::{Pid, Signal, WaitId, WaitIdOptions, kill_process_group, waitid};
+use rustix::process::{Pid, WaitId, WaitIdOptions, waitid};
 
-use crate::shutdown::Shutdown;
+use crate::child::{self, Group, Owned, Shutdown};
 
 /// How to start a server.
 #[derive(Clone, Debug)]
@@ -35,7 +35,7 @@ pub struct ServerSpec {
 
 /// A started server.
 pub struct Server {
-    child: Option<Child>,
+    child: Owned,
     pid: Pid,
     log: PathBuf,
     started: Instant,
@@ -97,14 +97,14 @@ impl Server {
             .current_dir(&spec.cwd)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
-            .stderr(Stdio::from(err))
-            .process_group(0);
+            .stderr(Stdio::from(err));
         for (k, v) in &spec.env {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().with_context(|| format!("starting {}", spec.bin.display()))?;
-        let pid = Pid::from_child(&child);
-        Ok(Server { child: Some(child), pid, log: spec.log.clone(), started: Instant::now() })
+        let child =
+            child::spawn(&mut cmd, Group::Own).with_context(|| format!("starting {}", spec.bin.display()))?;
+        let pid = Pid::from_raw(child.pid() as i32).context("the server's pid")?;
+        Ok(Server { child, pid, log: spec.log.clone(), started: Instant::now() })
     }
 
     /// The process id (also the group id).
@@ -125,6 +125,10 @@ impl Server {
     /// `None` while running; how it ended once it has. Does not reap, so the group id
     /// stays reserved for the final kill.
     pub fn exited(&self) -> Option<String> {
+        if self.child.is_alive().unwrap_or(false) {
+            return None;
+        }
+        // What `child` reaps later, read without reaping, for the record.
         let opts = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
         match waitid(WaitId::Pid(self.pid), opts) {
             Ok(None) => None,
@@ -170,33 +174,11 @@ impl Server {
     }
 
     /// SIGTERM to the group, up to `grace` for the leader to exit, then SIGKILL to the
-    /// group (which also takes any straggler), then reap. Returns how it ended and
-    /// whether the kill was needed.
-    pub fn stop(mut self, grace: Duration) -> Result<(String, bool)> {
-        self.stop_inner(grace)
-    }
-
-    fn stop_inner(&mut self, grace: Duration) -> Result<(String, bool)> {
-        let Some(mut child) = self.child.take() else {
-            return Ok(("already stopped".into(), false));
-        };
-        let _ = kill_process_group(self.pid, Signal::TERM);
-        let deadline = Instant::now() + grace;
-        while self.exited().is_none() && Instant::now() < deadline {
-            thread::sleep(Duration::from_millis(20));
-        }
-        let killed = self.exited().is_none();
-        // The leader is at worst a zombie here, so its group id is still its own.
-        let _ = kill_process_group(self.pid, Signal::KILL);
-        let status = child.wait().context("reaping the server")?;
-        Ok((status.to_string(), killed))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // A server is never left running, whatever path dropped it.
-        let _ = self.stop_inner(Duration::from_secs(0));
+    /// group, then reap (all `child`'s [`Owned::stop`]). Returns how it ended and whether
+    /// it took the SIGKILL.
+    pub fn stop(self, grace: Duration) -> Result<(String, bool)> {
+        let status = self.child.stop(grace)?;
+        Ok((status.to_string(), status.signal() == Some(rustix::process::Signal::KILL.as_raw())))
     }
 }
 
@@ -232,7 +214,8 @@ mod tests {
         // Nothing is left in the group once init has reaped the orphaned grandchild.
         let gone = (0..100).any(|_| {
             thread::sleep(Duration::from_millis(20));
-            kill_process_group(Pid::from_raw(pid).unwrap(), Signal::KILL).is_err()
+            rustix::process::kill_process_group(Pid::from_raw(pid).unwrap(), rustix::process::Signal::KILL)
+                .is_err()
         });
         assert!(gone, "the server's group outlived stop()");
     }

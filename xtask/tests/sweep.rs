@@ -335,21 +335,40 @@ fn an_interrupt_kills_the_running_cell_keeps_rows_and_exits_130() {
     assert_eq!(sb.statuses(TINY), expect(&[("512", "ok"), ("1000", "ok")]), "{run}");
     assert!(sb.statuses("synthetic:smollm-135m").is_empty(), "{run}");
     // No engine process of this run survives.
-    let survivors: Vec<String> = fs::read_dir("/proc")
-        .map(|d| {
-            d.filter_map(|e| {
-                let e = e.ok()?;
-                let environ = fs::read(e.path().join("environ")).ok()?;
-                let needle = format!("XTASK_TEST_TAG={tag}");
-                environ
-                    .split(|&b| b == 0)
-                    .any(|v| v == needle.as_bytes())
-                    .then(|| e.file_name().to_string_lossy().into_owned())
-            })
-            .collect()
-        })
-        .unwrap_or_default();
+    let survivors = util::tagged_processes(&tag);
     assert!(survivors.is_empty(), "processes of the interrupted run survive: {survivors:?}{run}");
+}
+
+#[test]
+fn a_sigkilled_harness_takes_the_running_engine_with_it() {
+    let sb = Sandbox::new();
+    util::kiln_bin();
+    let tag = format!("xtask-sigkill-{}", std::process::id());
+    // smollm-135m at 1000 tokens prefills for seconds in a debug engine.
+    let (line, mut child) = sb.spawn(
+        "bench-longprompt",
+        &args(&["--models", "synthetic:smollm-135m", "--lengths", "1000", "--no-estimate"]),
+        &[("XTASK_TEST_TAG", tag.as_str())],
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let engine_running = || util::tagged_processes(&tag).iter().any(|(_, cmd)| cmd.contains("bench-decode"));
+    while !engine_running() {
+        assert!(Instant::now() < deadline, "no kiln bench-decode after 120s: {line}");
+        assert!(child.try_wait().unwrap().is_none(), "xtask ended early: {line}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SIGKILL cannot be trapped: only the kernel's parent-death signal can stop the cell.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = util::tagged_processes(&tag);
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "processes outlived the SIGKILLed harness: {left:?} ({line})");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]

@@ -17,11 +17,11 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::arms::{Arm, KernelLine, Order, check_identity};
+use crate::child::{self, Shutdown};
 use crate::quiet::{self, Limits, Probe, Reading};
 use crate::serve_bench::client::Target;
 use crate::serve_bench::until_signal;
 use crate::server::{self, Ready, Server, ServerSpec};
-use crate::shutdown::{self, Shutdown};
 
 /// Which way a metric improves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -479,7 +479,7 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
         if let Some(sig) = out.interrupted {
             eprintln!(
                 "interrupted by {}: the server's group was stopped; {} passes kept; no further boot",
-                shutdown::signal_name(sig),
+                child::signal_name(sig),
                 out.passes.len()
             );
             break 'boots;

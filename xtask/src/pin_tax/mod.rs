@@ -21,10 +21,10 @@ use xshell::Shell;
 
 use self::abba::{Mode, Plan};
 use self::arms::{Order, order_arg};
+use crate::child::{self, Shutdown};
 use crate::console::{self, usage};
 use crate::quiet::Limits;
 use crate::serve_bench::list_arg;
-use crate::shutdown::{self, Shutdown};
 
 /// `--mode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -153,8 +153,8 @@ impl QmvPinTax {
         let Some(engine) = crate::runs::engine(&root, self.kiln_bin.as_deref(), self.no_build, &shutdown)?
         else {
             let sig = shutdown.pending().unwrap_or(2);
-            eprintln!("interrupted by {} during the build", shutdown::signal_name(sig));
-            return Ok(ExitCode::from(shutdown::exit_code_for(sig)));
+            eprintln!("interrupted by {} during the build", child::signal_name(sig));
+            return Ok(ExitCode::from(child::exit_code_for(sig)));
         };
         crate::runs::check_writable(&runs_dir, "--runs-dir")?;
         if !self.no_record {
@@ -226,7 +226,7 @@ impl QmvPinTax {
         let planned = self.order.0.len() * (self.passes as usize + 1);
         let _ = writeln!(text, "passes written: {} of {planned} planned", out.passes.len());
         if let Some(sig) = out.interrupted {
-            let _ = writeln!(text, "interrupted by {}: partial summary", shutdown::signal_name(sig));
+            let _ = writeln!(text, "interrupted by {}: partial summary", child::signal_name(sig));
         }
         if let Some(why) = &out.aborted {
             let _ = writeln!(text, "stopped early: {why}");
@@ -243,7 +243,7 @@ impl QmvPinTax {
         }
         eprintln!("results: {}", display(&root, &run_dir));
         if let Some(sig) = out.interrupted {
-            return Ok(ExitCode::from(shutdown::exit_code_for(sig)));
+            return Ok(ExitCode::from(child::exit_code_for(sig)));
         }
         let mut reasons = Vec::new();
         if let Some(why) = out.aborted {

@@ -20,10 +20,10 @@ use xshell::Shell;
 use self::client::{Endpoint, RequestSpec, Target};
 use self::load::Arrival;
 use self::output::{Files, LevelSummary};
+use crate::child::{self, Shutdown};
 use crate::console::{self, usage};
 use crate::quiet;
 use crate::server::{self, Ready, Server, ServerSpec};
-use crate::shutdown::{self, Shutdown};
 
 /// Flags of `cargo xtask serve-bench`.
 #[derive(clap::Args, Debug)]
@@ -150,7 +150,7 @@ impl ServeBench {
                 match crate::runs::engine(&root, self.kiln_bin.as_deref(), self.no_build, &shutdown)? {
                     Some(e) => Some(e),
                     None => {
-                        return Ok(ExitCode::from(shutdown::exit_code_for(shutdown.pending().unwrap_or(2))));
+                        return Ok(ExitCode::from(child::exit_code_for(shutdown.pending().unwrap_or(2))));
                     }
                 }
             }
@@ -212,8 +212,8 @@ impl ServeBench {
                     }
                     Ready::Interrupted(sig) => {
                         srv.stop(Duration::from_secs(5))?;
-                        eprintln!("interrupted by {} while the server booted", shutdown::signal_name(sig));
-                        return Ok(ExitCode::from(shutdown::exit_code_for(sig)));
+                        eprintln!("interrupted by {} while the server booted", child::signal_name(sig));
+                        return Ok(ExitCode::from(child::exit_code_for(sig)));
                     }
                     Ready::Died(how) => {
                         anyhow::bail!(
@@ -259,7 +259,7 @@ impl ServeBench {
         ));
         text.push_str("percentiles: linear interpolation between closest ranks (numpy's default)\n");
         if let Some(sig) = interrupted {
-            text.push_str(&format!("interrupted by {}: partial results\n", shutdown::signal_name(sig)));
+            text.push_str(&format!("interrupted by {}: partial results\n", child::signal_name(sig)));
         }
         std::fs::write(run_dir.join("summary.md"), &text).context("writing summary.md")?;
         if !done.is_empty() {
@@ -271,7 +271,7 @@ impl ServeBench {
         console::out(&format!("\n{text}"))?;
         eprintln!("results: {}", display(&root, &run_dir));
         if let Some(sig) = interrupted {
-            return Ok(ExitCode::from(shutdown::exit_code_for(sig)));
+            return Ok(ExitCode::from(child::exit_code_for(sig)));
         }
         let failed: Vec<String> = done
             .iter()

@@ -30,10 +30,10 @@ use self::plan::{CellKey, Plan};
 use self::record::{RecordFile, RecordLine, RecordView};
 use self::rows::{CsvOut, Row, round3};
 use self::runner::{CellRunner, EngineKnobs, LocalRunner, Outcome, Ran};
+use crate::child::{self as shutdown, Shutdown};
 use crate::console::{self, usage};
 use crate::engine::{self, Backend, BackendArg, EnginePackage};
 use crate::machine::{self, Machine};
-use crate::shutdown::{self, Shutdown};
 
 /// `--attention`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

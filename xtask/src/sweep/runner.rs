@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
@@ -15,7 +15,7 @@ use super::classify::{self, ChildExit, KILN_BY_RULE_EXIT_CODE, Status};
 use super::layers::EstimateFacts;
 use super::plan::{Cell, Prompt};
 use super::report::{DecodeReport, EstimateReport};
-use crate::shutdown::{Scope, Shutdown, Waited};
+use crate::child::{self, Group, Shutdown, Waited};
 
 /// A step that either finished or was cut short by a signal.
 #[derive(Debug)]
@@ -142,17 +142,17 @@ impl LocalRunner<'_> {
         let err_path = base.with_extension(ext(base, "stderr"));
         let stdout = File::create(&out_path).with_context(|| format!("creating {}", out_path.display()))?;
         let stderr = File::create(&err_path).with_context(|| format!("creating {}", err_path.display()))?;
-        let child = Command::new(&self.kiln)
-            .args(args)
+        let mut cmd = Command::new(&self.kiln);
+        cmd.args(args)
             .current_dir(&self.workdir)
             .envs(&cell.env)
             .stdin(Stdio::null())
             .stdout(stdout)
-            .stderr(stderr)
-            .process_group(0)
-            .spawn()
+            .stderr(stderr);
+        let child = child::spawn(&mut cmd, Group::Own)
             .with_context(|| format!("starting {} for cell {cell}", self.kiln.display()))?;
-        let exit = match self.shutdown.wait(child, Some(timeout), Scope::Group)? {
+        // A cell's engine holds nothing worth a grace period: it is killed at once.
+        let exit = match child.wait(self.shutdown, Some(timeout), Duration::ZERO)? {
             Waited::Interrupted(sig) => return Ok(Ran::Interrupted(sig)),
             Waited::TimedOut => ChildExit::TimedOut,
             Waited::Exited(st) => child_exit(st),

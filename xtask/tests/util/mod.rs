@@ -211,6 +211,23 @@ impl Sandbox {
     }
 }
 
+/// The processes whose environment holds `XTASK_TEST_TAG=<tag>`, as `(pid, cmdline)`.
+pub fn tagged_processes(tag: &str) -> Vec<(String, String)> {
+    let needle = format!("XTASK_TEST_TAG={tag}");
+    let Ok(dir) = fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        let environ = fs::read(e.path().join("environ")).ok()?;
+        if !environ.split(|&b| b == 0).any(|v| v == needle.as_bytes()) {
+            return None;
+        }
+        let cmdline = fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        Some((e.file_name().to_string_lossy().into_owned(), cmdline))
+    })
+    .collect()
+}
+
 /// `[(len, status)]` from literals.
 pub fn expect(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
