@@ -43,13 +43,13 @@ pub struct Engine {
 }
 
 /// `--kiln-bin` (or `KILN_BENCH_KILN_BIN`) when given, checked to exist; otherwise the
-/// release build (built unless `no_build`). `Ok(None)` when a signal ended the build.
+/// release build (built unless `no_build`). `Ok(Err(signal))` when a signal ended the build.
 pub fn engine(
     root: &Path,
     kiln_bin: Option<&Path>,
     no_build: bool,
     shutdown: &Shutdown,
-) -> Result<Option<Engine>> {
+) -> Result<Result<Engine, i32>> {
     let given = kiln_bin
         .map(Path::to_path_buf)
         .or_else(|| std::env::var_os("KILN_BENCH_KILN_BIN").filter(|v| !v.is_empty()).map(PathBuf::from));
@@ -62,21 +62,21 @@ pub fn engine(
                 bin.display()
             );
         }
-        return Ok(Some(Engine { bin, backend: Backend::Cpu, features: None, version }));
+        return Ok(Ok(Engine { bin, backend: Backend::Cpu, features: None, version }));
     }
     let pkg = EnginePackage::read(root)?;
     let choice = engine::choose_for(&Machine::probe(), BackendArg::Auto, &pkg)?;
     if let Some(note) = &choice.note {
         eprintln!("note: {note}");
     }
-    if !no_build && engine::build_release(root, choice.backend, shutdown)?.is_some() {
-        return Ok(None);
+    if !no_build && let Some(sig) = engine::build_release(root, choice.backend, shutdown)? {
+        return Ok(Err(sig));
     }
     let bin = pkg.binary("release");
     if !bin.is_file() {
         anyhow::bail!("no kiln binary at {}: run without --no-build to build it", bin.display());
     }
-    Ok(Some(Engine { bin, backend: choice.backend, features: Some(choice.backend.features()), version }))
+    Ok(Ok(Engine { bin, backend: choice.backend, features: Some(choice.backend.features()), version }))
 }
 
 /// The fingerprint every env.json carries (the same keys as the sweeps' env.json):

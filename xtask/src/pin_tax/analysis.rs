@@ -244,7 +244,32 @@ pub fn summary(rows: &[TaxRow], fnd: &Findings, boots: &[BootRecord], trust_pct:
         .map(|(c, keys)| format!("{c}: {} request(s) differ, e.g. {}", keys.len(), keys[0]))
         .collect();
     list(&mut s, "contaminated cells (reported, excluded from the tax)", &dirty);
+    if let Some(t) = boot_timings(boots) {
+        let _ = writeln!(s, "{t}");
+    }
     s
+}
+
+/// Mean per-boot timings: what the driver adds around the server's own start-up.
+pub fn boot_timings(boots: &[BootRecord]) -> Option<String> {
+    if boots.is_empty() {
+        return None;
+    }
+    let n = boots.len() as f64;
+    let mean = |f: &dyn Fn(&BootRecord) -> f64| boots.iter().map(f).sum::<f64>() / n;
+    let ready: Vec<f64> = boots.iter().filter_map(|b| b.ready_after_s).collect();
+    Some(format!(
+        "per boot (mean of {}): port preflight and spawn {:.3} s; spawn to ready {} (the server's start-up plus at most 50 ms of polling); stop {:.3} s; quiet check {:.2} s",
+        boots.len(),
+        mean(&|b| b.preflight_s),
+        if ready.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.2} s", ready.iter().sum::<f64>() / ready.len() as f64)
+        },
+        mean(&|b| b.stop_s),
+        mean(&|b| b.quiet_check_s)
+    ))
 }
 
 #[cfg(test)]

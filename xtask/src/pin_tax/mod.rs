@@ -150,11 +150,12 @@ impl QmvPinTax {
             None => root.join("docs/benchmark_results"),
         };
         let shutdown = Shutdown::install()?;
-        let Some(engine) = crate::runs::engine(&root, self.kiln_bin.as_deref(), self.no_build, &shutdown)?
-        else {
-            let sig = shutdown.pending().unwrap_or(2);
-            eprintln!("interrupted by {} during the build", child::signal_name(sig));
-            return Ok(ExitCode::from(child::exit_code_for(sig)));
+        let engine = match crate::runs::engine(&root, self.kiln_bin.as_deref(), self.no_build, &shutdown)? {
+            Ok(e) => e,
+            Err(sig) => {
+                eprintln!("interrupted by {} during the build", child::signal_name(sig));
+                return Ok(ExitCode::from(child::exit_code_for(sig)));
+            }
         };
         crate::runs::check_writable(&runs_dir, "--runs-dir")?;
         if !self.no_record {

@@ -148,9 +148,10 @@ impl ServeBench {
         let engine = match &self.model {
             Some(_) => {
                 match crate::runs::engine(&root, self.kiln_bin.as_deref(), self.no_build, &shutdown)? {
-                    Some(e) => Some(e),
-                    None => {
-                        return Ok(ExitCode::from(child::exit_code_for(shutdown.pending().unwrap_or(2))));
+                    Ok(e) => Some(e),
+                    Err(sig) => {
+                        eprintln!("interrupted by {} during the build", child::signal_name(sig));
+                        return Ok(ExitCode::from(child::exit_code_for(sig)));
                     }
                 }
             }
