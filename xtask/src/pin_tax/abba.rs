@@ -66,6 +66,11 @@ pub struct CellMeasure {
     pub metrics: BTreeMap<String, f64>,
     /// Request key -> output hash, for completed requests.
     pub hashes: BTreeMap<String, String>,
+    /// The server's `usage.prompt_tokens` of the first completed request: with the
+    /// cached tokens, the M of the cell's prefill forward.
+    pub prompt_tokens: Option<u64>,
+    /// Its `usage.prompt_tokens_details.cached_tokens`.
+    pub cached_tokens: Option<u64>,
 }
 
 /// What a mode supplies: its cells, its server arguments and one pass over the cells.

@@ -295,6 +295,8 @@ mod tests {
                 first_error: None,
                 metrics: [("output tok/s".to_string(), tok_s)].into(),
                 hashes: [(format!("decode B=2/p{n}/0"), hash.to_string())].into(),
+                prompt_tokens: None,
+                cached_tokens: None,
             }],
         }
     }

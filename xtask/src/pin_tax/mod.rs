@@ -331,6 +331,28 @@ fn write_record(
         let _ = writeln!(s, "| {k} | {v} |");
     }
     let _ = writeln!(s, "\n## Result\n\n{summary}");
+    let _ = writeln!(s, "## Prompt tokens as the server counted them\n");
+    let _ = writeln!(
+        s,
+        "The first completed request of each cell in the first measured pass that has one: its prefill forward's M is prompt minus cached tokens (split by the server's prefill chunk).\n"
+    );
+    let _ = writeln!(s, "| cell | prompt tokens | cached tokens | M of the prefill |\n|---|---:|---:|---:|");
+    let mut seen = std::collections::BTreeSet::new();
+    for c in out.passes.iter().filter(|p| p.ok && p.pass > 0).flat_map(|p| p.cells.iter()) {
+        if c.prompt_tokens.is_none() || !seen.insert(c.cell.clone()) {
+            continue;
+        }
+        let p = c.prompt_tokens.unwrap_or(0);
+        let cached = c.cached_tokens.unwrap_or(0);
+        let _ = writeln!(
+            s,
+            "| {} | {p} | {} | {} |",
+            c.cell,
+            c.cached_tokens.map_or("-".into(), |x| x.to_string()),
+            p.saturating_sub(cached)
+        );
+    }
+    let _ = writeln!(s);
     let _ = writeln!(s, "## Boots\n");
     let _ = writeln!(s, "| boot | arm | kernel line | ready after s | stop s | SIGKILL needed | failure |");
     let _ = writeln!(s, "|---:|---|---|---:|---:|---|---|");

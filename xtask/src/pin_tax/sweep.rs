@@ -84,6 +84,8 @@ fn measure(
         first_error: results.iter().find_map(|r| r.error.clone()),
         metrics: m,
         hashes: results.iter().filter(|r| r.ok).map(|r| (r.key.clone(), r.output_hash.clone())).collect(),
+        prompt_tokens: results.iter().filter(|r| r.ok).find_map(|r| r.prompt_tokens),
+        cached_tokens: results.iter().filter(|r| r.ok).find_map(|r| r.cached_tokens),
     }
 }
 
@@ -105,7 +107,9 @@ impl Mode for Sweep {
     }
 
     fn server_args(&self) -> Vec<OsString> {
-        Vec::new()
+        // Every stream of the widest level gets a slot, so B streams decode together.
+        let widest = self.concurrency.iter().copied().max().unwrap_or(1);
+        vec!["--parallel".into(), widest.to_string().into()]
     }
 
     async fn run_pass(&self, target: &Target, pass: usize, timeout: Duration) -> Vec<CellMeasure> {

@@ -196,6 +196,11 @@ impl ServeBench {
                     "--port".into(),
                     self.port.to_string().into(),
                 ];
+                if !self.serve_args.iter().any(|a| a.starts_with("--parallel")) {
+                    // One slot per stream of the widest level: C streams decode together.
+                    let widest = self.concurrency.0.iter().copied().max().unwrap_or(1);
+                    args.extend(["--parallel".into(), widest.to_string().into()]);
+                }
                 args.extend(self.serve_args.iter().map(OsString::from));
                 let spec = ServerSpec {
                     bin: e.bin.clone(),
