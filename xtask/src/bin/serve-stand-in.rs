@@ -103,7 +103,12 @@ async fn handle(mut sock: TcpStream, on: bool) {
         eprintln!("ERROR stand-in: dying after {die_after} requests, as told");
         std::process::exit(3);
     }
-    let prompt = body["prompt"].as_str().map(str::to_string).unwrap_or_else(|| body["messages"].to_string());
+    let prompt = match &body["prompt"] {
+        Value::String(s) => s.clone(),
+        Value::Null => body["messages"].to_string(),
+        ids => ids.to_string(),
+    };
+    let prompt_tokens = body["prompt"].as_array().map_or_else(|| prompt.split_whitespace().count(), Vec::len);
     let max = body["max_tokens"].as_u64().unwrap_or(16);
     let chat = path.ends_with("/chat/completions");
     let mut seed: u64 =
@@ -130,7 +135,7 @@ async fn handle(mut sock: TcpStream, on: bool) {
         }
     }
     let completion = if flag("STAND_IN_BAD_USAGE") { json!({"n": max}) } else { json!(max) };
-    let words = prompt.split_whitespace().count();
+    let words = prompt_tokens;
     let usage = json!({"choices": [], "usage": {
         "prompt_tokens": words, "completion_tokens": completion, "total_tokens": words as u64 + max,
         "prompt_tokens_details": {"cached_tokens": 0}}});

@@ -1,12 +1,13 @@
 //! `--mode sweep`: the cells of the batched-decode sweep. Concurrency levels of batched
 //! decode, a prompt-cache cell whose adopted suffix is short enough that its forward's M
 //! falls inside the `qmv_wide` window, and uncached and chunked prefill as controls.
+//! Prompts are token ids, so every length (and so every forward's M) is exact.
 
 use std::ffi::OsString;
 use std::time::Duration;
 
 use super::abba::{Better, CellDef, CellMeasure, MetricDef, Mode};
-use crate::serve_bench::client::{Endpoint, RequestSpec, Target};
+use crate::serve_bench::client::{Endpoint, Prompt, RequestSpec, Target};
 use crate::serve_bench::load::{self, Arrival};
 use crate::serve_bench::output::LevelSummary;
 
@@ -45,7 +46,7 @@ impl Sweep {
     fn spec(&self, key: String, tokens: u64, shared: u64, seed: u64, max_tokens: u64) -> RequestSpec {
         RequestSpec {
             key,
-            prompt: load::prompt(tokens, shared, seed),
+            prompt: Prompt::Ids(load::prompt_ids(tokens, shared, seed)),
             max_tokens,
             ignore_eos: true,
             model: self.served.clone(),

@@ -67,13 +67,22 @@ impl Target {
     }
 }
 
+/// A prompt: text, or token ids (exact lengths; `/v1/completions` only).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Prompt {
+    /// Text the server tokenizes.
+    Text(String),
+    /// Token ids, sent as the `prompt` array.
+    Ids(Vec<u32>),
+}
+
 /// One request to send.
 #[derive(Clone, Debug)]
 pub struct RequestSpec {
     /// A stable key: the same request in another run or arm has the same key.
     pub key: String,
-    /// The prompt text.
-    pub prompt: String,
+    /// The prompt.
+    pub prompt: Prompt,
     /// `max_tokens`.
     pub max_tokens: u64,
     /// `ignore_eos`.
@@ -95,9 +104,10 @@ impl RequestSpec {
             "stream_options": {"include_usage": true},
             "ignore_eos": self.ignore_eos,
         });
-        match self.endpoint {
-            Endpoint::Completions => body["prompt"] = json!(self.prompt),
-            Endpoint::Chat => body["messages"] = json!([{"role": "user", "content": self.prompt}]),
+        match (&self.prompt, self.endpoint) {
+            (Prompt::Text(t), Endpoint::Completions) => body["prompt"] = json!(t),
+            (Prompt::Ids(ids), _) => body["prompt"] = json!(ids),
+            (Prompt::Text(t), Endpoint::Chat) => body["messages"] = json!([{"role": "user", "content": t}]),
         }
         body
     }
@@ -202,6 +212,9 @@ pub struct StreamState {
     pub reasoning: String,
     /// Usage, when an event carried one.
     pub usage: Option<Value>,
+    /// Arrival of the first event with a choice, text or not: a server that holds back
+    /// the text of a token it cannot decode yet still sends one when it has a token.
+    pub first_choice: Option<Duration>,
     /// `data: [DONE]` seen.
     pub done: bool,
     /// An `error` object in an event.
@@ -252,6 +265,9 @@ impl StreamState {
         }
         let mut carried = false;
         if let Some(choices) = v.get("choices").and_then(Value::as_array) {
+            if !choices.is_empty() && self.first_choice.is_none() {
+                self.first_choice = Some(at);
+            }
             for c in choices {
                 let delta = c.get("delta");
                 let pieces = [
@@ -295,7 +311,7 @@ pub fn measure(key: &str, start_ms: f64, status: u16, st: &StreamState, e2e: Dur
     r.http_status = Some(status);
     r.e2e_ms = Some(ms(e2e));
     r.deltas = deltas;
-    r.ttft_ms = st.token_times.first().map(|&t| ms(t));
+    r.ttft_ms = st.token_times.first().or(st.first_choice.as_ref()).map(|&t| ms(t));
     r.itl_ms = st.token_times.windows(2).map(|w| ms(w[1] - w[0])).collect();
     let (tokens, from) = match &st.usage {
         Some(u) => match usage_tokens(u) {
@@ -321,7 +337,8 @@ pub fn measure(key: &str, start_ms: f64, status: u16, st: &StreamState, e2e: Dur
     r.output_hash = format!("{:016x}", fnv1a64(all.as_bytes()));
     r.error = match (&st.error, deltas) {
         (Some(e), _) => Some(format!("server error event: {e}")),
-        (None, 0) => Some("the stream carried no token".into()),
+        // Tokens whose text is held back (partial UTF-8) still count when usage says so.
+        (None, 0) if !(from == TokensFrom::Usage && tokens > 0) => Some("the stream carried no token".into()),
         (None, _) if !st.done && st.usage.is_none() => Some("the stream ended without [DONE]".into()),
         _ => None,
     };
@@ -425,6 +442,7 @@ mod tests {
         st.feed(b"data: [DONE]\n\n", ms(42)).unwrap();
         let r = measure("k", 0.0, 200, &st, ms(50));
         assert!(r.ok, "{r:?}");
+        assert_eq!(st.first_choice, Some(ms(10)));
         assert_eq!((r.deltas, r.output_tokens, r.tokens_from), (3, 3, TokensFrom::Usage));
         assert_eq!(r.ttft_ms, Some(10.0));
         assert_eq!(r.itl_ms, vec![10.0, 20.0]);
@@ -454,6 +472,27 @@ mod tests {
             usage_tokens(&json!({"completion_tokens": -1})).unwrap_err(),
             "usage.completion_tokens is -1"
         );
+    }
+
+    #[test]
+    fn tokens_whose_text_is_held_back_still_count_when_usage_says_so() {
+        let mut st = StreamState::default();
+        let held = b"data: {\"choices\":[{\"text\":\"\",\"finish_reason\":\"length\"}]}\n\n";
+        st.feed(held, ms(30)).unwrap();
+        st.feed(b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":1}}\n\ndata: [DONE]\n\n", ms(31))
+            .unwrap();
+        let r = measure("k", 0.0, 200, &st, ms(32));
+        assert!(r.ok, "{r:?}");
+        assert_eq!((r.ttft_ms, r.output_tokens, r.deltas), (Some(30.0), 1, 0));
+        let ids = RequestSpec {
+            key: "k".into(),
+            prompt: Prompt::Ids(vec![5, 6]),
+            max_tokens: 1,
+            ignore_eos: true,
+            model: "m".into(),
+            endpoint: Endpoint::Completions,
+        };
+        assert_eq!(ids.body()["prompt"], json!([5, 6]));
     }
 
     #[test]

@@ -105,6 +105,20 @@ pub fn prompt(tokens: u64, shared: u64, seed: u64) -> String {
     p
 }
 
+/// Token ids of a prompt: ASCII-range ids (32 to 126), present in any vocabulary of a
+/// byte-level or BPE tokenizer; the first `shared` come from one seed, the rest from
+/// `seed`. Sent as ids, the prompt's length is exact.
+pub fn prompt_ids(tokens: u64, shared: u64, seed: u64) -> Vec<u32> {
+    let shared = shared.min(tokens);
+    let draw = |n: u64, seed: u64| {
+        let mut rng = SplitMix(seed);
+        (0..n).map(move |_| 32 + (rng.next_u64() % 95) as u32)
+    };
+    draw(shared, 0x5eed)
+        .chain(draw(tokens - shared, seed.wrapping_mul(0x9e37_79b9).wrapping_add(1)))
+        .collect()
+}
+
 /// How requests arrive.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Arrival {
@@ -193,6 +207,9 @@ mod tests {
         assert_ne!(wa[9..], wb[9..]);
         assert_eq!(prompt(20, 8, 1), a, "prompts are deterministic");
         assert_eq!(prompt(4, 10, 1).split(' ').count(), 5, "the prefix is capped by the length");
+        let (a, b) = (prompt_ids(20, 8, 1), prompt_ids(20, 8, 2));
+        assert_eq!((a.len(), a[..8] == b[..8], a[8..] == b[8..]), (20, true, false));
+        assert!(a.iter().all(|&t| (32..127).contains(&t)));
     }
 
     #[test]

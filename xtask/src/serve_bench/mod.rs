@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use xshell::Shell;
 
-use self::client::{Endpoint, RequestSpec, Target};
+use self::client::{Endpoint, Prompt, RequestSpec, Target};
 use self::load::Arrival;
 use self::output::{Files, LevelSummary};
 use crate::child::{self, Shutdown};
@@ -52,6 +52,9 @@ pub struct ServeBench {
     /// The first N prompt tokens are the same in every request (exercises a prompt cache).
     #[arg(long, value_name = "N", default_value_t = 0)]
     shared_prefix: u64,
+    /// Send prompts as token ids (exact lengths; completions endpoint only) instead of text.
+    #[arg(long)]
+    prompt_ids: bool,
     /// `max_tokens` of every request.
     #[arg(long, value_name = "N", default_value_t = 32)]
     max_tokens: u64,
@@ -134,6 +137,9 @@ impl ServeBench {
                 self.prompt_tokens
             );
         }
+        if self.prompt_ids && self.endpoint == Endpoint::Chat {
+            usage!("--prompt-ids needs --endpoint completions: chat messages are text");
+        }
         if self.max_tokens == 0 {
             usage!("--max-tokens 0: expected at least 1");
         }
@@ -180,6 +186,7 @@ impl ServeBench {
             "shared_prefix": self.shared_prefix,
             "max_tokens": self.max_tokens,
             "ignore_eos": self.ignore_eos,
+            "prompt_ids": self.prompt_ids,
             "endpoint": self.endpoint,
             "request_timeout_s": self.request_timeout,
             "percentiles": "linear interpolation between closest ranks (type 7, numpy's default)",
@@ -317,7 +324,11 @@ impl ServeBench {
     fn spec(&self, served: &str, key: String, seed: u64) -> RequestSpec {
         RequestSpec {
             key,
-            prompt: load::prompt(self.prompt_tokens, self.shared_prefix, seed),
+            prompt: if self.prompt_ids {
+                Prompt::Ids(load::prompt_ids(self.prompt_tokens, self.shared_prefix, seed))
+            } else {
+                Prompt::Text(load::prompt(self.prompt_tokens, self.shared_prefix, seed))
+            },
             max_tokens: self.max_tokens,
             ignore_eos: self.ignore_eos,
             model: served.to_string(),
