@@ -141,6 +141,19 @@ impl Server {
         }
     }
 
+    /// Like [`Server::exited`], but gives a server that is going away up to `patience`
+    /// to finish: a process that closed its sockets may still be tearing down.
+    pub fn exited_within(&self, patience: Duration) -> Option<String> {
+        let deadline = Instant::now() + patience;
+        loop {
+            let e = self.exited();
+            if e.is_some() || Instant::now() >= deadline {
+                return e;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Waits until the server is ready: before every probe the child must still be
     /// alive, so a stale server holding the port can never answer for it.
     pub fn wait_ready(&self, shutdown: &Shutdown, timeout: Duration) -> Ready {

@@ -273,9 +273,14 @@ fn a_complete_abba_run_pins_both_arms_checks_them_and_writes_the_record() {
     let boots = jsonl(&dir.join("boots.jsonl"));
     assert_eq!(boots.len(), 2);
     assert_eq!(boots[1]["kernel"]["qmv_wide"], "off");
-    let records: Vec<PathBuf> =
-        fs::read_dir(sb.path("records")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(dir.join("tax.svg").is_file(), "{run}");
+    let records: Vec<PathBuf> = fs::read_dir(sb.path("records"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
     assert_eq!(records.len(), 1, "{run}");
+    assert!(records[0].with_extension("svg").is_file(), "the record's plot is beside it{run}");
     let name = records[0].file_name().unwrap().to_string_lossy().into_owned();
     assert!(name.starts_with("qmv-pin-tax-") && name.ends_with(".md"), "{name}");
     let text = fs::read_to_string(&records[0]).unwrap();

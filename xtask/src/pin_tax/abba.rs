@@ -421,7 +421,9 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
                 last = reading;
                 let requests: usize = cells.iter().map(|c| c.requests).sum();
                 let failed: usize = cells.iter().map(|c| c.failed).sum();
-                dead = srv.exited();
+                // Failed requests may mean a dying server: let it finish dying, so the pass
+                // is blamed on the death rather than on its symptoms.
+                dead = if failed > 0 { srv.exited_within(Duration::from_millis(1000)) } else { srv.exited() };
                 let reason = match (&dead, failed) {
                     (Some(how), _) => Some(format!("the server {how} during the pass")),
                     (None, 0) => None,

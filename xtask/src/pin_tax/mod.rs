@@ -233,10 +233,14 @@ impl QmvPinTax {
             let _ = writeln!(text, "stopped early: {why}");
         }
         fs::write(run_dir.join("summary.md"), &text).context("writing summary.md")?;
+        let svg = run_dir.join("tax.svg");
+        if let Err(e) = crate::plot::write_svg(&svg, &analysis::panels(&rows)) {
+            eprintln!("warning: no plot: {e:#}");
+        }
         let record = if self.no_record || out.passes.is_empty() {
             None
         } else {
-            Some(write_record(&record_dir, &device, &env, &self, &out, &text)?)
+            Some(write_record(&record_dir, &device, &env, &self, &out, &text, &svg)?)
         };
         console::out(&format!("\n{text}"))?;
         if let Some(r) = &record {
@@ -289,6 +293,7 @@ fn write_record(
     flags: &QmvPinTax,
     out: &abba::Outcome,
     summary: &str,
+    svg: &Path,
 ) -> Result<PathBuf> {
     let backend = env["backend"].as_str().unwrap_or("cpu");
     let cpu = env["cpu"].as_str().unwrap_or("unknown");
@@ -331,6 +336,12 @@ fn write_record(
         let _ = writeln!(s, "| {k} | {v} |");
     }
     let _ = writeln!(s, "\n## Result\n\n{summary}");
+    let plot = path.with_extension("svg");
+    if fs::copy(svg, &plot).is_ok()
+        && let Some(name) = plot.file_name()
+    {
+        let _ = writeln!(s, "![narrow/wide against B]({})\n", name.to_string_lossy());
+    }
     let _ = writeln!(s, "## Prompt tokens as the server counted them\n");
     let _ = writeln!(
         s,
