@@ -188,6 +188,38 @@ impl KvCache {
         self.len = self.len.min(len);
     }
 
+    /// Makes this cache hold the first `n` positions of `src` (a prompt cache adopting a
+    /// cached prefix): whatever it held is forgotten, blocks are reserved for `n`
+    /// positions, and the blocks covering them are copied whole. Only the `n` positions
+    /// count afterwards. Panics when the layouts differ or `src` holds fewer than `n`
+    /// positions; on a refused allocation nothing counts as stored.
+    pub fn copy_prefix_from(&mut self, src: &KvCache, n: usize) -> Result<(), OutOfMemory> {
+        assert_eq!(self.layout, src.layout, "KvCache::copy_prefix_from: layouts differ");
+        assert!(
+            n <= src.len,
+            "KvCache::copy_prefix_from: {n} positions asked of a cache holding {}",
+            src.len
+        );
+        self.len = 0;
+        self.reserve(n)?;
+        let blocks = self.layout.blocks_for(n);
+        match (&mut self.blocks, &src.blocks) {
+            (Blocks::F16(dst), Blocks::F16(from)) => {
+                for (d, s) in dst.iter_mut().zip(from).take(blocks) {
+                    d.copy_from_slice(s);
+                }
+            }
+            (Blocks::F32(dst), Blocks::F32(from)) => {
+                for (d, s) in dst.iter_mut().zip(from).take(blocks) {
+                    d.copy_from_slice(s);
+                }
+            }
+            _ => unreachable!("equal layouts have equal storage types"),
+        }
+        self.len = n;
+        Ok(())
+    }
+
     /// Copies keys (or values) of `head` in `layer` at positions `start..start + n` into
     /// `out` (`n * head_dim` values) as f32. The run must lie inside one block.
     pub fn read(&self, layer: usize, value: bool, head: usize, start: usize, n: usize, out: &mut [f32]) {
@@ -246,6 +278,39 @@ mod tests {
         let e = c.reserve(KV_BLOCK_TOKENS + 10).unwrap_err();
         assert_eq!(e.tag, Tag::Kv);
         assert_eq!(c.capacity(), KV_BLOCK_TOKENS);
+    }
+
+    #[test]
+    fn a_copied_prefix_reads_back_and_forgets_the_rest() {
+        for dtype in [KvDtype::F16, KvDtype::F32] {
+            let pool = MemoryPool::unlimited();
+            let l = layout(dtype);
+            let mut src = KvCache::new(l, &pool);
+            let n = KV_BLOCK_TOKENS + 3;
+            src.reserve(n).unwrap();
+            for pos in 0..n {
+                let key: Vec<f32> = (0..8).map(|i| (pos * 8 + i) as f32).collect();
+                let value: Vec<f32> = key.iter().map(|k| -k).collect();
+                for layer in 0..2 {
+                    src.store(layer, pos, &key, &value);
+                }
+            }
+            src.commit(n);
+            let mut dst = KvCache::new(l, &pool);
+            dst.reserve(5).unwrap();
+            dst.commit(5);
+            dst.copy_prefix_from(&src, KV_BLOCK_TOKENS + 1).unwrap();
+            assert_eq!(dst.len(), KV_BLOCK_TOKENS + 1);
+            let (mut a, mut b) = ([0f32; 4], [0f32; 4]);
+            for pos in [0, 7, KV_BLOCK_TOKENS - 1, KV_BLOCK_TOKENS] {
+                for (layer, value, head) in [(0, false, 0), (1, true, 1)] {
+                    src.read(layer, value, head, pos, 1, &mut a);
+                    dst.read(layer, value, head, pos, 1, &mut b);
+                    assert_eq!(a, b, "{dtype:?} position {pos}");
+                }
+            }
+            assert_eq!(dst.capacity(), 2 * KV_BLOCK_TOKENS);
+        }
     }
 
     #[test]

@@ -14,7 +14,7 @@ Exit status:
   3  out of memory: the memory pool refused an allocation; stderr has a line starting
      `out of memory:` naming the request, the bytes in use and the limit";
 
-const MODEL_HELP: &str = "synthetic:<profile>[@4bit|@8bit], a directory under ./models/, or a path \
+pub const MODEL_HELP: &str = "synthetic:<profile>[@4bit|@8bit], a directory under ./models/, or a path \
      to a checkpoint directory (profiles: tiny, tiny-qwen, smollm-135m, qwen2.5-0.5b, llama-3.2-1b, \
      qwen2.5-7b, llama-3.1-8b)";
 
@@ -39,6 +39,9 @@ pub enum Command {
     /// Predict the memory pool's peak for a run, without loading the weights.
     #[command(after_help = EXIT_STATUS)]
     Estimate(EstimateArgs),
+    /// Serve the OpenAI API (chat and text completions) with continuous batching.
+    #[command(after_help = EXIT_STATUS)]
+    Serve(crate::serve::ServeArgs),
 }
 
 /// Output format of bench-decode and estimate.

@@ -1,0 +1,479 @@
+//! The OpenAI request bodies kiln accepts, checked field by field: a field of the wrong
+//! type or out of range is a 400 naming it; a field kiln does not implement is refused by
+//! name unless it carries the value that means "off" (`n: 1`, `logprobs: false`, zero
+//! penalties), which clients send by default.
+
+use kiln_model::chat_template::ChatMessage;
+use kiln_model::{LoadedModel, SamplingParams};
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+
+/// Which endpoint a request came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completions,
+}
+
+impl Endpoint {
+    /// The endpoint's path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+        }
+    }
+}
+
+/// A checked request, ready for the scheduler.
+#[derive(Clone, Debug)]
+pub struct GenerationRequest {
+    /// The prompt's token ids.
+    pub prompt: Vec<u32>,
+    /// Tokens to generate at most.
+    pub max_tokens: usize,
+    /// How to choose tokens.
+    pub sampling: SamplingParams,
+    /// Keep generating past EOS until `max_tokens`.
+    pub ignore_eos: bool,
+    /// Strings that end generation.
+    pub stop: Vec<String>,
+    /// Stream as server-sent events.
+    pub stream: bool,
+    /// Add a usage chunk at the end of the stream.
+    pub include_usage: bool,
+}
+
+/// Fields each endpoint understands.
+const COMMON_FIELDS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "stop",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "ignore_eos",
+    "stream",
+    "stream_options",
+    "user",
+    "n",
+    "logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+];
+const CHAT_FIELDS: &[&str] = &["messages", "max_completion_tokens", "top_logprobs", "parallel_tool_calls"];
+const COMPLETION_FIELDS: &[&str] = &["prompt", "echo", "best_of"];
+
+/// Parses and checks a request body for `endpoint`; `model_id` is the served model's
+/// name, `model` the loaded model (tokenizer, template, context).
+pub fn parse(
+    endpoint: Endpoint,
+    body: &[u8],
+    model_id: &str,
+    model: &LoadedModel,
+) -> Result<GenerationRequest, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request("invalid_json", format!("the request body is not valid JSON: {e}"))
+    })?;
+    let Value::Object(obj) = value else {
+        return Err(ApiError::bad_request("invalid_json", "the request body must be a JSON object"));
+    };
+    let extra = match endpoint {
+        Endpoint::Chat => CHAT_FIELDS,
+        Endpoint::Completions => COMPLETION_FIELDS,
+    };
+    for key in obj.keys() {
+        if !COMMON_FIELDS.contains(&key.as_str()) && !extra.contains(&key.as_str()) {
+            return Err(ApiError::invalid(
+                key.as_str(),
+                format!("unsupported field {key:?}: kiln does not implement it on {}", endpoint.path()),
+            ));
+        }
+    }
+    refuse_unless_off(&obj)?;
+
+    match obj.get("model") {
+        Some(Value::String(m)) if m == model_id => {}
+        Some(Value::String(m)) => {
+            return Err(ApiError {
+                code: "model_not_found",
+                ..ApiError::invalid("model", format!("unknown model {m:?}: this server serves {model_id:?}"))
+            });
+        }
+        Some(_) => return Err(ApiError::invalid("model", "model must be a string")),
+        None => {
+            return Err(ApiError::invalid(
+                "model",
+                format!("model is required: this server serves {model_id:?}"),
+            ));
+        }
+    }
+
+    let prompt = match endpoint {
+        Endpoint::Chat => chat_prompt(&obj, model)?,
+        Endpoint::Completions => completion_prompt(&obj, model)?,
+    };
+    let context = model.config.max_position_embeddings;
+    if prompt.len() >= context {
+        return Err(ApiError::invalid(
+            if endpoint == Endpoint::Chat { "messages" } else { "prompt" },
+            format!(
+                "the prompt is {} tokens, past the model's context of {context} tokens \
+                 (at least one token must be left to generate)",
+                prompt.len()
+            ),
+        ));
+    }
+    let room = context - prompt.len();
+    let max_tokens = match max_tokens_field(&obj, endpoint)? {
+        Some((name, n)) => {
+            if n < 1 {
+                return Err(ApiError::invalid(
+                    name,
+                    format!("{name} {n} is out of range: accepted values are 1 or more"),
+                ));
+            }
+            let n = n as usize;
+            if n > room {
+                return Err(ApiError::invalid(
+                    name,
+                    format!(
+                        "{name} {n} plus the prompt's {} tokens exceed the model's context of {context} tokens: \
+                         accepted values are 1 to {room}",
+                        prompt.len()
+                    ),
+                ));
+            }
+            n
+        }
+        None => room,
+    };
+
+    let temperature = opt_f64(&obj, "temperature")?.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::invalid(
+            "temperature",
+            format!("temperature {temperature} is out of range: accepted values are 0 to 2"),
+        ));
+    }
+    let top_p = opt_f64(&obj, "top_p")?.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::invalid(
+            "top_p",
+            format!("top_p {top_p} is out of range: accepted values are in (0, 1]"),
+        ));
+    }
+    let top_k = match opt_i64(&obj, "top_k")? {
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 => k as usize,
+        Some(k) => {
+            return Err(ApiError::invalid(
+                "top_k",
+                format!(
+                    "top_k {k} is out of range: accepted values are 1 or more, or 0 or -1 for all tokens"
+                ),
+            ));
+        }
+    };
+    let seed = match opt_i64(&obj, "seed")? {
+        Some(s) => s as u64,
+        None => fresh_seed(),
+    };
+    let ignore_eos = opt_bool(&obj, "ignore_eos")?.unwrap_or(false);
+    let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
+    let include_usage = match obj.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => {
+            if let Some(k) = o.keys().find(|k| k.as_str() != "include_usage") {
+                return Err(ApiError::invalid(
+                    "stream_options",
+                    format!("unsupported field stream_options.{k}: accepted is include_usage"),
+                ));
+            }
+            if !stream {
+                return Err(ApiError::invalid(
+                    "stream_options",
+                    "stream_options is only allowed when stream is true",
+                ));
+            }
+            match o.get("include_usage") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "stream_options",
+                        "stream_options.include_usage must be a boolean",
+                    ));
+                }
+            }
+        }
+        Some(_) => return Err(ApiError::invalid("stream_options", "stream_options must be an object")),
+    };
+    let stop = match obj.get("stop") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => {
+            if items.len() > 4 {
+                return Err(ApiError::invalid(
+                    "stop",
+                    format!("stop has {} strings: at most 4 are accepted", items.len()),
+                ));
+            }
+            items
+                .iter()
+                .map(|i| match i {
+                    Value::String(s) => Ok(s.clone()),
+                    _ => Err(ApiError::invalid("stop", "stop must be a string or an array of strings")),
+                })
+                .collect::<Result<_, _>>()?
+        }
+        Some(_) => return Err(ApiError::invalid("stop", "stop must be a string or an array of strings")),
+    };
+    if let Some(u) = obj.get("user")
+        && !u.is_string()
+    {
+        return Err(ApiError::invalid("user", "user must be a string"));
+    }
+    let sampling = SamplingParams { temperature: temperature as f32, top_k, top_p: top_p as f32, seed };
+    Ok(GenerationRequest { prompt, max_tokens, sampling, ignore_eos, stop, stream, include_usage })
+}
+
+/// A seed for a request that names none: different per request, as OpenAI's are.
+fn fresh_seed() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    nanos ^ COUNTER.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Refuses fields kiln does not implement unless they carry their "off" value.
+fn refuse_unless_off(obj: &Map<String, Value>) -> Result<(), ApiError> {
+    let unsupported = |name: &str, accepted: &str| {
+        Err(ApiError::invalid(name, format!("unsupported {name}: kiln implements only {accepted}")))
+    };
+    for (name, value) in obj {
+        let off = match name.as_str() {
+            "n" | "best_of" => matches!(value, Value::Null) || value.as_i64() == Some(1),
+            "logprobs" | "echo" => matches!(value, Value::Null | Value::Bool(false)),
+            "top_logprobs" => matches!(value, Value::Null) || value.as_i64() == Some(0),
+            "presence_penalty" | "frequency_penalty" => {
+                matches!(value, Value::Null) || value.as_f64() == Some(0.0)
+            }
+            "parallel_tool_calls" => matches!(value, Value::Null | Value::Bool(_)),
+            _ => true,
+        };
+        if !off {
+            let accepted = match name.as_str() {
+                "n" | "best_of" => "1",
+                "logprobs" | "echo" => "false",
+                "top_logprobs" => "0",
+                "parallel_tool_calls" => "a boolean (there are no tools)",
+                _ => "0",
+            };
+            return unsupported(name, &format!("{name} = {accepted}"));
+        }
+    }
+    Ok(())
+}
+
+fn max_tokens_field(
+    obj: &Map<String, Value>,
+    endpoint: Endpoint,
+) -> Result<Option<(&'static str, i64)>, ApiError> {
+    let names: &[&'static str] = match endpoint {
+        Endpoint::Chat => &["max_completion_tokens", "max_tokens"],
+        Endpoint::Completions => &["max_tokens"],
+    };
+    for &name in names {
+        if let Some(n) = opt_i64(obj, name)? {
+            return Ok(Some((name, n)));
+        }
+    }
+    Ok(None)
+}
+
+fn opt_f64(obj: &Map<String, Value>, name: &str) -> Result<Option<f64>, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => Ok(n.as_f64()),
+        Some(_) => Err(ApiError::invalid(name, format!("{name} must be a number"))),
+    }
+}
+
+fn opt_i64(obj: &Map<String, Value>, name: &str) -> Result<Option<i64>, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match n.as_i64() {
+            Some(i) => Ok(Some(i)),
+            None => Err(ApiError::invalid(name, format!("{name} must be an integer, got {n}"))),
+        },
+        Some(_) => Err(ApiError::invalid(name, format!("{name} must be an integer"))),
+    }
+}
+
+fn opt_bool(obj: &Map<String, Value>, name: &str) -> Result<Option<bool>, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(ApiError::invalid(name, format!("{name} must be a boolean"))),
+    }
+}
+
+/// The chat's messages through the model's template, or, for a model without one (the
+/// synthetic models), the plain rendering [`render_plain`].
+fn chat_prompt(obj: &Map<String, Value>, model: &LoadedModel) -> Result<Vec<u32>, ApiError> {
+    let messages = match obj.get("messages") {
+        Some(Value::Array(m)) if !m.is_empty() => m,
+        Some(Value::Array(_)) => return Err(ApiError::invalid("messages", "messages must not be empty")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "messages",
+                "messages must be an array of {role, content} objects",
+            ));
+        }
+        None => return Err(ApiError::invalid("messages", "messages is required")),
+    };
+    let mut parsed = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        parsed.push(message(i, m)?);
+    }
+    let tokens = match &model.chat_template {
+        Some(t) => {
+            let text = t.render(&parsed, true).map_err(|e| {
+                ApiError::invalid("messages", format!("the model's chat template refused the messages: {e}"))
+            })?;
+            model.tokenizer.encode(&text, false)
+        }
+        None => model.tokenizer.encode(&render_plain(&parsed), true),
+    };
+    let tokens =
+        tokens.map_err(|e| ApiError::invalid("messages", format!("the messages cannot be encoded: {e}")))?;
+    if tokens.is_empty() {
+        return Err(ApiError::invalid("messages", "the messages encode to no tokens"));
+    }
+    Ok(tokens)
+}
+
+/// How a chat is written for a model without a chat template: one `role: content` line
+/// per message, then `assistant: ` where the answer begins.
+pub fn render_plain(messages: &[ChatMessage]) -> String {
+    let mut s = String::new();
+    for m in messages {
+        s.push_str(&m.role);
+        s.push_str(": ");
+        s.push_str(&m.content);
+        s.push('\n');
+    }
+    s.push_str("assistant: ");
+    s
+}
+
+fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
+    let param = format!("messages[{i}]");
+    let Value::Object(o) = m else {
+        return Err(ApiError::invalid(
+            param,
+            format!("messages[{i}] must be an object with role and content"),
+        ));
+    };
+    if let Some(k) = o.keys().find(|k| !matches!(k.as_str(), "role" | "content" | "name")) {
+        return Err(ApiError::invalid(
+            format!("messages[{i}].{k}"),
+            format!("unsupported field messages[{i}].{k}: accepted are role, content and name"),
+        ));
+    }
+    let role = match o.get("role") {
+        Some(Value::String(r)) if matches!(r.as_str(), "system" | "developer" | "user" | "assistant") => {
+            r.clone()
+        }
+        Some(Value::String(r)) => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].role"),
+                format!("unsupported role {r:?}: accepted are system, developer, user and assistant"),
+            ));
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].role"),
+                format!("messages[{i}].role must be a string"),
+            ));
+        }
+    };
+    let content = match o.get("content") {
+        Some(Value::String(c)) => c.clone(),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for part in parts {
+                match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            format!("messages[{i}].content"),
+                            format!(
+                                "messages[{i}].content parts must be {{\"type\": \"text\", \"text\": ...}}: kiln reads text only"
+                            ),
+                        ));
+                    }
+                }
+            }
+            text
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].content"),
+                format!("messages[{i}].content must be a string or an array of text parts"),
+            ));
+        }
+    };
+    Ok(ChatMessage::new(role, content))
+}
+
+fn completion_prompt(obj: &Map<String, Value>, model: &LoadedModel) -> Result<Vec<u32>, ApiError> {
+    let vocab = model.config.vocab_size;
+    let text = match obj.get("prompt") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(items)) if items.len() == 1 && items[0].is_string() => {
+            items[0].as_str().unwrap_or_default().to_string()
+        }
+        Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_number) => {
+            let mut ids = Vec::with_capacity(items.len());
+            for item in items {
+                match item.as_u64() {
+                    Some(t) if (t as usize) < vocab => ids.push(t as u32),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            "prompt",
+                            format!(
+                                "token id {item} is outside the vocabulary: accepted ids are 0 to {}",
+                                vocab - 1
+                            ),
+                        ));
+                    }
+                }
+            }
+            return Ok(ids);
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "prompt must be a string, an array of one string, or an array of token ids",
+            ));
+        }
+        None => return Err(ApiError::invalid("prompt", "prompt is required")),
+    };
+    let ids = model
+        .tokenizer
+        .encode(&text, true)
+        .map_err(|e| ApiError::invalid("prompt", format!("the prompt cannot be encoded: {e}")))?;
+    if ids.is_empty() {
+        return Err(ApiError::invalid("prompt", "the prompt encodes to no tokens"));
+    }
+    Ok(ids)
+}

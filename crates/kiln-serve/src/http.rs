@@ -1,0 +1,429 @@
+//! The HTTP app: routes, the API-key check, and the two completion endpoints, which
+//! check a request, hand it to the scheduler and turn its events into an OpenAI response
+//! or a server-sent event stream (`data: {...}` chunks, then `data: [DONE]`).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::{self, Stream};
+use kiln_model::LoadedModel;
+use serde_json::{Value, json};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+use crate::Shared;
+use crate::api::{self, Endpoint, GenerationRequest};
+use crate::error::ApiError;
+use crate::scheduler::{Command, Event, FinishReason, Job};
+use crate::text::{Channel, Detokenizer, Emitter, Piece};
+
+/// The app: `/health`, `/metrics`, `/v1/models`, `/v1/chat/completions` and
+/// `/v1/completions`, serving from `shared`.
+pub fn app(shared: Arc<Shared>) -> Router {
+    let limit = shared.config.max_body_bytes;
+    let v1 = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .layer(middleware::from_fn_with_state(shared.clone(), authorize));
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .merge(v1)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(shared)
+}
+
+async fn health(State(s): State<Arc<Shared>>) -> Response {
+    if s.draining() {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "shutting down"}))).into_response();
+    }
+    match s.model() {
+        Some(_) => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
+        None => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "loading model"}))).into_response(),
+    }
+}
+
+async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+    let text = s.metrics.render(&s.config.load.pool);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn models(State(s): State<Arc<Shared>>) -> Response {
+    let created = s.model().map(|_| unix_now()).unwrap_or(0);
+    Json(json!({
+        "object": "list",
+        "data": [{"id": s.config.model_id, "object": "model", "created": created, "owned_by": "kiln"}],
+    }))
+    .into_response()
+}
+
+async fn not_found(req: Request) -> Response {
+    ApiError::status(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no route for {} {}", req.method(), req.uri().path()),
+    )
+    .into_response()
+}
+
+/// Requires `Authorization: Bearer <key>` when a key is configured, compared in
+/// constant time.
+async fn authorize(State(s): State<Arc<Shared>>, headers: HeaderMap, req: Request, next: Next) -> Response {
+    if let Some(key) = &s.config.api_key {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !constant_time_eq(given.as_bytes(), key.as_bytes()) {
+            return ApiError::status(
+                StatusCode::UNAUTHORIZED,
+                "invalid_api_key",
+                "missing or wrong API key: send Authorization: Bearer <key> with the server's --api-key",
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Equality whose time depends only on the lengths, not on where the bytes differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+async fn chat(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(Endpoint::Chat, s, body).await
+}
+
+async fn completions(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(Endpoint::Completions, s, body).await
+}
+
+async fn generate(endpoint: Endpoint, s: Arc<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
+    let response = match start(endpoint, &s, body).await {
+        Ok(started) if started.request.stream => stream_response(started).into_response(),
+        Ok(started) => collect(started).await,
+        Err(e) => e.into_response(),
+    };
+    s.metrics.request(endpoint.path(), response.status().as_u16());
+    response
+}
+
+/// A request the scheduler has given a slot.
+struct Started {
+    endpoint: Endpoint,
+    id: String,
+    model_id: String,
+    model: Arc<LoadedModel>,
+    request: GenerationRequest,
+    cached_tokens: usize,
+    events: UnboundedReceiver<Event>,
+    reasoning: bool,
+    shared: Arc<Shared>,
+}
+
+async fn start(
+    endpoint: Endpoint,
+    s: &Arc<Shared>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Started, ApiError> {
+    let body = body.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::status(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!(
+                    "the request body is over the limit of {} bytes (--max-body-bytes)",
+                    s.config.max_body_bytes
+                ),
+            )
+        } else {
+            ApiError::bad_request("invalid_body", format!("the request body could not be read: {r}"))
+        }
+    })?;
+    if s.draining() {
+        return Err(ApiError::status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the server is shutting down",
+        ));
+    }
+    let Some(model) = s.model().cloned() else {
+        return Err(ApiError::status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "loading",
+            "the model is still loading: retry when GET /health answers 200",
+        ));
+    };
+    let request = api::parse(endpoint, &body, &s.config.model_id, &model)?;
+    let depth = s.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+    if depth >= s.config.max_queue as u64 {
+        s.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+        return Err(ApiError::status(
+            StatusCode::TOO_MANY_REQUESTS,
+            "queue_full",
+            format!("{depth} requests are already waiting, the limit (--max-queue): retry later"),
+        ));
+    }
+    let (tx, mut rx) = unbounded_channel();
+    if !s.send(Command::Submit(Job { request: request.clone(), events: tx })) {
+        s.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+        return Err(gone());
+    }
+    match rx.recv().await {
+        Some(Event::Started { cached_tokens }) => Ok(Started {
+            endpoint,
+            id: format!("{}-{}", if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" }, s.next_id()),
+            model_id: s.config.model_id.clone(),
+            model,
+            request,
+            cached_tokens,
+            events: rx,
+            reasoning: endpoint == Endpoint::Chat,
+            shared: s.clone(),
+        }),
+        Some(Event::Failed(e)) => Err(e),
+        Some(_) | None => Err(gone()),
+    }
+}
+
+fn gone() -> ApiError {
+    ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the scheduler is not running")
+}
+
+/// Text and counts of one generation as events arrive.
+struct Progress {
+    detok: Detokenizer,
+    emitter: Emitter,
+    completion_tokens: usize,
+    finish: Option<FinishReason>,
+}
+
+impl Progress {
+    fn new(st: &Started) -> Self {
+        let tags = st.reasoning.then(|| st.shared.config.think_tags.clone());
+        Progress {
+            detok: Detokenizer::default(),
+            emitter: Emitter::new(st.request.stop.clone(), tags),
+            completion_tokens: 0,
+            finish: None,
+        }
+    }
+
+    /// Takes one event; returns the text it releases, or the failure.
+    fn on(&mut self, model: &LoadedModel, event: Option<Event>) -> Result<Vec<Piece>, ApiError> {
+        let decode = |ids: &[u32]| model.tokenizer.decode(ids);
+        let internal = |e: kiln_model::ModelError| {
+            ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "detokenize", e.to_string())
+        };
+        match event {
+            Some(Event::Token(t)) => {
+                self.completion_tokens += 1;
+                let text = self.detok.push(t, decode).map_err(internal)?;
+                let pieces = self.emitter.push(&text);
+                if self.emitter.stopped() {
+                    self.finish = Some(FinishReason::Stop);
+                }
+                Ok(pieces)
+            }
+            Some(Event::Done(r)) => {
+                self.finish = Some(r);
+                let text = self.detok.finish(decode).map_err(internal)?;
+                let mut pieces = self.emitter.push(&text);
+                pieces.extend(self.emitter.finish());
+                if self.emitter.stopped() {
+                    self.finish = Some(FinishReason::Stop);
+                }
+                Ok(pieces)
+            }
+            Some(Event::Failed(e)) => Err(e),
+            Some(Event::Started { .. }) | None => Err(gone()),
+        }
+    }
+
+    fn usage(&self, st: &Started) -> Value {
+        let prompt = st.request.prompt.len();
+        json!({
+            "prompt_tokens": prompt,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": prompt + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": st.cached_tokens},
+        })
+    }
+}
+
+/// Waits for the whole generation and answers with one JSON object.
+async fn collect(mut st: Started) -> Response {
+    let mut p = Progress::new(&st);
+    let (mut content, mut reasoning) = (String::new(), String::new());
+    while p.finish.is_none() {
+        let event = st.events.recv().await;
+        match p.on(&st.model, event) {
+            Ok(pieces) => {
+                for piece in pieces {
+                    match piece.channel {
+                        Channel::Content => content.push_str(&piece.text),
+                        Channel::Reasoning => reasoning.push_str(&piece.text),
+                    }
+                }
+            }
+            Err(e) => return e.into_response(),
+        }
+    }
+    // A stop string ended it: the scheduler frees the slot at its next step.
+    st.events.close();
+    let finish = p.finish.unwrap_or(FinishReason::Stop).as_str();
+    let created = unix_now();
+    let body = match st.endpoint {
+        Endpoint::Chat => {
+            let mut message = json!({"role": "assistant", "content": content});
+            if !reasoning.is_empty() {
+                message["reasoning_content"] = Value::String(reasoning);
+            }
+            json!({
+                "id": st.id, "object": "chat.completion", "created": created, "model": st.model_id,
+                "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
+                "usage": p.usage(&st),
+            })
+        }
+        Endpoint::Completions => json!({
+            "id": st.id, "object": "text_completion", "created": created, "model": st.model_id,
+            "choices": [{"index": 0, "text": content, "logprobs": null, "finish_reason": finish}],
+            "usage": p.usage(&st),
+        }),
+    };
+    Json(body).into_response()
+}
+
+/// State of one event stream.
+struct StreamState {
+    st: Started,
+    progress: Progress,
+    created: u64,
+    queue: std::collections::VecDeque<String>,
+    ended: bool,
+}
+
+impl StreamState {
+    fn chunk(&self, delta: Value, finish: Option<&str>) -> String {
+        let choice = match self.st.endpoint {
+            Endpoint::Chat => json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}),
+            Endpoint::Completions => json!({
+                "index": 0, "text": delta.get("content").cloned().unwrap_or(Value::String(String::new())),
+                "logprobs": null, "finish_reason": finish,
+            }),
+        };
+        let mut c = json!({
+            "id": self.st.id, "object": self.object(), "created": self.created, "model": self.st.model_id,
+            "choices": [choice],
+        });
+        if self.st.request.include_usage {
+            c["usage"] = Value::Null;
+        }
+        c.to_string()
+    }
+
+    fn object(&self) -> &'static str {
+        match self.st.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completions => "text_completion",
+        }
+    }
+
+    fn pieces(&mut self, pieces: Vec<Piece>) {
+        for piece in pieces {
+            let delta = match piece.channel {
+                Channel::Content => json!({"content": piece.text}),
+                Channel::Reasoning => json!({"reasoning_content": piece.text}),
+            };
+            let c = self.chunk(delta, None);
+            self.queue.push_back(c);
+        }
+    }
+
+    fn finish(&mut self) {
+        let finish = self.progress.finish.unwrap_or(FinishReason::Stop).as_str();
+        let c = self.chunk(json!({}), Some(finish));
+        self.queue.push_back(c);
+        if self.st.request.include_usage {
+            let u = json!({
+                "id": self.st.id, "object": self.object(), "created": self.created, "model": self.st.model_id,
+                "choices": [], "usage": self.progress.usage(&self.st),
+            });
+            self.queue.push_back(u.to_string());
+        }
+        self.queue.push_back("[DONE]".into());
+        self.ended = true;
+        self.st.events.close();
+    }
+}
+
+/// Streams the generation as server-sent events. Dropping the stream (the client went
+/// away) drops the event receiver, which frees the slot at the scheduler's next step.
+fn stream_response(st: Started) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let progress = Progress::new(&st);
+    let mut state =
+        StreamState { st, progress, created: unix_now(), queue: Default::default(), ended: false };
+    if state.st.endpoint == Endpoint::Chat {
+        let c = state.chunk(json!({"role": "assistant", "content": ""}), None);
+        state.queue.push_back(c);
+    }
+    Sse::new(stream::unfold(state, |mut state| async move {
+        loop {
+            if let Some(data) = state.queue.pop_front() {
+                return Some((Ok(SseEvent::default().data(data)), state));
+            }
+            if state.ended {
+                return None;
+            }
+            let event = state.st.events.recv().await;
+            match state.progress.on(&state.st.model, event) {
+                Ok(pieces) => {
+                    state.pieces(pieces);
+                    if state.progress.finish.is_some() {
+                        state.finish();
+                    }
+                }
+                Err(e) => {
+                    // The request failed mid-stream: an error event ends this stream only.
+                    state.queue.push_back(e.body().to_string());
+                    state.queue.push_back("[DONE]".into());
+                    state.ended = true;
+                }
+            }
+        }
+    }))
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_compare_by_content() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(constant_time_eq(b"", b""));
+    }
+}

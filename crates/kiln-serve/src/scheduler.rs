@@ -1,0 +1,501 @@
+//! The scheduler: one thread owning the engine, every KV cache and the prompt cache.
+//! Handlers send it [`Job`]s over a channel and read [`Event`]s back.
+//!
+//! Each step it takes new jobs, drops the ones whose client went away, admits waiting
+//! jobs first come first served while a slot is free and the memory plan allows, and
+//! then runs ONE forward holding every decoding slot's next token (M = B rows through the
+//! quantized kernels) together with prefill chunks of the slots still reading their
+//! prompts, at most `prefill_chunk` prompt tokens per step in all. Tokens are sampled
+//! and sent as soon as the forward returns. With nothing to do it blocks on the channel.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::Instant;
+
+use axum::http::StatusCode;
+use kiln_core::{MemoryPool, Tag};
+use kiln_model::{Engine, KvCache, KvLayout, LoadedModel, Logits, Sampler, SeqChunk, WorkspaceShape};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::api::GenerationRequest;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::prompt_cache::PromptCache;
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The model sampled an end-of-sequence token (or a stop string matched).
+    Stop,
+    /// `max_tokens` were generated.
+    Length,
+}
+
+impl FinishReason {
+    /// The OpenAI name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// What the scheduler tells a handler about its job.
+#[derive(Debug)]
+pub enum Event {
+    /// The job has a slot; `cached_tokens` of its prompt came from the prompt cache.
+    Started {
+        /// Prompt tokens adopted from the prompt cache.
+        cached_tokens: usize,
+    },
+    /// A sampled token (EOS is never sent).
+    Token(u32),
+    /// Generation ended.
+    Done(FinishReason),
+    /// The job failed; nothing more follows.
+    Failed(ApiError),
+}
+
+/// A request handed to the scheduler.
+pub struct Job {
+    /// What to generate.
+    pub request: GenerationRequest,
+    /// Where events go; dropping the receiver cancels the job at the next step.
+    pub events: UnboundedSender<Event>,
+}
+
+/// What handlers and the shutdown path send the scheduler.
+pub enum Command {
+    /// Run a job.
+    Submit(Job),
+    /// Fail every job now (the shutdown grace ran out).
+    CancelAll,
+    /// Stop the thread once the current step is done.
+    Stop,
+}
+
+/// How the scheduler runs.
+#[derive(Clone, Copy, Debug)]
+pub struct SchedulerOptions {
+    /// Slots: sequences decoded together at most.
+    pub parallel: usize,
+    /// Prompt tokens run per step over all prefilling slots; 0 runs every prompt whole.
+    pub prefill_chunk: usize,
+    /// Byte budget of the prompt cache; 0 disables it.
+    pub prompt_cache_bytes: u64,
+}
+
+/// A job holding a slot.
+struct Slot {
+    job: Job,
+    cache: KvCache,
+    sampler: Sampler,
+    /// Prompt tokens in the cache.
+    prefilled: usize,
+    /// Tokens sampled and sent.
+    generated: Vec<u32>,
+    /// KV bytes the memory plan set aside for the whole sequence.
+    planned_bytes: u64,
+    /// Admission order, to pick whom to fail on an out-of-memory.
+    admitted: u64,
+    done: Option<Outcome>,
+}
+
+enum Outcome {
+    Finished(FinishReason),
+    Cancelled,
+    Failed(ApiError),
+}
+
+impl Slot {
+    fn decoding(&self) -> bool {
+        self.prefilled == self.job.request.prompt.len()
+    }
+
+    /// The tokens the cache holds, in order.
+    fn cached_tokens(&self) -> Vec<u32> {
+        let prompt = &self.job.request.prompt;
+        let mut t = Vec::with_capacity(self.cache.len());
+        t.extend_from_slice(&prompt[..self.cache.len().min(prompt.len())]);
+        let fed = self.cache.len().saturating_sub(prompt.len());
+        t.extend_from_slice(&self.generated[..fed]);
+        t
+    }
+}
+
+/// What one slot contributes to a forward.
+#[derive(Clone, Copy)]
+enum Part {
+    Decode,
+    Prefill(usize),
+}
+
+/// The scheduler's state; [`Scheduler::run`] is its loop.
+pub struct Scheduler<'m> {
+    model: &'m LoadedModel,
+    engine: Engine<'m>,
+    pool: MemoryPool,
+    layout: KvLayout,
+    options: SchedulerOptions,
+    metrics: Arc<Metrics>,
+    eos: Vec<u32>,
+    waiting: std::collections::VecDeque<Job>,
+    slots: Vec<Slot>,
+    prompt_cache: PromptCache,
+    admitted: u64,
+}
+
+impl<'m> Scheduler<'m> {
+    /// A scheduler over `engine`, its workspace sized for the largest step now.
+    pub fn new(
+        model: &'m LoadedModel,
+        mut engine: Engine<'m>,
+        pool: &MemoryPool,
+        options: SchedulerOptions,
+        metrics: Arc<Metrics>,
+    ) -> kiln_model::Result<Self> {
+        let parallel = options.parallel.max(1);
+        engine.reserve_workspace(WorkspaceShape {
+            rows: parallel + options.prefill_chunk,
+            logit_rows: parallel,
+        })?;
+        let layout = KvLayout::new(&model.config, engine.options().kv_dtype);
+        // Stop at the config's EOS ids and at the chat template's end token, as `kiln
+        // generate` does.
+        let mut eos = model.config.eos_token_ids.clone();
+        let template_eos = model.chat_template.as_ref().and_then(|t| t.eos_token.as_deref());
+        eos.extend(template_eos.and_then(|t| model.tokenizer.token_to_id(t)));
+        Ok(Scheduler {
+            model,
+            engine,
+            pool: pool.clone(),
+            layout,
+            options: SchedulerOptions { parallel, ..options },
+            metrics,
+            eos,
+            waiting: Default::default(),
+            slots: Vec::with_capacity(parallel),
+            prompt_cache: PromptCache::new(options.prompt_cache_bytes),
+            admitted: 0,
+        })
+    }
+
+    /// Runs until [`Command::Stop`] or until every sender is gone.
+    pub fn run(mut self, commands: Receiver<Command>) {
+        loop {
+            if self.slots.is_empty() && self.waiting.is_empty() {
+                // Idle: block until there is work, no polling.
+                match commands.recv() {
+                    Ok(c) => {
+                        if !self.command(c) {
+                            return;
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match commands.try_recv() {
+                    Ok(c) => {
+                        if !self.command(c) {
+                            return;
+                        }
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return,
+                }
+            }
+            self.step();
+        }
+    }
+
+    /// Handles one command; false means stop.
+    fn command(&mut self, c: Command) -> bool {
+        match c {
+            Command::Submit(job) => self.waiting.push_back(job),
+            Command::CancelAll => {
+                let err = || {
+                    ApiError::status(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "shutting_down",
+                        "the server is shutting down and its grace period ran out",
+                    )
+                };
+                for job in self.waiting.drain(..) {
+                    let _ = job.events.send(Event::Failed(err()));
+                    self.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                }
+                for s in &mut self.slots {
+                    s.done = Some(Outcome::Failed(err()));
+                }
+                self.retire();
+            }
+            Command::Stop => return false,
+        }
+        true
+    }
+
+    /// One scheduling step.
+    fn step(&mut self) {
+        let t = Instant::now();
+        for s in &mut self.slots {
+            if s.job.events.is_closed() {
+                s.done = Some(Outcome::Cancelled);
+            }
+        }
+        self.retire();
+        self.admit();
+        let forward = self.forward();
+        let step = t.elapsed();
+        if let Some(f) = forward {
+            self.metrics.step_nanos.fetch_add(step.as_nanos() as u64, Ordering::Relaxed);
+            self.metrics.forward_nanos.fetch_add(f.as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Admits waiting jobs in order while a slot is free and the memory plan allows.
+    fn admit(&mut self) {
+        let before = self.waiting.len();
+        self.waiting.retain(|j| !j.events.is_closed());
+        let mut left = before - self.waiting.len();
+        while self.slots.len() < self.options.parallel {
+            let Some(job) = self.waiting.front() else { break };
+            let need = self.layout.bytes_for(job.request.prompt.len() + job.request.max_tokens);
+            match self.plan_room(need) {
+                Room::Fits => {}
+                Room::Later if !self.slots.is_empty() => break,
+                Room::Later => {
+                    // Nothing runs that could free memory: waiting would never end.
+                    let job = self.waiting.pop_front().expect("a front job");
+                    left += 1;
+                    let _ = job.events.send(Event::Failed(ApiError::status(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "memory_limit",
+                        format!(
+                            "the request needs {need} bytes of KV cache and the memory limit of {} bytes \
+                             (--memory-limit) leaves no room for it",
+                            self.pool.limit()
+                        ),
+                    )));
+                    continue;
+                }
+                Room::Never(message) => {
+                    let job = self.waiting.pop_front().expect("a front job");
+                    left += 1;
+                    let _ = job.events.send(Event::Failed(ApiError::status(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "memory_limit",
+                        message,
+                    )));
+                    continue;
+                }
+            }
+            let job = self.waiting.pop_front().expect("a front job");
+            left += 1;
+            self.start(job, need);
+        }
+        self.metrics.queue_depth.fetch_sub(left as u64, Ordering::Relaxed);
+        self.publish();
+    }
+
+    /// Whether `need` more KV bytes fit now, after evicting prompt-cache entries, or ever.
+    fn plan_room(&mut self, need: u64) -> Room {
+        let limit = self.pool.limit();
+        let stats = self.pool.stats();
+        let tag = |t: Tag| stats.by_tag.get(t.as_str()).map_or(0, |s| s.live);
+        let fixed = tag(Tag::Weights) + tag(Tag::Scratch) + tag(Tag::Other);
+        if fixed.saturating_add(need) > limit {
+            return Room::Never(format!(
+                "the request needs {need} bytes of KV cache (prompt plus max_tokens), but with the weights and \
+                 workspace ({fixed} bytes) that is past the memory limit of {limit} bytes (--memory-limit); \
+                 send a shorter prompt or a lower max_tokens"
+            ));
+        }
+        loop {
+            let held: u64 = self.slots.iter().map(|s| s.cache.bytes()).sum();
+            let planned: u64 = self.slots.iter().map(|s| s.planned_bytes.max(s.cache.bytes())).sum();
+            let live = self.pool.stats().live_bytes;
+            let committed = live.saturating_sub(held).saturating_add(planned);
+            if committed.saturating_add(need) <= limit {
+                return Room::Fits;
+            }
+            if !self.prompt_cache.evict_one() {
+                return Room::Later;
+            }
+        }
+    }
+
+    /// Gives `job` a slot, adopting a cached prefix when one matches.
+    fn start(&mut self, job: Job, planned_bytes: u64) {
+        let sampler = match Sampler::new(job.request.sampling, self.model.config.vocab_size) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = job.events.send(Event::Failed(ApiError::invalid("temperature", e.to_string())));
+                return;
+            }
+        };
+        let mut cache = self.engine.new_cache();
+        let mut cached = 0;
+        if let Some(hit) = self.prompt_cache.lookup(&job.request.prompt) {
+            match cache.copy_prefix_from(hit.cache, hit.tokens) {
+                Ok(()) => cached = hit.tokens,
+                Err(_) => cache = self.engine.new_cache(),
+            }
+        }
+        if cached > 0 {
+            self.metrics.prompt_cache_hits.fetch_add(1, Ordering::Relaxed);
+            self.metrics.prompt_cache_hit_tokens.fetch_add(cached as u64, Ordering::Relaxed);
+        }
+        if job.events.send(Event::Started { cached_tokens: cached }).is_err() {
+            return;
+        }
+        self.admitted += 1;
+        self.slots.push(Slot {
+            job,
+            cache,
+            sampler,
+            prefilled: cached,
+            generated: Vec::new(),
+            planned_bytes,
+            admitted: self.admitted,
+            done: None,
+        });
+    }
+
+    /// Runs one forward over every slot with work; returns its duration.
+    fn forward(&mut self) -> Option<std::time::Duration> {
+        let mut budget = match self.options.prefill_chunk {
+            0 => usize::MAX,
+            c => c,
+        };
+        let parts: Vec<Option<Part>> = self
+            .slots
+            .iter()
+            .map(|s| {
+                if s.decoding() {
+                    return Some(Part::Decode);
+                }
+                let left = s.job.request.prompt.len() - s.prefilled;
+                let n = left.min(budget);
+                budget -= n;
+                (n > 0).then_some(Part::Prefill(n))
+            })
+            .collect();
+        if parts.iter().all(Option::is_none) {
+            return None;
+        }
+        let decode_rows = parts.iter().filter(|p| matches!(p, Some(Part::Decode))).count();
+        let mut seqs: Vec<SeqChunk<'_>> = Vec::with_capacity(self.slots.len());
+        let mut order = Vec::with_capacity(self.slots.len());
+        for (i, (s, part)) in self.slots.iter_mut().zip(&parts).enumerate() {
+            let tokens = match part {
+                None => continue,
+                Some(Part::Decode) => {
+                    std::slice::from_ref(s.generated.last().expect("a decoding slot has sampled"))
+                }
+                Some(Part::Prefill(n)) => &s.job.request.prompt[s.prefilled..s.prefilled + n],
+            };
+            seqs.push(SeqChunk { cache: &mut s.cache, tokens });
+            order.push(i);
+        }
+        let t = Instant::now();
+        let result = self.engine.forward(&mut seqs, Logits::Last);
+        let took = t.elapsed();
+        drop(seqs);
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                let (status, code) = if e.is_out_of_memory() {
+                    (StatusCode::SERVICE_UNAVAILABLE, "out_of_memory")
+                } else {
+                    (StatusCode::INTERNAL_SERVER_ERROR, "engine_error")
+                };
+                // An out-of-memory fails the youngest request in the forward, not the
+                // server; the others run again next step. Any other engine error fails
+                // every request in the forward.
+                let victims: Vec<usize> = if e.is_out_of_memory() {
+                    order.iter().copied().max_by_key(|&i| self.slots[i].admitted).into_iter().collect()
+                } else {
+                    order.clone()
+                };
+                for i in victims {
+                    self.slots[i].done = Some(Outcome::Failed(ApiError::status(status, code, e.to_string())));
+                }
+                self.retire();
+                return Some(took);
+            }
+        };
+        if decode_rows > 0 {
+            self.metrics.batch(decode_rows);
+        }
+        let vocab = self.model.config.vocab_size;
+        for (row, &i) in order.iter().enumerate() {
+            let s = &mut self.slots[i];
+            if let Some(Part::Prefill(n)) = parts[i] {
+                s.prefilled += n;
+                self.metrics.prefill_tokens.fetch_add(n as u64, Ordering::Relaxed);
+                if !s.decoding() {
+                    continue;
+                }
+            }
+            let token = s.sampler.sample(&logits[row * vocab..(row + 1) * vocab]);
+            if self.eos.contains(&token) && !s.job.request.ignore_eos {
+                s.done = Some(Outcome::Finished(FinishReason::Stop));
+                continue;
+            }
+            s.generated.push(token);
+            self.metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
+            if s.job.events.send(Event::Token(token)).is_err() {
+                s.done = Some(Outcome::Cancelled);
+            } else if s.generated.len() >= s.job.request.max_tokens {
+                s.done = Some(Outcome::Finished(FinishReason::Length));
+            }
+        }
+        self.retire();
+        Some(took)
+    }
+
+    /// Ends every slot with an outcome: tells its handler, and keeps its cache in the
+    /// prompt cache unless it failed.
+    fn retire(&mut self) {
+        let mut i = 0;
+        while i < self.slots.len() {
+            if self.slots[i].done.is_none() {
+                i += 1;
+                continue;
+            }
+            let s = self.slots.swap_remove(i);
+            let keep = match s.done {
+                Some(Outcome::Finished(r)) => {
+                    let _ = s.job.events.send(Event::Done(r));
+                    true
+                }
+                Some(Outcome::Failed(ref e)) => {
+                    let _ = s.job.events.send(Event::Failed(e.clone()));
+                    false
+                }
+                Some(Outcome::Cancelled) | None => true,
+            };
+            if keep && self.options.prompt_cache_bytes > 0 {
+                let tokens = s.cached_tokens();
+                self.prompt_cache.insert(tokens, s.cache);
+            }
+        }
+        // Keep admission order so FIFO fairness holds within the forward too.
+        self.slots.sort_by_key(|s| s.admitted);
+        self.publish();
+    }
+
+    fn publish(&self) {
+        self.metrics.active_slots.store(self.slots.len() as u64, Ordering::Relaxed);
+        self.metrics.prompt_cache_bytes.store(self.prompt_cache.bytes(), Ordering::Relaxed);
+    }
+}
+
+enum Room {
+    Fits,
+    Later,
+    Never(String),
+}

@@ -1,0 +1,472 @@
+//! The server in-process on synthetic:tiny, bound to port 0: both endpoints streaming and
+//! not, usage, batched greedy decoding against sequential, the prompt cache, stop
+//! strings, the malformed-request table, disconnects, queue and memory limits, and the
+//! API key.
+
+mod client;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use client::{get, post, request, send, stream_text};
+use kiln_core::MemoryPool;
+use kiln_model::{EngineOptions, LoadOptions, WorkspaceShape};
+use kiln_serve::{SchedulerOptions, Server, ServerConfig, Shared, ThinkTags};
+use serde_json::{Value, json};
+
+const MODEL: &str = "synthetic:tiny";
+
+struct TestServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    server: Option<Server>,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_timeout(Duration::from_secs(5));
+        }
+        if let Some(s) = self.server.take() {
+            s.stop();
+        }
+    }
+}
+
+fn config() -> ServerConfig {
+    ServerConfig {
+        model: MODEL.into(),
+        model_id: "tiny".into(),
+        load: LoadOptions { pool: MemoryPool::unlimited(), quantize: None },
+        engine: EngineOptions::default(),
+        scheduler: SchedulerOptions { parallel: 8, prefill_chunk: 32, prompt_cache_bytes: 64 << 20 },
+        max_queue: 256,
+        max_body_bytes: 64 << 10,
+        api_key: None,
+        think_tags: ThinkTags::default(),
+    }
+}
+
+fn boot(config: ServerConfig) -> TestServer {
+    let server = Server::start(config, None).expect("starting the scheduler");
+    let shared = server.shared();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = kiln_serve::app(shared.clone());
+    rt.spawn(async move { axum::serve(listener, app).await });
+    let t = Instant::now();
+    while get(addr, "/health").status != 200 {
+        assert!(t.elapsed() < Duration::from_secs(60), "the model did not load in 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    TestServer { addr, shared, server: Some(server), rt: Some(rt) }
+}
+
+fn completion(prompt: &str, max_tokens: usize) -> Value {
+    json!({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true})
+}
+
+fn text_of(reply: &client::Reply) -> String {
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let v = reply.json();
+    v["choices"][0]["text"].as_str().or(v["choices"][0]["message"]["content"].as_str()).unwrap().to_string()
+}
+
+fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let m = get(addr, "/metrics");
+    m.body
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {name} in\n{}", m.body))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn both_endpoints_stream_and_answer_with_consistent_usage() {
+    let s = boot(config());
+    let models = get(s.addr, "/v1/models").json();
+    assert_eq!(models["data"][0]["id"], "tiny");
+
+    let prompt = "The kiln was built into the side of the hill";
+    let whole = post(s.addr, "/v1/completions", &completion(prompt, 12));
+    let text = text_of(&whole);
+    let v = whole.json();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    // Byte tokenizer: one token per byte after BOS.
+    assert_eq!(v["usage"]["prompt_tokens"], prompt.len() + 1);
+    assert_eq!(v["usage"]["completion_tokens"], 12);
+    assert_eq!(v["usage"]["total_tokens"], prompt.len() + 1 + 12);
+    assert!(v["usage"]["prompt_tokens_details"]["cached_tokens"].is_u64());
+
+    let mut body = completion(prompt, 12);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let streamed = post(s.addr, "/v1/completions", &body);
+    assert_eq!(streamed.status, 200);
+    assert!(streamed.header("content-type").unwrap().starts_with("text/event-stream"));
+    let events = streamed.events();
+    assert_eq!(events.last().unwrap(), "[DONE]", "{}", streamed.body);
+    let (stext, usage) = stream_text(&streamed);
+    assert_eq!(stext, text, "streamed and whole greedy text differ");
+    assert_eq!(usage.unwrap()["completion_tokens"], 12);
+
+    let chat = json!({
+        "model": "tiny", "messages": [{"role": "user", "content": "hello"}],
+        "max_completion_tokens": 8, "temperature": 0, "ignore_eos": true,
+    });
+    let c = post(s.addr, "/v1/chat/completions", &chat);
+    let ctext = text_of(&c);
+    let cv = c.json();
+    assert_eq!(cv["object"], "chat.completion");
+    assert_eq!(cv["choices"][0]["message"]["role"], "assistant");
+    let plain = kiln_serve::api::render_plain(&[kiln_model::chat_template::ChatMessage::user("hello")]);
+    assert_eq!(cv["usage"]["prompt_tokens"], plain.len() + 1);
+    assert_eq!(cv["usage"]["completion_tokens"], 8);
+    let mut chat_stream = chat.clone();
+    chat_stream["stream"] = json!(true);
+    let cs = post(s.addr, "/v1/chat/completions", &chat_stream);
+    let first: Value = serde_json::from_str(&cs.events()[0]).unwrap();
+    assert_eq!(first["object"], "chat.completion.chunk");
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(stream_text(&cs).0, ctext);
+    let last: Value = serde_json::from_str(&cs.events()[cs.events().len() - 2]).unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "length");
+
+    // Sampled decoding with a seed reproduces itself.
+    let sampled = json!({"model": "tiny", "prompt": prompt, "max_tokens": 10, "temperature": 0.9,
+                         "top_p": 0.95, "top_k": 40, "seed": 7, "ignore_eos": true});
+    let a = text_of(&post(s.addr, "/v1/completions", &sampled));
+    let b = text_of(&post(s.addr, "/v1/completions", &sampled));
+    assert_eq!(a, b, "a seeded sample must reproduce");
+}
+
+#[test]
+fn concurrent_greedy_requests_match_sequential_ones_bit_for_bit() {
+    let s = boot(config());
+    let prompts: Vec<String> = (0..8)
+        .map(|i| format!("request {i}: {}", "the fire burned for three days ".repeat(i % 3 + 1)))
+        .collect();
+    let sequential: Vec<String> =
+        prompts.iter().map(|p| text_of(&post(s.addr, "/v1/completions", &completion(p, 24)))).collect();
+    let steps_before = metric(s.addr, "kiln_decode_steps_total");
+    let batch_before = metric(s.addr, "kiln_batch_size_sum");
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let (addr, body) = (s.addr, completion(p, 24));
+            std::thread::spawn(move || text_of(&post(addr, "/v1/completions", &body)))
+        })
+        .collect();
+    let concurrent: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(concurrent, sequential);
+    let steps = metric(s.addr, "kiln_decode_steps_total") - steps_before;
+    let rows = metric(s.addr, "kiln_batch_size_sum") - batch_before;
+    // 8 x 23 decode rows; had nothing been batched that would take 184 forwards.
+    assert!(rows / steps > 1.5, "{rows} rows in {steps} decode steps: decoding was not batched");
+}
+
+#[test]
+fn a_prompt_cache_hit_returns_the_same_text_and_reports_cached_tokens() {
+    let s = boot(config());
+    let prompt = "Every spring the potters cleaned the flues and stacked the shelves with bowls and jars.";
+    let miss = post(s.addr, "/v1/completions", &completion(prompt, 16));
+    let miss_text = text_of(&miss);
+    assert_eq!(miss.json()["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let hit = post(s.addr, "/v1/completions", &completion(prompt, 16));
+    assert_eq!(text_of(&hit), miss_text);
+    let n = prompt.len() + 1;
+    assert_eq!(hit.json()["usage"]["prompt_tokens_details"]["cached_tokens"], n - 1);
+    assert_eq!(metric(s.addr, "kiln_prompt_cache_hits_total"), 1.0);
+    // A longer prompt sharing the prefix adopts it and prefills the rest.
+    let longer = format!("{prompt} They sealed the door.");
+    let fresh = {
+        let mut c = config();
+        c.scheduler.prompt_cache_bytes = 0;
+        boot(c)
+    };
+    let expect = text_of(&post(fresh.addr, "/v1/completions", &completion(&longer, 16)));
+    let ext = post(s.addr, "/v1/completions", &completion(&longer, 16));
+    assert_eq!(text_of(&ext), expect);
+    let cached = ext.json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached as usize >= n, "cached {cached} of a prompt whose first {n} tokens were cached");
+}
+
+#[test]
+fn a_stop_string_ends_the_text_before_it() {
+    let s = boot(config());
+    // A prompt whose greedy continuation on the tiny random model has printable runs.
+    let prompt = "1 2 3 4";
+    let full = text_of(&post(s.addr, "/v1/completions", &completion(prompt, 40)));
+    let chars: Vec<char> = full.chars().collect();
+    let Some(at) =
+        (5..chars.len().saturating_sub(3)).find(|&i| chars[i..i + 2].iter().all(|c| *c != '\u{fffd}'))
+    else {
+        panic!("no usable stop string in {full:?}");
+    };
+    let stop: String = chars[at..at + 2].iter().collect();
+    let mut body = completion(prompt, 40);
+    body["stop"] = json!([stop]);
+    let r = post(s.addr, "/v1/completions", &body);
+    let text = text_of(&r);
+    let expect = &full[..full.find(&stop).unwrap()];
+    assert_eq!(text, expect);
+    assert_eq!(r.json()["choices"][0]["finish_reason"], "stop");
+}
+
+/// Body, expected status, and why.
+fn malformed_table() -> Vec<(String, u16, &'static str)> {
+    let mut t: Vec<(String, u16, &'static str)> = Vec::new();
+    let ok_c = json!({"model": "tiny", "prompt": "hi", "max_tokens": 2});
+    let ok_chat = json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    for raw in [
+        "",
+        "{",
+        "[",
+        "null",
+        "42",
+        "\"text\"",
+        "{\"model\": }",
+        "{'model': 'tiny'}",
+        "[1,2]",
+        "true",
+        "{\"a\":1,}",
+    ] {
+        t.push((raw.to_string(), 400, "not a JSON object"));
+    }
+    let with = |base: &Value, key: &str, v: Value| {
+        let mut b = base.clone();
+        b[key] = v;
+        b.to_string()
+    };
+    let without = |base: &Value, key: &str| {
+        let mut b = base.clone();
+        b.as_object_mut().unwrap().remove(key);
+        b.to_string()
+    };
+    for base in [&ok_c, &ok_chat] {
+        t.push((without(base, "model"), 400, "no model"));
+        for v in [json!("other"), json!(""), json!(1), json!(null), json!(["tiny"])] {
+            t.push((with(base, "model", v), 400, "wrong model"));
+        }
+        for v in [json!(0), json!(-1), json!(1.5), json!("8"), json!(1_000_000), json!(true), json!([2])] {
+            t.push((with(base, "max_tokens", v), 400, "bad max_tokens"));
+        }
+        for v in [json!(-0.1), json!(2.01), json!(100), json!("1"), json!([]), json!({})] {
+            t.push((with(base, "temperature", v), 400, "bad temperature"));
+        }
+        for v in [json!(0), json!(-0.5), json!(1.01), json!("0.5"), json!(false)] {
+            t.push((with(base, "top_p", v), 400, "bad top_p"));
+        }
+        for v in [json!(-2), json!(0.5), json!("5")] {
+            t.push((with(base, "top_k", v), 400, "bad top_k"));
+        }
+        for v in [json!("1"), json!(1.5), json!([])] {
+            t.push((with(base, "seed", v), 400, "bad seed"));
+        }
+        for v in [json!(1), json!("yes")] {
+            t.push((with(base, "ignore_eos", v.clone()), 400, "bad ignore_eos"));
+            t.push((with(base, "stream", v), 400, "bad stream"));
+        }
+        for v in [json!(5), json!([1]), json!(["a", "b", "c", "d", "e"]), json!({"s": 1})] {
+            t.push((with(base, "stop", v), 400, "bad stop"));
+        }
+        for (k, v) in [
+            ("n", json!(2)),
+            ("logprobs", json!(true)),
+            ("tools", json!([])),
+            ("functions", json!([])),
+            ("response_format", json!({"type": "json_object"})),
+            ("presence_penalty", json!(0.5)),
+            ("frequency_penalty", json!(1)),
+            ("logit_bias", json!({})),
+            ("suffix", json!("x")),
+            ("unknown_field", json!(1)),
+        ] {
+            t.push((with(base, k, v), 400, "unsupported field"));
+        }
+        t.push((
+            with(base, "stream_options", json!({"include_usage": true})),
+            400,
+            "stream_options without stream",
+        ));
+        t.push((with(base, "stream_options", json!(true)), 400, "stream_options not an object"));
+        t.push((with(base, "user", json!(5)), 400, "user not a string"));
+    }
+    t.push((without(&ok_c, "prompt"), 400, "no prompt"));
+    for v in [
+        json!(null),
+        json!(5),
+        json!({}),
+        json!([]),
+        json!(["a", "b"]),
+        json!([1, "a"]),
+        json!([999_999]),
+        json!([-1]),
+    ] {
+        t.push((with(&ok_c, "prompt", v), 400, "bad prompt"));
+    }
+    t.push((with(&ok_c, "prompt", json!("x".repeat(2000))), 400, "prompt past the context"));
+    t.push((with(&ok_c, "echo", json!(true)), 400, "echo"));
+    t.push((with(&ok_c, "best_of", json!(3)), 400, "best_of"));
+    t.push((without(&ok_chat, "messages"), 400, "no messages"));
+    for v in [
+        json!([]),
+        json!(null),
+        json!("hi"),
+        json!([1]),
+        json!([{"content": "hi"}]),
+        json!([{"role": "user"}]),
+        json!([{"role": "tool", "content": "x"}]),
+        json!([{"role": 5, "content": "x"}]),
+        json!([{"role": "user", "content": 5}]),
+        json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+        json!([{"role": "user", "content": "hi", "tool_calls": []}]),
+        json!([{"role": "user", "content": "x".repeat(2000)}]),
+    ] {
+        t.push((with(&ok_chat, "messages", v), 400, "bad messages"));
+    }
+    t.push((with(&ok_chat, "max_completion_tokens", json!(0)), 400, "max_completion_tokens 0"));
+    t.push(("x".repeat(70 << 10), 413, "body over the limit"));
+    t
+}
+
+#[test]
+fn malformed_requests_get_the_right_status_and_the_server_keeps_serving() {
+    let s = boot(config());
+    let table = malformed_table();
+    assert!(table.len() >= 100, "{} cases", table.len());
+    for (i, (body, status, why)) in table.iter().enumerate() {
+        let path = if body.contains("messages") { "/v1/chat/completions" } else { "/v1/completions" };
+        let r = request(s.addr, "POST", path, body.as_bytes(), &[("Content-Type", "application/json")]);
+        assert_eq!(r.status, *status, "case {i} ({why}): {path} {body:.200}\n{}", r.body);
+        let e = r.json();
+        let err = &e["error"];
+        assert!(err["message"].as_str().is_some_and(|m| !m.is_empty()), "case {i}: {}", r.body);
+        assert!(
+            err["type"].is_string() && err["code"].is_string() && err.get("param").is_some(),
+            "{}",
+            r.body
+        );
+    }
+    // Unknown routes and methods, too.
+    assert_eq!(get(s.addr, "/v2/nothing").status, 404);
+    assert_eq!(get(s.addr, "/v1/completions").status, 405);
+    // Still serving.
+    text_of(&post(s.addr, "/v1/completions", &completion("still there?", 4)));
+    assert_eq!(get(s.addr, "/health").status, 200);
+}
+
+#[test]
+fn clients_dropping_mid_stream_free_their_slots() {
+    let s = boot(config());
+    let mut body = completion("drop me", 400);
+    body["stream"] = json!(true);
+    let bytes = body.to_string();
+    let handles: Vec<_> = (0..100)
+        .map(|_| {
+            let (addr, bytes) = (s.addr, bytes.clone());
+            std::thread::spawn(move || {
+                let mut conn = send(addr, "POST", "/v1/completions", bytes.as_bytes(), &[]);
+                // Read the headers and a little of the stream, then hang up.
+                let mut buf = [0u8; 256];
+                let _ = std::io::Read::read(&mut conn, &mut buf);
+                drop(conn);
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let t = Instant::now();
+    loop {
+        let (active, queued) = (metric(s.addr, "kiln_active_slots"), metric(s.addr, "kiln_queue_depth"));
+        if active == 0.0 && queued == 0.0 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{active} slots, {queued} queued 30 s after every client left"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Far fewer tokens than 100 x 400 were generated.
+    assert!(metric(s.addr, "kiln_generated_tokens_total") < 100.0 * 400.0 / 2.0);
+    text_of(&post(s.addr, "/v1/completions", &completion("next", 4)));
+}
+
+#[test]
+fn a_full_queue_answers_429() {
+    // A model slow enough that a long request holds the only slot for seconds.
+    let mut c = config();
+    c.model = "synthetic:smollm-135m".into();
+    c.model_id = "tiny".into();
+    c.scheduler.parallel = 1;
+    c.max_queue = 1;
+    let s = boot(c);
+    let mut long = completion("hold the slot", 1500);
+    long["stream"] = json!(true);
+    let mut holder = send(s.addr, "POST", "/v1/completions", long.to_string().as_bytes(), &[]);
+    let mut buf = [0u8; 64];
+    let _ = std::io::Read::read(&mut holder, &mut buf);
+    let waiter = send(s.addr, "POST", "/v1/completions", long.to_string().as_bytes(), &[]);
+    let t = Instant::now();
+    while metric(s.addr, "kiln_queue_depth") < 1.0 {
+        assert!(t.elapsed() < Duration::from_secs(30), "the second request never queued");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = post(s.addr, "/v1/completions", &completion("one too many", 2));
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "queue_full");
+    drop(holder);
+    drop(waiter);
+}
+
+#[test]
+fn a_request_that_can_never_fit_is_refused_naming_the_limit() {
+    let info = kiln_model::synthetic::inspect("tiny").unwrap();
+    let mut c = config();
+    let layout = kiln_model::KvLayout::new(&info.config, kiln_model::KvDtype::F16);
+    let ws = WorkspaceShape {
+        rows: c.scheduler.parallel + c.scheduler.prefill_chunk,
+        logit_rows: c.scheduler.parallel,
+    };
+    let limit = info.weight_bytes + ws.bytes(&info.config) + layout.block_bytes() + 1024;
+    c.load.pool = MemoryPool::with_limit(limit);
+    c.scheduler.prompt_cache_bytes = 0;
+    let s = boot(c);
+    // Fits in one block of 256 positions.
+    text_of(&post(s.addr, "/v1/completions", &completion("small", 8)));
+    // Needs two blocks: past the limit whatever else is running.
+    let r = post(s.addr, "/v1/completions", &completion("large", 600));
+    assert_eq!(r.status, 503, "{}", r.body);
+    let m = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(m.contains(&limit.to_string()) && m.contains("memory limit"), "{m}");
+    text_of(&post(s.addr, "/v1/completions", &completion("small again", 8)));
+}
+
+#[test]
+fn an_api_key_is_required_when_set() {
+    let mut c = config();
+    c.api_key = Some("sesame".into());
+    let s = boot(c);
+    let body = completion("hi", 2).to_string();
+    let none = request(s.addr, "POST", "/v1/completions", body.as_bytes(), &[]);
+    assert_eq!(none.status, 401);
+    assert_eq!(none.json()["error"]["type"], "authentication_error");
+    let wrong =
+        request(s.addr, "POST", "/v1/completions", body.as_bytes(), &[("Authorization", "Bearer sesamE")]);
+    assert_eq!(wrong.status, 401);
+    assert_eq!(request(s.addr, "GET", "/v1/models", b"", &[]).status, 401);
+    let right =
+        request(s.addr, "POST", "/v1/completions", body.as_bytes(), &[("Authorization", "Bearer sesame")]);
+    assert_eq!(right.status, 200, "{}", right.body);
+    // Health and metrics stay open for probes.
+    assert_eq!(get(s.addr, "/health").status, 200);
+    assert_eq!(get(s.addr, "/metrics").status, 200);
+    let _ = &s.shared;
+}

@@ -1,0 +1,248 @@
+//! `kiln serve`: the OpenAI-compatible server. Sets up logging and the kernels' worker
+//! pool, logs the kernel configuration, binds, starts kiln-serve's scheduler (which
+//! loads the model while `/health` answers 503) and serves until SIGINT or SIGTERM, then
+//! drains: no new requests, in-flight ones get `--shutdown-grace` to finish, the rest are
+//! cancelled, and the process exits 0. docs/serve.md describes every flag.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use kiln_core::kernels::Isa;
+use kiln_core::size::parse_size;
+use kiln_core::wide::{qmv_wide_enabled, qmv_wide_pinned_by_operator};
+use kiln_serve::{SchedulerOptions, Server, ServerConfig, Shared, ThinkTags};
+
+use crate::cli::{Attention, KvType, RunArgs};
+use crate::exit::usage;
+use crate::runtime;
+
+/// The environment variable holding the API key when `--api-key` is not given.
+pub const API_KEY_ENV: &str = "KILN_API_KEY";
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line; the message is `fields.message`.
+    Json,
+}
+
+/// `kiln serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// The model.
+    #[arg(short, long, value_name = "MODEL", help = crate::cli::MODEL_HELP)]
+    pub model: String,
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to bind; 0 picks a free one (the `listening on` line names it).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Slots: requests decoded together, in one forward per step.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub parallel: usize,
+    /// Prompt tokens run per step over all requests still reading their prompts; they
+    /// share the step's forward with the decoding requests. 0 runs every prompt whole.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub prefill_chunk: usize,
+    /// Byte budget of the prompt cache (`256MiB`, bytes); 0 disables it.
+    #[arg(long, value_name = "SIZE", default_value = "256MiB")]
+    pub prompt_cache_bytes: String,
+    /// Requests waiting for a slot before new ones get 429.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_queue: usize,
+    /// Largest request body (`1MiB`, bytes); larger ones get 413.
+    #[arg(long, value_name = "SIZE", default_value = "4MiB")]
+    pub max_body_bytes: String,
+    /// Require `Authorization: Bearer KEY` on /v1/*; default: KILN_API_KEY when set.
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// Seconds in-flight requests get to finish after SIGINT or SIGTERM.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+    pub shutdown_grace: f64,
+    /// Log line format on stderr.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Name clients send as `model` and /v1/models lists; default: the --model value.
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Option<String>,
+    /// Tag that opens reasoning on the chat endpoint.
+    #[arg(long, value_name = "TAG", default_value = "<think>")]
+    pub think_open: String,
+    /// Tag that closes reasoning.
+    #[arg(long, value_name = "TAG", default_value = "</think>")]
+    pub think_close: String,
+    /// Memory pool limit (`512MiB`, `2GiB`, bytes); overrides KILN_MEMORY_LIMIT.
+    #[arg(long, value_name = "SIZE")]
+    pub memory_limit: Option<String>,
+    /// Attention implementation.
+    #[arg(long, value_enum, default_value_t = Attention::Streaming)]
+    pub attention: Attention,
+    /// KV cache storage type.
+    #[arg(long, value_enum, default_value_t = KvType::F16)]
+    pub kv_dtype: KvType,
+    /// Quantize an unquantized checkpoint on load to this many bits (group 64).
+    #[arg(long, value_name = "BITS", value_parser = ["4", "8"])]
+    pub quantize: Option<String>,
+    /// Worker threads of the kernels. Default: RAYON_NUM_THREADS, else one per CPU.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+}
+
+/// Runs the server until a signal stops it.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    init_logging(args.log_format);
+    runtime::check_threads(args.threads)?;
+    if args.parallel == 0 {
+        return Err(usage("invalid --parallel 0: accepted values are 1 or more"));
+    }
+    if args.max_queue == 0 {
+        return Err(usage("invalid --max-queue 0: accepted values are 1 or more"));
+    }
+    if !(args.shutdown_grace.is_finite() && args.shutdown_grace >= 0.0) {
+        return Err(usage(format!(
+            "invalid --shutdown-grace {}: accepted values are seconds, 0 or more",
+            args.shutdown_grace
+        )));
+    }
+    if args.think_open.is_empty() || args.think_close.is_empty() {
+        return Err(usage("invalid --think-open/--think-close: the tags must not be empty"));
+    }
+    let prompt_cache_bytes = parse_size(&args.prompt_cache_bytes)
+        .map_err(|e| usage(format!("invalid --prompt-cache-bytes: {e}")))?;
+    let max_body_bytes =
+        parse_size(&args.max_body_bytes).map_err(|e| usage(format!("invalid --max-body-bytes: {e}")))?;
+    let run_args = RunArgs {
+        model: args.model.clone(),
+        memory_limit: args.memory_limit.clone(),
+        prefill_chunk: args.prefill_chunk,
+        attention: args.attention,
+        kv_dtype: args.kv_dtype,
+        quantize: args.quantize.clone(),
+        threads: args.threads,
+    };
+    let pool = runtime::pool(&run_args)?;
+    let api_key = args.api_key.clone().or_else(|| std::env::var(API_KEY_ENV).ok()).filter(|k| !k.is_empty());
+    let config = ServerConfig {
+        model: args.model.clone(),
+        model_id: args.served_model_name.clone().unwrap_or_else(|| args.model.clone()),
+        load: runtime::load_options(&run_args, &pool),
+        engine: runtime::engine_options(&run_args),
+        scheduler: SchedulerOptions {
+            parallel: args.parallel,
+            prefill_chunk: args.prefill_chunk,
+            prompt_cache_bytes,
+        },
+        max_queue: args.max_queue,
+        max_body_bytes: usize::try_from(max_body_bytes).unwrap_or(usize::MAX),
+        api_key,
+        think_tags: ThinkTags { open: args.think_open.clone(), close: args.think_close.clone() },
+    };
+
+    let mut builder = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("kiln-worker-{i}"));
+    if let Some(n) = args.threads {
+        builder = builder.num_threads(n);
+    }
+    let workers = Arc::new(builder.build().context("starting the worker threads")?);
+    tracing::info!(
+        "kernel configuration: isa={} threads={} qmv_wide={} qmv_wide_pinned={}",
+        Isa::detected().as_str(),
+        workers.current_num_threads(),
+        if qmv_wide_enabled() { "on" } else { "off" },
+        if qmv_wide_pinned_by_operator() { "yes" } else { "no" },
+    );
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("kiln-http")
+        .enable_all()
+        .build()
+        .context("starting the HTTP runtime")?;
+    let grace = Duration::from_secs_f64(args.shutdown_grace);
+    let server = rt.block_on(serve(&args.host, args.port, config, workers, grace))?;
+    server.stop();
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn serve(
+    host: &str,
+    port: u16,
+    config: ServerConfig,
+    workers: Arc<rayon::ThreadPool>,
+    grace: Duration,
+) -> anyhow::Result<Server> {
+    let addr = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
+    let listener = std::net::TcpListener::bind(&addr).map_err(|e| {
+        usage(format!("cannot listen on {addr}: {e}; choose another --port or --host, or stop what holds it"))
+    })?;
+    listener.set_nonblocking(true).context("configuring the listener")?;
+    let listener = tokio::net::TcpListener::from_std(listener).context("configuring the listener")?;
+    let local = listener.local_addr().context("reading the bound address")?;
+    let server = Server::start(config, Some(workers)).context("starting the scheduler thread")?;
+    tracing::info!("listening on http://{local}");
+    let shared = server.shared();
+    let app = kiln_serve::app(shared.clone());
+    let serving = axum::serve(listener, app).with_graceful_shutdown(shutdown(shared, grace));
+    tokio::select! {
+        r = serving => r.context("serving HTTP")?,
+        e = server.failed() => return Err(anyhow::Error::new(e)),
+    }
+    Ok(server)
+}
+
+/// Resolves on SIGINT or SIGTERM once the requests already taken are done, or once
+/// `grace` has passed and the rest were cancelled. Until then the listener stays open and
+/// new requests get 503.
+async fn shutdown(shared: Arc<Shared>, grace: Duration) {
+    wait_for_signal().await;
+    tracing::info!("shutting down: refusing new requests, {:.1} s for in-flight ones", grace.as_secs_f64());
+    shared.begin_drain();
+    let deadline = tokio::time::Instant::now() + grace;
+    // Only while draining: look at the scheduler's gauges every few milliseconds.
+    while shared.busy() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if shared.busy() {
+        tracing::info!("shutdown grace over: cancelling the requests still running");
+        shared.cancel_all();
+    }
+}
+
+#[cfg(unix)]
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!("cannot watch SIGTERM ({e}); only SIGINT stops the server");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(not(unix))]
+async fn wait_for_signal() {
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+fn init_logging(format: LogFormat) {
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_target(false);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

@@ -1,0 +1,223 @@
+//! `kiln serve` as a user runs it: the real binary on an ephemeral port with a synthetic
+//! model. The contracted log lines, greedy text equal to `kiln generate`'s, a second
+//! server on a taken port, SIGTERM during streams, JSON logs, and a model that does not
+//! load. A failure prints the server's whole stderr.
+
+#[path = "../../kiln-serve/tests/client/mod.rs"]
+mod client;
+// Shared with the other binary tests; not every helper is used here.
+#[allow(dead_code)]
+mod util;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use client::{get, post, send, stream_text};
+use serde_json::{Value, json};
+use util::Dir;
+
+const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// A running `kiln serve`; killed when dropped.
+struct Serve {
+    child: Child,
+    addr: SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
+    lines: Receiver<String>,
+    _dir: Dir,
+}
+
+impl Serve {
+    fn start(args: &[&str]) -> Serve {
+        Self::start_env(args, &[])
+    }
+
+    fn start_env(args: &[&str], env: &[(&str, &str)]) -> Serve {
+        let dir = Dir::new();
+        let mut all = vec!["serve", "--port", "0"];
+        all.extend_from_slice(args);
+        let mut cmd = dir.command(&all);
+        cmd.envs(env.iter().copied()).stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("starting kiln serve");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, lines) = channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line.clone());
+                let _ = tx.send(line);
+            }
+        });
+        let mut s = Serve { child, addr: "0.0.0.0:0".parse().unwrap(), log, lines, _dir: dir };
+        let line = s.wait_for("listening on http://");
+        let at = line.find("http://").unwrap() + "http://".len();
+        let addr = line[at..].split(|c: char| c.is_whitespace() || c == '"').next().unwrap();
+        s.addr = addr.parse().unwrap_or_else(|e| panic!("bad address {addr:?}: {e}{}", s.stderr()));
+        let t = Instant::now();
+        while get(s.addr, "/health").status != 200 {
+            assert!(t.elapsed() < BOOT_TIMEOUT, "the model did not load{}", s.stderr());
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        s
+    }
+
+    /// Waits for a stderr line containing `needle`.
+    fn wait_for(&self, needle: &str) -> String {
+        let deadline = Instant::now() + BOOT_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l.contains(needle) => return l,
+                Ok(_) => {}
+                Err(_) => panic!("no stderr line with {needle:?}{}", self.stderr()),
+            }
+        }
+    }
+
+    fn stderr(&self) -> String {
+        format!("\n---- kiln serve stderr ----\n{}\n", self.log.lock().unwrap().join("\n"))
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) with the pid of a child this test started and still owns.
+        let r = unsafe { libc::kill(self.child.id() as i32, sig) };
+        assert_eq!(r, 0, "kill failed");
+    }
+
+    fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let t = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(t.elapsed() < within, "kiln serve did not exit within {within:?}{}", self.stderr());
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn greedy(prompt: &str, n: usize) -> Value {
+    json!({"model": "synthetic:tiny", "prompt": prompt, "max_tokens": n, "temperature": 0})
+}
+
+#[test]
+fn logs_the_kernel_configuration_then_serves_the_same_greedy_text_as_generate() {
+    let s = Serve::start(&["-m", "synthetic:tiny", "--threads", "1"]);
+    let log = s.log.lock().unwrap().clone();
+    let kernel = log.iter().position(|l| l.contains("kernel configuration: isa=")).expect("kernel line");
+    let listening = log.iter().position(|l| l.contains("listening on http://")).unwrap();
+    assert!(kernel < listening, "the kernel line must come before binding{}", s.stderr());
+    let line = &log[kernel];
+    assert!(line.contains("threads=1 qmv_wide=on qmv_wide_pinned=no"), "{line}");
+
+    let prompt = "The potters sealed the door with bricks and mud";
+    let r = post(s.addr, "/v1/completions", &greedy(prompt, 40));
+    assert_eq!(r.status, 200, "{}{}", r.body, s.stderr());
+    let server_text = r.json()["choices"][0]["text"].as_str().unwrap().to_string();
+    let run =
+        Dir::new().run(&["generate", "-m", "synthetic:tiny", "-p", prompt, "-n", "40", "--threads", "1"]);
+    assert!(run.output.status.success(), "{}", run.describe());
+    let generated = run.stdout();
+    let generated = generated.strip_suffix('\n').unwrap_or(&generated);
+    // `kiln generate` never writes a trailing incomplete character; the server sends it
+    // as U+FFFD.
+    assert_eq!(server_text.trim_end_matches('\u{fffd}'), generated.trim_end_matches('\u{fffd}'));
+}
+
+#[test]
+fn the_qmv_wide_pin_shows_in_the_kernel_line_and_json_logs_carry_the_messages() {
+    let s = Serve::start_env(&["-m", "synthetic:tiny", "--log-format", "json"], &[("KILN_QMV_WIDE", "0")]);
+    let log = s.log.lock().unwrap().clone();
+    let messages: Vec<String> = log
+        .iter()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+            v["fields"]["message"].as_str().unwrap_or_else(|| panic!("no fields.message: {l}")).to_string()
+        })
+        .collect();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("kernel configuration: isa=")
+                && m.ends_with("qmv_wide=off qmv_wide_pinned=yes")),
+        "{messages:?}"
+    );
+    assert!(
+        messages.iter().any(|m| m.starts_with(&format!("listening on http://{}", s.addr))),
+        "{messages:?}"
+    );
+}
+
+#[test]
+fn a_second_server_on_the_same_port_exits_2_naming_it() {
+    let s = Serve::start(&["-m", "synthetic:tiny"]);
+    let port = s.addr.port().to_string();
+    let r = Dir::new().run(&["serve", "-m", "synthetic:tiny", "--port", &port]);
+    assert_eq!(r.output.status.code(), Some(2), "{}", r.describe());
+    assert!(r.stderr().contains(&format!("127.0.0.1:{port}")), "{}", r.describe());
+    assert_eq!(get(s.addr, "/health").status, 200, "the first server must be unharmed");
+}
+
+#[test]
+fn sigterm_during_streams_finishes_them_and_exits_0() {
+    // A model slow enough that the streams are still running when the signal comes.
+    let mut s =
+        Serve::start(&["-m", "synthetic:smollm-135m", "--served-model-name", "slow", "--parallel", "3"]);
+    let mut body = greedy("a long answer please", 48);
+    body["model"] = json!("slow");
+    body["ignore_eos"] = json!(true);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let conns: Vec<_> =
+        (0..3).map(|_| send(s.addr, "POST", "/v1/completions", body.to_string().as_bytes(), &[])).collect();
+    // Wait until all three hold a slot.
+    let t = Instant::now();
+    loop {
+        let m = get(s.addr, "/metrics").body;
+        if m.lines().any(|l| l == "kiln_active_slots 3") {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "the streams never started{}", s.stderr());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    s.signal(libc::SIGTERM);
+    s.wait_for("shutting down");
+    let mut late = greedy("too late", 2);
+    late["model"] = json!("slow");
+    let refused = post(s.addr, "/v1/completions", &late);
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    for c in conns {
+        let reply = client::read_reply(c);
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.events().last().map(String::as_str), Some("[DONE]"), "{}", reply.body);
+        let events = reply.events();
+        let last: Value = serde_json::from_str(&events[events.len() - 3]).unwrap();
+        assert_eq!(last["choices"][0]["finish_reason"], "length", "{}{}", reply.body, s.stderr());
+        let usage = stream_text(&reply).1.expect("a usage chunk");
+        assert_eq!(usage["completion_tokens"], 48, "{}", reply.body);
+    }
+    let status = s.wait_exit(Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0), "{}", s.stderr());
+}
+
+#[test]
+fn a_model_that_does_not_load_exits_2() {
+    let r = Dir::new().run(&["serve", "-m", "synthetic:nonesuch", "--port", "0"]);
+    assert_eq!(r.output.status.code(), Some(2), "{}", r.describe());
+    assert!(r.stderr().contains("unknown synthetic model"), "{}", r.describe());
+    let r = Dir::new().run(&["serve", "-m", "synthetic:tiny", "--port", "0", "--parallel", "0"]);
+    assert_eq!(r.output.status.code(), Some(2), "{}", r.describe());
+    assert!(r.stderr().contains("--parallel"), "{}", r.describe());
+}
