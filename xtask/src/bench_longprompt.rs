@@ -1,5 +1,5 @@
 //! `cargo xtask bench-longprompt`: models x prompt lengths, model-major, through the
-//! estimate, backstop and OOM-record layers.
+//! estimate, backstop and OOM-record layers; an SVG of the rates goes beside the CSV.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,8 +8,10 @@ use anyhow::Result;
 use xshell::Shell;
 
 use crate::console::usage;
+use crate::plot;
 use crate::sweep::plan::{self, Named, Plan, Prompt};
 use crate::sweep::record::real_path;
+use crate::sweep::rows;
 use crate::sweep::{HarnessEnv, Session, SweepFlags, user_path};
 
 /// Flags of `cargo xtask bench-longprompt`.
@@ -71,6 +73,82 @@ impl BenchLongprompt {
                 session.open_output(path, false, &knobs)?
             }
         };
-        session.sweep(&plan, output, &self.sweep)
+        let csv = output.path.clone();
+        let code = session.sweep(&plan, output, &self.sweep)?;
+        let svg = csv.with_extension("svg");
+        match rows::read_rows(&csv).and_then(|rows| plot::write_svg(&svg, &panels(&rows))) {
+            Ok(()) => eprintln!("plot: {}", svg.display()),
+            Err(e) => eprintln!("warning: no plot beside {}: {e:#}", csv.display()),
+        }
+        Ok(code)
+    }
+}
+
+/// Decode and prefill tok/s against prompt length, one line per model; a cell without a
+/// measurement is marked on the axis with its status.
+pub fn panels(rows: &[rows::Row]) -> Vec<plot::Panel> {
+    let mut models: Vec<&str> = Vec::new();
+    for r in rows {
+        if !models.contains(&r.model.as_str()) {
+            models.push(&r.model);
+        }
+    }
+    let panel = |title: &str, rate: fn(&rows::Row) -> Option<f64>| plot::Panel {
+        title: title.to_string(),
+        x_label: "prompt tokens".into(),
+        y_label: "tok/s".into(),
+        log_x: true,
+        series: models
+            .iter()
+            .map(|m| plot::Series {
+                name: m.to_string(),
+                points: rows
+                    .iter()
+                    .filter(|r| r.model == *m && r.status == "ok")
+                    .filter_map(|r| Some((r.prompt_target_len? as f64, rate(r)?)))
+                    .collect(),
+            })
+            .collect(),
+        marks: rows
+            .iter()
+            .filter(|r| r.status != "ok")
+            .filter_map(|r| {
+                Some(plot::Mark {
+                    series: r.model.clone(),
+                    x: r.prompt_target_len? as f64,
+                    label: r.status.clone(),
+                })
+            })
+            .collect(),
+    };
+    vec![panel("decode", |r| r.decode_tok_s), panel("prefill", |r| r.prefill_tok_s)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plot_has_a_line_per_model_and_marks_skipped_cells() {
+        let row = |model: &str, len: u64, status: &str, decode: Option<f64>| rows::Row {
+            model: model.into(),
+            prompt_target_len: Some(len),
+            status: status.into(),
+            decode_tok_s: decode,
+            prefill_tok_s: decode.map(|d| d * 10.0),
+            ..rows::Row::default()
+        };
+        let rs = [
+            row("a", 128, "ok", Some(50.0)),
+            row("a", 512, "ok", Some(40.0)),
+            row("b", 128, "ok", Some(20.0)),
+            row("b", 512, "SKIP:oom", None),
+        ];
+        let p = panels(&rs);
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[0].series.iter().map(|s| s.points.len()).collect::<Vec<_>>(), [2, 1]);
+        assert_eq!(p[1].series[0].points[1], (512.0, 400.0));
+        assert_eq!(p[0].marks.len(), 1);
+        assert_eq!((p[0].marks[0].series.as_str(), p[0].marks[0].label.as_str()), ("b", "SKIP:oom"));
     }
 }

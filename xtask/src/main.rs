@@ -10,6 +10,12 @@ mod console;
 mod engine;
 mod machine;
 mod oom_record;
+mod pin_tax;
+mod plot;
+mod quiet;
+mod runs;
+mod serve_bench;
+mod server;
 mod sweep;
 
 use std::path::{Path, PathBuf};
@@ -36,6 +42,10 @@ enum Task {
     BenchKernels(bench_kernels::BenchKernels),
     /// Inspect or prune benchmarks/.oom-record.
     OomRecord(oom_record::OomRecord),
+    /// Load-test an OpenAI-compatible server: latency percentiles and throughput per level.
+    ServeBench(serve_bench::ServeBench),
+    /// Price the qmv_wide narrow pin with interleaved (ABBA) boots of kiln serve.
+    QmvPinTax(pin_tax::QmvPinTax),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +69,8 @@ fn main() -> ExitCode {
         Task::BenchLongprompt(t) => t.run(&sh),
         Task::BenchKernels(t) => t.run(&sh),
         Task::OomRecord(t) => t.run(&sh),
+        Task::ServeBench(t) => t.run(&sh),
+        Task::QmvPinTax(t) => t.run(&sh),
     };
     match result {
         Ok(code) => code,

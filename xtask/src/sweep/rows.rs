@@ -300,9 +300,8 @@ impl CsvOut {
     }
 }
 
-/// Reads the rows of a CSV written by a sweep, for `--resume`; see [`parse_rows`].
-/// Reads the rows of a CSV written by a sweep; see [`parse_rows`].
-#[cfg(test)]
+/// Reads the finished rows of a CSV written by a sweep (for its plot, and in tests); see
+/// [`parse_rows`].
 pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
     let bytes = fs::read(path).with_context(|| format!("opening {} to resume", path.display()))?;
     Ok(parse_rows(&bytes, path)?.0)

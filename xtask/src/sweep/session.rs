@@ -243,25 +243,7 @@ impl Session {
             Some(d) => user_path(d)?,
             None => self.root.join("benchmarks/runs"),
         };
-        fs::create_dir_all(&runs_dir).with_context(|| format!("creating {}", runs_dir.display()))?;
-        // `create_dir` claims the name atomically, so two sweeps started in the same
-        // second get two directories.
-        let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
-        let mut run_dir = None;
-        for i in 0..1000 {
-            let suffix = if i == 0 { String::new() } else { format!("-{i}") };
-            let dir = runs_dir.join(format!("{stamp}-{}{suffix}", self.command));
-            match fs::create_dir(&dir) {
-                Ok(()) => {
-                    run_dir = Some(dir);
-                    break;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
-            }
-        }
-        let run_dir =
-            run_dir.with_context(|| format!("no free run directory name in {}", runs_dir.display()))?;
+        let run_dir = crate::runs::create_run_dir(&runs_dir, &self.command)?;
         self.write_env_json(&run_dir, &output.path, &record_path, &knobs, cell_timeout, flags)?;
         eprintln!(
             "sweep: {} cells; kiln {} ({}); device {}; run directory {}",

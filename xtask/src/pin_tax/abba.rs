@@ -1,0 +1,522 @@
+//! The ABBA boot driver every mode shares: for each boot of the order, a port preflight,
+//! a quiet check, `kiln serve` booted with its arm pinned, liveness before every
+//! readiness probe, the arm's identity from the kernel line, a discarded warm-up pass and
+//! the measured passes, then SIGTERM, grace, SIGKILL of the group. Every pass is written
+//! (flushed) as it ends, failures with their reason; a signal stops the server, keeps
+//! what was written and never boots the next arm.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::future::Future;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use super::arms::{Arm, KernelLine, Order, check_identity};
+use crate::child::{self, Shutdown};
+use crate::quiet::{self, Limits, Probe, Reading};
+use crate::serve_bench::client::Target;
+use crate::serve_bench::until_signal;
+use crate::server::{self, Ready, Server, ServerSpec};
+
+/// Which way a metric improves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Better {
+    /// Throughput.
+    Higher,
+    /// Latency.
+    Lower,
+}
+
+/// A metric a cell reports.
+#[derive(Clone, Debug)]
+pub struct MetricDef {
+    /// Its name, e.g. `output tok/s`.
+    pub name: &'static str,
+    /// Which way is better.
+    pub better: Better,
+}
+
+/// A cell: a named workload measured once per pass.
+#[derive(Clone, Debug)]
+pub struct CellDef {
+    /// Its name, e.g. `decode B=4`.
+    pub name: String,
+    /// What it reports.
+    pub metrics: Vec<MetricDef>,
+}
+
+/// One cell measured in one pass.
+#[derive(Clone, Debug, Serialize)]
+pub struct CellMeasure {
+    /// The cell.
+    pub cell: String,
+    /// Requests sent.
+    pub requests: usize,
+    /// Requests that failed.
+    pub failed: usize,
+    /// The first failure.
+    pub first_error: Option<String>,
+    /// Metric values (completed requests only).
+    pub metrics: BTreeMap<String, f64>,
+    /// Request key -> output hash, for completed requests.
+    pub hashes: BTreeMap<String, String>,
+    /// The server's `usage.prompt_tokens` of the first completed request: with the
+    /// cached tokens, the M of the cell's prefill forward.
+    pub prompt_tokens: Option<u64>,
+    /// Its `usage.prompt_tokens_details.cached_tokens`.
+    pub cached_tokens: Option<u64>,
+}
+
+/// What a mode supplies: its cells, its server arguments and one pass over the cells.
+/// The boot, identity, ABBA, signal and statistics machinery stays here and in
+/// `analysis`, shared by every mode.
+pub trait Mode {
+    /// `sweep`, `mixed`, ...
+    fn name(&self) -> &'static str;
+    /// The cells, in pass order.
+    fn cells(&self) -> Vec<CellDef>;
+    /// Extra `kiln serve` arguments this mode needs.
+    fn server_args(&self) -> Vec<OsString>;
+    /// One pass over every cell. `pass` (0 = warm-up) seeds the prompts, so the same pass
+    /// of every boot sends the same requests.
+    fn run_pass(
+        &self,
+        target: &Target,
+        pass: usize,
+        timeout: Duration,
+    ) -> impl Future<Output = Vec<CellMeasure>>;
+}
+
+/// How the driver runs.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// The boot order.
+    pub order: Order,
+    /// Measured passes per boot (after one warm-up).
+    pub passes: usize,
+    /// The port every boot binds.
+    pub port: u16,
+    /// `-m`.
+    pub model: String,
+    /// The engine.
+    pub kiln_bin: PathBuf,
+    /// Extra `kiln serve` arguments from the user.
+    pub serve_args: Vec<String>,
+    /// Readiness timeout.
+    pub boot_timeout: Duration,
+    /// SIGTERM-to-SIGKILL grace.
+    pub grace: Duration,
+    /// Pause between boots.
+    pub cooldown: Duration,
+    /// Wait (bounded) for quiet instead of marking passes disturbed.
+    pub require_quiet: bool,
+    /// The bound of that wait.
+    pub quiet_timeout: Duration,
+    /// What counts as busy.
+    pub busy: Limits,
+    /// One request's timeout.
+    pub request_timeout: Duration,
+    /// The run directory.
+    pub run_dir: PathBuf,
+    /// The working directory for the server.
+    pub cwd: PathBuf,
+}
+
+/// One pass as written to `passes.jsonl`.
+#[derive(Clone, Debug, Serialize)]
+pub struct PassRecord {
+    /// 1-based boot number.
+    pub boot: usize,
+    /// Its arm.
+    pub arm: Arm,
+    /// 0 = warm-up, then 1..=passes.
+    pub pass: usize,
+    /// Whether it counts.
+    pub ok: bool,
+    /// Why not.
+    pub reason: Option<String>,
+    /// Why it was measured on a busy machine, if it was.
+    pub disturbed: Option<String>,
+    /// What ran beside it.
+    pub quiet: Option<Reading>,
+    /// Wall seconds.
+    pub elapsed_s: f64,
+    /// Its cells.
+    pub cells: Vec<CellMeasure>,
+}
+
+/// One boot as written to `boots.jsonl`.
+#[derive(Clone, Debug, Serialize)]
+pub struct BootRecord {
+    /// 1-based boot number.
+    pub boot: usize,
+    /// Its arm.
+    pub arm: Arm,
+    /// The server's pid (its process group).
+    pub pid: Option<i32>,
+    /// The parsed kernel line.
+    pub kernel: Option<KernelLine>,
+    /// Why the boot produced no passes, if it did not.
+    pub failure: Option<String>,
+    /// Port preflight and spawn, seconds.
+    pub preflight_s: f64,
+    /// The quiet check before the boot, seconds.
+    pub quiet_check_s: f64,
+    /// Spawn to the first 200 from /health, seconds.
+    pub ready_after_s: Option<f64>,
+    /// SIGTERM to reaped, seconds.
+    pub stop_s: f64,
+    /// Whether the grace ran out and SIGKILL was needed.
+    pub killed: bool,
+    /// How the server ended.
+    pub ended: String,
+    /// The boot's log, relative to the run directory.
+    pub log: String,
+}
+
+/// How the driver ended.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Every boot started.
+    pub boots: Vec<BootRecord>,
+    /// Every pass written.
+    pub passes: Vec<PassRecord>,
+    /// The signal that ended it early.
+    pub interrupted: Option<i32>,
+    /// A reason the driver stopped before the order was done.
+    pub aborted: Option<String>,
+}
+
+struct Writer {
+    passes: File,
+    boots: File,
+}
+
+impl Writer {
+    fn open(dir: &Path) -> Result<Writer> {
+        let open = |name: &str| {
+            let p = dir.join(name);
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&p)
+                .with_context(|| format!("opening {}", p.display()))
+        };
+        Ok(Writer { passes: open("passes.jsonl")?, boots: open("boots.jsonl")? })
+    }
+
+    fn pass(&mut self, p: &PassRecord) -> Result<()> {
+        writeln!(self.passes, "{}", serde_json::to_string(p)?)?;
+        self.passes.flush().context("writing passes.jsonl")
+    }
+
+    fn boot(&mut self, b: &BootRecord) -> Result<()> {
+        writeln!(self.boots, "{}", serde_json::to_string(b)?)?;
+        self.boots.flush().context("writing boots.jsonl")
+    }
+}
+
+fn hms(s: f64) -> String {
+    let s = s.max(0.0).round() as u64;
+    if s >= 3600 { format!("{}h{:02}m", s / 3600, s / 60 % 60) } else { format!("{}m{:02}s", s / 60, s % 60) }
+}
+
+/// Sleeps `d` unless a signal arrives.
+fn pause(shutdown: &Shutdown, d: Duration) -> Option<i32> {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        if let Some(sig) = shutdown.pending() {
+            return Some(sig);
+        }
+        std::thread::sleep(Duration::from_millis(50).min(end.saturating_duration_since(Instant::now())));
+    }
+    shutdown.pending()
+}
+
+/// Waits (bounded) for a quiet machine; returns the last reading and the signal if one came.
+fn wait_quiet(plan: &Plan, shutdown: &Shutdown, ours: &[i32], what: &str) -> (Option<Reading>, Option<i32>) {
+    let deadline = Instant::now() + plan.quiet_timeout;
+    let mut reading = quiet::sample(Duration::from_secs(1), ours);
+    while let Some(r) = reading {
+        let Some(why) = r.busy(plan.busy) else { break };
+        if !plan.require_quiet || Instant::now() >= deadline {
+            break;
+        }
+        eprintln!("    waiting for quiet before {what}: {why}");
+        if let Some(sig) = pause(shutdown, Duration::from_secs(2)) {
+            return (reading, Some(sig));
+        }
+        reading = quiet::sample(Duration::from_secs(1), ours);
+    }
+    (reading, shutdown.pending())
+}
+
+/// Runs the order with `mode`.
+pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcome> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting tokio")?;
+    let mut w = Writer::open(&plan.run_dir)?;
+    let mut out = Outcome::default();
+    let boots = plan.order.0.len();
+    let units = boots * (plan.passes + 1);
+    let mut done_units = 0usize;
+    let started = Instant::now();
+    let progress = |done: usize| {
+        let el = started.elapsed().as_secs_f64();
+        let eta = if done > 0 { el / done as f64 * (units - done) as f64 } else { f64::NAN };
+        if eta.is_finite() {
+            format!("elapsed {}, about {} left", hms(el), hms(eta))
+        } else {
+            format!("elapsed {}", hms(el))
+        }
+    };
+    'boots: for (bi, &arm) in plan.order.0.iter().enumerate() {
+        let boot = bi + 1;
+        if let Some(sig) = shutdown.pending() {
+            out.interrupted = Some(sig);
+            break;
+        }
+        if bi > 0 && !plan.cooldown.is_zero() {
+            eprintln!("    cooldown {:.0} s", plan.cooldown.as_secs_f64());
+            if let Some(sig) = pause(shutdown, plan.cooldown) {
+                out.interrupted = Some(sig);
+                break;
+            }
+        }
+        let tq = Instant::now();
+        let (reading, sig) = wait_quiet(plan, shutdown, &[], &format!("boot {boot}"));
+        let quiet_check_s = tq.elapsed().as_secs_f64();
+        if let Some(sig) = sig {
+            out.interrupted = Some(sig);
+            break;
+        }
+        if let Some(why) = reading.and_then(|r| r.busy(plan.busy)) {
+            eprintln!("    the machine is busy before boot {boot}: {why}");
+        }
+        let t0 = Instant::now();
+        if server::port_answers(plan.port) {
+            out.aborted = Some(format!(
+                "port {} already answers on 127.0.0.1 before boot {boot}: a stale server would be measured as the {} arm; stop it or pick another --port",
+                plan.port,
+                arm.as_str()
+            ));
+            break;
+        }
+        let log_name = format!("boot-{boot}-{}.log", arm.as_str());
+        let mut args: Vec<OsString> = vec![
+            "serve".into(),
+            "-m".into(),
+            plan.model.clone().into(),
+            "--port".into(),
+            plan.port.to_string().into(),
+        ];
+        args.extend(mode.server_args());
+        args.extend(plan.serve_args.iter().map(OsString::from));
+        let spec = ServerSpec {
+            bin: plan.kiln_bin.clone(),
+            args,
+            env: vec![("KILN_QMV_WIDE".into(), arm.env_value().into())],
+            log: plan.run_dir.join(&log_name),
+            cwd: plan.cwd.clone(),
+        };
+        let srv = Server::start(&spec)?;
+        let preflight_s = t0.elapsed().as_secs_f64();
+        let mut rec = BootRecord {
+            boot,
+            arm,
+            pid: Some(srv.pid()),
+            kernel: None,
+            failure: None,
+            preflight_s,
+            quiet_check_s,
+            ready_after_s: None,
+            stop_s: 0.0,
+            killed: false,
+            ended: String::new(),
+            log: log_name,
+        };
+        eprintln!(
+            "[boot {boot}/{boots}] {arm}: booting kiln serve (pid {}); {}",
+            srv.pid(),
+            progress(done_units)
+        );
+        let ready = srv.wait_ready(shutdown, plan.boot_timeout);
+        let target = match ready {
+            Ready::Up { addr, after_s } => {
+                rec.ready_after_s = Some(after_s);
+                match check_identity(arm, &srv.log_text()) {
+                    Ok(k) => {
+                        eprintln!(
+                            "    ready after {after_s:.1} s at http://{addr}; kernels: isa={} threads={} qmv_wide={} pinned={}",
+                            k.isa, k.threads, k.qmv_wide, k.pinned
+                        );
+                        rec.kernel = Some(k);
+                        Some(Target::at(addr))
+                    }
+                    Err(e) => {
+                        rec.failure = Some(e);
+                        None
+                    }
+                }
+            }
+            Ready::Died(how) => {
+                rec.failure = Some(format!("the server {how} before it was ready"));
+                None
+            }
+            Ready::TimedOut => {
+                rec.failure =
+                    Some(format!("the server was not ready after {} s", plan.boot_timeout.as_secs()));
+                None
+            }
+            Ready::Interrupted(sig) => {
+                out.interrupted = Some(sig);
+                None
+            }
+        };
+        let mut dead: Option<String> = None;
+        if let Some(target) = target {
+            let mut last = reading;
+            for pass in 0..=plan.passes {
+                if let Some(sig) = shutdown.pending() {
+                    out.interrupted = Some(sig);
+                    break;
+                }
+                if let Some(how) = &dead {
+                    let rp = failed_pass(
+                        boot,
+                        arm,
+                        pass,
+                        format!("not run: the server {how} in an earlier pass of this boot"),
+                    );
+                    w.pass(&rp)?;
+                    out.passes.push(rp);
+                    done_units += 1;
+                    continue;
+                }
+                if plan.require_quiet && last.and_then(|r| r.busy(plan.busy)).is_some() {
+                    let (_, sig) =
+                        wait_quiet(plan, shutdown, &[srv.pid()], &format!("boot {boot} pass {pass}"));
+                    if let Some(sig) = sig {
+                        out.interrupted = Some(sig);
+                        break;
+                    }
+                }
+                let probe = Probe::start(&[srv.pid()]);
+                let tp = Instant::now();
+                let cells = match rt
+                    .block_on(until_signal(shutdown, mode.run_pass(&target, pass, plan.request_timeout)))
+                {
+                    Ok(c) => c,
+                    Err(sig) => {
+                        out.interrupted = Some(sig);
+                        break;
+                    }
+                };
+                let reading = probe.and_then(|p| p.finish());
+                last = reading;
+                let requests: usize = cells.iter().map(|c| c.requests).sum();
+                let failed: usize = cells.iter().map(|c| c.failed).sum();
+                // Failed requests may mean a dying server: let it finish dying, so the pass
+                // is blamed on the death rather than on its symptoms.
+                dead = if failed > 0 { srv.exited_within(Duration::from_millis(1000)) } else { srv.exited() };
+                let reason = match (&dead, failed) {
+                    (Some(how), _) => Some(format!("the server {how} during the pass")),
+                    (None, 0) => None,
+                    (None, f) => Some(format!(
+                        "{f} of {requests} requests failed; first: {}",
+                        cells.iter().find_map(|c| c.first_error.clone()).unwrap_or_default()
+                    )),
+                };
+                let rp = PassRecord {
+                    boot,
+                    arm,
+                    pass,
+                    ok: reason.is_none(),
+                    reason,
+                    disturbed: reading.and_then(|r| r.busy(plan.busy)),
+                    quiet: reading,
+                    elapsed_s: tp.elapsed().as_secs_f64(),
+                    cells,
+                };
+                w.pass(&rp)?;
+                done_units += 1;
+                let what =
+                    if pass == 0 { "warm-up".to_string() } else { format!("pass {pass}/{}", plan.passes) };
+                let state = match (&rp.reason, &rp.disturbed) {
+                    (Some(r), _) => format!("FAILED: {r}"),
+                    (None, Some(d)) => format!("ok, disturbed: {d}"),
+                    (None, None) => "ok".to_string(),
+                };
+                eprintln!(
+                    "[boot {boot}/{boots}] {} {what}: {state} ({:.1} s); {}",
+                    arm.as_str(),
+                    rp.elapsed_s,
+                    progress(done_units)
+                );
+                out.passes.push(rp);
+            }
+        } else if out.interrupted.is_none() {
+            let why = rec.failure.clone().unwrap_or_default();
+            eprintln!("[boot {boot}/{boots}] {} FAILED: {why}", arm.as_str());
+            for pass in 0..=plan.passes {
+                let rp = failed_pass(boot, arm, pass, format!("boot failed: {why}"));
+                w.pass(&rp)?;
+                out.passes.push(rp);
+                done_units += 1;
+            }
+        }
+        let ts = Instant::now();
+        let (ended, killed) = srv.stop(plan.grace)?;
+        rec.stop_s = ts.elapsed().as_secs_f64();
+        rec.killed = killed;
+        rec.ended = ended;
+        if killed {
+            eprintln!(
+                "    warning: the server ignored SIGTERM for {} s and its group was killed",
+                plan.grace.as_secs()
+            );
+        }
+        w.boot(&rec)?;
+        out.boots.push(rec);
+        if let Some(sig) = out.interrupted {
+            eprintln!(
+                "interrupted by {}: the server's group was stopped; {} passes kept; no further boot",
+                child::signal_name(sig),
+                out.passes.len()
+            );
+            break 'boots;
+        }
+    }
+    Ok(out)
+}
+
+fn failed_pass(boot: usize, arm: Arm, pass: usize, reason: String) -> PassRecord {
+    PassRecord {
+        boot,
+        arm,
+        pass,
+        ok: false,
+        reason: Some(reason),
+        disturbed: None,
+        quiet: None,
+        elapsed_s: 0.0,
+        cells: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_minutes_or_hours() {
+        assert_eq!(hms(65.4), "1m05s");
+        assert_eq!(hms(3725.0), "1h02m");
+        assert_eq!(hms(-1.0), "0m00s");
+    }
+}

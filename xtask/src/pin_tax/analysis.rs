@@ -1,0 +1,396 @@
+//! From the passes to the tax: per cell and metric the narrow/wide ratio with its 95%
+//! interval from the ABBA pairs, each arm's spread against the trust limit, the samples
+//! each arm has, the contamination rule, a verdict, and the text of the summary and of
+//! the dated record.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use super::abba::{Better, BootRecord, CellDef, PassRecord};
+use super::arms::{Arm, Order};
+use super::stats::{self, Ratio};
+
+/// One line of the result: a cell and a metric.
+#[derive(Clone, Debug)]
+pub struct TaxRow {
+    /// The cell.
+    pub cell: String,
+    /// The metric.
+    pub metric: String,
+    /// Which way it improves.
+    pub better: Better,
+    /// Measured passes that count, per arm.
+    pub narrow_n: usize,
+    /// Same, wide.
+    pub wide_n: usize,
+    /// Mean of the narrow passes.
+    pub narrow_mean: Option<f64>,
+    /// Mean of the wide passes.
+    pub wide_mean: Option<f64>,
+    /// narrow / wide over the ABBA pairs.
+    pub ratio: Option<Ratio>,
+    /// Spread of each arm's passes, percent.
+    pub spread_narrow: Option<f64>,
+    /// Same, wide.
+    pub spread_wide: Option<f64>,
+    /// Outputs differed: reported, never averaged in.
+    pub contaminated: bool,
+    /// What the numbers say.
+    pub verdict: String,
+}
+
+/// The contamination rule: kiln's kernels are bit-identical across the switch, so a
+/// request (same key: same cell, pass and index) must produce the same text in every boot
+/// of both arms. Returns, per cell, the keys whose completed outputs differ.
+pub fn contaminated(passes: &[PassRecord]) -> BTreeMap<String, Vec<String>> {
+    let mut seen: BTreeMap<(String, String), BTreeSet<(Arm, String)>> = BTreeMap::new();
+    for p in passes {
+        for c in &p.cells {
+            for (k, h) in &c.hashes {
+                seen.entry((c.cell.clone(), k.clone())).or_default().insert((p.arm, h.clone()));
+            }
+        }
+    }
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for ((cell, key), hs) in seen {
+        let distinct: BTreeSet<&String> = hs.iter().map(|(_, h)| h).collect();
+        if distinct.len() > 1 {
+            out.entry(cell).or_default().push(key);
+        }
+    }
+    out
+}
+
+/// The tax table.
+pub fn analyse(cells: &[CellDef], order: &Order, passes: &[PassRecord], trust_pct: f64) -> Vec<TaxRow> {
+    let dirty = contaminated(passes);
+    let mut rows = Vec::new();
+    for cell in cells {
+        for m in &cell.metrics {
+            // Per-pass values of measured passes that count.
+            let value = |p: &PassRecord| -> Option<f64> {
+                if !p.ok || p.pass == 0 {
+                    return None;
+                }
+                p.cells.iter().find(|c| c.cell == cell.name)?.metrics.get(m.name).copied()
+            };
+            let arm_values =
+                |arm: Arm| -> Vec<f64> { passes.iter().filter(|p| p.arm == arm).filter_map(value).collect() };
+            let (nv, wv) = (arm_values(Arm::Narrow), arm_values(Arm::Wide));
+            let boot_mean = |boot: usize| -> Option<f64> {
+                let v: Vec<f64> = passes.iter().filter(|p| p.boot == boot + 1).filter_map(value).collect();
+                (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+            };
+            let pairs: Vec<(f64, f64)> =
+                order.pairs().into_iter().filter_map(|(n, w)| Some((boot_mean(n)?, boot_mean(w)?))).collect();
+            let ratio = stats::ratio(&pairs);
+            let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+            let mut row = TaxRow {
+                cell: cell.name.clone(),
+                metric: m.name.to_string(),
+                better: m.better,
+                narrow_n: nv.len(),
+                wide_n: wv.len(),
+                narrow_mean: mean(&nv),
+                wide_mean: mean(&wv),
+                ratio,
+                spread_narrow: stats::spread_pct(&nv),
+                spread_wide: stats::spread_pct(&wv),
+                contaminated: dirty.contains_key(&cell.name),
+                verdict: String::new(),
+            };
+            row.verdict = verdict(&row, trust_pct);
+            rows.push(row);
+        }
+    }
+    rows
+}
+
+/// The narrow arm's cost in percent of the wide arm's (positive: the pin costs).
+pub fn cost_pct(better: Better, ratio: f64) -> f64 {
+    match better {
+        Better::Higher => 100.0 * (1.0 / ratio - 1.0),
+        Better::Lower => 100.0 * (ratio - 1.0),
+    }
+}
+
+fn verdict(r: &TaxRow, trust_pct: f64) -> String {
+    if r.contaminated {
+        return "contaminated: outputs differ across arms; excluded".into();
+    }
+    let Some(ratio) = r.ratio else {
+        return "no pair with data in both arms".into();
+    };
+    let untrusted: Vec<String> = [("narrow", r.spread_narrow), ("wide", r.spread_wide)]
+        .iter()
+        .filter_map(|(a, s)| s.filter(|s| *s > trust_pct).map(|s| format!("{a} spread {s:.1}%")))
+        .collect();
+    let cost = cost_pct(r.better, ratio.ratio);
+    let Some((lo, hi)) = ratio.ci95 else {
+        return format!("one pair, no interval: pin {cost:+.1}%");
+    };
+    if !untrusted.is_empty() {
+        return format!("untrusted: {} over the {trust_pct}% limit", untrusted.join(", "));
+    }
+    if lo <= 1.0 && 1.0 <= hi {
+        format!("no tax detected ({cost:+.1}%, interval spans 1)")
+    } else if cost > 0.0 {
+        format!("the pin costs {cost:.1}%")
+    } else {
+        format!("the pin gains {:.1}%", -cost)
+    }
+}
+
+fn f(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |x| if x.abs() >= 100.0 { format!("{x:.0}") } else { format!("{x:.2}") })
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |x| format!("{x:.1}%"))
+}
+
+/// The markdown tax table.
+pub fn table(rows: &[TaxRow]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| cell | metric | narrow n | wide n | narrow mean | wide mean | pairs | narrow/wide | 95% CI | spread narrow | spread wide | verdict |"
+    );
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|");
+    for r in rows {
+        let (pairs, ratio, ci) = match r.ratio {
+            Some(x) => (
+                x.pairs.to_string(),
+                format!("{:.4}", x.ratio),
+                x.ci95.map_or_else(|| "-".into(), |(lo, hi)| format!("{lo:.4} to {hi:.4}")),
+            ),
+            None => ("0".into(), "-".into(), "-".into()),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.cell,
+            r.metric,
+            r.narrow_n,
+            r.wide_n,
+            f(r.narrow_mean),
+            f(r.wide_mean),
+            pairs,
+            ratio,
+            ci,
+            pct(r.spread_narrow),
+            pct(r.spread_wide),
+            r.verdict
+        );
+    }
+    s
+}
+
+/// Everything the summary says beyond the table: failed, disturbed and contaminated.
+pub struct Findings {
+    /// `boot N (arm) pass P: reason`.
+    pub failed: Vec<String>,
+    /// `boot N (arm) pass P: why`.
+    pub disturbed: Vec<String>,
+    /// Cell -> differing keys.
+    pub contaminated: BTreeMap<String, Vec<String>>,
+}
+
+/// Collects the findings.
+pub fn findings(passes: &[PassRecord]) -> Findings {
+    let label = |p: &PassRecord| {
+        let what = if p.pass == 0 { "warm-up".to_string() } else { format!("pass {}", p.pass) };
+        format!("boot {} ({}) {what}", p.boot, p.arm.as_str())
+    };
+    Findings {
+        failed: passes
+            .iter()
+            .filter(|p| !p.ok)
+            .map(|p| format!("{}: {}", label(p), p.reason.clone().unwrap_or_default()))
+            .collect(),
+        disturbed: passes
+            .iter()
+            .filter_map(|p| p.disturbed.as_ref().map(|d| format!("{}: {d}", label(p))))
+            .collect(),
+        contaminated: contaminated(passes),
+    }
+}
+
+/// The summary printed at the end (also the body of the record).
+pub fn summary(rows: &[TaxRow], fnd: &Findings, boots: &[BootRecord], trust_pct: f64) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "narrow/wide per cell and metric: the geometric mean of the ABBA pairs' ratios, 95% CI by a paired t interval on their logs; spread = (max - min) / mean of an arm's measured passes, trusted up to {trust_pct}%\n"
+    );
+    s.push_str(&table(rows));
+    let _ = writeln!(s);
+    let failed_boots: Vec<String> = boots
+        .iter()
+        .filter_map(|b| b.failure.as_ref().map(|f| format!("boot {} ({}): {f}", b.boot, b.arm.as_str())))
+        .collect();
+    let list = |s: &mut String, title: &str, items: &[String]| {
+        let _ = writeln!(s, "{title}: {}", items.len());
+        for i in items {
+            let _ = writeln!(s, "- {i}");
+        }
+    };
+    list(&mut s, "failed boots", &failed_boots);
+    list(&mut s, "failed passes", &fnd.failed);
+    list(&mut s, "disturbed passes (measured while other processes were busy)", &fnd.disturbed);
+    let dirty: Vec<String> = fnd
+        .contaminated
+        .iter()
+        .map(|(c, keys)| format!("{c}: {} request(s) differ, e.g. {}", keys.len(), keys[0]))
+        .collect();
+    list(&mut s, "contaminated cells (reported, excluded from the tax)", &dirty);
+    if let Some(t) = boot_timings(boots) {
+        let _ = writeln!(s, "{t}");
+    }
+    s
+}
+
+/// The plot: narrow/wide of each decode metric against B, with its 95% interval, and the
+/// line at 1 (no tax).
+pub fn panels(rows: &[TaxRow]) -> Vec<crate::plot::Panel> {
+    use crate::plot::{Panel, Series};
+    let decode: Vec<(&TaxRow, f64)> = rows
+        .iter()
+        .filter(|r| !r.contaminated)
+        .filter_map(|r| Some((r, r.cell.strip_prefix("decode B=")?.parse::<f64>().ok()?)))
+        .collect();
+    let metrics: Vec<&str> = {
+        let mut m: Vec<&str> = decode.iter().map(|(r, _)| r.metric.as_str()).collect();
+        m.dedup();
+        m.sort();
+        m.dedup();
+        m
+    };
+    let mut series = Vec::new();
+    for m in &metrics {
+        let pick = |f: &dyn Fn(&Ratio) -> Option<f64>| -> Vec<(f64, f64)> {
+            decode
+                .iter()
+                .filter(|(r, _)| r.metric == *m)
+                .filter_map(|(r, b)| Some((*b, f(r.ratio.as_ref()?)?)))
+                .collect()
+        };
+        series.push(Series { name: format!("{m}: narrow/wide"), points: pick(&|x| Some(x.ratio)) });
+        series.push(Series { name: format!("{m}: 95% CI low"), points: pick(&|x| x.ci95.map(|c| c.0)) });
+        series.push(Series { name: format!("{m}: 95% CI high"), points: pick(&|x| x.ci95.map(|c| c.1)) });
+    }
+    let bs: Vec<f64> = decode.iter().map(|(_, b)| *b).collect();
+    if let (Some(lo), Some(hi)) = (bs.iter().copied().reduce(f64::min), bs.iter().copied().reduce(f64::max)) {
+        series.push(Series { name: "no tax".into(), points: vec![(lo, 1.0), (hi, 1.0)] });
+    }
+    vec![Panel {
+        title: "qmv_wide pin: narrow/wide in batched decode".into(),
+        x_label: "concurrent streams B".into(),
+        y_label: "narrow / wide".into(),
+        log_x: true,
+        series,
+        marks: Vec::new(),
+    }]
+}
+
+/// Mean per-boot timings: what the driver adds around the server's own start-up.
+pub fn boot_timings(boots: &[BootRecord]) -> Option<String> {
+    if boots.is_empty() {
+        return None;
+    }
+    let n = boots.len() as f64;
+    let mean = |f: &dyn Fn(&BootRecord) -> f64| boots.iter().map(f).sum::<f64>() / n;
+    let ready: Vec<f64> = boots.iter().filter_map(|b| b.ready_after_s).collect();
+    Some(format!(
+        "per boot (mean of {}): port preflight and spawn {:.3} s; spawn to ready {} (the server's start-up plus at most 50 ms of polling); stop {:.3} s; quiet check {:.2} s",
+        boots.len(),
+        mean(&|b| b.preflight_s),
+        if ready.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.2} s", ready.iter().sum::<f64>() / ready.len() as f64)
+        },
+        mean(&|b| b.stop_s),
+        mean(&|b| b.quiet_check_s)
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::abba::{CellMeasure, MetricDef};
+    use super::super::arms::order_arg;
+    use super::*;
+
+    fn pass(boot: usize, arm: Arm, n: usize, tok_s: f64, hash: &str) -> PassRecord {
+        PassRecord {
+            boot,
+            arm,
+            pass: n,
+            ok: true,
+            reason: None,
+            disturbed: None,
+            quiet: None,
+            elapsed_s: 1.0,
+            cells: vec![CellMeasure {
+                cell: "decode B=2".into(),
+                requests: 2,
+                failed: 0,
+                first_error: None,
+                metrics: [("output tok/s".to_string(), tok_s)].into(),
+                hashes: [(format!("decode B=2/p{n}/0"), hash.to_string())].into(),
+                prompt_tokens: None,
+                cached_tokens: None,
+            }],
+        }
+    }
+
+    fn cells() -> Vec<CellDef> {
+        vec![CellDef {
+            name: "decode B=2".into(),
+            metrics: vec![MetricDef { name: "output tok/s", better: Better::Higher }],
+        }]
+    }
+
+    #[test]
+    fn a_cell_whose_outputs_differ_across_arms_is_contaminated_and_excluded() {
+        let order = order_arg("1 0").unwrap();
+        let same = vec![pass(1, Arm::Wide, 1, 100.0, "aa"), pass(2, Arm::Narrow, 1, 90.0, "aa")];
+        assert!(contaminated(&same).is_empty());
+        let rows = analyse(&cells(), &order, &same, 4.0);
+        assert!(!rows[0].contaminated);
+        assert!(rows[0].verdict.starts_with("one pair, no interval: pin +11.1%"), "{}", rows[0].verdict);
+        let differ = vec![pass(1, Arm::Wide, 1, 100.0, "aa"), pass(2, Arm::Narrow, 1, 90.0, "bb")];
+        assert_eq!(contaminated(&differ)["decode B=2"], vec!["decode B=2/p1/0".to_string()]);
+        let rows = analyse(&cells(), &order, &differ, 4.0);
+        assert!(rows[0].contaminated);
+        assert_eq!(rows[0].verdict, "contaminated: outputs differ across arms; excluded");
+    }
+
+    #[test]
+    fn warm_up_and_failed_passes_never_count_and_pairs_give_an_interval() {
+        let order = order_arg("1 0 0 1").unwrap();
+        let mut ps = vec![
+            pass(1, Arm::Wide, 0, 1.0, "a"),
+            pass(1, Arm::Wide, 1, 100.0, "a"),
+            pass(2, Arm::Narrow, 1, 90.0, "a"),
+            pass(3, Arm::Narrow, 1, 91.0, "a"),
+            pass(4, Arm::Wide, 1, 101.0, "a"),
+        ];
+        let mut bad = pass(4, Arm::Wide, 1, 5.0, "a");
+        bad.ok = false;
+        ps.push(bad);
+        let rows = analyse(&cells(), &order, &ps, 4.0);
+        let r = &rows[0];
+        assert_eq!((r.narrow_n, r.wide_n), (2, 2));
+        let ratio = r.ratio.unwrap();
+        assert_eq!(ratio.pairs, 2);
+        assert!((ratio.ratio - (0.9f64 * (91.0 / 101.0)).sqrt()).abs() < 1e-12);
+        let (lo, hi) = ratio.ci95.unwrap();
+        assert!(lo < ratio.ratio && ratio.ratio < hi && hi < 1.0, "{lo} {hi}");
+        // Throughput 0.9x: the narrow arm needs 11.1% more time per token.
+        assert!(r.verdict.starts_with("the pin costs 11."), "{}", r.verdict);
+        assert_eq!(cost_pct(Better::Lower, 1.25), 25.0);
+        let fnd = findings(&ps);
+        assert_eq!(fnd.failed, vec!["boot 4 (wide) pass 1: ".to_string()]);
+    }
+}

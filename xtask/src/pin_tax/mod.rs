@@ -1,0 +1,411 @@
+//! `cargo xtask qmv-pin-tax`: what the rest of a `kiln serve` process pays when
+//! `qmv_wide` is pinned off, priced by interleaved (ABBA) boots of both arms, each pinned
+//! explicitly. `abba` boots and measures, `arms` says which arm a boot is, `stats` and
+//! `analysis` turn passes into the tax; `sweep` is the first mode's cells. A new mode is
+//! a new [`abba::Mode`] beside `sweep`.
+
+pub mod abba;
+pub mod analysis;
+pub mod arms;
+pub mod stats;
+pub mod sweep;
+
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use xshell::Shell;
+
+use self::abba::{Mode, Plan};
+use self::arms::{Order, order_arg};
+use crate::child::{self, Shutdown};
+use crate::console::{self, usage};
+use crate::quiet::Limits;
+use crate::serve_bench::list_arg;
+
+/// `--mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    /// Batched decode at each concurrency, a prompt-cache hit, and prefill controls.
+    Sweep,
+}
+
+/// Flags of `cargo xtask qmv-pin-tax`.
+#[derive(clap::Args, Debug)]
+pub struct QmvPinTax {
+    /// What to measure.
+    #[arg(long, value_enum)]
+    mode: ModeArg,
+    /// The model kiln serve loads.
+    #[arg(short = 'm', long, value_name = "MODEL", default_value = "synthetic:qwen2.5-0.5b")]
+    model: String,
+    /// Boot order: 1 = wide (KILN_QMV_WIDE=1), 0 = narrow (KILN_QMV_WIDE=0), as many of each.
+    #[arg(long, value_name = "ARMS", default_value = arms::DEFAULT_ORDER, value_parser = order_arg)]
+    order: Order,
+    /// Measured passes per boot, after one discarded warm-up pass.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+    passes: u64,
+    /// The port every boot binds; nothing may answer on it before a boot.
+    #[arg(long, value_name = "PORT", default_value_t = 8113, value_parser = clap::value_parser!(u16).range(1..))]
+    port: u16,
+    /// Batched-decode levels B, comma- or space-separated.
+    #[arg(long, value_name = "LIST", default_value = "1,2,4,8", value_parser = list_arg)]
+    concurrency: crate::serve_bench::Levels,
+    /// Requests per stream in a decode cell.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    rounds: usize,
+    /// Tokens generated per decode request.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    max_tokens: u64,
+    /// Prompt tokens of a decode request.
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    decode_prompt: u64,
+    /// The prompt-cache cell's shared prefix, tokens.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    prefix_tokens: u64,
+    /// Its per-request suffix: the M of the cache-hit forward, inside qmv_wide's window.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    suffix_tokens: u64,
+    /// Measured cache hits per pass.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    cache_requests: usize,
+    /// The uncached prefill control's prompt, tokens.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    prefill_tokens: u64,
+    /// The chunked prefill control's prompt, tokens (longer than the server's prefill chunk).
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    chunked_tokens: u64,
+    /// Requests per prefill control per pass.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    prefill_requests: usize,
+    /// Seconds to wait between boots.
+    #[arg(long, value_name = "SECS", default_value_t = 2)]
+    cooldown: u64,
+    /// Wait (up to --quiet-timeout) for a quiet machine before each boot and pass,
+    /// instead of only marking passes measured on a busy one as disturbed.
+    #[arg(long)]
+    require_quiet: bool,
+    /// The bound of --require-quiet's wait, seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    quiet_timeout: u64,
+    /// Other processes' CPU, in cores, above which the machine counts as busy.
+    #[arg(long, value_name = "CPUS", default_value_t = 0.5)]
+    busy_cpus: f64,
+    /// An arm's spread (max - min over mean) trusted up to this percentage.
+    #[arg(long, value_name = "PCT", default_value_t = 4.0)]
+    trust_limit: f64,
+    /// Seconds to wait for a boot's /health.
+    #[arg(long, value_name = "SECS", default_value_t = 600)]
+    boot_timeout: u64,
+    /// Seconds between SIGTERM and SIGKILL of a server's group.
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    grace: u64,
+    /// Seconds before one request fails as timed out.
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    request_timeout: u64,
+    /// An extra argument for every kiln serve boot (repeatable), e.g. --serve-arg=--prefill-chunk=512.
+    #[arg(long = "serve-arg", value_name = "ARG", allow_hyphen_values = true)]
+    serve_args: Vec<String>,
+    /// Use this kiln binary instead of building one (also KILN_BENCH_KILN_BIN).
+    #[arg(long, value_name = "PATH")]
+    kiln_bin: Option<PathBuf>,
+    /// Do not build kiln; use the release binary already built.
+    #[arg(long)]
+    no_build: bool,
+    /// Where run directories go [default: benchmarks/runs].
+    #[arg(long, value_name = "DIR")]
+    runs_dir: Option<PathBuf>,
+    /// Where the dated record goes [default: docs/benchmark_results].
+    #[arg(long, value_name = "DIR")]
+    record_dir: Option<PathBuf>,
+    /// Write no dated record (the run directory still has everything).
+    #[arg(long)]
+    no_record: bool,
+}
+
+impl QmvPinTax {
+    pub fn run(self, sh: &Shell) -> Result<ExitCode> {
+        let root = sh.current_dir();
+        // Up front, before anything is built or booted: an inherited pin collapses the arms.
+        let inherited = arms::inherited_arm_vars(|k| std::env::var(k).ok());
+        if !inherited.is_empty() {
+            usage!(
+                "{} is set in the environment: the driver pins each arm itself, and an inherited value would make both arms one kernel; unset it and run again",
+                inherited.join(", ")
+            );
+        }
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        if !positive(self.trust_limit) || !(positive(self.busy_cpus) || self.busy_cpus == 0.0) {
+            usage!("--trust-limit and --busy-cpus: expected positive numbers");
+        }
+        let runs_dir = match &self.runs_dir {
+            Some(d) => crate::sweep::user_path(d)?,
+            None => root.join("benchmarks/runs"),
+        };
+        let record_dir = match &self.record_dir {
+            Some(d) => crate::sweep::user_path(d)?,
+            None => root.join("docs/benchmark_results"),
+        };
+        let shutdown = Shutdown::install()?;
+        let engine = match crate::runs::engine(&root, self.kiln_bin.as_deref(), self.no_build, &shutdown)? {
+            Ok(e) => e,
+            Err(sig) => {
+                eprintln!("interrupted by {} during the build", child::signal_name(sig));
+                return Ok(ExitCode::from(child::exit_code_for(sig)));
+            }
+        };
+        crate::runs::check_writable(&runs_dir, "--runs-dir")?;
+        if !self.no_record {
+            crate::runs::check_writable(&record_dir, "--record-dir")?;
+        }
+        let mode = match self.mode {
+            ModeArg::Sweep => sweep::Sweep {
+                concurrency: self.concurrency.0.clone(),
+                rounds: self.rounds.max(1),
+                decode_prompt: self.decode_prompt,
+                max_tokens: self.max_tokens,
+                prefix: self.prefix_tokens,
+                suffix: self.suffix_tokens,
+                cache_requests: self.cache_requests.max(1),
+                prefill_tokens: self.prefill_tokens,
+                chunked_tokens: self.chunked_tokens,
+                prefill_requests: self.prefill_requests.max(1),
+                served: self.model.clone(),
+            },
+        };
+        let run_dir = crate::runs::create_run_dir(&runs_dir, "qmv-pin-tax")?;
+        let (mut env, device) = crate::runs::fingerprint(&root, Some(&engine));
+        env["qmv_pin_tax"] = serde_json::json!({
+            "mode": mode.name(),
+            "model": self.model,
+            "order": self.order.0,
+            "passes": self.passes,
+            "port": self.port,
+            "cells": mode.cells().iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
+            "serve_args": self.serve_args,
+            "cooldown_s": self.cooldown,
+            "require_quiet": self.require_quiet,
+            "busy_cpus": self.busy_cpus,
+            "trust_limit_pct": self.trust_limit,
+            "statistics": "narrow/wide = geometric mean of ABBA pair ratios; 95% CI = paired t interval on log ratios",
+        });
+        crate::runs::write_env_json(&run_dir, &env)?;
+        eprintln!(
+            "qmv-pin-tax --mode {}: {} boots ({}), 1 warm-up + {} passes each, {} cells; run directory {}",
+            mode.name(),
+            self.order.0.len(),
+            self.order.0.iter().map(|a| a.env_value()).collect::<Vec<_>>().join(" "),
+            self.passes,
+            mode.cells().len(),
+            display(&root, &run_dir)
+        );
+        let plan = Plan {
+            order: self.order.clone(),
+            passes: self.passes as usize,
+            port: self.port,
+            model: self.model.clone(),
+            kiln_bin: engine.bin.clone(),
+            serve_args: self.serve_args.clone(),
+            boot_timeout: Duration::from_secs(self.boot_timeout),
+            grace: Duration::from_secs(self.grace),
+            cooldown: Duration::from_secs(self.cooldown),
+            require_quiet: self.require_quiet,
+            quiet_timeout: Duration::from_secs(self.quiet_timeout),
+            busy: Limits { others_cpus: self.busy_cpus },
+            request_timeout: Duration::from_secs(self.request_timeout),
+            run_dir: run_dir.clone(),
+            cwd: root.clone(),
+        };
+        let out = abba::run(&mode, &plan, &shutdown)?;
+        let cells = mode.cells();
+        let rows = analysis::analyse(&cells, &self.order, &out.passes, self.trust_limit);
+        let fnd = analysis::findings(&out.passes);
+        let mut text = analysis::summary(&rows, &fnd, &out.boots, self.trust_limit);
+        let planned = self.order.0.len() * (self.passes as usize + 1);
+        let _ = writeln!(text, "passes written: {} of {planned} planned", out.passes.len());
+        if let Some(sig) = out.interrupted {
+            let _ = writeln!(text, "interrupted by {}: partial summary", child::signal_name(sig));
+        }
+        if let Some(why) = &out.aborted {
+            let _ = writeln!(text, "stopped early: {why}");
+        }
+        fs::write(run_dir.join("summary.md"), &text).context("writing summary.md")?;
+        let svg = run_dir.join("tax.svg");
+        if let Err(e) = crate::plot::write_svg(&svg, &analysis::panels(&rows)) {
+            eprintln!("warning: no plot: {e:#}");
+        }
+        let record = if self.no_record || out.passes.is_empty() {
+            None
+        } else {
+            Some(write_record(&record_dir, &device, &env, &self, &out, &text, &svg)?)
+        };
+        console::out(&format!("\n{text}"))?;
+        if let Some(r) = &record {
+            eprintln!("record: {}", display(&root, r));
+        }
+        eprintln!("results: {}", display(&root, &run_dir));
+        if let Some(sig) = out.interrupted {
+            return Ok(ExitCode::from(child::exit_code_for(sig)));
+        }
+        let mut reasons = Vec::new();
+        if let Some(why) = out.aborted {
+            reasons.push(why);
+        }
+        if !fnd.failed.is_empty() {
+            reasons.push(format!("{} passes failed", fnd.failed.len()));
+        }
+        if !fnd.contaminated.is_empty() {
+            reasons
+                .push(format!("{} cells contaminated (outputs differ across arms)", fnd.contaminated.len()));
+        }
+        for r in &reasons {
+            eprintln!("exit 1: {r}");
+        }
+        Ok(if reasons.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    }
+}
+
+/// A short, file-name-safe name for the device: `cpu-epyc-9r14-2cpu`.
+pub fn device_slug(backend: &str, cpu: &str, cpus: usize) -> String {
+    const NOISE: [&str; 9] = ["amd", "intel", "r", "tm", "processor", "cpu", "core", "with", "apple"];
+    let words: Vec<String> = cpu
+        .to_lowercase()
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty() && !NOISE.contains(w) && !w.ends_with("-core"))
+        .take(2)
+        .map(str::to_string)
+        .collect();
+    let mut s = backend.to_string();
+    for w in words {
+        s.push('-');
+        s.push_str(&w);
+    }
+    format!("{s}-{cpus}cpu")
+}
+
+fn write_record(
+    dir: &Path,
+    device: &str,
+    env: &serde_json::Value,
+    flags: &QmvPinTax,
+    out: &abba::Outcome,
+    summary: &str,
+    svg: &Path,
+) -> Result<PathBuf> {
+    let backend = env["backend"].as_str().unwrap_or("cpu");
+    let cpu = env["cpu"].as_str().unwrap_or("unknown");
+    let cpus = env["cpus"].as_u64().unwrap_or(0) as usize;
+    let date = chrono::Utc::now().format("%Y-%m-%d");
+    let stem = format!("qmv-pin-tax-{}-{date}", device_slug(backend, cpu, cpus));
+    let mut path = dir.join(format!("{stem}.md"));
+    let mut i = 2;
+    while path.exists() {
+        path = dir.join(format!("{stem}-{i}.md"));
+        i += 1;
+    }
+    let mut s = String::new();
+    let _ = writeln!(s, "# qmv_wide pin tax, --mode {}: {device}, {date}\n", flags.mode_name());
+    let _ = writeln!(
+        s,
+        "Generated by `cargo xtask qmv-pin-tax`; how to read it: docs/benchmarks.md, \"Reading the tax\".\n"
+    );
+    let _ = writeln!(s, "| | |\n|---|---|");
+    let cmd =
+        env["command"].as_array().map(|a| a.iter().filter_map(|v| v.as_str()).collect::<Vec<_>>().join(" "));
+    let rows: [(&str, String); 10] = [
+        ("command", format!("`{}`", cmd.unwrap_or_default())),
+        ("commit", env["commit"].as_str().unwrap_or("unknown").to_string()),
+        ("host", env["host"].as_str().unwrap_or("").to_string()),
+        ("device", device.to_string()),
+        ("model", flags.model.clone()),
+        ("order", flags.order.0.iter().map(|a| a.env_value()).collect::<Vec<_>>().join(" ")),
+        ("passes", format!("1 warm-up + {} measured per boot", flags.passes)),
+        (
+            "cells",
+            env["qmv_pin_tax"]["cells"].as_array().map_or(String::new(), |a| {
+                a.iter().filter_map(|v| v.as_str()).collect::<Vec<_>>().join(", ")
+            }),
+        ),
+        ("inherited KILN_*", env["kiln_env"].to_string()),
+        ("started", env["started"].as_str().unwrap_or("").to_string()),
+    ];
+    for (k, v) in rows {
+        let _ = writeln!(s, "| {k} | {v} |");
+    }
+    let _ = writeln!(s, "\n## Result\n\n{summary}");
+    let plot = path.with_extension("svg");
+    if fs::copy(svg, &plot).is_ok()
+        && let Some(name) = plot.file_name()
+    {
+        let _ = writeln!(s, "![narrow/wide against B]({})\n", name.to_string_lossy());
+    }
+    let _ = writeln!(s, "## Prompt tokens as the server counted them\n");
+    let _ = writeln!(
+        s,
+        "The first completed request of each cell in the first measured pass that has one: its prefill forward's M is prompt minus cached tokens (split by the server's prefill chunk).\n"
+    );
+    let _ = writeln!(s, "| cell | prompt tokens | cached tokens | M of the prefill |\n|---|---:|---:|---:|");
+    let mut seen = std::collections::BTreeSet::new();
+    for c in out.passes.iter().filter(|p| p.ok && p.pass > 0).flat_map(|p| p.cells.iter()) {
+        if c.prompt_tokens.is_none() || !seen.insert(c.cell.clone()) {
+            continue;
+        }
+        let p = c.prompt_tokens.unwrap_or(0);
+        let cached = c.cached_tokens.unwrap_or(0);
+        let _ = writeln!(
+            s,
+            "| {} | {p} | {} | {} |",
+            c.cell,
+            c.cached_tokens.map_or("-".into(), |x| x.to_string()),
+            p.saturating_sub(cached)
+        );
+    }
+    let _ = writeln!(s);
+    let _ = writeln!(s, "## Boots\n");
+    let _ = writeln!(s, "| boot | arm | kernel line | ready after s | stop s | SIGKILL needed | failure |");
+    let _ = writeln!(s, "|---:|---|---|---:|---:|---|---|");
+    for b in &out.boots {
+        let k = b.kernel.as_ref().map_or("-".to_string(), |k| {
+            format!("isa={} threads={} qmv_wide={} pinned={}", k.isa, k.threads, k.qmv_wide, k.pinned)
+        });
+        let _ = writeln!(
+            s,
+            "| {} | {} | {k} | {} | {:.2} | {} | {} |",
+            b.boot,
+            b.arm.as_str(),
+            b.ready_after_s.map_or("-".into(), |r| format!("{r:.2}")),
+            b.stop_s,
+            if b.killed { "yes" } else { "no" },
+            b.failure.as_deref().unwrap_or("")
+        );
+    }
+    fs::write(&path, s).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+impl QmvPinTax {
+    fn mode_name(&self) -> &'static str {
+        match self.mode {
+            ModeArg::Sweep => "sweep",
+        }
+    }
+}
+
+fn display(root: &Path, p: &Path) -> String {
+    p.strip_prefix(root).unwrap_or(p).display().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_slugs_keep_the_model_words() {
+        assert_eq!(device_slug("cpu", "AMD EPYC 9R14 96-Core Processor", 2), "cpu-epyc-9r14-2cpu");
+        assert_eq!(device_slug("cpu", "Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz", 8), "cpu-xeon-gold-8cpu");
+        assert_eq!(device_slug("metal", "Apple M3 Ultra", 24), "metal-m3-ultra-24cpu");
+    }
+}

@@ -1,0 +1,170 @@
+//! `--mode sweep`: the cells of the batched-decode sweep. Concurrency levels of batched
+//! decode, a prompt-cache cell whose adopted suffix is short enough that its forward's M
+//! falls inside the `qmv_wide` window, and uncached and chunked prefill as controls.
+//! Prompts are token ids, so every length (and so every forward's M) is exact.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use super::abba::{Better, CellDef, CellMeasure, MetricDef, Mode};
+use crate::serve_bench::client::{Endpoint, Prompt, RequestSpec, Target};
+use crate::serve_bench::load::{self, Arrival};
+use crate::serve_bench::output::LevelSummary;
+
+/// The sweep's sizes.
+#[derive(Clone, Debug)]
+pub struct Sweep {
+    /// Batched-decode levels B.
+    pub concurrency: Vec<usize>,
+    /// Requests per stream in a decode cell.
+    pub rounds: usize,
+    /// Prompt tokens of a decode request.
+    pub decode_prompt: u64,
+    /// Tokens generated per decode request.
+    pub max_tokens: u64,
+    /// The prompt-cache cell's shared prefix.
+    pub prefix: u64,
+    /// Its per-request suffix: the M of the cache-hit prefill forward.
+    pub suffix: u64,
+    /// Measured cache-hit requests per pass.
+    pub cache_requests: usize,
+    /// The uncached prefill control's prompt length.
+    pub prefill_tokens: u64,
+    /// The chunked prefill control's prompt length (beyond the server's chunk).
+    pub chunked_tokens: u64,
+    /// Requests per prefill control per pass.
+    pub prefill_requests: usize,
+    /// The `model` field.
+    pub served: String,
+}
+
+const TOK_S: MetricDef = MetricDef { name: "output tok/s", better: Better::Higher };
+const TPOT: MetricDef = MetricDef { name: "TPOT ms", better: Better::Lower };
+const TTFT: MetricDef = MetricDef { name: "TTFT ms", better: Better::Lower };
+
+impl Sweep {
+    fn spec(&self, key: String, tokens: u64, shared: u64, seed: u64, max_tokens: u64) -> RequestSpec {
+        RequestSpec {
+            key,
+            prompt: Prompt::Ids(load::prompt_ids(tokens, shared, seed)),
+            max_tokens,
+            ignore_eos: true,
+            model: self.served.clone(),
+            endpoint: Endpoint::Completions,
+        }
+    }
+}
+
+fn seed(cell: usize, pass: usize, i: usize) -> u64 {
+    ((cell as u64) << 48) ^ ((pass as u64) << 24) ^ i as u64 ^ 0x7a11_0000_0000
+}
+
+fn measure(
+    cell: &str,
+    results: &[crate::serve_bench::client::RequestResult],
+    wall: f64,
+    metrics: &[MetricDef],
+) -> CellMeasure {
+    let l = LevelSummary::of(cell.to_string(), None, None, results, wall);
+    let mut m = std::collections::BTreeMap::new();
+    for d in metrics {
+        let v = match d.name {
+            "output tok/s" => (l.ok > 0).then_some(l.output_tok_s),
+            "TPOT ms" => l.tpot.mean,
+            "TTFT ms" => l.ttft.mean,
+            _ => None,
+        };
+        if let Some(v) = v {
+            m.insert(d.name.to_string(), v);
+        }
+    }
+    CellMeasure {
+        cell: cell.to_string(),
+        requests: l.requests,
+        failed: l.failed,
+        first_error: results.iter().find_map(|r| r.error.clone()),
+        metrics: m,
+        hashes: results.iter().filter(|r| r.ok).map(|r| (r.key.clone(), r.output_hash.clone())).collect(),
+        prompt_tokens: results.iter().filter(|r| r.ok).find_map(|r| r.prompt_tokens),
+        cached_tokens: results.iter().filter(|r| r.ok).find_map(|r| r.cached_tokens),
+    }
+}
+
+impl Mode for Sweep {
+    fn name(&self) -> &'static str {
+        "sweep"
+    }
+
+    fn cells(&self) -> Vec<CellDef> {
+        let mut v: Vec<CellDef> = self
+            .concurrency
+            .iter()
+            .map(|b| CellDef { name: format!("decode B={b}"), metrics: vec![TOK_S, TPOT] })
+            .collect();
+        v.push(CellDef { name: format!("prompt-cache hit (suffix {})", self.suffix), metrics: vec![TTFT] });
+        v.push(CellDef { name: format!("uncached prefill {}", self.prefill_tokens), metrics: vec![TTFT] });
+        v.push(CellDef { name: format!("chunked prefill {}", self.chunked_tokens), metrics: vec![TTFT] });
+        v
+    }
+
+    fn server_args(&self) -> Vec<OsString> {
+        // Every stream of the widest level gets a slot, so B streams decode together.
+        let widest = self.concurrency.iter().copied().max().unwrap_or(1);
+        vec!["--parallel".into(), widest.to_string().into()]
+    }
+
+    async fn run_pass(&self, target: &Target, pass: usize, timeout: Duration) -> Vec<CellMeasure> {
+        let defs = self.cells();
+        let mut out = Vec::with_capacity(defs.len());
+        let mut ci = 0;
+        for &b in &self.concurrency {
+            let name = &defs[ci].name;
+            let specs: Vec<RequestSpec> = (0..b * self.rounds.max(1))
+                .map(|i| {
+                    self.spec(
+                        format!("{name}/p{pass}/{i}"),
+                        self.decode_prompt,
+                        0,
+                        seed(ci, pass, i),
+                        self.max_tokens,
+                    )
+                })
+                .collect();
+            let run = load::run(target, specs, Arrival::Closed(b), timeout).await;
+            out.push(measure(name, &run.results, run.wall.as_secs_f64(), &defs[ci].metrics));
+            ci += 1;
+        }
+        // Prompt cache: one request adopts the prefix, then each hit prefills only its suffix.
+        let name = &defs[ci].name;
+        let total = self.prefix + self.suffix;
+        let prime =
+            self.spec(format!("{name}/p{pass}/prime"), total, self.prefix, seed(ci, pass, 999_999), 1);
+        let primed = load::run(target, vec![prime], Arrival::Closed(1), timeout).await;
+        let hits: Vec<RequestSpec> = (0..self.cache_requests)
+            .map(|i| self.spec(format!("{name}/p{pass}/{i}"), total, self.prefix, seed(ci, pass, i), 1))
+            .collect();
+        let run = load::run(target, hits, Arrival::Closed(1), timeout).await;
+        let mut m = measure(name, &run.results, run.wall.as_secs_f64(), &defs[ci].metrics);
+        if let Some(p) = primed.results.first() {
+            m.requests += 1;
+            if !p.ok {
+                m.failed += 1;
+                m.first_error = m.first_error.or_else(|| p.error.clone());
+            } else {
+                m.hashes.insert(p.key.clone(), p.output_hash.clone());
+            }
+        }
+        out.push(m);
+        ci += 1;
+        for tokens in [self.prefill_tokens, self.chunked_tokens] {
+            let name = &defs[ci].name;
+            let specs: Vec<RequestSpec> = (0..self.prefill_requests)
+                .map(|i| self.spec(format!("{name}/p{pass}/{i}"), tokens, 0, seed(ci, pass, i), 1))
+                .collect();
+            let run = load::run(target, specs, Arrival::Closed(1), timeout).await;
+            out.push(measure(name, &run.results, run.wall.as_secs_f64(), &defs[ci].metrics));
+            ci += 1;
+        }
+        out
+    }
+}

@@ -1,0 +1,464 @@
+//! `cargo xtask serve-bench`: a load generator for OpenAI-compatible servers. It targets
+//! `--url` or boots `kiln serve -m MODEL` itself, drives closed-loop concurrency levels
+//! or an open-loop Poisson rate, and writes per-request lines, per-level statistics, a
+//! markdown table and a plot under `benchmarks/runs/<stamp>-serve-bench/`.
+
+pub mod client;
+pub mod load;
+pub mod output;
+pub mod stats;
+
+use std::ffi::OsString;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use xshell::Shell;
+
+use self::client::{Endpoint, Prompt, RequestSpec, Target};
+use self::load::Arrival;
+use self::output::{Files, LevelSummary};
+use crate::child::{self, Shutdown};
+use crate::console::{self, usage};
+use crate::quiet;
+use crate::server::{self, Ready, Server, ServerSpec};
+
+/// Flags of `cargo xtask serve-bench`.
+#[derive(clap::Args, Debug)]
+pub struct ServeBench {
+    /// The server to measure, e.g. http://127.0.0.1:8000 (any OpenAI-compatible server).
+    #[arg(long, value_name = "URL", conflicts_with = "model")]
+    url: Option<String>,
+    /// Boot `kiln serve -m MODEL` and measure it (synthetic:<profile>, a directory, a path).
+    #[arg(short = 'm', long, value_name = "MODEL")]
+    model: Option<String>,
+    /// Closed loop: the concurrency levels, comma- or space-separated.
+    #[arg(long, value_name = "LIST", default_value = "1,2,4,8", value_parser = list_arg)]
+    concurrency: Levels,
+    /// Open loop instead: Poisson arrivals at R requests per second.
+    #[arg(long, value_name = "R")]
+    rate: Option<f64>,
+    /// Measured requests per level [default: 4 per stream of the level, at least 8; 32 at a rate].
+    #[arg(long, value_name = "N")]
+    requests: Option<usize>,
+    /// Warm-up rounds per level, discarded: each is one request per stream.
+    #[arg(long, value_name = "R", default_value_t = 1)]
+    warmup_rounds: usize,
+    /// Prompt length in tokens (approximate: common words, one token each for most tokenizers).
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    prompt_tokens: u64,
+    /// The first N prompt tokens are the same in every request (exercises a prompt cache).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    shared_prefix: u64,
+    /// Send prompts as token ids (exact lengths; completions endpoint only) instead of text.
+    #[arg(long)]
+    prompt_ids: bool,
+    /// `max_tokens` of every request.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    max_tokens: u64,
+    /// Send `ignore_eos` (true: every request generates max_tokens).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    ignore_eos: bool,
+    /// The endpoint.
+    #[arg(long, value_enum, default_value_t = Endpoint::Completions)]
+    endpoint: Endpoint,
+    /// The `model` field of requests [default: the -m value, else "default"].
+    #[arg(long, value_name = "NAME")]
+    served_model: Option<String>,
+    /// Seconds before one request is failed as timed out.
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    request_timeout: u64,
+    /// Booting: the port kiln serve binds (0: a free one, read from its log).
+    #[arg(long, value_name = "PORT", default_value_t = 0)]
+    port: u16,
+    /// Booting: seconds to wait for /health.
+    #[arg(long, value_name = "SECS", default_value_t = 600)]
+    boot_timeout: u64,
+    /// Booting: an extra argument for kiln serve (repeatable), e.g. --serve-arg=--prefill-chunk=256.
+    #[arg(long = "serve-arg", value_name = "ARG", allow_hyphen_values = true)]
+    serve_args: Vec<String>,
+    /// Booting: use this kiln binary instead of building one (also KILN_BENCH_KILN_BIN).
+    #[arg(long, value_name = "PATH")]
+    kiln_bin: Option<PathBuf>,
+    /// Booting: do not build kiln; use the release binary already built.
+    #[arg(long)]
+    no_build: bool,
+    /// Where run directories go [default: benchmarks/runs].
+    #[arg(long, value_name = "DIR")]
+    runs_dir: Option<PathBuf>,
+}
+
+/// A list of positive integers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Levels(pub Vec<usize>);
+
+/// Parses `1,2,4,8` or `"1 2 4 8"`.
+pub fn list_arg(s: &str) -> Result<Levels, String> {
+    let items: Vec<&str> = s.split([',', ' ']).filter(|x| !x.is_empty()).collect();
+    if items.is_empty() {
+        return Err("empty list: expected positive integers such as 1,2,4,8".into());
+    }
+    items
+        .iter()
+        .map(|x| match x.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("{x:?} is not a positive integer: expected a list such as 1,2,4,8")),
+        })
+        .collect::<Result<_, _>>()
+        .map(Levels)
+}
+
+/// One level of the run.
+#[derive(Clone, Debug)]
+struct Level {
+    label: String,
+    arrival: Arrival,
+    warmup: usize,
+    requests: usize,
+}
+
+impl ServeBench {
+    pub fn run(self, sh: &Shell) -> Result<ExitCode> {
+        let root = sh.current_dir();
+        if self.url.is_none() && self.model.is_none() {
+            usage!("serve-bench needs a server: --url http://host:port, or -m MODEL to boot kiln serve");
+        }
+        if let Some(r) = self.rate
+            && !(r.is_finite() && r > 0.0)
+        {
+            usage!("--rate {r}: expected a positive number of requests per second");
+        }
+        if self.shared_prefix > self.prompt_tokens {
+            usage!(
+                "--shared-prefix {} is longer than --prompt-tokens {}: expected at most the prompt length",
+                self.shared_prefix,
+                self.prompt_tokens
+            );
+        }
+        if self.prompt_ids && self.endpoint == Endpoint::Chat {
+            usage!("--prompt-ids needs --endpoint completions: chat messages are text");
+        }
+        if self.max_tokens == 0 {
+            usage!("--max-tokens 0: expected at least 1");
+        }
+        let url_target = match &self.url {
+            Some(u) => match Target::parse(u) {
+                Ok(t) => Some(t),
+                Err(e) => usage!("{e}"),
+            },
+            None => None,
+        };
+        let shutdown = Shutdown::install()?;
+        let engine = match &self.model {
+            Some(_) => {
+                match crate::runs::engine(&root, self.kiln_bin.as_deref(), self.no_build, &shutdown)? {
+                    Ok(e) => Some(e),
+                    Err(sig) => {
+                        eprintln!("interrupted by {} during the build", child::signal_name(sig));
+                        return Ok(ExitCode::from(child::exit_code_for(sig)));
+                    }
+                }
+            }
+            None => None,
+        };
+        if engine.is_some() && self.port != 0 && server::port_answers(self.port) {
+            anyhow::bail!(
+                "port {} already answers on 127.0.0.1: stop whatever holds it or pick another --port",
+                self.port
+            );
+        }
+        let runs_dir = match &self.runs_dir {
+            Some(d) => crate::sweep::user_path(d)?,
+            None => root.join("benchmarks/runs"),
+        };
+        let run_dir = crate::runs::create_run_dir(&runs_dir, "serve-bench")?;
+        let (mut env, _) = crate::runs::fingerprint(&root, engine.as_ref());
+        let levels = self.levels();
+        env["serve_bench"] = serde_json::json!({
+            "target": self.url,
+            "model": self.model,
+            "levels": levels.iter().map(|l| &l.label).collect::<Vec<_>>(),
+            "requests": levels.iter().map(|l| l.requests).collect::<Vec<_>>(),
+            "warmup_rounds": self.warmup_rounds,
+            "prompt_tokens": self.prompt_tokens,
+            "shared_prefix": self.shared_prefix,
+            "max_tokens": self.max_tokens,
+            "ignore_eos": self.ignore_eos,
+            "prompt_ids": self.prompt_ids,
+            "endpoint": self.endpoint,
+            "request_timeout_s": self.request_timeout,
+            "percentiles": "linear interpolation between closest ranks (type 7, numpy's default)",
+        });
+        crate::runs::write_env_json(&run_dir, &env)?;
+        eprintln!("serve-bench: run directory {}", display(&root, &run_dir));
+
+        let booted = match (&engine, &self.model) {
+            (Some(e), Some(model)) => {
+                let mut args: Vec<OsString> = vec![
+                    "serve".into(),
+                    "-m".into(),
+                    model.into(),
+                    "--port".into(),
+                    self.port.to_string().into(),
+                ];
+                if !self.serve_args.iter().any(|a| a.starts_with("--parallel")) {
+                    // One slot per stream of the widest level: C streams decode together.
+                    let widest = self.concurrency.0.iter().copied().max().unwrap_or(1);
+                    args.extend(["--parallel".into(), widest.to_string().into()]);
+                }
+                args.extend(self.serve_args.iter().map(OsString::from));
+                let spec = ServerSpec {
+                    bin: e.bin.clone(),
+                    args,
+                    env: Vec::new(),
+                    log: run_dir.join("server.log"),
+                    cwd: root.clone(),
+                };
+                let srv = Server::start(&spec)?;
+                eprintln!("booting {} serve -m {model} (pid {})", display(&root, &e.bin), srv.pid());
+                match srv.wait_ready(&shutdown, Duration::from_secs(self.boot_timeout)) {
+                    Ready::Up { addr, after_s } => {
+                        eprintln!("server ready at http://{addr} after {after_s:.1} s");
+                        Some((srv, Target::at(addr)))
+                    }
+                    Ready::Interrupted(sig) => {
+                        srv.stop(Duration::from_secs(5))?;
+                        eprintln!("interrupted by {} while the server booted", child::signal_name(sig));
+                        return Ok(ExitCode::from(child::exit_code_for(sig)));
+                    }
+                    Ready::Died(how) => {
+                        anyhow::bail!(
+                            "kiln serve {how} before it was ready; its log: {}",
+                            srv.log_path().display()
+                        )
+                    }
+                    Ready::TimedOut => {
+                        srv.stop(Duration::from_secs(5))?;
+                        anyhow::bail!(
+                            "kiln serve was not ready after {} s (--boot-timeout)",
+                            self.boot_timeout
+                        )
+                    }
+                }
+            }
+            _ => None,
+        };
+        let (server_proc, target) = match booted {
+            Some((s, t)) => (Some(s), t),
+            None => (None, url_target.context("a target")?),
+        };
+        let served =
+            self.served_model.clone().or_else(|| self.model.clone()).unwrap_or_else(|| "default".into());
+        let outcome = self.drive(&target, &served, &levels, &run_dir, server_proc.as_ref(), &shutdown);
+        if let Some(s) = server_proc {
+            let (how, killed) = s.stop(Duration::from_secs(10))?;
+            if killed {
+                eprintln!("warning: kiln serve ignored SIGTERM for 10 s and was killed ({how})");
+            }
+        }
+        let (done, interrupted) = outcome?;
+        let md = output::markdown(&done);
+        let cpu_client: f64 = done.iter().map(|l| l.client_cpu_s).sum();
+        let cpu_server: Option<f64> = done.iter().map(|l| l.server_cpu_s).sum();
+        let mut text = format!("serve-bench against {} ({})\n\n{md}\n", target.url(), served);
+        text.push_str(&format!(
+            "client CPU over the measured requests: {cpu_client:.2} s{}\n",
+            cpu_server.filter(|s| *s > 0.0).map_or(String::new(), |s| format!(
+                " ({:.1}% of the server's {s:.2} s)",
+                100.0 * cpu_client / s
+            ))
+        ));
+        text.push_str("percentiles: linear interpolation between closest ranks (numpy's default)\n");
+        if let Some(sig) = interrupted {
+            text.push_str(&format!("interrupted by {}: partial results\n", child::signal_name(sig)));
+        }
+        std::fs::write(run_dir.join("summary.md"), &text).context("writing summary.md")?;
+        if !done.is_empty() {
+            crate::plot::write_svg(
+                &run_dir.join("serve-bench.svg"),
+                &output::panels(&done, self.rate.is_some()),
+            )?;
+        }
+        console::out(&format!("\n{text}"))?;
+        eprintln!("results: {}", display(&root, &run_dir));
+        if let Some(sig) = interrupted {
+            return Ok(ExitCode::from(child::exit_code_for(sig)));
+        }
+        let failed: Vec<String> = done
+            .iter()
+            .filter(|l| l.failed > 0)
+            .map(|l| format!("{}: {} of {} failed", l.level, l.failed, l.requests))
+            .collect();
+        if failed.is_empty() {
+            Ok(ExitCode::SUCCESS)
+        } else {
+            eprintln!("exit 1: requests failed ({})", failed.join("; "));
+            Ok(ExitCode::FAILURE)
+        }
+    }
+
+    fn levels(&self) -> Vec<Level> {
+        match self.rate {
+            Some(rate) => vec![Level {
+                label: format!("rate={rate}"),
+                arrival: Arrival::Open { rate, seed: 0x0a11_17a1 },
+                warmup: self.warmup_rounds,
+                requests: self.requests.unwrap_or(32),
+            }],
+            None => self
+                .concurrency
+                .0
+                .iter()
+                .map(|&c| Level {
+                    label: format!("c={c}"),
+                    arrival: Arrival::Closed(c),
+                    warmup: self.warmup_rounds * c,
+                    requests: self.requests.unwrap_or((4 * c).max(8)),
+                })
+                .collect(),
+        }
+    }
+
+    fn spec(&self, served: &str, key: String, seed: u64) -> RequestSpec {
+        RequestSpec {
+            key,
+            prompt: if self.prompt_ids {
+                Prompt::Ids(load::prompt_ids(self.prompt_tokens, self.shared_prefix, seed))
+            } else {
+                Prompt::Text(load::prompt(self.prompt_tokens, self.shared_prefix, seed))
+            },
+            max_tokens: self.max_tokens,
+            ignore_eos: self.ignore_eos,
+            model: served.to_string(),
+            endpoint: self.endpoint,
+        }
+    }
+
+    /// Runs every level; a level's failures are counted, never fatal. Stops at a signal.
+    fn drive(
+        &self,
+        target: &Target,
+        served: &str,
+        levels: &[Level],
+        run_dir: &Path,
+        srv: Option<&Server>,
+        shutdown: &Shutdown,
+    ) -> Result<(Vec<LevelSummary>, Option<i32>)> {
+        let rt =
+            tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting tokio")?;
+        let mut files = Files::create(run_dir)?;
+        let timeout = Duration::from_secs(self.request_timeout);
+        let mut done = Vec::new();
+        for (li, level) in levels.iter().enumerate() {
+            if let Some(sig) = shutdown.pending() {
+                return Ok((done, Some(sig)));
+            }
+            let seed_base = (li as u64 + 1) << 32;
+            let warm: Vec<RequestSpec> = (0..level.warmup)
+                .map(|i| {
+                    self.spec(served, format!("{}/warmup/{i}", level.label), seed_base | (1 << 31) | i as u64)
+                })
+                .collect();
+            let measured: Vec<RequestSpec> = (0..level.requests)
+                .map(|i| self.spec(served, format!("{}/{i}", level.label), seed_base | i as u64))
+                .collect();
+            if !warm.is_empty() {
+                let run = match rt
+                    .block_on(until_signal(shutdown, load::run(target, warm, level.arrival, timeout)))
+                {
+                    Ok(r) => r,
+                    Err(sig) => return Ok((done, Some(sig))),
+                };
+                for r in &run.results {
+                    files.request(&level.label, true, r)?;
+                }
+            }
+            let cpu0 = quiet::self_cpu_seconds();
+            let srv0 = srv.and_then(Server::cpu_seconds);
+            let run = match rt
+                .block_on(until_signal(shutdown, load::run(target, measured, level.arrival, timeout)))
+            {
+                Ok(r) => r,
+                Err(sig) => return Ok((done, Some(sig))),
+            };
+            let cpu1 = quiet::self_cpu_seconds();
+            let srv1 = srv.and_then(Server::cpu_seconds);
+            let (conc, rate) = match level.arrival {
+                Arrival::Closed(c) => (Some(c), None),
+                Arrival::Open { rate, .. } => (None, Some(rate)),
+            };
+            let mut l =
+                LevelSummary::of(level.label.clone(), conc, rate, &run.results, run.wall.as_secs_f64());
+            l.client_cpu_s = match (cpu0, cpu1) {
+                (Some(a), Some(b)) => b - a,
+                _ => 0.0,
+            };
+            l.server_cpu_s = match (srv0, srv1) {
+                (Some(a), Some(b)) => Some(b - a),
+                _ => None,
+            };
+            for r in &run.results {
+                files.request(&level.label, false, r)?;
+            }
+            files.level(&l)?;
+            let first_error = run.results.iter().find_map(|r| r.error.clone());
+            eprintln!(
+                "[{}/{}] {}: {} ok, {} failed{}; {:.1} output tok/s, TTFT p50 {:.1} ms, TPOT p50 {:.1} ms{}",
+                li + 1,
+                levels.len(),
+                l.level,
+                l.ok,
+                l.failed,
+                if l.bad_usage > 0 {
+                    format!(" ({} on counted deltas: malformed usage)", l.bad_usage)
+                } else {
+                    String::new()
+                },
+                l.output_tok_s,
+                l.ttft.median.unwrap_or(f64::NAN),
+                l.tpot.median.unwrap_or(f64::NAN),
+                first_error.map_or(String::new(), |e| format!("; first error: {e}"))
+            );
+            done.push(l);
+        }
+        Ok((done, None))
+    }
+}
+
+/// Runs `fut` unless a signal arrives first (checked every 50 ms).
+pub async fn until_signal<T>(shutdown: &Shutdown, fut: impl Future<Output = T>) -> Result<T, i32> {
+    let watch = async {
+        loop {
+            if let Some(sig) = shutdown.pending() {
+                return sig;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::select! {
+        v = fut => Ok(v),
+        sig = watch => Err(sig),
+    }
+}
+
+fn display(root: &Path, p: &Path) -> String {
+    p.strip_prefix(root).unwrap_or(p).display().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn level_lists_take_commas_or_spaces_and_refuse_zero() {
+        assert_eq!(list_arg("1,2,4,8").unwrap(), Levels(vec![1, 2, 4, 8]));
+        assert_eq!(list_arg("1 2  3").unwrap(), Levels(vec![1, 2, 3]));
+        assert_eq!(
+            list_arg("1,0").unwrap_err(),
+            "\"0\" is not a positive integer: expected a list such as 1,2,4,8"
+        );
+        assert!(list_arg(" ").is_err());
+    }
+}

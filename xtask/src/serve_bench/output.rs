@@ -1,0 +1,303 @@
+//! What a serve-bench run writes: the per-level summary derived from its requests, the
+//! per-request JSON lines and per-level CSV (both appended and flushed as each level
+//! ends), the markdown table and the SVG plot.
+
+use std::fmt::Write as _;
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use super::client::{RequestResult, TokensFrom};
+use super::stats::Summary;
+use crate::plot::{Panel, Series};
+
+/// One level's results.
+#[derive(Clone, Debug, Serialize)]
+pub struct LevelSummary {
+    /// `c=4` or `rate=2`.
+    pub level: String,
+    /// Closed-loop concurrency.
+    pub concurrency: Option<usize>,
+    /// Open-loop rate, requests per second.
+    pub rate: Option<f64>,
+    /// Measured requests (warm-up excluded).
+    pub requests: usize,
+    /// Completed.
+    pub ok: usize,
+    /// Failed.
+    pub failed: usize,
+    /// Completed on counted deltas because usage was malformed.
+    pub bad_usage: usize,
+    /// From the first send to the last completion, seconds.
+    pub wall_s: f64,
+    /// Output tokens of completed requests.
+    pub output_tokens: u64,
+    /// Output tokens per second of wall time.
+    pub output_tok_s: f64,
+    /// Completed requests per second of wall time.
+    pub req_s: f64,
+    /// Time to first token, ms.
+    pub ttft: Summary,
+    /// Time per output token after the first, ms.
+    pub tpot: Summary,
+    /// Every inter-token latency, ms.
+    pub itl: Summary,
+    /// End to end, ms.
+    pub e2e: Summary,
+    /// The client's own CPU seconds over the measured requests.
+    pub client_cpu_s: f64,
+    /// The server's CPU seconds over them, when the harness booted it.
+    pub server_cpu_s: Option<f64>,
+}
+
+impl LevelSummary {
+    /// Summarises `results` measured over `wall_s`.
+    pub fn of(
+        level: String,
+        concurrency: Option<usize>,
+        rate: Option<f64>,
+        results: &[RequestResult],
+        wall_s: f64,
+    ) -> Self {
+        let ok: Vec<&RequestResult> = results.iter().filter(|r| r.ok).collect();
+        let output_tokens: u64 = ok.iter().map(|r| r.output_tokens).sum();
+        let per_s = |x: f64| if wall_s > 0.0 { x / wall_s } else { 0.0 };
+        LevelSummary {
+            level,
+            concurrency,
+            rate,
+            requests: results.len(),
+            ok: ok.len(),
+            failed: results.len() - ok.len(),
+            bad_usage: ok
+                .iter()
+                .filter(|r| r.usage_problem.is_some() && r.tokens_from == TokensFrom::Deltas)
+                .count(),
+            wall_s,
+            output_tokens,
+            output_tok_s: per_s(output_tokens as f64),
+            req_s: per_s(ok.len() as f64),
+            ttft: Summary::of(ok.iter().filter_map(|r| r.ttft_ms)),
+            tpot: Summary::of(ok.iter().filter_map(|r| r.tpot_ms)),
+            itl: Summary::of(ok.iter().flat_map(|r| r.itl_ms.iter().copied())),
+            e2e: Summary::of(ok.iter().filter_map(|r| r.e2e_ms)),
+            client_cpu_s: 0.0,
+            server_cpu_s: None,
+        }
+    }
+
+    /// The x of this level on a plot: its concurrency or its rate.
+    pub fn x(&self) -> f64 {
+        self.concurrency.map_or(self.rate.unwrap_or(0.0), |c| c as f64)
+    }
+}
+
+/// The CSV header; [`csv_record`] follows it.
+pub fn csv_header() -> Vec<String> {
+    let mut h: Vec<String> = [
+        "level",
+        "concurrency",
+        "rate",
+        "requests",
+        "ok",
+        "failed",
+        "bad_usage",
+        "wall_s",
+        "output_tokens",
+        "output_tok_s",
+        "req_s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for m in ["ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"] {
+        for s in ["mean", "p50", "p90", "p95", "p99"] {
+            h.push(format!("{m}_{s}"));
+        }
+    }
+    h.extend(["client_cpu_s".to_string(), "server_cpu_s".to_string()]);
+    h
+}
+
+fn num(v: Option<f64>) -> String {
+    v.map_or_else(String::new, |x| format!("{x:.3}"))
+}
+
+/// One CSV record.
+pub fn csv_record(l: &LevelSummary) -> Vec<String> {
+    let mut r = vec![
+        l.level.clone(),
+        l.concurrency.map_or_else(String::new, |c| c.to_string()),
+        num(l.rate),
+        l.requests.to_string(),
+        l.ok.to_string(),
+        l.failed.to_string(),
+        l.bad_usage.to_string(),
+        format!("{:.3}", l.wall_s),
+        l.output_tokens.to_string(),
+        format!("{:.3}", l.output_tok_s),
+        format!("{:.3}", l.req_s),
+    ];
+    for s in [&l.ttft, &l.tpot, &l.itl, &l.e2e] {
+        r.extend(s.columns().into_iter().map(num));
+    }
+    r.push(format!("{:.3}", l.client_cpu_s));
+    r.push(num(l.server_cpu_s));
+    r
+}
+
+/// The run's files, opened before the first level.
+pub struct Files {
+    jsonl: BufWriter<File>,
+    csv: csv::Writer<File>,
+}
+
+impl Files {
+    /// Creates `requests.jsonl` and `levels.csv` in `dir`.
+    pub fn create(dir: &Path) -> Result<Files> {
+        let p = dir.join("requests.jsonl");
+        let jsonl = OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .open(&p)
+            .with_context(|| format!("creating {}", p.display()))?;
+        let p = dir.join("levels.csv");
+        let mut csv = csv::Writer::from_path(&p).with_context(|| format!("creating {}", p.display()))?;
+        csv.write_record(csv_header())?;
+        csv.flush()?;
+        Ok(Files { jsonl: BufWriter::new(jsonl), csv })
+    }
+
+    /// Appends one request's line, tagged with its level and whether it was warm-up.
+    pub fn request(&mut self, level: &str, warmup: bool, r: &RequestResult) -> Result<()> {
+        let mut v = serde_json::to_value(r)?;
+        v["level"] = level.into();
+        v["warmup"] = warmup.into();
+        writeln!(self.jsonl, "{v}")?;
+        Ok(())
+    }
+
+    /// Appends a level's row and flushes both files.
+    pub fn level(&mut self, l: &LevelSummary) -> Result<()> {
+        self.jsonl.flush()?;
+        self.csv.write_record(csv_record(l))?;
+        self.csv.flush()?;
+        Ok(())
+    }
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |x| if x >= 100.0 { format!("{x:.0}") } else { format!("{x:.1}") })
+}
+
+/// The markdown table: one row per level.
+pub fn markdown(levels: &[LevelSummary]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| level | ok | failed | output tok/s | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p50 / p99 ms | E2E p50 / p99 ms | client CPU |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for l in levels {
+        let cpu = match l.server_cpu_s {
+            Some(srv) if srv > 0.0 => {
+                format!("{:.2} s ({:.1}% of server)", l.client_cpu_s, 100.0 * l.client_cpu_s / srv)
+            }
+            _ => format!("{:.2} s", l.client_cpu_s),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.1} | {:.2} | {} / {} | {} / {} | {} / {} | {} / {} | {} |",
+            l.level,
+            l.ok,
+            l.failed,
+            l.output_tok_s,
+            l.req_s,
+            ms(l.ttft.median),
+            ms(l.ttft.p99),
+            ms(l.tpot.median),
+            ms(l.tpot.p99),
+            ms(l.itl.median),
+            ms(l.itl.p99),
+            ms(l.e2e.median),
+            ms(l.e2e.p99),
+            cpu
+        );
+    }
+    s
+}
+
+/// The two panels of the plot: latency percentiles, and throughput, against the level.
+pub fn panels(levels: &[LevelSummary], open_loop: bool) -> Vec<Panel> {
+    let x_label = if open_loop { "request rate (req/s)" } else { "concurrency" };
+    let line = |name: &str, f: &dyn Fn(&LevelSummary) -> Option<f64>| Series {
+        name: name.to_string(),
+        points: levels.iter().filter_map(|l| Some((l.x(), f(l)?))).collect(),
+    };
+    vec![
+        Panel {
+            title: "latency".into(),
+            x_label: x_label.into(),
+            y_label: "ms".into(),
+            log_x: !open_loop,
+            series: vec![
+                line("TTFT p50", &|l| l.ttft.median),
+                line("TTFT p99", &|l| l.ttft.p99),
+                line("TPOT p50", &|l| l.tpot.median),
+                line("TPOT p99", &|l| l.tpot.p99),
+                line("ITL p99", &|l| l.itl.p99),
+            ],
+            marks: Vec::new(),
+        },
+        Panel {
+            title: "throughput".into(),
+            x_label: x_label.into(),
+            y_label: "output tok/s".into(),
+            log_x: !open_loop,
+            series: vec![line("output tok/s", &|l| Some(l.output_tok_s))],
+            marks: Vec::new(),
+        },
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(ok: bool, ttft: f64, tokens: u64) -> RequestResult {
+        RequestResult {
+            key: "k".into(),
+            start_ms: 0.0,
+            ok,
+            error: (!ok).then(|| "boom".into()),
+            http_status: Some(200),
+            ttft_ms: Some(ttft),
+            tpot_ms: Some(2.0),
+            e2e_ms: Some(ttft + 10.0),
+            itl_ms: vec![1.0, 3.0],
+            output_tokens: tokens,
+            tokens_from: TokensFrom::Usage,
+            deltas: tokens,
+            usage_problem: None,
+            prompt_tokens: None,
+            cached_tokens: None,
+            output_hash: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_level_counts_failures_and_summarises_only_completed_requests() {
+        let rs = [req(true, 10.0, 4), req(true, 30.0, 6), req(false, 1000.0, 9)];
+        let l = LevelSummary::of("c=2".into(), Some(2), None, &rs, 2.0);
+        assert_eq!((l.requests, l.ok, l.failed, l.output_tokens), (3, 2, 1, 10));
+        assert_eq!((l.output_tok_s, l.req_s), (5.0, 1.0));
+        assert_eq!(l.ttft.mean, Some(20.0));
+        assert_eq!(l.itl.n, 4);
+        assert_eq!(csv_record(&l).len(), csv_header().len());
+        let md = markdown(&[l]);
+        assert!(md.contains("| c=2 | 2 | 1 | 5.0 | 1.00 | 20.0 / 29.8 |"), "{md}");
+    }
+}

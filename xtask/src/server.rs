@@ -1,0 +1,235 @@
+//! A long-running `kiln serve` child: started through `child` (own process group,
+//! killed with the harness) with its output in a log file, watched (alive? ready? which
+//! kernels?), and stopped with `child`'s SIGTERM, grace, SIGKILL of the group. The one
+//! place the harness boots a server; the ABBA driver and serve-bench both use it.
+
+use std::ffi::OsString;
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use rustix::process::{Pid, WaitId, WaitIdOptions, waitid};
+
+use crate::child::{self, Group, Owned, Shutdown};
+
+/// How to start a server.
+#[derive(Clone, Debug)]
+pub struct ServerSpec {
+    /// The binary.
+    pub bin: PathBuf,
+    /// Its arguments (`serve -m MODEL --port P ...`).
+    pub args: Vec<OsString>,
+    /// Variables set for it (an arm's pin).
+    pub env: Vec<(String, String)>,
+    /// Where its stdout and stderr go.
+    pub log: PathBuf,
+    /// Its working directory.
+    pub cwd: PathBuf,
+}
+
+/// A started server.
+pub struct Server {
+    child: Owned,
+    pid: Pid,
+    log: PathBuf,
+    started: Instant,
+}
+
+/// How a wait for readiness ended.
+#[derive(Debug)]
+pub enum Ready {
+    /// `GET /health` answered 200 on the address the server logged.
+    Up {
+        /// The address from its `listening on` line.
+        addr: SocketAddr,
+        /// Seconds from the spawn to the first 200.
+        after_s: f64,
+    },
+    /// The child exited first.
+    Died(String),
+    /// A signal arrived.
+    Interrupted(i32),
+    /// The time ran out.
+    TimedOut,
+}
+
+/// Whether something answers TCP on `127.0.0.1:port`: the port preflight.
+pub fn port_answers(port: u16) -> bool {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok()
+}
+
+/// `GET /health` once: the status code, or `None` when nothing answered.
+pub fn health(addr: SocketAddr) -> Option<u16> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.set_write_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut head = [0u8; 64];
+    let n = s.read(&mut head).ok()?;
+    let line = String::from_utf8_lossy(&head[..n]);
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The address of the first `listening on http://IP:PORT` in `log`.
+pub fn listening_addr(log: &str) -> Option<SocketAddr> {
+    let at = log.find("listening on http://")? + "listening on http://".len();
+    let rest = &log[at..];
+    let end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '[' | ']')))
+        .unwrap_or(rest.len());
+    rest[..end].to_socket_addrs().ok()?.next()
+}
+
+impl Server {
+    /// Spawns the server in its own process group.
+    pub fn start(spec: &ServerSpec) -> Result<Server> {
+        let log = File::create(&spec.log).with_context(|| format!("creating {}", spec.log.display()))?;
+        let err = log.try_clone().context("duplicating the server log's handle")?;
+        let mut cmd = Command::new(&spec.bin);
+        cmd.args(&spec.args)
+            .current_dir(&spec.cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(err));
+        for (k, v) in &spec.env {
+            cmd.env(k, v);
+        }
+        let child =
+            child::spawn(&mut cmd, Group::Own).with_context(|| format!("starting {}", spec.bin.display()))?;
+        let pid = Pid::from_raw(child.pid() as i32).context("the server's pid")?;
+        Ok(Server { child, pid, log: spec.log.clone(), started: Instant::now() })
+    }
+
+    /// The process id (also the group id).
+    pub fn pid(&self) -> i32 {
+        self.pid.as_raw_nonzero().get()
+    }
+
+    /// The log so far.
+    pub fn log_text(&self) -> String {
+        fs::read(&self.log).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+    }
+
+    /// The log file.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// `None` while running; how it ended once it has. Does not reap, so the group id
+    /// stays reserved for the final kill.
+    pub fn exited(&self) -> Option<String> {
+        if self.child.is_alive().unwrap_or(false) {
+            return None;
+        }
+        // What `child` reaps later, read without reaping, for the record.
+        let opts = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+        match waitid(WaitId::Pid(self.pid), opts) {
+            Ok(None) => None,
+            Ok(Some(st)) => Some(match (st.exit_status(), st.terminating_signal()) {
+                (Some(code), _) => format!("exited with status {code}"),
+                (_, Some(sig)) => format!("killed by signal {sig}"),
+                _ => "ended".to_string(),
+            }),
+            Err(e) => Some(format!("could not be waited on: {e}")),
+        }
+    }
+
+    /// Like [`Server::exited`], but gives a server that is going away up to `patience`
+    /// to finish: a process that closed its sockets may still be tearing down.
+    pub fn exited_within(&self, patience: Duration) -> Option<String> {
+        let deadline = Instant::now() + patience;
+        loop {
+            let e = self.exited();
+            if e.is_some() || Instant::now() >= deadline {
+                return e;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits until the server is ready: before every probe the child must still be
+    /// alive, so a stale server holding the port can never answer for it.
+    pub fn wait_ready(&self, shutdown: &Shutdown, timeout: Duration) -> Ready {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(sig) = shutdown.pending() {
+                return Ready::Interrupted(sig);
+            }
+            if let Some(how) = self.exited() {
+                return Ready::Died(how);
+            }
+            if let Some(addr) = listening_addr(&self.log_text())
+                && health(addr) == Some(200)
+            {
+                // The probe raced the exit check: confirm it is still this child.
+                if let Some(how) = self.exited() {
+                    return Ready::Died(how);
+                }
+                return Ready::Up { addr, after_s: self.started.elapsed().as_secs_f64() };
+            }
+            if Instant::now() >= deadline {
+                return Ready::TimedOut;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The server's CPU time so far (user + system, all its threads), from /proc.
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        crate::quiet::process_cpu_seconds(self.pid())
+    }
+
+    /// SIGTERM to the group, up to `grace` for the leader to exit, then SIGKILL to the
+    /// group, then reap (all `child`'s [`Owned::stop`]). Returns how it ended and whether
+    /// it took the SIGKILL.
+    pub fn stop(self, grace: Duration) -> Result<(String, bool)> {
+        let status = self.child.stop(grace)?;
+        Ok((status.to_string(), status.signal() == Some(rustix::process::Signal::KILL.as_raw())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_listening_line_gives_the_address() {
+        let log = "INFO kernel configuration: isa=avx2\nINFO listening on http://127.0.0.1:41234\n";
+        assert_eq!(listening_addr(log), Some(SocketAddr::from(([127, 0, 0, 1], 41234))));
+        let json = r#"{"fields":{"message":"listening on http://127.0.0.1:5"}}"#;
+        assert_eq!(listening_addr(json), Some(SocketAddr::from(([127, 0, 0, 1], 5))));
+        assert_eq!(listening_addr("starting"), None);
+    }
+
+    #[test]
+    fn a_group_that_ignores_sigterm_is_killed_after_the_grace() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = ServerSpec {
+            bin: "sh".into(),
+            args: vec!["-c".into(), "trap '' TERM; sleep 30 & wait".into()],
+            env: vec![],
+            log: dir.path().join("log"),
+            cwd: dir.path().to_path_buf(),
+        };
+        let s = Server::start(&spec).unwrap();
+        let pid = s.pid();
+        thread::sleep(Duration::from_millis(200));
+        assert_eq!(s.exited(), None);
+        let (how, killed) = s.stop(Duration::from_millis(300)).unwrap();
+        assert!(killed, "{how}");
+        // Nothing is left in the group once init has reaped the orphaned grandchild.
+        let gone = (0..100).any(|_| {
+            thread::sleep(Duration::from_millis(20));
+            rustix::process::kill_process_group(Pid::from_raw(pid).unwrap(), rustix::process::Signal::KILL)
+                .is_err()
+        });
+        assert!(gone, "the server's group outlived stop()");
+    }
+}

@@ -1,0 +1,399 @@
+//! serve-bench and qmv-pin-tax end to end: the real `cargo xtask` against the real
+//! `kiln serve` on synthetic:tiny, and, where a failure has to be injected (a malformed
+//! usage, a server that dies mid-pass or boots slowly), against serve-stand-in, which
+//! speaks the same contracts and misbehaves on request. Each test has its own directory
+//! and port.
+
+#[allow(dead_code)]
+mod util;
+
+use std::fs;
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use util::{Run, Sandbox};
+
+/// The stand-in server, for the failures kiln serve cannot be asked to have.
+fn stand_in() -> &'static str {
+    env!("CARGO_BIN_EXE_serve-stand-in")
+}
+
+/// The real kiln binary (debug, built once per test run).
+fn kiln() -> &'static str {
+    util::kiln_bin().to_str().expect("a UTF-8 path")
+}
+
+/// A port nothing listens on right now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The single run directory under `runs`.
+fn run_dir(runs: &Path) -> PathBuf {
+    let dirs: Vec<PathBuf> = fs::read_dir(runs).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs[0].clone()
+}
+
+fn csv_rows(path: &Path) -> Vec<csv::StringRecord> {
+    let mut rdr = csv::Reader::from_path(path).unwrap();
+    let h = rdr.headers().unwrap().clone();
+    let mut rows = vec![h];
+    rows.extend(rdr.records().map(Result::unwrap));
+    rows
+}
+
+fn col(rows: &[csv::StringRecord], row: usize, name: &str) -> String {
+    let i = rows[0].iter().position(|h| h == name).unwrap_or_else(|| panic!("no column {name}"));
+    rows[row][i].to_string()
+}
+
+fn serve_bench(sb: &Sandbox, server: &str, extra: &[&str], env: &[(&str, &str)]) -> Run {
+    let runs = sb.path("runs");
+    let mut args = vec!["-m", "synthetic:tiny", "--kiln-bin", server, "--runs-dir", runs.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    sb.run_with("serve-bench", &args, env)
+}
+
+#[test]
+fn serve_bench_boots_a_server_and_writes_every_output() {
+    let sb = Sandbox::new();
+    let run =
+        serve_bench(&sb, kiln(), &["--concurrency", "1,2", "--requests", "4", "--max-tokens", "5"], &[]);
+    run.expect_code(0)
+        .expect_stdout("| c=1 | 4 | 0 |")
+        .expect_stdout("| c=2 | 4 | 0 |")
+        .expect_stdout("client CPU");
+    let dir = run_dir(&sb.path("runs"));
+    for f in ["env.json", "requests.jsonl", "levels.csv", "summary.md", "serve-bench.svg", "server.log"] {
+        assert!(dir.join(f).is_file(), "no {f}{run}");
+    }
+    let lines: Vec<serde_json::Value> = fs::read_to_string(dir.join("requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // One warm-up round per level (1 + 2 requests) and 4 measured per level.
+    assert_eq!(lines.len(), 11, "{run}");
+    assert_eq!(lines.iter().filter(|l| l["warmup"] == true).count(), 3);
+    let measured = lines.iter().find(|l| l["warmup"] == false).unwrap();
+    assert_eq!(measured["output_tokens"], 5);
+    assert_eq!(measured["tokens_from"], "usage");
+    // kiln serve sends one event per decodable piece of text, so at most 4 gaps for 5 tokens
+    // (a random synthetic model's bytes often merge); the gaps equal the events less one.
+    let itl = measured["itl_ms"].as_array().unwrap().len();
+    assert!(itl <= 4, "{itl} gaps for 5 tokens{run}");
+    assert_eq!(measured["deltas"].as_u64().unwrap().saturating_sub(1), itl as u64, "{run}");
+    let rows = csv_rows(&dir.join("levels.csv"));
+    assert_eq!(rows.len(), 3);
+    assert_eq!(
+        (col(&rows, 2, "level"), col(&rows, 2, "ok"), col(&rows, 2, "output_tokens")),
+        ("c=2".into(), "4".into(), "20".into())
+    );
+    assert!(
+        col(&rows, 2, "server_cpu_s").parse::<f64>().is_ok(),
+        "a booted server's CPU time is reported{run}"
+    );
+    let env: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(dir.join("env.json")).unwrap()).unwrap();
+    for key in ["commit", "host", "cpu", "device", "kiln_env"] {
+        assert!(env.get(key).is_some(), "env.json lacks {key}");
+    }
+    let svg = fs::read_to_string(dir.join("serve-bench.svg")).unwrap();
+    assert!(svg.contains("TTFT p99") && svg.contains("output tok/s"));
+}
+
+#[test]
+fn a_malformed_usage_completes_the_level_on_counted_deltas_including_reasoning() {
+    let sb = Sandbox::new();
+    let env = [("STAND_IN_BAD_USAGE", "1"), ("STAND_IN_REASONING", "1")];
+    let run = serve_bench(
+        &sb,
+        stand_in(),
+        &[
+            "--endpoint",
+            "chat",
+            "--concurrency",
+            "2",
+            "--requests",
+            "4",
+            "--max-tokens",
+            "6",
+            "--warmup-rounds",
+            "0",
+        ],
+        &env,
+    );
+    run.expect_code(0).expect_stderr("4 on counted deltas: malformed usage");
+    let dir = run_dir(&sb.path("runs"));
+    let rows = csv_rows(&dir.join("levels.csv"));
+    assert_eq!((col(&rows, 1, "ok"), col(&rows, 1, "bad_usage")), ("4".into(), "4".into()), "{run}");
+    // Half of each stream is reasoning_content: every delta counts, and TTFT is the first.
+    assert_eq!(col(&rows, 1, "output_tokens"), "24", "{run}");
+    assert!(!col(&rows, 1, "ttft_ms_p50").is_empty());
+}
+
+#[test]
+fn failed_requests_are_counted_per_level_and_the_sweep_goes_on() {
+    let sb = Sandbox::new();
+    // The server dies at its 4th request: level c=1 has 3 of 4 ok, c=2 none.
+    let run = serve_bench(
+        &sb,
+        stand_in(),
+        &[
+            "--concurrency",
+            "1,2",
+            "--requests",
+            "4",
+            "--max-tokens",
+            "3",
+            "--warmup-rounds",
+            "0",
+            "--request-timeout",
+            "10",
+        ],
+        &[("STAND_IN_DIE_AFTER", "3")],
+    );
+    run.expect_code(1).expect_stderr("exit 1: requests failed (c=1: 1 of 4 failed; c=2: 4 of 4 failed)");
+    let rows = csv_rows(&run_dir(&sb.path("runs")).join("levels.csv"));
+    assert_eq!(rows.len(), 3, "{run}");
+    assert_eq!((col(&rows, 1, "ok"), col(&rows, 1, "failed")), ("3".into(), "1".into()));
+}
+
+#[test]
+fn serve_bench_measures_any_server_by_url() {
+    let sb = Sandbox::new();
+    let mut srv = std::process::Command::new(stand_in())
+        .args(["serve", "-m", "x", "--port", "0"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = srv.stderr.take().unwrap();
+    let mut seen = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !seen.contains("listening on http://") || !seen.ends_with('\n') {
+        assert!(Instant::now() < deadline, "the stand-in did not start: {seen}");
+        let mut b = [0u8; 256];
+        let n = err.read(&mut b).unwrap();
+        seen.push_str(&String::from_utf8_lossy(&b[..n]));
+    }
+    let at = seen.find("http://").unwrap();
+    let url = seen[at..].lines().next().unwrap().trim().to_string();
+    let runs = sb.path("runs");
+    let run = sb.run(
+        "serve-bench",
+        &[
+            "--url",
+            &url,
+            "--rate",
+            "20",
+            "--requests",
+            "6",
+            "--max-tokens",
+            "3",
+            "--runs-dir",
+            runs.to_str().unwrap(),
+        ],
+    );
+    let _ = srv.kill();
+    let _ = srv.wait();
+    run.expect_code(0).expect_stdout("| rate=20 | 6 | 0 |");
+    assert!(!run_dir(&runs).join("server.log").exists(), "nothing was booted{run}");
+}
+
+/// `qmv-pin-tax --mode sweep` on the smallest design: `--order "1 0"`, one pass, two
+/// small decode levels and small prefill cells.
+fn pin_tax_args(sb: &Sandbox, server: &str, port: u16, order: &str) -> Vec<String> {
+    [
+        "--mode",
+        "sweep",
+        "-m",
+        "synthetic:tiny",
+        "--order",
+        order,
+        "--passes",
+        "1",
+        "--concurrency",
+        "1,2",
+        "--max-tokens",
+        "4",
+        "--decode-prompt",
+        "8",
+        "--prefix-tokens",
+        "32",
+        "--prefill-tokens",
+        "16",
+        "--chunked-tokens",
+        "48",
+        "--cache-requests",
+        "2",
+        "--prefill-requests",
+        "1",
+        "--cooldown",
+        "0",
+        // Chunks of 16 tokens: the 48-token control is three chunks (the stand-in ignores it).
+        "--serve-arg=--prefill-chunk=16",
+        "--grace",
+        "5",
+        "--request-timeout",
+        "20",
+        "--boot-timeout",
+        "60",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([
+        "--port".into(),
+        port.to_string(),
+        "--kiln-bin".into(),
+        server.into(),
+        "--runs-dir".into(),
+        sb.path("runs").display().to_string(),
+        "--record-dir".into(),
+        sb.path("records").display().to_string(),
+    ])
+    .collect()
+}
+
+fn pin_tax(sb: &Sandbox, server: &str, port: u16, order: &str, env: &[(&str, &str)]) -> Run {
+    let args = pin_tax_args(sb, server, port, order);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    sb.run_with("qmv-pin-tax", &args, env)
+}
+
+fn jsonl(path: &Path) -> Vec<serde_json::Value> {
+    fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn a_complete_abba_run_pins_both_arms_checks_them_and_writes_the_record() {
+    let sb = Sandbox::new();
+    let run = pin_tax(&sb, kiln(), free_port(), "1 0", &[]);
+    run.expect_code(0)
+        .expect_stdout("| decode B=2 | output tok/s | 1 | 1 |")
+        .expect_stdout("one pair, no interval")
+        .expect_stdout("failed passes: 0")
+        .expect_stdout("contaminated cells (reported, excluded from the tax): 0")
+        .expect_stderr("qmv_wide=on pinned=yes")
+        .expect_stderr("qmv_wide=off pinned=yes")
+        .expect_stderr("about");
+    let dir = run_dir(&sb.path("runs"));
+    let passes = jsonl(&dir.join("passes.jsonl"));
+    assert_eq!(passes.len(), 4, "a warm-up and a measured pass per boot{run}");
+    assert!(passes.iter().all(|p| p["ok"] == true), "{run}");
+    assert_eq!(passes[0]["arm"], "wide");
+    assert_eq!(passes[3]["arm"], "narrow");
+    let boots = jsonl(&dir.join("boots.jsonl"));
+    assert_eq!(boots.len(), 2);
+    assert_eq!(boots[1]["kernel"]["qmv_wide"], "off");
+    assert!(dir.join("tax.svg").is_file(), "{run}");
+    let records: Vec<PathBuf> = fs::read_dir(sb.path("records"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    assert_eq!(records.len(), 1, "{run}");
+    assert!(records[0].with_extension("svg").is_file(), "the record's plot is beside it{run}");
+    let name = records[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("qmv-pin-tax-") && name.ends_with(".md"), "{name}");
+    let text = fs::read_to_string(&records[0]).unwrap();
+    assert!(text.contains("| order | 1 0 |") && text.contains("narrow/wide"), "{text}");
+}
+
+#[test]
+fn a_server_already_on_the_port_is_refused_before_any_boot() {
+    let sb = Sandbox::new();
+    let stale = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = stale.local_addr().unwrap().port();
+    let run = pin_tax(&sb, kiln(), port, "1 0", &[]);
+    run.expect_code(1).expect_stderr(&format!("port {port} already answers on 127.0.0.1 before boot 1"));
+    let dir = run_dir(&sb.path("runs"));
+    assert!(!dir.join("boot-1-wide.log").exists(), "a server was booted{run}");
+    drop(stale);
+}
+
+#[test]
+fn an_inherited_pin_is_refused_with_exit_2_before_anything_runs() {
+    let sb = Sandbox::new();
+    let run = pin_tax(&sb, kiln(), free_port(), "1 0", &[("KILN_QMV_WIDE", "1")]);
+    run.expect_code(2).expect_stderr("KILN_QMV_WIDE=1 is set in the environment");
+    assert!(!sb.path("runs").exists(), "{run}");
+    let bad = Sandbox::new();
+    let r = bad.run("qmv-pin-tax", &["--mode", "sweep", "--order", "1 1 0"]);
+    r.expect_code(2).expect_stderr("has 2 wide and 1 narrow boots");
+    let r = bad.run("qmv-pin-tax", &["--mode", "sweep", "--kiln-bin", "/nonexistent/kiln"]);
+    r.expect_code(2).expect_stderr("--kiln-bin (or KILN_BENCH_KILN_BIN) /nonexistent/kiln: no such file");
+}
+
+#[test]
+fn a_boot_that_dies_mid_pass_is_a_failed_pass_and_the_sweep_goes_on() {
+    let sb = Sandbox::new();
+    // The narrow boot (first) dies at its 4th request, inside its warm-up pass.
+    let env = [("STAND_IN_DIE_AFTER", "3"), ("STAND_IN_DIE_ARM", "0")];
+    let run = pin_tax(&sb, stand_in(), free_port(), "0 1", &env);
+    run.expect_code(1).expect_stdout("failed passes: 2").expect_stderr("exit 1: 2 passes failed");
+    let passes = jsonl(&run_dir(&sb.path("runs")).join("passes.jsonl"));
+    assert_eq!(passes.len(), 4, "{run}");
+    assert!(
+        passes[0]["reason"].as_str().unwrap().contains("the server exited with status 3 during the pass"),
+        "{run}"
+    );
+    assert!(passes[1]["reason"].as_str().unwrap().starts_with("not run: the server exited"), "{run}");
+    assert_eq!((passes[2]["ok"].as_bool(), passes[3]["ok"].as_bool()), (Some(true), Some(true)), "{run}");
+    run.expect_stdout("| decode B=1 | output tok/s | 0 | 1 |");
+}
+
+#[test]
+fn sigint_mid_boot_stops_the_server_prints_the_partial_summary_and_exits_130() {
+    let sb = Sandbox::new();
+    let tag = format!("pin-tax-interrupt-{}", std::process::id());
+    let args = pin_tax_args(&sb, stand_in(), free_port(), "1 0");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (line, mut child) = sb.spawn(
+        "qmv-pin-tax",
+        &args,
+        &[("STAND_IN_START_DELAY_MS", "30000"), ("XTASK_TEST_TAG", tag.as_str())],
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let booting = || {
+        fs::read_dir(sb.path("runs"))
+            .ok()
+            .and_then(|mut d| d.next())
+            .is_some_and(|e| e.unwrap().path().join("boot-1-wide.log").exists())
+    };
+    while !booting() {
+        assert!(Instant::now() < deadline, "no boot after 60 s: {line}");
+        assert!(child.try_wait().unwrap().is_none(), "xtask ended early: {line}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    rustix::process::kill_process(rustix::process::Pid::from_child(&child), rustix::process::Signal::INT)
+        .unwrap();
+    let sent = Instant::now();
+    let status = child.wait().unwrap();
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    let run = Run { cmd: line, status, stdout, stderr };
+    run.expect_code(130)
+        .expect_stdout("interrupted by SIGINT: partial summary")
+        .expect_stdout("passes written: 0 of 4");
+    assert!(sent.elapsed() < Duration::from_secs(15), "the interrupt took {:?}{run}", sent.elapsed());
+    let dir = run_dir(&sb.path("runs"));
+    assert!(!dir.join("boot-2-narrow.log").exists(), "the next arm was booted{run}");
+    let survivors: Vec<String> = fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let environ = fs::read(e.path().join("environ")).ok()?;
+            let needle = format!("XTASK_TEST_TAG={tag}");
+            environ
+                .split(|&b| b == 0)
+                .any(|v| v == needle.as_bytes())
+                .then(|| e.file_name().to_string_lossy().into_owned())
+        })
+        .collect();
+    assert!(survivors.is_empty(), "processes of the interrupted run survive: {survivors:?}{run}");
+}
