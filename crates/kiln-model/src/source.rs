@@ -1,5 +1,6 @@
 //! Where a model comes from: `synthetic:<profile>[@4bit|@8bit]`, a name under `./models/`
-//! (MLX-style `models/NAME` directories), or a path to a checkpoint directory.
+//! (MLX-style `models/NAME` directories), a path to a checkpoint directory, or a path to a
+//! GGUF file (`*.gguf`, directly or under `./models/`).
 
 use std::path::{Path, PathBuf};
 
@@ -12,6 +13,8 @@ pub enum ModelSource {
     Synthetic(String),
     /// A checkpoint directory holding `config.json`.
     Dir(PathBuf),
+    /// A llama.cpp GGUF file.
+    Gguf(PathBuf),
 }
 
 impl ModelSource {
@@ -27,6 +30,16 @@ impl ModelSource {
             return Ok(ModelSource::Synthetic(rest.to_string()));
         }
         let direct = root.join(spec);
+        if crate::checkpoint::gguf::is_gguf_path(&direct) {
+            let under_models = root.join("models").join(spec);
+            if !direct.is_file() && under_models.is_file() {
+                return Ok(ModelSource::Gguf(under_models));
+            }
+            if direct.is_file() {
+                return Ok(ModelSource::Gguf(direct));
+            }
+            return Err(ModelError::NotFound { path: PathBuf::from(spec) });
+        }
         if direct.join("config.json").is_file() {
             return Ok(ModelSource::Dir(direct));
         }
@@ -42,7 +55,7 @@ impl ModelSource {
     pub fn display_path(&self) -> String {
         match self {
             ModelSource::Synthetic(p) => format!("synthetic:{p}"),
-            ModelSource::Dir(d) => d.display().to_string(),
+            ModelSource::Dir(d) | ModelSource::Gguf(d) => d.display().to_string(),
         }
     }
 }
@@ -69,6 +82,12 @@ mod tests {
             ModelSource::resolve_in("synthetic:tiny@8bit", root).unwrap(),
             ModelSource::Synthetic("tiny@8bit".into())
         );
+        std::fs::write(root.join("models/m.gguf"), "GGUF").unwrap();
+        assert_eq!(
+            ModelSource::resolve_in("m.gguf", root).unwrap(),
+            ModelSource::Gguf(root.join("models/m.gguf"))
+        );
+        assert!(ModelSource::resolve_in("other.gguf", root).is_err());
         let e = ModelSource::resolve_in("nope", root).unwrap_err();
         assert!(e.to_string().contains("nope"), "{e}");
     }

@@ -14,8 +14,8 @@ Exit status:
   3  out of memory: the memory pool refused an allocation; stderr has a line starting
      `out of memory:` naming the request, the bytes in use and the limit";
 
-const MODEL_HELP: &str = "synthetic:<profile>[@4bit|@8bit], a directory under ./models/, or a path \
-     to a checkpoint directory (profiles: tiny, tiny-qwen, smollm-135m, qwen2.5-0.5b, llama-3.2-1b, \
+const MODEL_HELP: &str = "synthetic:<profile>[@4bit|@8bit], a directory under ./models/, a path \
+     to a checkpoint directory or to a .gguf file (profiles: tiny, tiny-qwen, smollm-135m, qwen2.5-0.5b, llama-3.2-1b, \
      qwen2.5-7b, llama-3.1-8b)";
 
 /// The kiln inference engine.
