@@ -39,6 +39,9 @@ pub enum Command {
     /// Predict the memory pool's peak for a run, without loading the weights.
     #[command(after_help = EXIT_STATUS)]
     Estimate(EstimateArgs),
+    /// Write the log-probabilities of a text, window by window, for quality measurements.
+    #[command(after_help = EXIT_STATUS)]
+    Score(ScoreArgs),
 }
 
 /// Output format of bench-decode and estimate.
@@ -189,4 +192,31 @@ pub struct EstimateArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Json)]
     pub format: Format,
+}
+
+/// `kiln score`.
+#[derive(Args, Debug)]
+pub struct ScoreArgs {
+    /// Model, memory and attention options.
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// The text to score (UTF-8).
+    #[arg(long, value_name = "FILE")]
+    pub text_file: std::path::PathBuf,
+    /// Tokens per window, BOS included when the tokenizer adds one.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub window: usize,
+    /// First position of each window whose next token is scored (the ones before it are
+    /// context only).
+    #[arg(long, value_name = "P", default_value_t = 256)]
+    pub first_scored: usize,
+    /// Score at most this many windows.
+    #[arg(long, value_name = "N")]
+    pub max_windows: Option<usize>,
+    /// The log-probability file to write (docs/engine-protocol.md).
+    #[arg(long, value_name = "FILE", required_unless_present = "ids_only")]
+    pub output: Option<std::path::PathBuf>,
+    /// Print the text's token ids as a JSON array and exit.
+    #[arg(long)]
+    pub ids_only: bool,
 }

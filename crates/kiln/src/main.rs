@@ -1,4 +1,4 @@
-//! The `kiln` binary: `generate`, `bench-decode` and `estimate`. It parses the command
+//! The `kiln` binary: `generate`, `bench-decode`, `estimate` and `score`. It parses the command
 //! line, runs one command, and turns its outcome into the documented exit status
 //! (docs/cli.md, docs/engine-protocol.md); everything else lives in kiln-model.
 
@@ -10,6 +10,7 @@ mod generate;
 mod prompt;
 mod runtime;
 mod rusage;
+mod score;
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -50,6 +51,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate::run(args),
         Command::BenchDecode(args) => bench::run(args, &mut clock),
         Command::Estimate(args) => estimate::run(args),
+        Command::Score(args) => score::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
