@@ -168,24 +168,20 @@ impl Meta<'_> {
     }
 }
 
-/// An opened GGUF file: its map, header and configuration.
-struct Gguf {
+/// A parsed GGUF file: its map and header.
+struct Parsed {
     file: Arc<MappedFile>,
     header: Header,
-    config: ModelConfig,
     tensors: BTreeMap<String, TensorInfo>,
 }
 
-impl Gguf {
+impl Parsed {
     fn open(path: &Path) -> Result<Self> {
         let file = MappedFile::open(path)?;
         let header = header::parse(file.bytes())
             .map_err(|e| ModelError::Checkpoint { path: path.to_path_buf(), message: e.0 })?;
-        let meta = Meta { map: &header.metadata, path };
-        let tensors: BTreeMap<String, TensorInfo> =
-            header.tensors.iter().map(|t| (t.name.clone(), t.clone())).collect();
-        let config = config(&meta, &tensors)?;
-        Ok(Gguf { file, header, config, tensors })
+        let tensors = header.tensors.iter().map(|t| (t.name.clone(), t.clone())).collect();
+        Ok(Parsed { file, header, tensors })
     }
 
     fn path(&self) -> &Path {
@@ -202,6 +198,28 @@ impl Gguf {
 
     fn tensor(&self, name: &str) -> Result<&TensorInfo> {
         self.tensors.get(name).ok_or_else(|| self.error(format!("missing tensor {name}")))
+    }
+}
+
+/// A GGUF file with the model configuration its metadata describes.
+struct Gguf {
+    parsed: Parsed,
+    config: ModelConfig,
+}
+
+impl Gguf {
+    fn open(path: &Path) -> Result<Self> {
+        let parsed = Parsed::open(path)?;
+        let config = config(&parsed.meta(), &parsed.tensors)?;
+        Ok(Gguf { parsed, config })
+    }
+}
+
+impl std::ops::Deref for Gguf {
+    type Target = Parsed;
+
+    fn deref(&self) -> &Parsed {
+        &self.parsed
     }
 }
 
@@ -560,7 +578,7 @@ fn build(g: &Gguf, pool: &MemoryPool) -> Result<ModelWeights> {
 }
 
 /// A 1-D float tensor widened to f32, rows reordered by `rows`.
-fn vector(g: &Gguf, pool: &MemoryPool, name: &str, rows: Rows) -> Result<Buffer<f32>> {
+fn vector(g: &Parsed, pool: &MemoryPool, name: &str, rows: Rows) -> Result<Buffer<f32>> {
     let t = g.tensor(name)?;
     let n = t.dims[0] as usize;
     let mut flat = vec![0f32; n];
@@ -573,7 +591,7 @@ fn vector(g: &Gguf, pool: &MemoryPool, name: &str, rows: Rows) -> Result<Buffer<
 }
 
 /// A matrix in its kiln form, rows reordered by `rows`.
-fn matrix(g: &Gguf, pool: &MemoryPool, name: &str, rows: Rows) -> Result<LinearWeight> {
+fn matrix(g: &Parsed, pool: &MemoryPool, name: &str, rows: Rows) -> Result<LinearWeight> {
     let t = g.tensor(name)?;
     let (k, n) = (t.dims[0] as usize, t.dims[1] as usize);
     let data = &g.file.bytes()[t.start..t.end];
@@ -640,14 +658,22 @@ fn matrix(g: &Gguf, pool: &MemoryPool, name: &str, rows: Rows) -> Result<LinearW
     }
 }
 
+/// One matrix of a GGUF file in its kiln form, with no model around it (tools and tests
+/// that check a tensor's mapping read it this way).
+pub fn read_matrix(path: &Path, name: &str, pool: &MemoryPool) -> Result<LinearWeight> {
+    let p = Parsed::open(path)?;
+    let t = p.tensor(name)?;
+    if t.dims.len() != 2 {
+        return Err(p.error(format!("tensor {name}: {} dimensions, expected a matrix", t.dims.len())));
+    }
+    matrix(&p, pool, name, Rows::Same)
+}
+
 /// The tokenizer a GGUF file describes, without loading its weights (for tests and tools
 /// that compare token ids).
 pub fn tokenizer_from_file(path: &Path) -> Result<Tokenizer> {
-    let file = MappedFile::open(path)?;
-    let header = header::parse(file.bytes())
-        .map_err(|e| ModelError::Checkpoint { path: path.to_path_buf(), message: e.0 })?;
-    let meta = Meta { map: &header.metadata, path };
-    let doc = tokenizer::tokenizer_json(&meta)?;
+    let p = Parsed::open(path)?;
+    let doc = tokenizer::tokenizer_json(&p.meta())?;
     let tk = doc.to_string().parse::<tokenizers::Tokenizer>().map_err(|e| ModelError::Tokenizer {
         path: path.to_path_buf(),
         message: format!("the tokenizer in the GGUF metadata could not be built: {e}"),
