@@ -211,3 +211,70 @@ pub(crate) fn as_strings(value: &Value) -> Option<Vec<String>> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strs(v: &[&str]) -> Value {
+        Value::Array(v.iter().map(|s| Value::Str(s.to_string())).collect())
+    }
+
+    fn build(map: &BTreeMap<String, Value>) -> Result<tokenizers::Tokenizer, MetaError> {
+        let meta = Meta { map, path: std::path::Path::new("t.gguf") };
+        Ok(tokenizer_json(&meta)?.to_string().parse::<tokenizers::Tokenizer>().unwrap())
+    }
+
+    /// A SentencePiece vocabulary: specials, two byte tokens, pieces with scores.
+    fn spm() -> BTreeMap<String, Value> {
+        let tokens = ["<unk>", "<s>", "</s>", "<0xC3>", "<0xA9>", "\u{2581}", "a", "b", "ab", "\u{2581}ab"];
+        let types = [2, 3, 3, 6, 6, 1, 1, 1, 1, 1];
+        let scores = [0.0, 0.0, 0.0, 0.0, 0.0, -1.0, -2.0, -2.0, -0.5, -0.1];
+        BTreeMap::from([
+            ("tokenizer.ggml.model".to_string(), Value::Str("llama".into())),
+            ("tokenizer.ggml.tokens".to_string(), strs(&tokens)),
+            (
+                "tokenizer.ggml.token_type".to_string(),
+                Value::Array(types.iter().map(|&t| Value::I64(t)).collect()),
+            ),
+            (
+                "tokenizer.ggml.scores".to_string(),
+                Value::Array(scores.iter().map(|&s| Value::F64(s)).collect()),
+            ),
+            ("tokenizer.ggml.bos_token_id".to_string(), Value::U64(1)),
+            ("tokenizer.ggml.unknown_token_id".to_string(), Value::U64(0)),
+        ])
+    }
+
+    #[test]
+    fn sentencepiece_merges_by_score_falls_back_to_bytes_and_adds_bos() {
+        let t = build(&spm()).unwrap();
+        let e = t.encode("ab ab", true).unwrap();
+        assert_eq!(e.get_ids(), &[1, 9, 9]);
+        // "é" is not a piece: its UTF-8 bytes are.
+        let e = t.encode("é", false).unwrap();
+        assert_eq!(e.get_ids(), &[5, 3, 4]);
+        assert_eq!(t.decode(&[1, 9, 9, 5, 3, 4], true).unwrap(), "ab ab é");
+    }
+
+    #[test]
+    fn gpt2_with_smollm_splits_digits_and_unknown_pre_is_named() {
+        let tokens = ["<|im_start|>", "1", "2", "12", "\u{120}", "a", "\u{120}a"];
+        let mut m = BTreeMap::from([
+            ("tokenizer.ggml.model".to_string(), Value::Str("gpt2".into())),
+            ("tokenizer.ggml.pre".to_string(), Value::Str("smollm".into())),
+            ("tokenizer.ggml.tokens".to_string(), strs(&tokens)),
+            (
+                "tokenizer.ggml.token_type".to_string(),
+                Value::Array([3, 1, 1, 1, 1, 1, 1].map(Value::I64).to_vec()),
+            ),
+            ("tokenizer.ggml.merges".to_string(), strs(&["1 2", "\u{120} a"])),
+        ]);
+        let t = build(&m).unwrap();
+        // Digits one per token even though "12" is a merge; the control token is whole.
+        assert_eq!(t.encode("<|im_start|>12 a", false).unwrap().get_ids(), &[0, 1, 2, 6]);
+        m.insert("tokenizer.ggml.pre".into(), Value::Str("tekken".into()));
+        let e = build(&m).unwrap_err().to_string();
+        assert!(e.contains("tokenizer.ggml.pre") && e.contains("\"tekken\"") && e.contains("smollm"), "{e}");
+    }
+}
