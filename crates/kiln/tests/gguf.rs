@@ -41,10 +41,13 @@ fn generate_estimate_and_bench_decode_take_a_gguf_file() {
     dir.run(&["bench-decode", "-m", m, "--prompt-tokens", "8", "-n", "2"]).expect_code(0);
 }
 
+/// A change to a file's bytes.
+type Edit = Box<dyn FnOnce(&mut Vec<u8>)>;
+
 #[test]
 fn malformed_files_exit_2_naming_the_tensor_or_key() {
     let dir = Dir::new();
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut Vec<u8>)>, Vec<&str>)> = vec![
+    let cases: Vec<(&str, Edit, Vec<&str>)> = vec![
         (
             "truncated.gguf",
             Box::new(|b: &mut Vec<u8>| b.truncate(b.len() - 100)),

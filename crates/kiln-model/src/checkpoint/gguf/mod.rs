@@ -266,13 +266,12 @@ fn config(meta: &Meta<'_>, tensors: &BTreeMap<String, TensorInfo>) -> Result<Mod
         ));
     }
     for key in meta.map.keys() {
-        if let Some(rest) = key.strip_prefix(&format!("{arch}.")) {
-            if !ARCH_KEYS.contains(&rest) {
-                return Err(meta.unsupported(
-                    key,
-                    "kiln does not implement this field; refusing rather than ignoring it",
-                ));
-            }
+        if let Some(rest) = key.strip_prefix(&format!("{arch}."))
+            && !ARCH_KEYS.contains(&rest)
+        {
+            return Err(
+                meta.unsupported(key, "kiln does not implement this field; refusing rather than ignoring it")
+            );
         }
     }
     let k = |s: &str| format!("{arch}.{s}");

@@ -152,7 +152,7 @@ impl GgmlType {
     /// error when rows are not whole blocks.
     pub(crate) fn byte_len(self, row: u64, elements: u64) -> Result<u64, String> {
         let (per, bytes) = self.block();
-        if row % per != 0 {
+        if !row.is_multiple_of(per) {
             return Err(format!(
                 "rows of {row} elements are not whole {} blocks of {per} elements",
                 self.name()
@@ -235,9 +235,9 @@ pub(crate) fn decode_row(ty: GgmlType, row: &[u8], mut f: impl FnMut(Group)) {
             for b in row.chunks_exact(size) {
                 let d = f16_at(b, 0);
                 let qs = &b[size - 16..];
-                for j in 0..16 {
-                    g.codes[j] = qs[j] & 0xF;
-                    g.codes[j + 16] = qs[j] >> 4;
+                for (j, &q) in qs.iter().enumerate() {
+                    g.codes[j] = q & 0xF;
+                    g.codes[j + 16] = q >> 4;
                 }
                 g.scale = d;
                 g.bias = if ty == GgmlType::Q4_0 { -8.0 * d } else { f16_at(b, 2) };
