@@ -5,6 +5,7 @@
 mod bench_decode;
 mod bench_kernels;
 mod bench_longprompt;
+mod bench_quality;
 mod child;
 mod console;
 mod engine;
@@ -40,6 +41,8 @@ enum Task {
     BenchLongprompt(bench_longprompt::BenchLongprompt),
     /// criterion kernel benchmarks and a pull-request report.
     BenchKernels(bench_kernels::BenchKernels),
+    /// Perplexity and KL divergence of each activation scheme against an f32 reference.
+    BenchQuality(bench_quality::BenchQuality),
     /// Inspect or prune benchmarks/.oom-record.
     OomRecord(oom_record::OomRecord),
     /// Load-test an OpenAI-compatible server: latency percentiles and throughput per level.
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
         Task::BenchDecode(t) => t.run(&sh),
         Task::BenchLongprompt(t) => t.run(&sh),
         Task::BenchKernels(t) => t.run(&sh),
+        Task::BenchQuality(t) => t.run(&sh),
         Task::OomRecord(t) => t.run(&sh),
         Task::ServeBench(t) => t.run(&sh),
         Task::QmvPinTax(t) => t.run(&sh),

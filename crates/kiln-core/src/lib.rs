@@ -7,6 +7,7 @@
 //! dispatcher picks the kernel (see [`kernels`]).
 #![deny(missing_docs)]
 
+pub mod act_precision;
 pub mod bandwidth;
 pub mod buffer;
 pub mod dense;

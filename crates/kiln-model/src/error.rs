@@ -63,7 +63,7 @@ pub enum ModelError {
     OutOfMemory(#[from] OutOfMemory),
     /// No model at the given name or path.
     #[error(
-        "model not found: {path}: expected synthetic:<profile>, a directory under ./models/, or a path to a directory holding config.json"
+        "model not found: {path}: expected synthetic:<profile>, a directory under ./models/, a path to a directory holding config.json, or a path to a .gguf file"
     )]
     NotFound {
         /// What was looked for.

@@ -1,4 +1,4 @@
-//! Loading a model by name: a synthetic profile or a checkpoint directory, into
+//! Loading a model by name: a synthetic profile, a checkpoint directory or a GGUF file, into
 //! [`LoadedModel`], with every weight byte counted by the pool.
 
 use kiln_core::MemoryPool;
@@ -51,6 +51,7 @@ pub fn inspect(spec: &str, opts: &LoadOptions) -> Result<ModelInfo> {
     match ModelSource::resolve(spec)? {
         ModelSource::Synthetic(profile) => synthetic::inspect(&profile),
         ModelSource::Dir(dir) => checkpoint::inspect(&dir, opts),
+        ModelSource::Gguf(file) => checkpoint::gguf::inspect(&file, opts),
     }
 }
 
@@ -59,5 +60,6 @@ pub fn load(spec: &str, opts: &LoadOptions) -> Result<LoadedModel> {
     match ModelSource::resolve(spec)? {
         ModelSource::Synthetic(profile) => synthetic::load(&profile, opts),
         ModelSource::Dir(dir) => checkpoint::load(&dir, opts),
+        ModelSource::Gguf(file) => checkpoint::gguf::load(&file, opts),
     }
 }

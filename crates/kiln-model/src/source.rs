@@ -1,5 +1,6 @@
 //! Where a model comes from: `synthetic:<profile>[@4bit|@8bit]`, a name under `./models/`
-//! (MLX-style `models/NAME` directories), or a path to a checkpoint directory.
+//! (MLX-style `models/NAME` directories), a path to a checkpoint directory, or a path to a
+//! GGUF file (`*.gguf`, directly or under `./models/`).
 
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -13,6 +14,8 @@ pub enum ModelSource {
     Synthetic(String),
     /// A checkpoint directory holding `config.json`.
     Dir(PathBuf),
+    /// A llama.cpp GGUF file.
+    Gguf(PathBuf),
 }
 
 impl ModelSource {
@@ -37,6 +40,16 @@ impl ModelSource {
             return Ok(ModelSource::Synthetic(rest.to_string()));
         }
         let direct = root.join(spec);
+        if crate::checkpoint::gguf::is_gguf_path(&direct) {
+            if regular_file(&direct)? {
+                return Ok(ModelSource::Gguf(direct));
+            }
+            let under_models = root.join("models").join(spec);
+            if regular_file(&under_models)? {
+                return Ok(ModelSource::Gguf(under_models));
+            }
+            return Err(ModelError::NotFound { path: PathBuf::from(spec) });
+        }
         if regular_file(&direct.join("config.json"))? {
             return Ok(ModelSource::Dir(direct));
         }
@@ -52,7 +65,7 @@ impl ModelSource {
     pub fn display_path(&self) -> String {
         match self {
             ModelSource::Synthetic(p) => format!("synthetic:{p}"),
-            ModelSource::Dir(d) => d.display().to_string(),
+            ModelSource::Dir(d) | ModelSource::Gguf(d) => d.display().to_string(),
         }
     }
 }
@@ -105,6 +118,12 @@ mod tests {
             ModelSource::resolve_in("synthetic:tiny@8bit", root).unwrap(),
             ModelSource::Synthetic("tiny@8bit".into())
         );
+        std::fs::write(root.join("models/m.gguf"), "GGUF").unwrap();
+        assert_eq!(
+            ModelSource::resolve_in("m.gguf", root).unwrap(),
+            ModelSource::Gguf(root.join("models/m.gguf"))
+        );
+        assert!(ModelSource::resolve_in("other.gguf", root).is_err());
         let e = ModelSource::resolve_in("nope", root).unwrap_err();
         assert!(e.to_string().contains("nope"), "{e}");
         let e = ModelSource::resolve_in("", root).unwrap_err().to_string();

@@ -14,8 +14,8 @@ Exit status:
   3  out of memory: the memory pool refused an allocation; stderr has a line starting
      `out of memory:` naming the request, the bytes in use and the limit";
 
-pub const MODEL_HELP: &str = "synthetic:<profile>[@4bit|@8bit], a directory under ./models/, or a path \
-     to a checkpoint directory (profiles: tiny, tiny-qwen, smollm-135m, qwen2.5-0.5b, llama-3.2-1b, \
+pub const MODEL_HELP: &str = "synthetic:<profile>[@4bit|@8bit], a directory under ./models/, a path \
+     to a checkpoint directory or to a .gguf file (profiles: tiny, tiny-qwen, smollm-135m, qwen2.5-0.5b, llama-3.2-1b, \
      qwen2.5-7b, llama-3.1-8b; drafters for --model-draft: tiny-draft, tiny-qwen-draft, smollm-draft, qwen2.5-draft, qwen2.5-7b-draft, llama-3-draft)";
 
 /// The kiln inference engine.
@@ -42,6 +42,9 @@ pub enum Command {
     /// Serve the OpenAI API (chat and text completions) with continuous batching.
     #[command(after_help = EXIT_STATUS)]
     Serve(crate::serve::ServeArgs),
+    /// Write the log-probabilities of a text, window by window, for quality measurements.
+    #[command(after_help = EXIT_STATUS)]
+    Score(ScoreArgs),
 }
 
 /// Output format of bench-decode and estimate.
@@ -217,4 +220,31 @@ pub struct EstimateArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Json)]
     pub format: Format,
+}
+
+/// `kiln score`.
+#[derive(Args, Debug)]
+pub struct ScoreArgs {
+    /// Model, memory and attention options.
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// The text to score (UTF-8).
+    #[arg(long, value_name = "FILE")]
+    pub text_file: std::path::PathBuf,
+    /// Tokens per window, BOS included when the tokenizer adds one.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub window: usize,
+    /// First position of each window whose next token is scored (the ones before it are
+    /// context only).
+    #[arg(long, value_name = "P", default_value_t = 256)]
+    pub first_scored: usize,
+    /// Score at most this many windows.
+    #[arg(long, value_name = "N")]
+    pub max_windows: Option<usize>,
+    /// The log-probability file to write (docs/engine-protocol.md).
+    #[arg(long, value_name = "FILE", required_unless_present = "ids_only")]
+    pub output: Option<std::path::PathBuf>,
+    /// Print the text's token ids as a JSON array and exit.
+    #[arg(long)]
+    pub ids_only: bool,
 }

@@ -1,4 +1,4 @@
-//! The `kiln` binary: `generate`, `bench-decode`, `estimate` and `serve`. It parses the command
+//! The `kiln` binary: `generate`, `bench-decode`, `estimate`, `serve` and `score`. It parses the command
 //! line, runs one command, and turns its outcome into the documented exit status
 //! (docs/cli.md, docs/engine-protocol.md); everything else lives in kiln-model.
 
@@ -10,6 +10,7 @@ mod generate;
 mod prompt;
 mod runtime;
 mod rusage;
+mod score;
 mod serve;
 mod speculate;
 
@@ -54,6 +55,7 @@ fn main() -> ExitCode {
         Command::BenchDecode(args) => bench::run(args, &mut clock),
         Command::Estimate(args) => estimate::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Score(args) => score::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -78,6 +78,7 @@ pub fn in_pool<R: Send>(
     f: impl FnOnce(usize) -> anyhow::Result<R> + Send,
 ) -> anyhow::Result<R> {
     check_threads(threads)?;
+    kiln_core::act_precision::ActScheme::from_env().map_err(usage)?;
     let mut builder = rayon::ThreadPoolBuilder::new();
     if let Some(n) = threads {
         builder = builder.num_threads(n);

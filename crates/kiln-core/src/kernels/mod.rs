@@ -15,7 +15,9 @@
 //! and `xsum_g` the exact group sum, is accumulated in one fixed float order.
 //! So `qmv`, `qmv_wide` and `qmm` give bit-identical rows, on AVX2, NEON and the portable
 //! path alike; the price is the activation rounding, at most half a code step per element
-//! (see [`ActivationPrecision`]). Other widths (2, 3, 5, 6 bits) keep f32 activations:
+//! (see [`ActivationPrecision`]). `KILN_ACT_PRECISION=f32` ([`crate::act_precision`])
+//! turns the integer scheme off for every width, as the reference for quality
+//! measurements. Other widths (2, 3, 5, 6 bits) keep f32 activations:
 //! `qmv` and `qmv_wide` share one per-row loop, and `qmm` dequantizes tiles to f32 for
 //! `matrixmultiply::sgemm`.
 //!
@@ -40,6 +42,7 @@ mod x86;
 
 use std::sync::OnceLock;
 
+use crate::act_precision::{ActScheme, act_scheme};
 use crate::matrix::QuantizedMatrix;
 use crate::wide::qmv_wide_enabled;
 
@@ -223,8 +226,10 @@ pub fn qmm(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
     qmm_on(Isa::detected(), x, m, w, y)
 }
 
+/// Whether `w` runs the integer scheme: its width has one and `KILN_ACT_PRECISION` has not
+/// chosen f32 activations.
 fn has_integer_path(w: &QuantizedMatrix) -> bool {
-    act::ActCodes::for_weight_bits(w.spec().bits()).is_some()
+    act_scheme() == ActScheme::Int && act::ActCodes::for_weight_bits(w.spec().bits()).is_some()
 }
 
 /// [`qmv`] on a chosen path (tests and benchmarks compare paths with it).

@@ -5,9 +5,11 @@
 //! Loading is planned first (`plan.rs`): every tensor the decoder needs is found, its
 //! dtype and shape checked against the config, and its cost in the pool computed from the
 //! safetensors headers alone. [`inspect`] returns that cost; [`load`] then reads the
-//! tensors in the plan's order (`build.rs`).
+//! tensors in the plan's order (`build.rs`). llama.cpp's single-file GGUF checkpoints
+//! load through [`gguf`].
 
 mod build;
+pub mod gguf;
 mod mmap;
 mod plan;
 mod safetensors;

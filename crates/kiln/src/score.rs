@@ -1,0 +1,206 @@
+//! `kiln score`: teacher-forced log-probabilities of a text, for quality measurements.
+//!
+//! The text is encoded without special tokens and cut into consecutive windows of
+//! `--window` tokens; each window runs as one fresh sequence (BOS first when the
+//! tokenizer adds one), and positions `--first-scored` to the window's end score the
+//! next token. The record of every scored position (the next token's id and the
+//! log-softmax over the whole vocabulary) goes to `--output` in the binary format
+//! docs/engine-protocol.md describes; stdout gets one JSON summary line.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::time::Instant;
+
+use anyhow::Context;
+use kiln_model::{Engine, LoadedModel};
+use serde::Serialize;
+
+use crate::cli::ScoreArgs;
+use crate::exit::usage;
+use crate::runtime;
+
+/// First bytes of a log-probability file.
+pub const MAGIC: &[u8; 8] = b"KILNLP01";
+
+/// The JSON header of a log-probability file.
+#[derive(Serialize)]
+struct Header<'a> {
+    model: &'a str,
+    vocab: usize,
+    window: usize,
+    first_scored: usize,
+    windows: usize,
+    positions: usize,
+    text_tokens: usize,
+    bos: Option<u32>,
+    kv_dtype: &'a str,
+    act_precision: String,
+}
+
+/// The JSON summary line.
+#[derive(Serialize)]
+struct Summary<'a> {
+    model: &'a str,
+    windows: usize,
+    positions: usize,
+    mean_nll: f64,
+    perplexity: f64,
+    seconds: f64,
+    tokens_per_s: f64,
+    act_precision: String,
+}
+
+/// Runs the command on the worker pool.
+pub fn run(args: ScoreArgs) -> anyhow::Result<()> {
+    runtime::in_pool(args.run.threads, |_| score(args))
+}
+
+fn score(args: ScoreArgs) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&args.text_file)
+        .with_context(|| format!("reading --text-file {}", args.text_file.display()))?;
+    let pool = runtime::pool(&args.run)?;
+    let name = &args.run.model;
+    let model = kiln_model::load(name, &runtime::load_options(&args.run, &pool))
+        .with_context(|| format!("loading model {name}"))?;
+    let tokens = model.tokenizer.encode(&text, false).context("encoding --text-file")?;
+    if args.ids_only {
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer(&mut out, &tokens).context("writing to stdout")?;
+        writeln!(out).context("writing to stdout")?;
+        return Ok(());
+    }
+    let Some(output) = args.output.clone() else {
+        return Err(usage("missing --output: give the log-probability file to write"));
+    };
+    let bos = bos_token(&model)?;
+    let body = args.window - usize::from(bos.is_some());
+    if args.window < 2 || args.first_scored >= args.window - 1 || body == 0 {
+        return Err(usage(format!(
+            "invalid --window {} / --first-scored {}: the window must hold at least 2 tokens and \
+             --first-scored must be below the window's last position ({})",
+            args.window,
+            args.first_scored,
+            args.window.saturating_sub(1)
+        )));
+    }
+    if args.window > model.config.max_position_embeddings {
+        return Err(usage(format!(
+            "invalid --window {}: the model's context is {} tokens",
+            args.window, model.config.max_position_embeddings
+        )));
+    }
+    let mut windows = tokens.len() / body;
+    if let Some(max) = args.max_windows {
+        windows = windows.min(max);
+    }
+    if windows == 0 {
+        return Err(usage(format!(
+            "invalid --text-file {}: it encodes to {} tokens, fewer than one window of {}",
+            args.text_file.display(),
+            tokens.len(),
+            body
+        )));
+    }
+    let per_window = args.window - 1 - args.first_scored;
+    let vocab = model.config.vocab_size;
+    let act_precision = std::env::var("KILN_ACT_PRECISION").unwrap_or_else(|_| "default".into());
+    let header = Header {
+        model: name,
+        vocab,
+        window: args.window,
+        first_scored: args.first_scored,
+        windows,
+        positions: windows * per_window,
+        text_tokens: tokens.len(),
+        bos,
+        kv_dtype: kv_name(args.run.kv_dtype),
+        act_precision: act_precision.clone(),
+    };
+    let tmp = output.with_extension("partial");
+    let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let mut out = BufWriter::with_capacity(1 << 20, file);
+    let json = serde_json::to_vec(&header).context("encoding the header")?;
+    out.write_all(MAGIC)?;
+    out.write_all(&(json.len() as u32).to_le_bytes())?;
+    out.write_all(&json)?;
+
+    let mut engine = Engine::new(&model, &pool, runtime::engine_options(&args.run))
+        .context("preparing the forward pass")?;
+    let started = Instant::now();
+    let (mut nll, mut count) = (0f64, 0usize);
+    let mut lp = vec![0f32; vocab];
+    for w in 0..windows {
+        let mut ids = Vec::with_capacity(args.window);
+        ids.extend(bos);
+        ids.extend_from_slice(&tokens[w * body..(w + 1) * body]);
+        let mut cache = engine.new_cache();
+        let logits = engine.prefill_all_logits(&mut cache, &ids).context("running the forward pass")?;
+        for pos in args.first_scored..args.window - 1 {
+            let target = ids[pos + 1];
+            log_softmax(&logits[pos * vocab..(pos + 1) * vocab], &mut lp);
+            nll -= f64::from(lp[target as usize]);
+            count += 1;
+            out.write_all(&target.to_le_bytes())?;
+            for v in &lp {
+                out.write_all(&v.to_le_bytes())?;
+            }
+        }
+    }
+    out.flush().with_context(|| format!("writing {}", tmp.display()))?;
+    drop(out);
+    std::fs::rename(&tmp, &output).with_context(|| format!("writing {}", output.display()))?;
+    let seconds = started.elapsed().as_secs_f64();
+    let mean_nll = nll / count as f64;
+    let summary = Summary {
+        model: name,
+        windows,
+        positions: count,
+        mean_nll,
+        perplexity: mean_nll.exp(),
+        seconds,
+        tokens_per_s: (windows * args.window) as f64 / seconds,
+        act_precision,
+    };
+    let mut stdout = std::io::stdout().lock();
+    serde_json::to_writer(&mut stdout, &summary).context("writing to stdout")?;
+    writeln!(stdout).context("writing to stdout")?;
+    Ok(())
+}
+
+/// The token a window starts with: BOS when the tokenizer's own encoding adds one.
+fn bos_token(model: &LoadedModel) -> anyhow::Result<Option<u32>> {
+    let with = model.tokenizer.encode("a", true).context("encoding a probe")?;
+    let without = model.tokenizer.encode("a", false).context("encoding a probe")?;
+    Ok((with.len() > without.len()).then(|| with[0]))
+}
+
+fn kv_name(kv: crate::cli::KvType) -> &'static str {
+    match kv {
+        crate::cli::KvType::F16 => "f16",
+        crate::cli::KvType::F32 => "f32",
+    }
+}
+
+/// `out = logits - logsumexp(logits)`, summed in f64.
+pub fn log_softmax(logits: &[f32], out: &mut [f32]) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let lse = f64::from(max) + sum.ln();
+    for (o, &l) in out.iter_mut().zip(logits) {
+        *o = (f64::from(l) - lse) as f32;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_softmax_matches_hand_values() {
+        let mut out = [0f32; 3];
+        log_softmax(&[0.0, 0.0, (2f32).ln()], &mut out);
+        // Probabilities 1/4, 1/4, 1/2.
+        assert!((out[0] - (0.25f32).ln()).abs() < 1e-6);
+        assert!((out[2] - (0.5f32).ln()).abs() < 1e-6);
+    }
+}

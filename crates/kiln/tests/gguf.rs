@@ -1,0 +1,156 @@
+//! `kiln` on GGUF files: every subcommand takes `-m FILE.gguf`, a malformed file
+//! (truncated, a tensor's data offset out of range, an unknown tensor type, an
+//! architecture kiln does not run) exits 2 naming the tensor or key, and `kiln score`
+//! writes the documented log-probability file.
+
+mod util;
+
+use std::path::{Path, PathBuf};
+
+use util::Dir;
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../kiln-model/tests/fixtures/gguf/llama-tiny.gguf")
+}
+
+/// A copy of the fixture in `dir`, changed by `edit`.
+fn edited(dir: &Dir, name: &str, edit: impl FnOnce(&mut Vec<u8>)) -> String {
+    let mut bytes = std::fs::read(fixture()).unwrap();
+    edit(&mut bytes);
+    let path = dir.path().join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// Offset of the descriptor fields after tensor `name`'s name: n_dims (u32), dims (u64
+/// each), type (u32), offset (u64).
+fn descriptor(bytes: &[u8], name: &str) -> usize {
+    let mut key = (name.len() as u64).to_le_bytes().to_vec();
+    key.extend_from_slice(name.as_bytes());
+    bytes.windows(key.len()).position(|w| w == key.as_slice()).expect("tensor in the fixture") + key.len()
+}
+
+#[test]
+fn generate_estimate_and_bench_decode_take_a_gguf_file() {
+    let dir = Dir::new();
+    let m = fixture();
+    let m = m.to_str().unwrap();
+    dir.run(&["generate", "-m", m, "-p", "hello", "-n", "4"]).expect_code(0);
+    let est = dir.run(&["estimate", "-m", m, "--prompt-tokens", "8"]).expect_code(0);
+    assert!(est.json()["weights_bytes"].as_u64().unwrap() > 0, "{}", est.describe());
+    dir.run(&["bench-decode", "-m", m, "--prompt-tokens", "8", "-n", "2"]).expect_code(0);
+}
+
+/// A change to a file's bytes.
+type Edit = Box<dyn FnOnce(&mut Vec<u8>)>;
+
+#[test]
+fn malformed_files_exit_2_naming_the_tensor_or_key() {
+    let dir = Dir::new();
+    let cases: Vec<(&str, Edit, Vec<&str>)> = vec![
+        (
+            "truncated.gguf",
+            Box::new(|b: &mut Vec<u8>| b.truncate(b.len() - 100)),
+            vec!["tensor", "runs past the end"],
+        ),
+        (
+            "offset.gguf",
+            Box::new(|b: &mut Vec<u8>| {
+                let at = descriptor(b, "blk.1.ffn_up.weight") + 4 + 16 + 4;
+                b[at + 5] = 0x40;
+            }),
+            vec!["tensor blk.1.ffn_up.weight", "runs past the end"],
+        ),
+        (
+            "type.gguf",
+            Box::new(|b: &mut Vec<u8>| {
+                let at = descriptor(b, "blk.0.attn_k.weight") + 4 + 16;
+                b[at] = 200;
+            }),
+            vec!["tensor blk.0.attn_k.weight", "unknown tensor type 200"],
+        ),
+        (
+            "q6k.gguf",
+            Box::new(|b: &mut Vec<u8>| {
+                // Q6_K is a known type with no exact kiln form; rows of 64 are not whole
+                // Q6_K blocks either, so the parser names the tensor first.
+                let at = descriptor(b, "blk.0.attn_k.weight") + 4 + 16;
+                b[at] = 14;
+            }),
+            vec!["tensor blk.0.attn_k.weight", "Q6_K"],
+        ),
+        (
+            "arch.gguf",
+            Box::new(|b: &mut Vec<u8>| {
+                let at = descriptor(b, "general.architecture") + 4 + 8;
+                b[at..at + 5].copy_from_slice(b"gemma");
+            }),
+            vec!["general.architecture", "\"gemma\"", "llama, qwen2"],
+        ),
+    ];
+    for (name, edit, needles) in cases {
+        let path = edited(&dir, name, edit);
+        for args in [
+            vec!["estimate", "-m", path.as_str(), "--prompt-tokens", "4"],
+            vec!["generate", "-m", path.as_str(), "-p", "hi", "-n", "1"],
+        ] {
+            let run = dir.run(&args).expect_code(2);
+            let err = run.stderr();
+            for n in &needles {
+                assert!(err.contains(n), "{name}: stderr lacks {n:?}{}", run.describe());
+            }
+        }
+    }
+}
+
+#[test]
+fn score_writes_header_and_one_record_per_scored_position() {
+    let dir = Dir::new();
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, "the quick brown fox jumps over the lazy dog. ".repeat(20)).unwrap();
+    let out = dir.path().join("lp.bin");
+    let m = fixture();
+    let run = dir
+        .run(&[
+            "score",
+            "-m",
+            m.to_str().unwrap(),
+            "--text-file",
+            text.to_str().unwrap(),
+            "--window",
+            "32",
+            "--first-scored",
+            "16",
+            "--max-windows",
+            "2",
+            "--output",
+            out.to_str().unwrap(),
+        ])
+        .expect_code(0);
+    let summary = run.json();
+    assert_eq!(summary["positions"].as_u64(), Some(2 * 15), "{}", run.describe());
+    let bytes = std::fs::read(&out).unwrap();
+    assert_eq!(&bytes[..8], b"KILNLP01");
+    let len = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[12..12 + len]).unwrap();
+    let vocab = header["vocab"].as_u64().unwrap() as usize;
+    assert_eq!(vocab, 373);
+    assert_eq!(bytes.len(), 12 + len + 30 * (4 + 4 * vocab));
+    // Each record's log-probabilities exponentiate to a distribution.
+    let rec = &bytes[12 + len..12 + len + 4 + 4 * vocab];
+    let p: f64 =
+        rec[4..].chunks_exact(4).map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap())).exp()).sum();
+    assert!((p - 1.0).abs() < 1e-4, "probabilities sum to {p}");
+    // The token ids the score ran on.
+    let ids = dir
+        .run(&["score", "-m", m.to_str().unwrap(), "--text-file", text.to_str().unwrap(), "--ids-only"])
+        .expect_code(0);
+    let ids: Vec<u32> = serde_json::from_str(ids.stdout().trim()).unwrap();
+    assert!(ids.len() > 64);
+    let run = dir.run_env(
+        &["score", "-m", m.to_str().unwrap(), "--text-file", text.to_str().unwrap(), "--output", "x"],
+        &[("KILN_ACT_PRECISION", "int4")],
+    );
+    let run = run.expect_code(2);
+    assert!(run.stderr().contains("KILN_ACT_PRECISION"), "{}", run.describe());
+}
