@@ -17,6 +17,7 @@ mod quiet;
 mod runs;
 mod serve_bench;
 mod server;
+mod student_t;
 mod sweep;
 
 use std::path::{Path, PathBuf};
