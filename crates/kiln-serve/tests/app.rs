@@ -562,9 +562,9 @@ fn an_out_of_memory_mid_step_fails_that_request_only() {
     // The server is unharmed and serves what fits.
     text_of(&post(s.addr, "/v1/completions", &completion("short", 8)));
     // The gauges are published just after the last token is sent: wait for them, bounded.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while metric(s.addr, "kiln_active_slots") != 0.0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(20));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(s.addr, "kiln_active_slots") != 0.0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(metric(s.addr, "kiln_active_slots"), 0.0);
 }
