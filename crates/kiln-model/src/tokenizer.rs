@@ -76,7 +76,11 @@ impl Tokenizer {
     }
 }
 
-/// One token per byte of UTF-8; ids at and above 256 are specials or padding.
+/// One token per byte of UTF-8; ids 256 and 257 are the specials, and every id above them
+/// (the rest of a synthetic profile's vocabulary) decodes to a word of its own: a space and
+/// a few lowercase letters spelling the id, so a synthetic model's sampled tokens
+/// become text at the rate a real tokenizer's would (streams and their timings are
+/// meaningful), while prompts are still encoded byte by byte.
 #[derive(Clone, Copy, Debug)]
 pub struct ByteTokenizer;
 
@@ -98,10 +102,35 @@ impl ByteTokenizer {
         ids
     }
 
-    /// Text of the byte ids among `ids` (others skipped), invalid UTF-8 replaced.
+    /// Text of `ids`: runs of byte ids as UTF-8 (invalid sequences replaced), each id above
+    /// the specials as its word, the specials skipped.
     pub fn decode(&self, ids: &[u32]) -> String {
-        let bytes: Vec<u8> = ids.iter().filter_map(|&i| u8::try_from(i).ok()).collect();
-        String::from_utf8_lossy(&bytes).into_owned()
+        let mut text = String::new();
+        let mut bytes = Vec::new();
+        for &id in ids {
+            if let Ok(byte) = u8::try_from(id) {
+                bytes.push(byte);
+            } else if id >= Self::MIN_VOCAB as u32 {
+                text.push_str(&String::from_utf8_lossy(&bytes));
+                bytes.clear();
+                push_word(&mut text, id - Self::MIN_VOCAB as u32);
+            }
+        }
+        text.push_str(&String::from_utf8_lossy(&bytes));
+        text
+    }
+}
+
+/// Appends a space and the base-26 spelling of `n` in lowercase letters, least significant
+/// first (so `0` is " a" and the whole u32 range fits in seven letters).
+fn push_word(text: &mut String, mut n: u32) {
+    text.push(' ');
+    loop {
+        text.push(char::from(b'a' + (n % 26) as u8));
+        n /= 26;
+        if n == 0 {
+            break;
+        }
     }
 }
 
@@ -117,7 +146,25 @@ mod tests {
         assert_eq!(ids.len(), 7);
         let mut with_eos = ids.clone();
         with_eos.push(ByteTokenizer::EOS);
-        with_eos.push(90_000);
         assert_eq!(t.decode(&with_eos), "héllo");
+    }
+
+    #[test]
+    fn ids_above_the_specials_are_words_and_keep_bytes_around_them_whole() {
+        let t = ByteTokenizer;
+        let min = ByteTokenizer::MIN_VOCAB as u32;
+        assert_eq!(t.decode(&[min]), " a");
+        assert_eq!(t.decode(&[min + 27]), " bb");
+        assert_eq!(t.decode(&[u32::from(b'h'), u32::from(b'i'), min + 25, ByteTokenizer::EOS]), "hi z");
+        // A character's bytes split by a word token are each replaced, not joined across it.
+        let e_acute = "é".as_bytes();
+        assert_eq!(t.decode(&[u32::from(e_acute[0]), min, u32::from(e_acute[1])]), "\u{fffd} a\u{fffd}");
+        // Decoding is prefix-stable wherever a prefix ends on a whole character.
+        let ids = [u32::from(b'o'), min + 3, u32::from(e_acute[0]), u32::from(e_acute[1]), min + 700];
+        let whole = t.decode(&ids);
+        for cut in [1, 2, 4] {
+            assert!(whole.starts_with(&t.decode(&ids[..cut])), "cut {cut}: {whole:?}");
+        }
+        assert!(t.decode(&[u32::MAX]).len() <= 8);
     }
 }
