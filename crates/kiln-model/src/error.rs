@@ -8,10 +8,11 @@ use kiln_core::{GeometryError, OutOfMemory};
 /// A `config.json` kiln cannot use.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
-    /// Not JSON, or not an object.
-    #[error("{source_name} is not a valid config: {message}")]
+    /// Not JSON, or not an object. The message leaves the document's name out: every
+    /// caller wraps it with the file's path ([`ModelError::Config`]), which would say it twice.
+    #[error("not a valid config: {message}")]
     Json {
-        /// The file.
+        /// Which document (`config.json`, `GGUF metadata`), for callers that match on it.
         source_name: String,
         /// What the parser said.
         message: String,

@@ -389,7 +389,10 @@ fn no_weights_at_all_says_what_would_be_accepted() {
 fn malformed_and_unsupported_configs_name_the_file_and_field() {
     let tmp = copy_fixture("qwen2-tiny");
     fs::write(tmp.path().join("config.json"), "{ not json").unwrap();
-    assert_mentions(&load_err(tmp.path(), None), &["config.json", "not a valid config"]);
+    let err = load_err(tmp.path(), None);
+    assert_mentions(&err, &["config.json", "not a valid config"]);
+    let msg = err.to_string();
+    assert_eq!(msg.matches("config.json").count(), 1, "the file is named once: {msg}");
     let tmp = copy_fixture("qwen2-tiny");
     edit_json(&tmp.path().join("config.json"), |c| c["model_type"] = "gemma".into());
     assert_mentions(
