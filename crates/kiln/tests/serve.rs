@@ -190,8 +190,18 @@ fn a_second_server_on_the_same_port_exits_2_naming_it() {
 fn sigterm_during_streams_finishes_them_and_exits_0() {
     // A model slow enough, and streams long enough, that they are still running when the
     // signal comes and when the refused request is sent.
-    let mut s =
-        Serve::start(&["-m", "synthetic:smollm-135m", "--served-model-name", "slow", "--parallel", "3"]);
+    // The grace is long so a busy machine still finishes the streams inside it (the test
+    // of a grace running out is the next one).
+    let mut s = Serve::start(&[
+        "-m",
+        "synthetic:smollm-135m",
+        "--served-model-name",
+        "slow",
+        "--parallel",
+        "3",
+        "--shutdown-grace",
+        "600",
+    ]);
     let mut body = greedy("a long answer please", 96);
     body["model"] = json!("slow");
     body["ignore_eos"] = json!(true);
@@ -225,7 +235,7 @@ fn sigterm_during_streams_finishes_them_and_exits_0() {
         let usage = stream_text(&reply).1.expect("a usage chunk");
         assert_eq!(usage["completion_tokens"], 96, "{}", reply.body);
     }
-    let status = s.wait_exit(Duration::from_secs(30));
+    let status = s.wait_exit(Duration::from_secs(60));
     assert_eq!(status.code(), Some(0), "{}", s.stderr());
 }
 
