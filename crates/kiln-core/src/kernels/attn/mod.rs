@@ -1,0 +1,296 @@
+//! Fused decode attention: the query heads that share one key/value head read that head's
+//! cached keys and values once, straight from their f16 (or f32) storage, with an online
+//! softmax, so a decode step costs one pass over the cache and no repacking.
+//!
+//! The unit of work is a *partial state* of one key/value head over a range of keys: per
+//! query head of the group a running maximum `m`, a running sum `l` of `e^(s - m)` and an
+//! unnormalised output `acc = sum e^(s - m) v`. [`fold`] adds a run of keys to a state,
+//! [`merge`] joins the states of two disjoint ranges (so one head's keys can be split over
+//! threads), and [`finish`] divides out the sum. Within a run, keys go in tiles of
+//! [`TILE_KEYS`]: scores for the tile, one max and rescale per head, then the values.
+//!
+//! Every path computes the same thing up to f32 rounding (the order of the products in
+//! a score and of the terms in a sum differ); [`reference::attend`] is the exact answer
+//! the tests hold them to, with a tolerance derived from that rounding.
+//!
+//! The dispatcher here picks the path from [`Isa`]: AVX2 (F16C conversion in registers,
+//! FMA) for head sizes that are a multiple of 8, the portable path otherwise and on other
+//! targets, where it converts each tile with `half`'s slice conversion (which uses the
+//! CPU's f16 instructions where it finds them) and leaves the loops to the compiler.
+
+pub mod reference;
+
+mod portable;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use half::f16;
+
+use super::Isa;
+use crate::math::exp;
+
+/// Keys per tile: one maximum and one rescale of the output per tile and head.
+pub const TILE_KEYS: usize = 64;
+
+/// The widest head the kernels take.
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// The most query heads per key/value head the kernels take.
+pub const MAX_GROUP: usize = 64;
+
+/// A run of cached keys or values of one head: `n * head_dim` values, position-major.
+#[derive(Clone, Copy, Debug)]
+pub enum KvRun<'a> {
+    /// Half-precision storage.
+    F16(&'a [f16]),
+    /// Single-precision storage.
+    F32(&'a [f32]),
+}
+
+impl<'a> KvRun<'a> {
+    /// Values in the run.
+    pub fn len(&self) -> usize {
+        match self {
+            KvRun::F16(s) => s.len(),
+            KvRun::F32(s) => s.len(),
+        }
+    }
+
+    /// Whether the run is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Values `start..start + len`.
+    pub fn slice(&self, start: usize, len: usize) -> KvRun<'a> {
+        match *self {
+            KvRun::F16(s) => KvRun::F16(&s[start..start + len]),
+            KvRun::F32(s) => KvRun::F32(&s[start..start + len]),
+        }
+    }
+
+    /// Bytes per stored value.
+    pub fn value_bytes(&self) -> usize {
+        match self {
+            KvRun::F16(_) => 2,
+            KvRun::F32(_) => 4,
+        }
+    }
+
+    /// Value `i` as f32.
+    pub fn get(&self, i: usize) -> f32 {
+        match self {
+            KvRun::F16(s) => s[i].to_f32(),
+            KvRun::F32(s) => s[i],
+        }
+    }
+}
+
+/// The geometry of one key/value head's decode: its query heads and their width.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DecodeShape {
+    /// Query heads sharing the key/value head.
+    pub group: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Factor on every score, `1 / sqrt(head_dim)` for standard attention.
+    pub scale: f32,
+}
+
+impl DecodeShape {
+    /// `group` query heads of width `head_dim`, scores scaled by `1 / sqrt(head_dim)`.
+    /// Panics outside `1..=MAX_GROUP` and `1..=MAX_HEAD_DIM`.
+    pub fn new(group: usize, head_dim: usize) -> Self {
+        assert!((1..=MAX_GROUP).contains(&group), "DecodeShape: group {group} is outside 1..={MAX_GROUP}");
+        assert!(
+            (1..=MAX_HEAD_DIM).contains(&head_dim),
+            "DecodeShape: head_dim {head_dim} is outside 1..={MAX_HEAD_DIM}"
+        );
+        DecodeShape { group, head_dim, scale: 1.0 / (head_dim as f32).sqrt() }
+    }
+
+    /// f32 values of one partial state: `group` maxima, `group` sums, `group * head_dim`
+    /// accumulators.
+    pub fn state_len(&self) -> usize {
+        self.group * (self.head_dim + 2)
+    }
+}
+
+/// Sets `state` to the empty range: maxima at negative infinity, sums and outputs at 0.
+pub fn init(shape: &DecodeShape, state: &mut [f32]) {
+    let state = &mut state[..shape.state_len()];
+    let (m, rest) = state.split_at_mut(shape.group);
+    m.fill(f32::NEG_INFINITY);
+    rest.fill(0.0);
+}
+
+/// Folds the keys and values of one run (`keys.len() / head_dim` positions) into
+/// `state`, for the group's queries `q` (`[group, head_dim]`), on the path `isa`.
+///
+/// # Panics
+/// When `isa` cannot run here, the run lengths differ or are not whole positions, the
+/// runs are of different storage types, or a slice is shorter than the shape says.
+pub fn fold(isa: Isa, shape: &DecodeShape, q: &[f32], keys: KvRun<'_>, values: KvRun<'_>, state: &mut [f32]) {
+    let (g, hd) = (shape.group, shape.head_dim);
+    assert!(isa.is_available(), "attn::fold: the {} path cannot run on this CPU", isa.as_str());
+    assert_eq!(keys.len(), values.len(), "attn::fold: keys and values must hold as many values");
+    assert!(keys.len().is_multiple_of(hd), "attn::fold: runs must hold whole positions of {hd} values");
+    assert!(
+        matches!((keys, values), (KvRun::F16(_), KvRun::F16(_)) | (KvRun::F32(_), KvRun::F32(_))),
+        "attn::fold: keys and values must share a storage type"
+    );
+    assert!(q.len() >= g * hd, "attn::fold: q must hold group * head_dim = {} values", g * hd);
+    let state = &mut state[..shape.state_len()];
+    if keys.is_empty() {
+        return;
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if hd.is_multiple_of(8) => {
+            // SAFETY: `is_available` above confirmed AVX2, FMA and F16C, the features the
+            // function is compiled for; the lengths it relies on were checked above.
+            unsafe { x86::fold(shape, &q[..g * hd], keys, values, state) }
+        }
+        _ => portable::fold(shape, &q[..g * hd], keys, values, state),
+    }
+}
+
+/// [`fold`] on the best path this CPU has.
+pub fn fold_detected(shape: &DecodeShape, q: &[f32], keys: KvRun<'_>, values: KvRun<'_>, state: &mut [f32]) {
+    fold(Isa::detected(), shape, q, keys, values, state);
+}
+
+/// Joins `from` (the state of a key range disjoint from `into`'s) into `into`.
+pub fn merge(shape: &DecodeShape, into: &mut [f32], from: &[f32]) {
+    let (g, hd) = (shape.group, shape.head_dim);
+    let (m, rest) = into[..shape.state_len()].split_at_mut(g);
+    let (l, acc) = rest.split_at_mut(g);
+    let (fm, frest) = from[..shape.state_len()].split_at(g);
+    let (fl, facc) = frest.split_at(g);
+    for j in 0..g {
+        if fm[j] == f32::NEG_INFINITY {
+            continue;
+        }
+        let acc = &mut acc[j * hd..(j + 1) * hd];
+        let facc = &facc[j * hd..(j + 1) * hd];
+        if m[j] == f32::NEG_INFINITY {
+            (m[j], l[j]) = (fm[j], fl[j]);
+            acc.copy_from_slice(facc);
+            continue;
+        }
+        let mx = m[j].max(fm[j]);
+        let (a, b) = (exp(m[j] - mx), exp(fm[j] - mx));
+        l[j] = l[j] * a + fl[j] * b;
+        m[j] = mx;
+        for (o, &f) in acc.iter_mut().zip(facc) {
+            *o = *o * a + f * b;
+        }
+    }
+}
+
+/// Writes the attention output of each query head, `acc / l`, into `out`
+/// (`[group, head_dim]`). A head that saw no key gets zeros.
+pub fn finish(shape: &DecodeShape, state: &[f32], out: &mut [f32]) {
+    let (g, hd) = (shape.group, shape.head_dim);
+    let (_, rest) = state[..shape.state_len()].split_at(g);
+    let (l, acc) = rest.split_at(g);
+    for j in 0..g {
+        let inv = if l[j] > 0.0 { 1.0 / l[j] } else { 0.0 };
+        for (o, &a) in out[j * hd..(j + 1) * hd].iter_mut().zip(&acc[j * hd..(j + 1) * hd]) {
+            *o = a * inv;
+        }
+    }
+}
+
+/// What a path supplies for one tile of at most [`TILE_KEYS`] keys.
+pub(crate) trait TileOps {
+    /// `s[j * TILE_KEYS + t] = scale * q_j . k_t` for every head `j` and key `t < nk`
+    /// (`keys` holds exactly `nk` positions). Entries past `nk` may be overwritten.
+    ///
+    /// # Safety
+    /// The CPU must have the features the path is compiled for.
+    unsafe fn scores(shape: &DecodeShape, q: &[f32], keys: KvRun<'_>, nk: usize, s: &mut [f32]);
+
+    /// `acc_j += sum_t p[j * TILE_KEYS + t] v_t` for every head `j` and key `t < nk`
+    /// (`values` holds exactly `nk` positions).
+    ///
+    /// # Safety
+    /// The CPU must have the features the path is compiled for.
+    unsafe fn accumulate(shape: &DecodeShape, p: &[f32], values: KvRun<'_>, nk: usize, acc: &mut [f32]);
+}
+
+/// The tile loop every path shares; inlined into each path's entry point so the softmax
+/// update between the two products is compiled with that path's features.
+///
+/// # Safety
+/// The CPU must have the features `O` is compiled for.
+#[inline(always)]
+pub(crate) unsafe fn drive<O: TileOps>(
+    shape: &DecodeShape,
+    q: &[f32],
+    keys: KvRun<'_>,
+    values: KvRun<'_>,
+    state: &mut [f32],
+) {
+    let (g, hd) = (shape.group, shape.head_dim);
+    let n = keys.len() / hd;
+    let (m, rest) = state.split_at_mut(g);
+    let (l, acc) = rest.split_at_mut(g);
+    let mut s = [0f32; MAX_GROUP * TILE_KEYS];
+    let mut t0 = 0;
+    while t0 < n {
+        let nk = TILE_KEYS.min(n - t0);
+        let (kt, vt) = (keys.slice(t0 * hd, nk * hd), values.slice(t0 * hd, nk * hd));
+        // SAFETY: the caller guarantees the features.
+        unsafe { O::scores(shape, q, kt, nk, &mut s) };
+        for j in 0..g {
+            let sj = &mut s[j * TILE_KEYS..j * TILE_KEYS + nk];
+            let mx = lane_max(sj).max(m[j]);
+            let corr = exp(m[j] - mx);
+            let sum = exp_sum(sj, mx);
+            l[j] = l[j] * corr + sum;
+            m[j] = mx;
+            if corr != 1.0 {
+                for a in &mut acc[j * hd..(j + 1) * hd] {
+                    *a *= corr;
+                }
+            }
+        }
+        // SAFETY: as above.
+        unsafe { O::accumulate(shape, &s, vt, nk, acc) };
+        t0 += nk;
+    }
+}
+
+/// The largest value, in eight lanes so it vectorises.
+#[inline(always)]
+fn lane_max(x: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder().iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    for c in chunks {
+        for i in 0..8 {
+            lanes[i] = lanes[i].max(c[i]);
+        }
+    }
+    lanes.iter().fold(tail, |a, &b| a.max(b))
+}
+
+/// Replaces each value by `e^(v - shift)` and returns their sum, in eight lanes.
+#[inline(always)]
+fn exp_sum(x: &mut [f32], shift: f32) -> f32 {
+    let mut lanes = [0f32; 8];
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        for i in 0..8 {
+            c[i] = exp(c[i] - shift);
+            lanes[i] += c[i];
+        }
+    }
+    let mut tail = 0f32;
+    for v in chunks.into_remainder() {
+        *v = exp(*v - shift);
+        tail += *v;
+    }
+    ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7])) + tail
+}

@@ -1,0 +1,196 @@
+//! The fused decode attention kernels, on every path this CPU runs, against the exact
+//! two-pass softmax of `attn::reference`, within the bound `reference::error_bound`
+//! derives from f32 rounding; over the head sizes, group sizes, lengths (across tile and
+//! cache-block edges), storage types and key-range splits kiln runs.
+
+use half::f16;
+use kiln_core::kernels::Isa;
+use kiln_core::kernels::attn::{self, DecodeShape, KvRun, TILE_KEYS, reference};
+
+/// Positions per cache block in kiln-model: runs never straddle one.
+const BLOCK: usize = 256;
+
+/// splitmix64: small, seeded, good enough for test data.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-a, a).
+    fn sym(&mut self, a: f32) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * a
+    }
+}
+
+/// One decode case: queries, and keys and values already rounded to f16 (so the f16 and
+/// f32 storage hold the same numbers).
+struct Case {
+    shape: DecodeShape,
+    q: Vec<f32>,
+    k16: Vec<f16>,
+    v16: Vec<f16>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl Case {
+    fn new(group: usize, head_dim: usize, n: usize, q_mag: f32, seed: u64) -> Case {
+        let shape = DecodeShape::new(group, head_dim);
+        let mut rng = Rng(seed);
+        let q: Vec<f32> = (0..group * head_dim).map(|_| rng.sym(q_mag)).collect();
+        let k16: Vec<f16> = (0..n * head_dim).map(|_| f16::from_f32(rng.sym(2.0))).collect();
+        let v16: Vec<f16> = (0..n * head_dim).map(|_| f16::from_f32(rng.sym(1.0))).collect();
+        let k = k16.iter().map(|x| x.to_f32()).collect();
+        let v = v16.iter().map(|x| x.to_f32()).collect();
+        Case { shape, q, k16, v16, k, v }
+    }
+
+    fn runs(&self, f16: bool, a: usize, b: usize) -> (KvRun<'_>, KvRun<'_>) {
+        let hd = self.shape.head_dim;
+        let r = a * hd..b * hd;
+        if f16 {
+            (KvRun::F16(&self.k16[r.clone()]), KvRun::F16(&self.v16[r]))
+        } else {
+            (KvRun::F32(&self.k[r.clone()]), KvRun::F32(&self.v[r]))
+        }
+    }
+
+    /// Folds positions `lo..hi` into a fresh state, one run per cache block.
+    fn state(&self, isa: Isa, f16: bool, lo: usize, hi: usize) -> Vec<f32> {
+        let mut st = vec![0f32; self.shape.state_len()];
+        attn::init(&self.shape, &mut st);
+        let mut a = lo;
+        while a < hi {
+            let b = hi.min((a / BLOCK + 1) * BLOCK);
+            let (k, v) = self.runs(f16, a, b);
+            attn::fold(isa, &self.shape, &self.q, k, v, &mut st);
+            a = b;
+        }
+        st
+    }
+
+    /// The output with the keys split at `cuts` into ranges whose states are merged.
+    fn output(&self, isa: Isa, f16: bool, cuts: &[usize]) -> Vec<f32> {
+        let n = self.k.len() / self.shape.head_dim;
+        let mut edges = vec![0];
+        edges.extend(cuts.iter().copied().filter(|&c| c > 0 && c < n));
+        edges.push(n);
+        let mut st = self.state(isa, f16, edges[0], edges[1]);
+        for w in edges[1..].windows(2) {
+            let part = self.state(isa, f16, w[0], w[1]);
+            attn::merge(&self.shape, &mut st, &part);
+        }
+        let mut out = vec![0f32; self.shape.group * self.shape.head_dim];
+        attn::finish(&self.shape, &st, &mut out);
+        out
+    }
+
+    /// Corrections each weight may pass through: tiles and block runs folded, merges.
+    fn rescales(&self, cuts: usize) -> usize {
+        let n = self.k.len() / self.shape.head_dim;
+        n.div_ceil(TILE_KEYS) + n.div_ceil(BLOCK) + 2 * (cuts + 1)
+    }
+
+    fn check(&self, isa: Isa, f16: bool, cuts: &[usize], what: &str) {
+        let got = self.output(isa, f16, cuts);
+        let want = reference::attend(&self.shape, &self.q, &self.k, &self.v);
+        let bound = reference::error_bound(&self.shape, &self.q, &self.k, &self.v, self.rescales(cuts.len()));
+        for (i, ((&g, &w), &b)) in got.iter().zip(&want).zip(&bound).enumerate() {
+            let err = (g as f64 - w).abs();
+            assert!(
+                err <= b,
+                "{what} {} f16={f16} cuts={cuts:?}: output {i} is {g}, exact {w}, error {err:e} over the bound {b:e}",
+                isa.as_str()
+            );
+        }
+    }
+}
+
+#[test]
+fn every_path_matches_the_reference_across_shapes_and_lengths() {
+    let lengths = [1, 7, 8, 9, 63, 64, 65, 255, 256, 257, 700];
+    let mut seed = 1;
+    for isa in Isa::available() {
+        for (hd, groups) in [(64, &[1, 3, 7, 8][..]), (128, &[1, 2, 6, 12]), (80, &[5]), (6, &[2])] {
+            for &g in groups {
+                for &n in &lengths {
+                    seed += 1;
+                    let case = Case::new(g, hd, n, 1.5, seed);
+                    for f16 in [true, false] {
+                        case.check(isa, f16, &[], &format!("g={g} hd={hd} n={n}"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn split_key_ranges_merge_to_the_whole() {
+    for isa in Isa::available() {
+        for (hd, g, n) in [(64, 3, 1536), (128, 7, 600), (64, 16, 513)] {
+            let case = Case::new(g, hd, n, 2.0, n as u64);
+            for cuts in [vec![BLOCK], vec![100, 101, 400], vec![1, n - 1], vec![64, 128, 192, 256, 320]] {
+                case.check(isa, true, &cuts, &format!("g={g} hd={hd} n={n}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn peaked_and_flat_softmax_stay_within_the_bound() {
+    // Large queries make one key dominate (scores spread over tens of units, so the
+    // running maximum moves and the output is rescaled often); zero queries give the
+    // plain mean of the values.
+    for isa in Isa::available() {
+        for (mag, seed) in [(40.0, 7), (0.0, 8)] {
+            let case = Case::new(4, 64, 777, mag, seed);
+            case.check(isa, true, &[300], &format!("q magnitude {mag}"));
+        }
+    }
+}
+
+#[test]
+fn f16_and_f32_storage_of_the_same_values_give_identical_outputs() {
+    for isa in Isa::available() {
+        let case = Case::new(3, 64, 300, 1.0, 11);
+        let (a, b) = (case.output(isa, true, &[BLOCK]), case.output(isa, false, &[BLOCK]));
+        assert_eq!(a, b, "{}", isa.as_str());
+    }
+}
+
+#[test]
+fn empty_states_merge_and_finish_as_nothing() {
+    let case = Case::new(2, 64, 10, 1.0, 3);
+    let shape = case.shape;
+    let mut empty = vec![0f32; shape.state_len()];
+    attn::init(&shape, &mut empty);
+    let mut out = vec![1f32; 2 * 64];
+    attn::finish(&shape, &empty, &mut out);
+    assert!(out.iter().all(|&x| x == 0.0));
+    let full = case.state(Isa::detected(), true, 0, 10);
+    let mut merged = empty.clone();
+    attn::merge(&shape, &mut merged, &full);
+    assert_eq!(merged, full);
+    let mut back = full.clone();
+    attn::merge(&shape, &mut back, &empty);
+    assert_eq!(back, full);
+    let (k, v) = case.runs(true, 0, 0);
+    attn::fold(Isa::detected(), &shape, &case.q, k, v, &mut back);
+    assert_eq!(back, full);
+}
+
+#[test]
+#[should_panic(expected = "keys and values must share a storage type")]
+fn mixed_storage_types_are_refused() {
+    let case = Case::new(1, 8, 2, 1.0, 5);
+    let mut st = vec![0f32; case.shape.state_len()];
+    attn::init(&case.shape, &mut st);
+    attn::fold(Isa::Portable, &case.shape, &case.q, KvRun::F16(&case.k16), KvRun::F32(&case.v), &mut st);
+}
