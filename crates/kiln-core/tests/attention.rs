@@ -5,7 +5,7 @@
 
 use half::f16;
 use kiln_core::kernels::Isa;
-use kiln_core::kernels::attn::{self, DecodeShape, KvRun, TILE_KEYS, reference};
+use kiln_core::kernels::attn::{self, DecodeShape, KvRun, KvSource, TILE_KEYS, reference};
 
 /// Positions per cache block in kiln-model: runs never straddle one.
 const BLOCK: usize = 256;
@@ -193,4 +193,96 @@ fn mixed_storage_types_are_refused() {
     let mut st = vec![0f32; case.shape.state_len()];
     attn::init(&case.shape, &mut st);
     attn::fold(Isa::Portable, &case.shape, &case.q, KvRun::F16(&case.k16), KvRun::F32(&case.v), &mut st);
+}
+
+/// A cache laid out as kiln-model's: blocks of [`BLOCK`] positions, each
+/// `[key|value][kv_head][position][head_dim]`.
+struct Blocks {
+    data: Vec<f16>,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl Blocks {
+    fn new(kv_heads: usize, head_dim: usize, n: usize, seed: u64) -> Blocks {
+        let mut rng = Rng(seed);
+        let data = (0..n.div_ceil(BLOCK) * 2 * kv_heads * BLOCK * head_dim)
+            .map(|_| f16::from_f32(rng.sym(1.5)))
+            .collect();
+        Blocks { data, kv_heads, head_dim }
+    }
+
+    fn at(&self, value: bool, head: usize, pos: usize) -> usize {
+        let (b, slot) = (pos / BLOCK, pos % BLOCK);
+        (((b * 2 + value as usize) * self.kv_heads + head) * BLOCK + slot) * self.head_dim
+    }
+
+    /// Keys or values of `head` at positions `0..n` as f32, position-major.
+    fn gather(&self, value: bool, head: usize, n: usize) -> Vec<f32> {
+        (0..n)
+            .flat_map(|p| {
+                let a = self.at(value, head, p);
+                self.data[a..a + self.head_dim].iter().map(|x| x.to_f32())
+            })
+            .collect()
+    }
+}
+
+impl KvSource for Blocks {
+    fn block(&self) -> usize {
+        BLOCK
+    }
+
+    fn run(&self, value: bool, head: usize, start: usize, n: usize) -> KvRun<'_> {
+        assert!(start % BLOCK + n <= BLOCK, "a run straddles a block");
+        let a = self.at(value, head, start);
+        KvRun::F16(&self.data[a..a + n * self.head_dim])
+    }
+}
+
+#[test]
+fn decode_rows_match_one_row_decodes_bit_for_bit_at_any_thread_count() {
+    let (kvh, g, hd) = (3, 3, 64);
+    let shape = DecodeShape::new(g, hd);
+    let q_dim = kvh * g * hd;
+    // Rows 0..5 at positions 1020..1025: one crosses into the fifth block; the work is
+    // above the serial threshold, so the two-thread pool splits it.
+    let (start, rows) = (1020, 5);
+    let cache = Blocks::new(kvh, hd, start + rows, 9);
+    let mut rng = Rng(4);
+    let q: Vec<f32> = (0..rows * q_dim).map(|_| rng.sym(1.0)).collect();
+    let run = |threads: usize, rows_q: &[f32], at: usize| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let mut out = rows_q.to_vec();
+        pool.install(|| attn::decode(&shape, kvh, &mut out, at, &cache));
+        out
+    };
+    let together = run(2, &q, start);
+    for r in 0..rows {
+        let row = &q[r * q_dim..(r + 1) * q_dim];
+        for threads in [1, 2] {
+            let alone = run(threads, row, start + r);
+            assert_eq!(alone, together[r * q_dim..(r + 1) * q_dim], "row {r}, {threads} threads");
+        }
+        // And the row is right: against the exact answer, head by head.
+        let n = start + r + 1;
+        for h in 0..kvh {
+            let (k, v) = (cache.gather(false, h, n), cache.gather(true, h, n));
+            let qh = &row[h * g * hd..(h + 1) * g * hd];
+            let want = reference::attend(&shape, qh, &k, &v);
+            let rescales = n.div_ceil(TILE_KEYS) + 2 * n.div_ceil(BLOCK);
+            let bound = reference::error_bound(&shape, qh, &k, &v, rescales);
+            let got = &together[r * q_dim + h * g * hd..r * q_dim + (h + 1) * g * hd];
+            for i in 0..g * hd {
+                let err = (got[i] as f64 - want[i]).abs();
+                assert!(
+                    err <= bound[i],
+                    "row {r} head {h} value {i}: {} vs {} (bound {:e})",
+                    got[i],
+                    want[i],
+                    bound[i]
+                );
+            }
+        }
+    }
 }

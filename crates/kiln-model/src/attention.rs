@@ -6,10 +6,11 @@
 //!
 //! A decode step, and any job of at most [`FUSED_ROWS`] rows (a speculative verify among
 //! them, each row computed as its own decode), runs kiln-core's fused kernel
-//! ([`kiln_core::kernels::attn`]): the group's query heads read their key/value head's
-//! cache once, in place, in its f16 or f32 storage. Work is split over (row, key/value
-//! head, span of keys), on the calling thread for short caches, and the partial softmax
-//! states of one head's spans are merged in order at the end.
+//! ([`kiln_core::kernels::attn::decode`]): the group's query heads read their key/value
+//! head's cache once, in place, in its f16 or f32 storage. Work is split over (row,
+//! key/value head, span of keys), on the calling thread for short caches, and the partial
+//! softmax states of one head's spans are merged in order at the end, so a row's result
+//! depends on its position alone.
 //!
 //! Longer jobs (prefill chunks) split over (key/value head, block of query rows); each
 //! task converts a tile of keys and values to f32 once and multiplies it, as matrices,
@@ -48,16 +49,6 @@ const BLOCK_ROWS: usize = 64;
 
 /// Query-key pairs below which a job runs on the calling thread.
 const SERIAL_WORK: usize = 4096;
-
-/// Cached values (keys and values of every key/value head) below which a decode step runs
-/// on the calling thread: 256K values is about 10 us of one core's work, where waking the
-/// other threads and joining them costs several.
-const DECODE_SERIAL_VALUES: usize = 1 << 18;
-
-/// Keys per fused task: one cache block, so a 512-position decode of a model with three
-/// key/value heads already has six tasks to share between threads. Fixed, not derived
-/// from the thread count, so the float order of a row depends on its position alone.
-const DECODE_SPAN_KEYS: usize = KV_BLOCK_TOKENS;
 
 /// Rows of one sequence that go through the fused kernel, each as its own decode: a decode
 /// step and a speculative verify (at most 33 rows, `--draft-tokens` 32 plus one), which
@@ -143,7 +134,8 @@ pub struct AttnJob<'a> {
 pub fn streaming(shape: &AttnShape, layer: usize, job: AttnJob<'_>) {
     let rows = job.q.len() / shape.q_dim();
     if rows <= FUSED_ROWS {
-        return fused(shape, layer, job.q, job.cache, job.start);
+        let ds = DecodeShape::new(shape.group(), shape.head_dim);
+        return attn::decode(&ds, shape.kv_heads, job.q, job.start, &job.cache.layer(layer));
     }
     let AttnJob { q, tmp, cache, start } = job;
     let w = shape.group() * shape.head_dim;
@@ -173,64 +165,6 @@ pub fn streaming(shape: &AttnShape, layer: usize, job: AttnJob<'_>) {
         });
     }
     gather(tmp, shape.kv_heads, rows, w, q);
-}
-
-/// Rows through the fused kernel: `q` (`[rows, heads * head_dim]`, row `r` at position
-/// `start + r`, so keys `0..=start + r`; the group of key/value head `h` contiguous at
-/// `h * group * head_dim`) is replaced by the output.
-///
-/// Each row is computed exactly as a one-row decode at its position: its keys go in fixed
-/// spans of [`DECODE_SPAN_KEYS`] whose states merge in order, whatever the thread count
-/// and the other rows, so a speculative verify reproduces decode bit for bit.
-fn fused(shape: &AttnShape, layer: usize, q: &mut [f32], cache: &KvCache, start: usize) {
-    let ds = DecodeShape::new(shape.group(), shape.head_dim);
-    let (kvh, w, sl) = (shape.kv_heads, shape.group() * shape.head_dim, ds.state_len());
-    let rows = q.len() / shape.q_dim();
-    // Task i covers (row, head, key range); each (row, head) owns `spans(row)` tasks.
-    let spans = |r: usize| (start + r + 1).div_ceil(DECODE_SPAN_KEYS);
-    let mut tasks = Vec::new();
-    for r in 0..rows {
-        for h in 0..kvh {
-            for sp in 0..spans(r) {
-                let lo = sp * DECODE_SPAN_KEYS;
-                tasks.push((r, h, lo, (start + r + 1).min(lo + DECODE_SPAN_KEYS)));
-            }
-        }
-    }
-    let keys: usize = tasks.iter().map(|t| t.3 - t.2).sum();
-    let parallel = rayon::current_num_threads() > 1 && 2 * keys * shape.head_dim >= DECODE_SERIAL_VALUES;
-    let mut states = vec![0f32; tasks.len() * sl];
-    let queries: &[f32] = q;
-    let task = |(st, &(r, h, lo, hi)): (&mut [f32], &(usize, usize, usize, usize))| {
-        let qh = &queries[r * shape.q_dim() + h * w..r * shape.q_dim() + (h + 1) * w];
-        attn::init(&ds, st);
-        let mut a = lo;
-        while a < hi {
-            // Runs stop at block edges: a block's positions are contiguous per head.
-            let b = hi.min((a / KV_BLOCK_TOKENS + 1) * KV_BLOCK_TOKENS);
-            let (k, v) = (cache.run(layer, false, h, a, b - a), cache.run(layer, true, h, a, b - a));
-            attn::fold_detected(&ds, qh, k, v, st);
-            a = b;
-        }
-    };
-    if parallel {
-        states.par_chunks_mut(sl).zip(tasks.par_iter()).for_each(task);
-    } else {
-        states.chunks_mut(sl).zip(tasks.iter()).for_each(task);
-    }
-    let mut rest = &mut states[..];
-    for r in 0..rows {
-        for h in 0..kvh {
-            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(spans(r) * sl);
-            rest = tail;
-            let (first, parts) = mine.split_at_mut(sl);
-            for part in parts.chunks(sl) {
-                attn::merge(&ds, first, part);
-            }
-            let o = r * shape.q_dim() + h * w;
-            attn::finish(&ds, first, &mut q[o..o + w]);
-        }
-    }
 }
 
 /// Queries of one streaming task that share positions and layout, multiplied as one

@@ -9,7 +9,7 @@
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
-use kiln_core::kernels::attn::KvRun;
+use kiln_core::kernels::attn::{KvRun, KvSource};
 use kiln_core::{MemoryPool, OutOfMemory, PoolVec, Tag};
 
 use crate::config::ModelConfig;
@@ -231,6 +231,11 @@ impl KvCache {
         }
     }
 
+    /// `layer` of the cache as a source for [`kiln_core::kernels::attn::decode`].
+    pub fn layer(&self, layer: usize) -> LayerKv<'_> {
+        LayerKv { cache: self, layer }
+    }
+
     /// The stored keys (or values) of `head` in `layer` at positions `start..start + n`,
     /// as they are held: the fused decode kernel reads them in place. The run must lie
     /// inside one block.
@@ -243,6 +248,22 @@ impl KvCache {
             Blocks::F16(b) => KvRun::F16(&b[block][at..at + n * d]),
             Blocks::F32(b) => KvRun::F32(&b[block][at..at + n * d]),
         }
+    }
+}
+
+/// One layer of a cache, as the fused decode kernel reads it.
+pub struct LayerKv<'a> {
+    cache: &'a KvCache,
+    layer: usize,
+}
+
+impl KvSource for LayerKv<'_> {
+    fn block(&self) -> usize {
+        KV_BLOCK_TOKENS
+    }
+
+    fn run(&self, value: bool, head: usize, start: usize, n: usize) -> KvRun<'_> {
+        self.cache.run(self.layer, value, head, start, n)
     }
 }
 

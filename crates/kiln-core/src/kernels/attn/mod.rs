@@ -8,6 +8,8 @@
 //! [`merge`] joins the states of two disjoint ranges (so one head's keys can be split over
 //! threads), and [`finish`] divides out the sum. Within a run, keys go in tiles of
 //! [`TILE_KEYS`]: scores for the tile, one max and rescale per head, then the values.
+//! [`decode`] drives them for whole rows over a [`KvSource`] (kiln-model's cache, or a
+//! benchmark's buffer): tasks over (row, key/value head, span of keys), merged in order.
 //!
 //! Every path computes the same thing up to f32 rounding (the order of the products in
 //! a score and of the terms in a sum differ); [`reference::attend`] is the exact answer
@@ -25,6 +27,7 @@ mod portable;
 mod x86;
 
 use half::f16;
+use rayon::prelude::*;
 
 use super::Isa;
 use crate::math::exp;
@@ -198,6 +201,89 @@ pub fn finish(shape: &DecodeShape, state: &[f32], out: &mut [f32]) {
         let inv = if l[j] > 0.0 { 1.0 / l[j] } else { 0.0 };
         for (o, &a) in out[j * hd..(j + 1) * hd].iter_mut().zip(&acc[j * hd..(j + 1) * hd]) {
             *o = a * inv;
+        }
+    }
+}
+
+/// Keys per task of [`decode`]: one block of kiln-model's cache, so a 512-position decode
+/// of a model with three key/value heads already has six tasks to share between threads.
+/// Fixed, not derived from the thread count, so the float order of a row depends on its
+/// position alone.
+pub const SPAN_KEYS: usize = 256;
+
+/// Cached values (keys and values of every key/value head) below which [`decode`] runs on
+/// the calling thread: 256K values is about 10 us of one core's work, where waking the
+/// other threads and joining them costs several.
+pub const SERIAL_VALUES: usize = 1 << 18;
+
+/// Where [`decode`] finds one layer's cached keys and values.
+pub trait KvSource: Sync {
+    /// Positions per storage block: a run never straddles two.
+    fn block(&self) -> usize;
+
+    /// The keys (`value` false) or values of key/value `head` at positions
+    /// `start..start + n`, all inside one block.
+    fn run(&self, value: bool, head: usize, start: usize, n: usize) -> KvRun<'_>;
+}
+
+/// Attention of query rows over a cache: `q` (`[rows, kv_heads * group * head_dim]`, the
+/// group of key/value head `h` contiguous at `h * group * head_dim`; row `r` at position
+/// `start + r`, so it sees keys `0..=start + r`) is replaced by the output.
+///
+/// Each row is computed exactly as a one-row decode at its position: its keys go in
+/// fixed spans of [`SPAN_KEYS`] whose states merge in order, whatever the thread count
+/// and the other rows, so a verify of several rows reproduces decode bit for bit. Tasks
+/// (row, key/value head, span) run on the current rayon pool once the cache is long
+/// enough ([`SERIAL_VALUES`]).
+pub fn decode(shape: &DecodeShape, kv_heads: usize, q: &mut [f32], start: usize, src: &impl KvSource) {
+    let (w, sl) = (shape.group * shape.head_dim, shape.state_len());
+    let q_dim = kv_heads * w;
+    assert!(q.len().is_multiple_of(q_dim), "attn::decode: q must hold whole rows of {q_dim} values");
+    let rows = q.len() / q_dim;
+    let isa = Isa::detected();
+    // Each (row, head) owns `spans(row)` consecutive tasks.
+    let spans = |r: usize| (start + r + 1).div_ceil(SPAN_KEYS);
+    let mut tasks = Vec::new();
+    for r in 0..rows {
+        let end = start + r + 1;
+        for h in 0..kv_heads {
+            for sp in 0..spans(r) {
+                let lo = sp * SPAN_KEYS;
+                tasks.push((r, h, lo, end.min(lo + SPAN_KEYS)));
+            }
+        }
+    }
+    let keys: usize = tasks.iter().map(|t| t.3 - t.2).sum();
+    let parallel = rayon::current_num_threads() > 1 && 2 * keys * shape.head_dim >= SERIAL_VALUES;
+    let mut states = vec![0f32; tasks.len() * sl];
+    let queries: &[f32] = q;
+    let block = src.block();
+    let task = |(st, &(r, h, lo, hi)): (&mut [f32], &(usize, usize, usize, usize))| {
+        let qh = &queries[r * q_dim + h * w..r * q_dim + (h + 1) * w];
+        init(shape, st);
+        let mut a = lo;
+        while a < hi {
+            let b = hi.min((a / block + 1) * block);
+            fold(isa, shape, qh, src.run(false, h, a, b - a), src.run(true, h, a, b - a), st);
+            a = b;
+        }
+    };
+    if parallel {
+        states.par_chunks_mut(sl).zip(tasks.par_iter()).for_each(task);
+    } else {
+        states.chunks_mut(sl).zip(tasks.iter()).for_each(task);
+    }
+    let mut rest = &mut states[..];
+    for r in 0..rows {
+        for h in 0..kv_heads {
+            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(spans(r) * sl);
+            rest = tail;
+            let (first, parts) = mine.split_at_mut(sl);
+            for part in parts.chunks(sl) {
+                merge(shape, first, part);
+            }
+            let o = r * q_dim + h * w;
+            finish(shape, first, &mut q[o..o + w]);
         }
     }
 }
