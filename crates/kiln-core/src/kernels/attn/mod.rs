@@ -26,6 +26,8 @@ mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+use std::mem::MaybeUninit;
+
 use half::f16;
 use rayon::prelude::*;
 
@@ -288,21 +290,31 @@ pub fn decode(shape: &DecodeShape, kv_heads: usize, q: &mut [f32], start: usize,
     }
 }
 
-/// What a path supplies for one tile of at most [`TILE_KEYS`] keys.
+/// What a path supplies for one tile of at most [`TILE_KEYS`] keys. The score buffer is
+/// left uninitialised between tiles (zeroing 16 KiB per tile cost more than the softmax):
+/// `scores` initialises exactly the entries `accumulate` and the softmax read.
 pub(crate) trait TileOps {
-    /// `s[j * TILE_KEYS + t] = scale * q_j . k_t` for every head `j` and key `t < nk`
-    /// (`keys` holds exactly `nk` positions). Entries past `nk` may be overwritten.
+    /// Initialises `s[j * TILE_KEYS + t] = scale * q_j . k_t` for every head `j` and key
+    /// `t < nk` (`keys` holds exactly `nk` positions). Entries past `nk` may be written.
     ///
     /// # Safety
-    /// The CPU must have the features the path is compiled for.
-    unsafe fn scores(shape: &DecodeShape, q: &[f32], keys: KvRun<'_>, nk: usize, s: &mut [f32]);
+    /// The CPU must have the features the path is compiled for; `s` holds at least
+    /// `group * TILE_KEYS` entries.
+    unsafe fn scores(shape: &DecodeShape, q: &[f32], keys: KvRun<'_>, nk: usize, s: &mut [MaybeUninit<f32>]);
 
     /// `acc_j += sum_t p[j * TILE_KEYS + t] v_t` for every head `j` and key `t < nk`
     /// (`values` holds exactly `nk` positions).
     ///
     /// # Safety
-    /// The CPU must have the features the path is compiled for.
-    unsafe fn accumulate(shape: &DecodeShape, p: &[f32], values: KvRun<'_>, nk: usize, acc: &mut [f32]);
+    /// The CPU must have the features the path is compiled for; the entries of `p` read
+    /// are initialised.
+    unsafe fn accumulate(
+        shape: &DecodeShape,
+        p: &[MaybeUninit<f32>],
+        values: KvRun<'_>,
+        nk: usize,
+        acc: &mut [f32],
+    );
 }
 
 /// The tile loop every path shares; inlined into each path's entry point so the softmax
@@ -322,7 +334,7 @@ pub(crate) unsafe fn drive<O: TileOps>(
     let n = keys.len() / hd;
     let (m, rest) = state.split_at_mut(g);
     let (l, acc) = rest.split_at_mut(g);
-    let mut s = [0f32; MAX_GROUP * TILE_KEYS];
+    let mut s = [MaybeUninit::<f32>::uninit(); MAX_GROUP * TILE_KEYS];
     let mut t0 = 0;
     while t0 < n {
         let nk = TILE_KEYS.min(n - t0);
@@ -330,7 +342,11 @@ pub(crate) unsafe fn drive<O: TileOps>(
         // SAFETY: the caller guarantees the features.
         unsafe { O::scores(shape, q, kt, nk, &mut s) };
         for j in 0..g {
-            let sj = &mut s[j * TILE_KEYS..j * TILE_KEYS + nk];
+            // SAFETY: `scores` initialised these `nk` entries of head `j`, inside `s`
+            // since `j < group <= MAX_GROUP` and `nk <= TILE_KEYS`.
+            let sj = unsafe {
+                std::slice::from_raw_parts_mut(s.as_mut_ptr().add(j * TILE_KEYS).cast::<f32>(), nk)
+            };
             let mx = lane_max(sj).max(m[j]);
             let corr = exp(m[j] - mx);
             let sum = exp_sum(sj, mx);

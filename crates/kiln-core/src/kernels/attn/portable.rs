@@ -2,6 +2,8 @@
 //! (through `half`'s slice conversion for an f16 cache) and used for every head of the
 //! group; the products run in eight independent lanes the compiler vectorises.
 
+use std::mem::MaybeUninit;
+
 use half::slice::HalfFloatSliceExt;
 
 use super::{DecodeShape, KvRun, MAX_HEAD_DIM, TILE_KEYS, TileOps, drive};
@@ -27,25 +29,32 @@ fn as_f32<'a>(run: KvRun<'a>, buf: &'a mut [f32; MAX_HEAD_DIM]) -> &'a [f32] {
 }
 
 impl TileOps for Portable {
-    unsafe fn scores(shape: &DecodeShape, q: &[f32], keys: KvRun<'_>, nk: usize, s: &mut [f32]) {
+    unsafe fn scores(shape: &DecodeShape, q: &[f32], keys: KvRun<'_>, nk: usize, s: &mut [MaybeUninit<f32>]) {
         let hd = shape.head_dim;
         let mut buf = [0f32; MAX_HEAD_DIM];
         for t in 0..nk {
             // One key at a time, converted once for every head of the group.
             let kt = as_f32(keys.slice(t * hd, hd), &mut buf);
             for (j, qj) in q.chunks_exact(hd).enumerate() {
-                s[j * TILE_KEYS + t] = shape.scale * dot(qj, kt);
+                s[j * TILE_KEYS + t].write(shape.scale * dot(qj, kt));
             }
         }
     }
 
-    unsafe fn accumulate(shape: &DecodeShape, p: &[f32], values: KvRun<'_>, nk: usize, acc: &mut [f32]) {
+    unsafe fn accumulate(
+        shape: &DecodeShape,
+        p: &[MaybeUninit<f32>],
+        values: KvRun<'_>,
+        nk: usize,
+        acc: &mut [f32],
+    ) {
         let hd = shape.head_dim;
         let mut buf = [0f32; MAX_HEAD_DIM];
         for t in 0..nk {
             let vt = as_f32(values.slice(t * hd, hd), &mut buf);
             for (j, aj) in acc.chunks_exact_mut(hd).enumerate() {
-                let w = p[j * TILE_KEYS + t];
+                // SAFETY: the caller guarantees the weights of keys `t < nk` are initialised.
+                let w = unsafe { p[j * TILE_KEYS + t].assume_init() };
                 for (a, &x) in aj.iter_mut().zip(vt) {
                     *a += w * x;
                 }

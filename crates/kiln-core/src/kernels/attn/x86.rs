@@ -8,6 +8,7 @@
 //! takes eight broadcast-weight FMAs per eight lanes of width.
 
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 use super::{DecodeShape, KvRun, MAX_HEAD_DIM, TILE_KEYS, TileOps, drive};
 
@@ -68,10 +69,10 @@ fn sum8x8(a: &[__m256; 8]) -> __m256 {
 impl TileOps for Avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn scores(shape: &DecodeShape, q: &[f32], keys: KvRun<'_>, nk: usize, s: &mut [f32]) {
+    unsafe fn scores(shape: &DecodeShape, q: &[f32], keys: KvRun<'_>, nk: usize, s: &mut [MaybeUninit<f32>]) {
         let (g, hd) = (shape.group, shape.head_dim);
         let scale = _mm256_set1_ps(shape.scale);
-        let mut buf = [0f32; 8 * MAX_HEAD_DIM];
+        let mut buf = [MaybeUninit::<f32>::uninit(); 8 * MAX_HEAD_DIM];
         let mut t0 = 0;
         while t0 < nk {
             let nt = 8.min(nk - t0);
@@ -80,17 +81,21 @@ impl TileOps for Avx2 {
             let k: &[f32] = match keys {
                 KvRun::F32(run) if nt == 8 => &run[t0 * hd..(t0 + 8) * hd],
                 _ => {
-                    let part = &mut buf[..8 * hd];
-                    part[nt * hd..].fill(0.0);
+                    let part = buf.as_mut_ptr().cast::<f32>();
                     let mut i = 0;
                     while i < nt * hd {
                         // SAFETY: features from the caller; `i + 8 <= nt * hd` values of
-                        // the chunk exist since `hd` is a multiple of 8, and `part` holds
+                        // the chunk exist since `hd` is a multiple of 8, and `buf` holds
                         // `8 * hd >= i + 8` values.
-                        unsafe { _mm256_storeu_ps(part.as_mut_ptr().add(i), load8(keys, t0 * hd + i)) };
+                        unsafe { _mm256_storeu_ps(part.add(i), load8(keys, t0 * hd + i)) };
                         i += 8;
                     }
-                    part
+                    // SAFETY: the first `nt * hd` values were written above and the rest
+                    // are zeroed here, so all `8 * hd` (inside `buf`) are initialised.
+                    unsafe {
+                        std::ptr::write_bytes(part.add(nt * hd), 0, (8 - nt) * hd);
+                        std::slice::from_raw_parts(part, 8 * hd)
+                    }
                 }
             };
             for j in 0..g {
@@ -110,7 +115,7 @@ impl TileOps for Avx2 {
                         c += 8;
                     }
                     let sc = _mm256_mul_ps(sum8x8(&a), scale);
-                    _mm256_storeu_ps(s.as_mut_ptr().add(j * TILE_KEYS + t0), sc);
+                    _mm256_storeu_ps(s.as_mut_ptr().add(j * TILE_KEYS + t0).cast::<f32>(), sc);
                 }
             }
             t0 += 8;
@@ -119,7 +124,13 @@ impl TileOps for Avx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn accumulate(shape: &DecodeShape, p: &[f32], values: KvRun<'_>, nk: usize, acc: &mut [f32]) {
+    unsafe fn accumulate(
+        shape: &DecodeShape,
+        p: &[MaybeUninit<f32>],
+        values: KvRun<'_>,
+        nk: usize,
+        acc: &mut [f32],
+    ) {
         let (g, hd) = (shape.group, shape.head_dim);
         let mut t0 = 0;
         while t0 + 8 <= nk {
@@ -128,7 +139,8 @@ impl TileOps for Avx2 {
                 // SAFETY: features from the caller; the eight value loads read positions
                 // `t0..t0 + 8 <= nk` at width `c + 8 <= hd`; the weights read are
                 // `p[j * TILE_KEYS + t0 + t]` inside the tile's scores; the accumulator
-                // loads and stores are lanes `c..c + 8` of head `j < g`.
+                // loads and stores are lanes `c..c + 8` of head `j < g`; the weights of
+                // keys below `nk` are initialised (the caller guarantees it).
                 unsafe {
                     let mut v = [_mm256_setzero_ps(); 8];
                     for (t, vt) in v.iter_mut().enumerate() {
@@ -136,7 +148,7 @@ impl TileOps for Avx2 {
                     }
                     for j in 0..g {
                         let dst = acc.as_mut_ptr().add(j * hd + c);
-                        let w = p.as_ptr().add(j * TILE_KEYS + t0);
+                        let w = p.as_ptr().add(j * TILE_KEYS + t0).cast::<f32>();
                         let mut a = _mm256_loadu_ps(dst);
                         for (t, vt) in v.iter().enumerate() {
                             a = _mm256_fmadd_ps(_mm256_broadcast_ss(&*w.add(t)), *vt, a);
@@ -156,7 +168,7 @@ impl TileOps for Avx2 {
                     let vt = load8(values, t * hd + c);
                     for j in 0..g {
                         let dst = acc.as_mut_ptr().add(j * hd + c);
-                        let w = _mm256_set1_ps(p[j * TILE_KEYS + t]);
+                        let w = _mm256_set1_ps(p[j * TILE_KEYS + t].assume_init());
                         _mm256_storeu_ps(dst, _mm256_fmadd_ps(w, vt, _mm256_loadu_ps(dst)));
                     }
                 }
