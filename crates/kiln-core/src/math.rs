@@ -31,6 +31,21 @@ pub fn exp(x: f32) -> f32 {
     p * f32::from_bits(((ni + 127) as u32) << 23)
 }
 
+/// The largest value (negative infinity for an empty slice; NaN is skipped), with eight
+/// independent lanes so it vectorises.
+#[inline(always)]
+pub fn max(x: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder().iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] = acc[i].max(c[i]);
+        }
+    }
+    acc.iter().fold(tail, |a, &b| a.max(b))
+}
+
 /// The relative error bound of [`exp`] over its unclamped range, as the attention tests
 /// charge it: 4 ulp of the result, `4 * 2^-23`.
 pub const EXP_REL_ERROR: f64 = 4.0 / 8_388_608.0;

@@ -3,30 +3,16 @@
 //! derives from f32 rounding; over the head sizes, group sizes, lengths (across tile and
 //! cache-block edges), storage types and key-range splits kiln runs.
 
+mod common;
+
 use half::f16;
 use kiln_core::kernels::Isa;
 use kiln_core::kernels::attn::{self, DecodeShape, KvRun, KvSource, TILE_KEYS, reference};
 
+use common::Rng;
+
 /// Positions per cache block in kiln-model: runs never straddle one.
 const BLOCK: usize = 256;
-
-/// splitmix64: small, seeded, good enough for test data.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [-a, a).
-    fn sym(&mut self, a: f32) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * a
-    }
-}
 
 /// One decode case: queries, and keys and values already rounded to f16 (so the f16 and
 /// f32 storage hold the same numbers).

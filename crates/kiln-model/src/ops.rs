@@ -3,7 +3,7 @@
 //! them for the baseline target (independent accumulators, no data-dependent branches);
 //! CPU-feature dispatch belongs to kiln-core's kernels alone.
 
-pub use kiln_core::math::exp;
+pub use kiln_core::math::{exp, max};
 use rayon::prelude::*;
 
 /// Rows per rayon task in row-parallel operations; below one task's worth, stay serial.
@@ -149,20 +149,6 @@ pub fn gemm(
             1,
         );
     }
-}
-
-/// The largest value (negative infinity for an empty slice; NaN is skipped), with eight
-/// independent lanes so it vectorises.
-pub fn max(x: &[f32]) -> f32 {
-    let mut acc = [f32::NEG_INFINITY; 8];
-    let chunks = x.chunks_exact(8);
-    let tail = chunks.remainder().iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    for c in chunks {
-        for i in 0..8 {
-            acc[i] = acc[i].max(c[i]);
-        }
-    }
-    acc.iter().fold(tail, |a, &b| a.max(b))
 }
 
 /// Replaces every value by `e^(v - shift)` and returns their sum.

@@ -32,7 +32,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use super::Isa;
-use crate::math::exp;
+use crate::math::{exp, max};
 
 /// Keys per tile: one maximum and one rescale of the output per tile and head.
 pub const TILE_KEYS: usize = 64;
@@ -347,7 +347,7 @@ pub(crate) unsafe fn drive<O: TileOps>(
             let sj = unsafe {
                 std::slice::from_raw_parts_mut(s.as_mut_ptr().add(j * TILE_KEYS).cast::<f32>(), nk)
             };
-            let mx = lane_max(sj).max(m[j]);
+            let mx = max(sj).max(m[j]);
             let corr = exp(m[j] - mx);
             let sum = exp_sum(sj, mx);
             l[j] = l[j] * corr + sum;
@@ -362,20 +362,6 @@ pub(crate) unsafe fn drive<O: TileOps>(
         unsafe { O::accumulate(shape, &s, vt, nk, acc) };
         t0 += nk;
     }
-}
-
-/// The largest value, in eight lanes so it vectorises.
-#[inline(always)]
-fn lane_max(x: &[f32]) -> f32 {
-    let mut lanes = [f32::NEG_INFINITY; 8];
-    let chunks = x.chunks_exact(8);
-    let tail = chunks.remainder().iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    for c in chunks {
-        for i in 0..8 {
-            lanes[i] = lanes[i].max(c[i]);
-        }
-    }
-    lanes.iter().fold(tail, |a, &b| a.max(b))
 }
 
 /// Replaces each value by `e^(v - shift)` and returns their sum, in eight lanes.
