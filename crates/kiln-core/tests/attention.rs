@@ -272,3 +272,23 @@ fn decode_rows_match_one_row_decodes_bit_for_bit_at_any_thread_count() {
         }
     }
 }
+
+#[test]
+fn rows_beyond_the_state_budget_go_in_batches_with_the_same_results() {
+    // Groups of 16 heads of 128 over 4,097+ positions: 17 spans of 2,080 state values per
+    // row, so 32 rows need more than `STATE_VALUES` and go in two batches.
+    let (kvh, g, hd, start, rows) = (1, 16, 128, 4096usize, 32);
+    let shape = DecodeShape::new(g, hd);
+    assert!(rows * (start + 1).div_ceil(attn::SPAN_KEYS) * shape.state_len() > attn::STATE_VALUES);
+    let cache = Blocks::new(kvh, hd, start + rows, 21);
+    let q_dim = kvh * g * hd;
+    let mut rng = Rng(6);
+    let q: Vec<f32> = (0..rows * q_dim).map(|_| rng.sym(1.0)).collect();
+    let mut together = q.clone();
+    attn::decode(&shape, kvh, &mut together, start, &cache);
+    for r in [0, rows / 2, rows - 1] {
+        let mut alone = q[r * q_dim..(r + 1) * q_dim].to_vec();
+        attn::decode(&shape, kvh, &mut alone, start + r, &cache);
+        assert_eq!(alone, together[r * q_dim..(r + 1) * q_dim], "row {r}");
+    }
+}

@@ -218,6 +218,10 @@ pub const SPAN_KEYS: usize = 256;
 /// other threads and joining them costs several.
 pub const SERIAL_VALUES: usize = 1 << 18;
 
+/// f32 values of partial states [`decode`] holds at once, at most (4 MiB), unless one row
+/// alone needs more.
+pub const STATE_VALUES: usize = 1 << 20;
+
 /// Where [`decode`] finds one layer's cached keys and values.
 pub trait KvSource: Sync {
     /// Positions per storage block: a run never straddles two.
@@ -241,6 +245,26 @@ pub fn decode(shape: &DecodeShape, kv_heads: usize, q: &mut [f32], start: usize,
     let (w, sl) = (shape.group * shape.head_dim, shape.state_len());
     let q_dim = kv_heads * w;
     assert!(q.len().is_multiple_of(q_dim), "attn::decode: q must hold whole rows of {q_dim} values");
+    let rows = q.len() / q_dim;
+    let tasks = |r: usize| kv_heads * (start + r + 1).div_ceil(SPAN_KEYS);
+    // Rows go in batches whose partial states fit in STATE_VALUES (one row at least), so
+    // a long verify over a long cache does not hold every row's states at once.
+    let mut r0 = 0;
+    while r0 < rows {
+        let (mut r1, mut n) = (r0 + 1, tasks(r0));
+        while r1 < rows && (n + tasks(r1)) * sl <= STATE_VALUES {
+            n += tasks(r1);
+            r1 += 1;
+        }
+        decode_rows(shape, kv_heads, &mut q[r0 * q_dim..r1 * q_dim], start + r0, src);
+        r0 = r1;
+    }
+}
+
+/// [`decode`] of one batch of rows.
+fn decode_rows(shape: &DecodeShape, kv_heads: usize, q: &mut [f32], start: usize, src: &impl KvSource) {
+    let (w, sl) = (shape.group * shape.head_dim, shape.state_len());
+    let q_dim = kv_heads * w;
     let rows = q.len() / q_dim;
     let isa = Isa::detected();
     // Each (row, head) owns `spans(row)` consecutive tasks.
