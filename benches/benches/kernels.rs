@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
 use kiln_benches::{
-    Rotation, SHAPES, Shape, all_threads, bench_name, matrix_bytes, pool, random_activations, smoke_run,
+    Rotation, SHAPES, Shape, all_threads, bench_name, matrix_bytes, pool, random_activations, read_bandwidth,
+    smoke_run,
 };
-use kiln_core::bandwidth::{DEFAULT_BYTES, ReadBuffer};
 use kiln_core::kernels::{qmm, qmv, qmv_batch_limit, qmv_wide};
 
 /// Activation rows measured (the list).
@@ -52,20 +52,6 @@ fn main() {
 fn thread_counts() -> Vec<usize> {
     let all = all_threads();
     if all > 1 { vec![1, all] } else { vec![1] }
-}
-
-fn read_bandwidth(c: &mut Criterion, threads: &[usize], buf: &mut Option<ReadBuffer>, when: &str) {
-    let bytes = if smoke_run() { 1 << 20 } else { DEFAULT_BYTES };
-    let mut g = c.benchmark_group("read_bandwidth");
-    g.sampling_mode(SamplingMode::Flat).throughput(Throughput::Bytes(bytes as u64));
-    for &t in threads {
-        let p = pool(t);
-        g.bench_function(BenchmarkId::new(format!("sum_{}MiB_{when}", bytes >> 20), format!("t{t}")), |b| {
-            let buf = buf.get_or_insert_with(|| ReadBuffer::new(bytes));
-            b.iter(|| p.install(|| buf.sum()));
-        });
-    }
-    g.finish();
 }
 
 /// What one benchmark runs.

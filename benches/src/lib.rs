@@ -3,6 +3,8 @@
 //! copies of each to defeat the last-level cache, and the benchmark naming scheme that
 //! `cargo xtask bench-kernels` parses.
 
+use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
+use kiln_core::bandwidth::{DEFAULT_BYTES, ReadBuffer};
 use kiln_core::format::QuantSpec;
 use kiln_core::matrix::{QuantizedMatrix, ScaleData, ScaleDtype};
 use kiln_core::{Buffer, KernelChoice};
@@ -179,4 +181,21 @@ pub fn pool(threads: usize) -> rayon::ThreadPool {
 /// Threads of the "all threads" configuration.
 pub fn all_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Benchmarks `read_bandwidth/sum_<MiB>MiB_<when>/t<threads>`: one full read of a buffer far
+/// beyond the last-level cache (1 MiB in a smoke run), kept in `buf` across calls. Kernel
+/// benchmarks run it first and last, so a shared machine's load shows as a gap.
+pub fn read_bandwidth(c: &mut Criterion, threads: &[usize], buf: &mut Option<ReadBuffer>, when: &str) {
+    let bytes = if smoke_run() { 1 << 20 } else { DEFAULT_BYTES };
+    let mut g = c.benchmark_group("read_bandwidth");
+    g.sampling_mode(SamplingMode::Flat).throughput(Throughput::Bytes(bytes as u64));
+    for &t in threads {
+        let p = pool(t);
+        g.bench_function(BenchmarkId::new(format!("sum_{}MiB_{when}", bytes >> 20), format!("t{t}")), |b| {
+            let buf = buf.get_or_insert_with(|| ReadBuffer::new(bytes));
+            b.iter(|| p.install(|| buf.sum()));
+        });
+    }
+    g.finish();
 }

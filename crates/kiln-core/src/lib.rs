@@ -13,6 +13,7 @@ pub mod buffer;
 pub mod dense;
 pub mod format;
 pub mod kernels;
+pub mod math;
 pub mod matrix;
 pub mod pool;
 pub mod quantize;

@@ -3,6 +3,8 @@
 //! from the format below; the dispatcher and the wide switch; and the recorded answer to
 //! "are `qmv_wide` and per-row `qmv` bit-identical?" (yes, on every path).
 
+mod common;
+
 use std::sync::Mutex;
 
 use kiln_core::format::{QuantSpec, SUPPORTED_BITS, write_code};
@@ -13,6 +15,8 @@ use kiln_core::kernels::{
 use kiln_core::matrix::{QuantizedMatrix, ScaleData, ScaleDtype};
 use kiln_core::wide::{qmv_wide_enabled, set_qmv_wide};
 use kiln_core::{Buffer, quantized_matmul};
+
+use common::Rng;
 
 // ---------------------------------------------------------------------------------------
 // Tolerances.
@@ -217,24 +221,6 @@ impl Case {
             self.w.k(),
             self.m
         )
-    }
-}
-
-/// splitmix64: small, seeded, good enough for test data.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [-a, a).
-    fn sym(&mut self, a: f32) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * a
     }
 }
 

@@ -1,11 +1,20 @@
 //! Causal grouped-query attention of one sequence's new rows over its KV cache.
 //!
-//! [`AttentionKind::Streaming`] (the default) walks the keys in tiles with an online
-//! softmax: per query it keeps only a running maximum, a running sum and the output
-//! accumulator, so its memory is a few tiles on the stack whatever the prompt length.
-//! Work is split over (key/value head, block of query rows); each task converts a tile
-//! of keys and values to f32 once and uses it for every query head of the group and every
-//! row of its block.
+//! [`AttentionKind::Streaming`] (the default) walks the keys with an online softmax: per
+//! query it keeps only a running maximum, a running sum and the output accumulator, so
+//! its memory is a few tiles on the stack whatever the prompt length.
+//!
+//! A decode step, and any job of at most [`FUSED_ROWS`] rows (a speculative verify among
+//! them, each row computed as its own decode), runs kiln-core's fused kernel
+//! ([`kiln_core::kernels::attn::decode`]): the group's query heads read their key/value
+//! head's cache once, in place, in its f16 or f32 storage. Work is split over (row,
+//! key/value head, span of keys), on the calling thread for short caches, and the partial
+//! softmax states of one head's spans are merged in order at the end, so a row's result
+//! depends on its position alone.
+//!
+//! Longer jobs (prefill chunks) split over (key/value head, block of query rows); each
+//! task converts a tile of keys and values to f32 once and multiplies it, as matrices,
+//! with every query head of the group and every row of its block.
 //!
 //! [`AttentionKind::Naive`] materialises the full score matrix `[heads, rows, context]`
 //! from the pool, as implementations without a fused kernel do, so the quadratic memory
@@ -13,6 +22,7 @@
 //!
 //! Both leave the result in the query buffer, row-major `[rows, heads * head_dim]`.
 
+use kiln_core::kernels::attn::{self, DecodeShape};
 use rayon::prelude::*;
 
 use crate::kv_cache::{KV_BLOCK_TOKENS, KvCache};
@@ -39,6 +49,11 @@ const BLOCK_ROWS: usize = 64;
 
 /// Query-key pairs below which a job runs on the calling thread.
 const SERIAL_WORK: usize = 4096;
+
+/// Rows of one sequence that go through the fused kernel, each as its own decode: a decode
+/// step and a speculative verify (at most 33 rows, `--draft-tokens` 32 plus one), which
+/// must reproduce decode exactly. Longer prefill chunks multiply tiles as matrices.
+pub const FUSED_ROWS: usize = 64;
 
 /// f32 scores of one tile for every query a task multiplies at once.
 const SCORE_VALUES: usize = BLOCK_ROWS * KV_BLOCK_TOKENS;
@@ -114,11 +129,16 @@ pub struct AttnJob<'a> {
     pub start: usize,
 }
 
-/// Streaming attention for one sequence in `layer`.
+/// Streaming attention for one sequence in `layer`: the fused kernel up to
+/// [`FUSED_ROWS`] rows, tiled products beyond.
 pub fn streaming(shape: &AttnShape, layer: usize, job: AttnJob<'_>) {
+    let rows = job.q.len() / shape.q_dim();
+    if rows <= FUSED_ROWS {
+        let ds = DecodeShape::new(shape.group(), shape.head_dim);
+        return attn::decode(&ds, shape.kv_heads, job.q, job.start, &job.cache.layer(layer));
+    }
     let AttnJob { q, tmp, cache, start } = job;
     let w = shape.group() * shape.head_dim;
-    let rows = q.len() / shape.q_dim();
     let block_rows = shape.block_rows();
     let queries: &[f32] = q;
     let blocks = |h: usize, head_out: &mut [f32]| {

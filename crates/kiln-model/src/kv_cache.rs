@@ -9,6 +9,7 @@
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
+use kiln_core::kernels::attn::{KvRun, KvSource};
 use kiln_core::{MemoryPool, OutOfMemory, PoolVec, Tag};
 
 use crate::config::ModelConfig;
@@ -223,15 +224,46 @@ impl KvCache {
     /// Copies keys (or values) of `head` in `layer` at positions `start..start + n` into
     /// `out` (`n * head_dim` values) as f32. The run must lie inside one block.
     pub fn read(&self, layer: usize, value: bool, head: usize, start: usize, n: usize, out: &mut [f32]) {
+        let out = &mut out[..n * self.layout.head_dim];
+        match self.run(layer, value, head, start, n) {
+            KvRun::F16(s) => s.convert_to_f32_slice(out),
+            KvRun::F32(s) => out.copy_from_slice(s),
+        }
+    }
+
+    /// `layer` of the cache as a source for [`kiln_core::kernels::attn::decode`].
+    pub fn layer(&self, layer: usize) -> LayerKv<'_> {
+        LayerKv { cache: self, layer }
+    }
+
+    /// The stored keys (or values) of `head` in `layer` at positions `start..start + n`,
+    /// as they are held: the fused decode kernel reads them in place. The run must lie
+    /// inside one block.
+    pub fn run(&self, layer: usize, value: bool, head: usize, start: usize, n: usize) -> KvRun<'_> {
         let (block, slot) = (start / KV_BLOCK_TOKENS, start % KV_BLOCK_TOKENS);
-        assert!(slot + n <= KV_BLOCK_TOKENS, "KvCache::read: a run must not straddle blocks");
+        assert!(slot + n <= KV_BLOCK_TOKENS, "KvCache::run: a run must not straddle blocks");
         let d = self.layout.head_dim;
         let at = self.layout.offset(layer, value, head, slot);
-        let out = &mut out[..n * d];
         match &self.blocks {
-            Blocks::F16(b) => b[block][at..at + n * d].convert_to_f32_slice(out),
-            Blocks::F32(b) => out.copy_from_slice(&b[block][at..at + n * d]),
+            Blocks::F16(b) => KvRun::F16(&b[block][at..at + n * d]),
+            Blocks::F32(b) => KvRun::F32(&b[block][at..at + n * d]),
         }
+    }
+}
+
+/// One layer of a cache, as the fused decode kernel reads it.
+pub struct LayerKv<'a> {
+    cache: &'a KvCache,
+    layer: usize,
+}
+
+impl KvSource for LayerKv<'_> {
+    fn block(&self) -> usize {
+        KV_BLOCK_TOKENS
+    }
+
+    fn run(&self, value: bool, head: usize, start: usize, n: usize) -> KvRun<'_> {
+        self.cache.run(self.layer, value, head, start, n)
     }
 }
 

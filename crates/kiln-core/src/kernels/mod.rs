@@ -28,6 +28,7 @@
 //! first call); the memory bandwidth probe (`bandwidth.rs`) asks it too, and only
 //! compiles its own AVX2 loop under `cfg(target_arch)`.
 
+pub mod attn;
 pub mod reference;
 
 mod act;

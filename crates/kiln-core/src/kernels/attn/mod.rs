@@ -1,0 +1,408 @@
+//! Fused decode attention: the query heads that share one key/value head read that head's
+//! cached keys and values once, straight from their f16 (or f32) storage, with an online
+//! softmax, so a decode step costs one pass over the cache and no repacking.
+//!
+//! The unit of work is a *partial state* of one key/value head over a range of keys: per
+//! query head of the group a running maximum `m`, a running sum `l` of `e^(s - m)` and an
+//! unnormalised output `acc = sum e^(s - m) v`. [`fold`] adds a run of keys to a state,
+//! [`merge`] joins the states of two disjoint ranges (so one head's keys can be split over
+//! threads), and [`finish`] divides out the sum. Within a run, keys go in tiles of
+//! [`TILE_KEYS`]: scores for the tile, one max and rescale per head, then the values.
+//! [`decode`] drives them for whole rows over a [`KvSource`] (kiln-model's cache, or a
+//! benchmark's buffer): tasks over (row, key/value head, span of keys), merged in order.
+//!
+//! Every path computes the same thing up to f32 rounding (the order of the products in
+//! a score and of the terms in a sum differ); [`reference::attend`] is the exact answer
+//! the tests hold them to, with a tolerance derived from that rounding.
+//!
+//! The dispatcher here picks the path from [`Isa`]: AVX2 (F16C conversion in registers,
+//! FMA) for head sizes that are a multiple of 8, the portable path otherwise and on other
+//! targets, where it converts each tile with `half`'s slice conversion (which uses the
+//! CPU's f16 instructions where it finds them) and leaves the loops to the compiler.
+
+pub mod reference;
+
+mod portable;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::mem::MaybeUninit;
+
+use half::f16;
+use rayon::prelude::*;
+
+use super::Isa;
+use crate::math::{exp, max};
+
+/// Keys per tile: one maximum and one rescale of the output per tile and head.
+pub const TILE_KEYS: usize = 64;
+
+/// The widest head the kernels take.
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// The most query heads per key/value head the kernels take.
+pub const MAX_GROUP: usize = 64;
+
+/// A run of cached keys or values of one head: `n * head_dim` values, position-major.
+#[derive(Clone, Copy, Debug)]
+pub enum KvRun<'a> {
+    /// Half-precision storage.
+    F16(&'a [f16]),
+    /// Single-precision storage.
+    F32(&'a [f32]),
+}
+
+impl<'a> KvRun<'a> {
+    /// Values in the run.
+    pub fn len(&self) -> usize {
+        match self {
+            KvRun::F16(s) => s.len(),
+            KvRun::F32(s) => s.len(),
+        }
+    }
+
+    /// Whether the run is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Values `start..start + len`.
+    pub fn slice(&self, start: usize, len: usize) -> KvRun<'a> {
+        match *self {
+            KvRun::F16(s) => KvRun::F16(&s[start..start + len]),
+            KvRun::F32(s) => KvRun::F32(&s[start..start + len]),
+        }
+    }
+
+    /// Bytes per stored value.
+    pub fn value_bytes(&self) -> usize {
+        match self {
+            KvRun::F16(_) => 2,
+            KvRun::F32(_) => 4,
+        }
+    }
+
+    /// Value `i` as f32.
+    pub fn get(&self, i: usize) -> f32 {
+        match self {
+            KvRun::F16(s) => s[i].to_f32(),
+            KvRun::F32(s) => s[i],
+        }
+    }
+}
+
+/// The geometry of one key/value head's decode: its query heads and their width.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DecodeShape {
+    /// Query heads sharing the key/value head.
+    pub group: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Factor on every score, `1 / sqrt(head_dim)` for standard attention.
+    pub scale: f32,
+}
+
+impl DecodeShape {
+    /// `group` query heads of width `head_dim`, scores scaled by `1 / sqrt(head_dim)`.
+    /// Panics outside `1..=MAX_GROUP` and `1..=MAX_HEAD_DIM`.
+    pub fn new(group: usize, head_dim: usize) -> Self {
+        assert!((1..=MAX_GROUP).contains(&group), "DecodeShape: group {group} is outside 1..={MAX_GROUP}");
+        assert!(
+            (1..=MAX_HEAD_DIM).contains(&head_dim),
+            "DecodeShape: head_dim {head_dim} is outside 1..={MAX_HEAD_DIM}"
+        );
+        DecodeShape { group, head_dim, scale: 1.0 / (head_dim as f32).sqrt() }
+    }
+
+    /// f32 values of one partial state: `group` maxima, `group` sums, `group * head_dim`
+    /// accumulators.
+    pub fn state_len(&self) -> usize {
+        self.group * (self.head_dim + 2)
+    }
+}
+
+/// Sets `state` to the empty range: maxima at negative infinity, sums and outputs at 0.
+pub fn init(shape: &DecodeShape, state: &mut [f32]) {
+    let state = &mut state[..shape.state_len()];
+    let (m, rest) = state.split_at_mut(shape.group);
+    m.fill(f32::NEG_INFINITY);
+    rest.fill(0.0);
+}
+
+/// Folds the keys and values of one run (`keys.len() / head_dim` positions) into
+/// `state`, for the group's queries `q` (`[group, head_dim]`), on the path `isa`.
+///
+/// # Panics
+/// When `isa` cannot run here, the run lengths differ or are not whole positions, the
+/// runs are of different storage types, or a slice is shorter than the shape says.
+pub fn fold(isa: Isa, shape: &DecodeShape, q: &[f32], keys: KvRun<'_>, values: KvRun<'_>, state: &mut [f32]) {
+    let (g, hd) = (shape.group, shape.head_dim);
+    assert!(isa.is_available(), "attn::fold: the {} path cannot run on this CPU", isa.as_str());
+    assert_eq!(keys.len(), values.len(), "attn::fold: keys and values must hold as many values");
+    assert!(keys.len().is_multiple_of(hd), "attn::fold: runs must hold whole positions of {hd} values");
+    assert!(
+        matches!((keys, values), (KvRun::F16(_), KvRun::F16(_)) | (KvRun::F32(_), KvRun::F32(_))),
+        "attn::fold: keys and values must share a storage type"
+    );
+    assert!(q.len() >= g * hd, "attn::fold: q must hold group * head_dim = {} values", g * hd);
+    let state = &mut state[..shape.state_len()];
+    if keys.is_empty() {
+        return;
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if hd.is_multiple_of(8) => {
+            // SAFETY: `is_available` above confirmed AVX2, FMA and F16C, the features the
+            // function is compiled for; the lengths it relies on were checked above.
+            unsafe { x86::fold(shape, &q[..g * hd], keys, values, state) }
+        }
+        _ => portable::fold(shape, &q[..g * hd], keys, values, state),
+    }
+}
+
+/// [`fold`] on the best path this CPU has.
+pub fn fold_detected(shape: &DecodeShape, q: &[f32], keys: KvRun<'_>, values: KvRun<'_>, state: &mut [f32]) {
+    fold(Isa::detected(), shape, q, keys, values, state);
+}
+
+/// Joins `from` (the state of a key range disjoint from `into`'s) into `into`.
+pub fn merge(shape: &DecodeShape, into: &mut [f32], from: &[f32]) {
+    let (g, hd) = (shape.group, shape.head_dim);
+    let (m, rest) = into[..shape.state_len()].split_at_mut(g);
+    let (l, acc) = rest.split_at_mut(g);
+    let (fm, frest) = from[..shape.state_len()].split_at(g);
+    let (fl, facc) = frest.split_at(g);
+    for j in 0..g {
+        if fm[j] == f32::NEG_INFINITY {
+            continue;
+        }
+        let acc = &mut acc[j * hd..(j + 1) * hd];
+        let facc = &facc[j * hd..(j + 1) * hd];
+        if m[j] == f32::NEG_INFINITY {
+            (m[j], l[j]) = (fm[j], fl[j]);
+            acc.copy_from_slice(facc);
+            continue;
+        }
+        let mx = m[j].max(fm[j]);
+        let (a, b) = (exp(m[j] - mx), exp(fm[j] - mx));
+        l[j] = l[j] * a + fl[j] * b;
+        m[j] = mx;
+        for (o, &f) in acc.iter_mut().zip(facc) {
+            *o = *o * a + f * b;
+        }
+    }
+}
+
+/// Writes the attention output of each query head, `acc / l`, into `out`
+/// (`[group, head_dim]`). A head that saw no key gets zeros.
+pub fn finish(shape: &DecodeShape, state: &[f32], out: &mut [f32]) {
+    let (g, hd) = (shape.group, shape.head_dim);
+    let (_, rest) = state[..shape.state_len()].split_at(g);
+    let (l, acc) = rest.split_at(g);
+    for j in 0..g {
+        let inv = if l[j] > 0.0 { 1.0 / l[j] } else { 0.0 };
+        for (o, &a) in out[j * hd..(j + 1) * hd].iter_mut().zip(&acc[j * hd..(j + 1) * hd]) {
+            *o = a * inv;
+        }
+    }
+}
+
+/// Keys per task of [`decode`]: one block of kiln-model's cache, so a 512-position decode
+/// of a model with three key/value heads already has six tasks to share between threads.
+/// Fixed, not derived from the thread count, so the float order of a row depends on its
+/// position alone.
+pub const SPAN_KEYS: usize = 256;
+
+/// Cached values (keys and values of every key/value head) below which [`decode`] runs on
+/// the calling thread: 256K values is about 10 us of one core's work, where waking the
+/// other threads and joining them costs several.
+pub const SERIAL_VALUES: usize = 1 << 18;
+
+/// f32 values of partial states [`decode`] holds at once, at most (4 MiB), unless one row
+/// alone needs more.
+pub const STATE_VALUES: usize = 1 << 20;
+
+/// Where [`decode`] finds one layer's cached keys and values.
+pub trait KvSource: Sync {
+    /// Positions per storage block: a run never straddles two.
+    fn block(&self) -> usize;
+
+    /// The keys (`value` false) or values of key/value `head` at positions
+    /// `start..start + n`, all inside one block.
+    fn run(&self, value: bool, head: usize, start: usize, n: usize) -> KvRun<'_>;
+}
+
+/// Attention of query rows over a cache: `q` (`[rows, kv_heads * group * head_dim]`, the
+/// group of key/value head `h` contiguous at `h * group * head_dim`; row `r` at position
+/// `start + r`, so it sees keys `0..=start + r`) is replaced by the output.
+///
+/// Each row is computed exactly as a one-row decode at its position: its keys go in
+/// fixed spans of [`SPAN_KEYS`] whose states merge in order, whatever the thread count
+/// and the other rows, so a verify of several rows reproduces decode bit for bit. Tasks
+/// (row, key/value head, span) run on the current rayon pool once the cache is long
+/// enough ([`SERIAL_VALUES`]).
+pub fn decode(shape: &DecodeShape, kv_heads: usize, q: &mut [f32], start: usize, src: &impl KvSource) {
+    let (w, sl) = (shape.group * shape.head_dim, shape.state_len());
+    let q_dim = kv_heads * w;
+    assert!(q.len().is_multiple_of(q_dim), "attn::decode: q must hold whole rows of {q_dim} values");
+    let rows = q.len() / q_dim;
+    let tasks = |r: usize| kv_heads * (start + r + 1).div_ceil(SPAN_KEYS);
+    // Rows go in batches whose partial states fit in STATE_VALUES (one row at least), so
+    // a long verify over a long cache does not hold every row's states at once.
+    let mut r0 = 0;
+    while r0 < rows {
+        let (mut r1, mut n) = (r0 + 1, tasks(r0));
+        while r1 < rows && (n + tasks(r1)) * sl <= STATE_VALUES {
+            n += tasks(r1);
+            r1 += 1;
+        }
+        decode_rows(shape, kv_heads, &mut q[r0 * q_dim..r1 * q_dim], start + r0, src);
+        r0 = r1;
+    }
+}
+
+/// [`decode`] of one batch of rows.
+fn decode_rows(shape: &DecodeShape, kv_heads: usize, q: &mut [f32], start: usize, src: &impl KvSource) {
+    let (w, sl) = (shape.group * shape.head_dim, shape.state_len());
+    let q_dim = kv_heads * w;
+    let rows = q.len() / q_dim;
+    let isa = Isa::detected();
+    // Each (row, head) owns `spans(row)` consecutive tasks.
+    let spans = |r: usize| (start + r + 1).div_ceil(SPAN_KEYS);
+    let mut tasks = Vec::new();
+    for r in 0..rows {
+        let end = start + r + 1;
+        for h in 0..kv_heads {
+            for sp in 0..spans(r) {
+                let lo = sp * SPAN_KEYS;
+                tasks.push((r, h, lo, end.min(lo + SPAN_KEYS)));
+            }
+        }
+    }
+    let keys: usize = tasks.iter().map(|t| t.3 - t.2).sum();
+    let parallel = rayon::current_num_threads() > 1 && 2 * keys * shape.head_dim >= SERIAL_VALUES;
+    let mut states = vec![0f32; tasks.len() * sl];
+    let queries: &[f32] = q;
+    let block = src.block();
+    let task = |(st, &(r, h, lo, hi)): (&mut [f32], &(usize, usize, usize, usize))| {
+        let qh = &queries[r * q_dim + h * w..r * q_dim + (h + 1) * w];
+        init(shape, st);
+        let mut a = lo;
+        while a < hi {
+            let b = hi.min((a / block + 1) * block);
+            fold(isa, shape, qh, src.run(false, h, a, b - a), src.run(true, h, a, b - a), st);
+            a = b;
+        }
+    };
+    if parallel {
+        states.par_chunks_mut(sl).zip(tasks.par_iter()).for_each(task);
+    } else {
+        states.chunks_mut(sl).zip(tasks.iter()).for_each(task);
+    }
+    let mut rest = &mut states[..];
+    for r in 0..rows {
+        for h in 0..kv_heads {
+            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(spans(r) * sl);
+            rest = tail;
+            let (first, parts) = mine.split_at_mut(sl);
+            for part in parts.chunks(sl) {
+                merge(shape, first, part);
+            }
+            let o = r * q_dim + h * w;
+            finish(shape, first, &mut q[o..o + w]);
+        }
+    }
+}
+
+/// What a path supplies for one tile of at most [`TILE_KEYS`] keys. The score buffer is
+/// left uninitialised between tiles (zeroing 16 KiB per tile cost more than the softmax):
+/// `scores` initialises exactly the entries `accumulate` and the softmax read.
+pub(crate) trait TileOps {
+    /// Initialises `s[j * TILE_KEYS + t] = scale * q_j . k_t` for every head `j` and key
+    /// `t < nk` (`keys` holds exactly `nk` positions). Entries past `nk` may be written.
+    ///
+    /// # Safety
+    /// The CPU must have the features the path is compiled for; `s` holds at least
+    /// `group * TILE_KEYS` entries.
+    unsafe fn scores(shape: &DecodeShape, q: &[f32], keys: KvRun<'_>, nk: usize, s: &mut [MaybeUninit<f32>]);
+
+    /// `acc_j += sum_t p[j * TILE_KEYS + t] v_t` for every head `j` and key `t < nk`
+    /// (`values` holds exactly `nk` positions).
+    ///
+    /// # Safety
+    /// The CPU must have the features the path is compiled for; the entries of `p` read
+    /// are initialised.
+    unsafe fn accumulate(
+        shape: &DecodeShape,
+        p: &[MaybeUninit<f32>],
+        values: KvRun<'_>,
+        nk: usize,
+        acc: &mut [f32],
+    );
+}
+
+/// The tile loop every path shares; inlined into each path's entry point so the softmax
+/// update between the two products is compiled with that path's features.
+///
+/// # Safety
+/// The CPU must have the features `O` is compiled for.
+#[inline(always)]
+pub(crate) unsafe fn drive<O: TileOps>(
+    shape: &DecodeShape,
+    q: &[f32],
+    keys: KvRun<'_>,
+    values: KvRun<'_>,
+    state: &mut [f32],
+) {
+    let (g, hd) = (shape.group, shape.head_dim);
+    let n = keys.len() / hd;
+    let (m, rest) = state.split_at_mut(g);
+    let (l, acc) = rest.split_at_mut(g);
+    let mut s = [MaybeUninit::<f32>::uninit(); MAX_GROUP * TILE_KEYS];
+    let mut t0 = 0;
+    while t0 < n {
+        let nk = TILE_KEYS.min(n - t0);
+        let (kt, vt) = (keys.slice(t0 * hd, nk * hd), values.slice(t0 * hd, nk * hd));
+        // SAFETY: the caller guarantees the features.
+        unsafe { O::scores(shape, q, kt, nk, &mut s) };
+        for j in 0..g {
+            // SAFETY: `scores` initialised these `nk` entries of head `j`, inside `s`
+            // since `j < group <= MAX_GROUP` and `nk <= TILE_KEYS`.
+            let sj = unsafe {
+                std::slice::from_raw_parts_mut(s.as_mut_ptr().add(j * TILE_KEYS).cast::<f32>(), nk)
+            };
+            let mx = max(sj).max(m[j]);
+            let corr = exp(m[j] - mx);
+            let sum = exp_sum(sj, mx);
+            l[j] = l[j] * corr + sum;
+            m[j] = mx;
+            if corr != 1.0 {
+                for a in &mut acc[j * hd..(j + 1) * hd] {
+                    *a *= corr;
+                }
+            }
+        }
+        // SAFETY: as above.
+        unsafe { O::accumulate(shape, &s, vt, nk, acc) };
+        t0 += nk;
+    }
+}
+
+/// Replaces each value by `e^(v - shift)` and returns their sum, in eight lanes.
+#[inline(always)]
+fn exp_sum(x: &mut [f32], shift: f32) -> f32 {
+    let mut lanes = [0f32; 8];
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        for i in 0..8 {
+            c[i] = exp(c[i] - shift);
+            lanes[i] += c[i];
+        }
+    }
+    let mut tail = 0f32;
+    for v in chunks.into_remainder() {
+        *v = exp(*v - shift);
+        tail += *v;
+    }
+    ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7])) + tail
+}
