@@ -10,7 +10,10 @@
 mod report;
 mod size;
 
-pub use report::{DECODE_FIELDS, DecodeReport, ESTIMATE_FIELDS, EstimateReport, ReportError, SPEC_FIELDS};
+pub use report::{
+    DECODE_FIELDS, DecodeReport, ESTIMATE_EXPERT_FIELDS, ESTIMATE_FIELDS, EXPERT_FIELDS, EstimateReport,
+    ReportError, SPEC_FIELDS,
+};
 pub use size::{SizeParseError, parse_size};
 
 /// Exit status: success.

@@ -16,7 +16,8 @@ Exit status:
 
 pub const MODEL_HELP: &str = "synthetic:<profile>[@4bit|@8bit], a directory under ./models/, a path \
      to a checkpoint directory or to a .gguf file (profiles: tiny, tiny-qwen, smollm-135m, qwen2.5-0.5b, llama-3.2-1b, \
-     qwen2.5-7b, llama-3.1-8b; drafters for --model-draft: tiny-draft, tiny-qwen-draft, smollm-draft, qwen2.5-draft, qwen2.5-7b-draft, llama-3-draft)";
+     qwen2.5-7b, llama-3.1-8b; mixture of experts: tiny-moe, tiny-qwen2-moe, qwen1.5-moe-a2.7b, qwen3-30b-a3b, \
+     mixtral-8x7b; drafters for --model-draft: tiny-draft, tiny-qwen-draft, smollm-draft, qwen2.5-draft, qwen2.5-7b-draft, mistral-draft, llama-3-draft)";
 
 /// The kiln inference engine.
 #[derive(Parser, Debug)]
@@ -119,6 +120,11 @@ pub struct RunArgs {
     /// CPU.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Keep S routed experts resident in an expert cache (a MoE model only), copying the
+    /// others in from their backing store on use. Accepted: the router's top-k to layers x
+    /// experts, and what the memory limit holds. Default: every expert resident.
+    #[arg(long, value_name = "S")]
+    pub expert_slots: Option<usize>,
 }
 
 /// Speculative decoding, shared by `generate` and `bench-decode`.

@@ -199,6 +199,8 @@ mod tests {
             kv_dtype: None,
             workspace_bytes: None,
             attention_scores_bytes: None,
+            expert_slots: None,
+            experts_bytes: None,
             model: "m".into(),
             model_path: "m".into(),
             prompt_tokens: prompt,
