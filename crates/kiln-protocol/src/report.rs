@@ -380,6 +380,106 @@ impl EstimateReport {
     }
 }
 
+/// `kiln bench-expert-copy`: one expert-cache geometry measured (a profile, S slots, a
+/// batch size, a miss rate), with the read bandwidth measured in the same process.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OffloadCopyReport {
+    /// MODEL as given.
+    pub model: String,
+    /// The resolved path, or `synthetic:<profile>`.
+    pub model_path: String,
+    /// Resident slots (S).
+    pub cache_slots: u64,
+    /// Bytes of one slot (one expert).
+    pub slot_bytes: u64,
+    /// Bytes of all slots.
+    pub cache_bytes: u64,
+    /// Decoder layers.
+    pub layers: u64,
+    /// Routed experts per layer.
+    pub experts: u64,
+    /// Experts each token routes to.
+    pub top_k: u64,
+    /// Sequences decoded together (rows per step).
+    pub batch_size: u64,
+    /// The miss rate asked for.
+    pub miss_rate: f64,
+    /// Decode steps measured.
+    pub steps: u64,
+    /// Tokens measured: steps x batch size.
+    pub tokens: u64,
+    /// Expert lookups.
+    pub fetches: u64,
+    /// Lookups that found the expert resident.
+    pub hits: u64,
+    /// Lookups that copied it in.
+    pub misses: u64,
+    /// `misses / fetches`: what the routing achieved.
+    pub measured_miss_rate: f64,
+    /// Bytes the misses copied.
+    pub bytes_copied: u64,
+    /// Time the copies took.
+    pub copy_ms: f64,
+    /// `bytes_copied / copy time`, GB/s (10^9); null without a miss.
+    pub copy_gb_s: Option<f64>,
+    /// Wall time of every lookup, copies included.
+    pub fetch_ms: f64,
+    /// `fetch_ms / tokens`, in microseconds.
+    pub fetch_us_per_token: f64,
+    /// The best read bandwidth of the same process, GB/s.
+    pub read_bandwidth_gb_s: f64,
+    /// `copy_gb_s / read_bandwidth_gb_s`; null without a miss.
+    pub copy_share: Option<f64>,
+    /// The memory pool's peak.
+    pub peak_bytes: u64,
+    /// The pool's limit; null when unlimited.
+    pub memory_limit_bytes: Option<u64>,
+    /// `cpu`, `cuda`, `metal`.
+    pub backend: String,
+    /// Worker threads.
+    pub threads: u64,
+    /// The engine's version.
+    pub kiln_version: String,
+}
+
+impl OffloadCopyReport {
+    /// Parses a `bench-expert-copy` stdout; `Ok(None)` when it printed nothing.
+    pub fn parse(stdout: &str) -> Result<Option<OffloadCopyReport>, ReportError> {
+        let Some(r) = parse::<OffloadCopyReport>(stdout)? else { return Ok(None) };
+        for (field, v) in [
+            ("miss_rate", Some(r.miss_rate)),
+            ("measured_miss_rate", Some(r.measured_miss_rate)),
+            ("copy_ms", Some(r.copy_ms)),
+            ("copy_gb_s", r.copy_gb_s),
+            ("fetch_ms", Some(r.fetch_ms)),
+            ("fetch_us_per_token", Some(r.fetch_us_per_token)),
+            ("read_bandwidth_gb_s", Some(r.read_bandwidth_gb_s)),
+            ("copy_share", r.copy_share),
+        ] {
+            if v.is_some_and(|v| !v.is_finite() || v < 0.0) {
+                return Err(ReportError::Impossible {
+                    field,
+                    value: format!("{v:?}"),
+                    expected: "expected a finite non-negative number".into(),
+                });
+            }
+        }
+        if r.hits + r.misses != r.fetches {
+            return Err(ReportError::Impossible {
+                field: "fetches",
+                value: r.fetches.to_string(),
+                expected: format!("expected hits {} + misses {}", r.hits, r.misses),
+            });
+        }
+        Ok(Some(r))
+    }
+
+    /// Writes the JSON form: one object on one line.
+    pub fn write_json(&self, out: impl Write) -> io::Result<()> {
+        write_json(self, out)
+    }
+}
+
 fn write_json(value: &impl Serialize, mut out: impl Write) -> io::Result<()> {
     serde_json::to_writer(&mut out, value)?;
     out.write_all(b"\n")?;

@@ -69,3 +69,48 @@ fn an_illegal_geometry_exits_2_naming_the_geometry_the_rule_and_the_cap() {
         dir.run(&["generate", "-m", "synthetic:tiny", "-p", "x", "--expert-slots", "2"]).expect_code(2);
     assert!(dense.stderr().contains("not a quantized mixture-of-experts model"), "{}", dense.describe());
 }
+
+#[test]
+fn bench_expert_copy_measures_one_geometry_and_refuses_an_illegal_one_by_rule() {
+    let dir = Dir::new();
+    let run = |slots: &str, rate: &str| {
+        dir.run(&[
+            "bench-expert-copy",
+            "-m",
+            "synthetic:tiny-moe",
+            "--expert-slots",
+            slots,
+            "--batch-size",
+            "3",
+            "--miss-rate",
+            rate,
+            "--steps",
+            "4",
+            "--min-time-ms",
+            "60000",
+            "--bandwidth-bytes",
+            "8MiB",
+        ])
+    };
+    let parse = |r: &util::Run| {
+        kiln_protocol::OffloadCopyReport::parse(&r.stdout())
+            .unwrap_or_else(|e| panic!("{e}{}", r.describe()))
+            .unwrap_or_else(|| panic!("no report{}", r.describe()))
+    };
+    let none = run("6", "0").expect_code(0);
+    let r = parse(&none);
+    assert_eq!((r.cache_slots, r.layers, r.experts, r.top_k, r.steps, r.tokens), (6, 2, 8, 2, 4, 12));
+    assert_eq!((r.misses, r.bytes_copied, r.copy_gb_s), (0, 0, None));
+    assert_eq!(r.fetches, 4 * 2 * 3 * 2, "steps x layers x rows x top-k");
+    assert!(r.read_bandwidth_gb_s > 0.0);
+    let all = run("6", "1").expect_code(0);
+    let r = parse(&all);
+    assert_eq!((r.hits, r.measured_miss_rate), (0, 1.0));
+    assert!(r.bytes_copied > 0 && r.bytes_copied <= r.misses * r.slot_bytes, "{}", all.describe());
+    assert!(r.copy_gb_s.is_some_and(|g| g > 0.0) && r.copy_share.is_some());
+    let refused = run("1", "0.5").expect_code(2);
+    let err = refused.stderr();
+    assert!(err.contains(kiln_protocol::GEOMETRY_REFUSED), "{}", refused.describe());
+    assert!(err.contains("synthetic:tiny-moe @ cache_slots=1"), "{}", refused.describe());
+    assert!(refused.stdout().trim().is_empty());
+}
