@@ -304,6 +304,18 @@ pub struct EstimateReport {
     /// kiln (`--expert-slots`): bytes of the slots, part of `total_bytes`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub experts_bytes: Option<u64>,
+    /// kiln, a MoE model only: decoder layers, each with `moe_experts` routed experts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_layers: Option<u64>,
+    /// kiln, a MoE model only: routed experts per layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_experts: Option<u64>,
+    /// kiln, a MoE model only: experts each token routes to (the cache's floor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_top_k: Option<u64>,
+    /// kiln, a MoE model only: bytes of one expert-cache slot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_slot_bytes: Option<u64>,
 }
 
 /// The columns an estimate with an expert cache adds after [`ESTIMATE_FIELDS`].

@@ -64,6 +64,10 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
         attention_scores_bytes: Some(plan.attention_scores_bytes),
         expert_slots: geometry.as_ref().map(|g| g.slots as u64),
         experts_bytes: geometry.as_ref().map(|_| plan.experts_bytes),
+        moe_layers: info.config.moe.map(|_| info.config.num_hidden_layers as u64),
+        moe_experts: info.config.moe.map(|m| m.experts as u64),
+        moe_top_k: info.config.moe.map(|m| m.top_k as u64),
+        expert_slot_bytes: kiln_model::expert_cache::slot_bytes_for(&info.config),
     };
     let out = std::io::stdout().lock();
     match args.format {
