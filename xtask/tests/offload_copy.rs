@@ -4,6 +4,8 @@
 //! weights (354560) and 6 slots, so the derived defaults [8, 6] split into one refused
 //! geometry and one measured one.
 
+// Shared with the sweep tests; not every helper is used here.
+#[allow(dead_code)]
 mod util;
 
 use util::{Run, Sandbox};
@@ -143,8 +145,7 @@ fn an_oom_is_a_row_fed_to_the_backstop_and_the_record_and_the_sweep_goes_on() {
     .map(|(a, b)| (a.to_string(), b.to_string()))
     .collect();
     assert_eq!(statuses, want, "{r}");
-    let record = std::fs::read_to_string(sb.record()).unwrap();
-    let lines: Vec<&str> = record.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "{record}");
-    assert!(lines[0].starts_with("synthetic:tiny-moe+expert-slots,2,"), "{record}");
+    let lines = sb.record_lines();
+    assert_eq!(lines.len(), 1, "{lines:?}{r}");
+    assert!(lines[0].starts_with("synthetic:tiny-moe+expert-slots,2,"), "{lines:?}");
 }

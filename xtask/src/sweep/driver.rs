@@ -305,7 +305,7 @@ mod tests {
             if self.estimate_fails.contains(&cell.label()) {
                 return Ok(Ran::Done(EstimateFacts::Failed("exit code 1: boom".into())));
             }
-            Ok(Ran::Done(EstimateFacts::Report(EstimateReport {
+            Ok(Ran::Done(EstimateFacts::Report(Box::new(EstimateReport {
                 model: cell.model.clone(),
                 model_path: cell.model.clone(),
                 prompt_tokens: cell.layer_len(),
@@ -329,7 +329,7 @@ mod tests {
                 moe_experts: None,
                 moe_top_k: None,
                 expert_slot_bytes: None,
-            })))
+            }))))
         }
 
         fn run(&mut self, _: usize, cell: &plan::Cell) -> Result<Ran<Outcome>> {

@@ -281,7 +281,7 @@ impl CellRunner for LocalRunner<'_> {
 pub fn estimate_facts(exit: ChildExit, stdout: &str, stderr: &str, timeout: Duration) -> EstimateFacts {
     match exit {
         ChildExit::Code(0) => match EstimateReport::parse(stdout) {
-            Ok(Some(r)) => EstimateFacts::Report(r),
+            Ok(Some(r)) => EstimateFacts::Report(Box::new(r)),
             Ok(None) => EstimateFacts::Failed("it printed no result".into()),
             Err(e) => EstimateFacts::Failed(e.to_string()),
         },

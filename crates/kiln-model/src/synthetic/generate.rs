@@ -30,6 +30,11 @@ const CHUNK_WORDS: usize = 1 << 13;
 /// Segment alignment in words: one cache line.
 const ALIGN_WORDS: usize = 8;
 
+/// Half the spread of a synthetic router's per-expert logit bias (uniform in
+/// `[-ROUTER_SKEW, ROUTER_SKEW)`): the most favoured expert's logit sits up to
+/// `2 * ROUTER_SKEW` above the least favoured one's, on top of logits of unit order.
+pub const ROUTER_SKEW: f32 = 1.5;
+
 /// Which tensor a seed belongs to; mixed with the layer index and the model seed.
 #[derive(Clone, Copy)]
 enum Slot {
@@ -51,6 +56,7 @@ enum Slot {
     QNorm,
     KNorm,
     Router,
+    RouterBias,
     SharedGate,
     SharedUp,
     SharedDown,
@@ -101,6 +107,14 @@ fn tensors(config: &ModelConfig, seed: u64) -> Vec<Tensor> {
             }
             Some(moe) => {
                 out.push(matrix(moe.experts, h, l, Slot::Router));
+                // A fixed per-expert logit bias: some experts popular, others rare, as a
+                // trained router's are (uniform routing would make every cache look bad).
+                out.push(Tensor::Vector {
+                    n: moe.experts,
+                    lo: -ROUTER_SKEW,
+                    width: 2.0 * ROUTER_SKEW,
+                    seed: s(l, Slot::RouterBias),
+                });
                 if let Some(si) = moe.shared_expert_intermediate_size {
                     out.push(matrix(si, h, l, Slot::SharedGate));
                     out.push(matrix(si, h, l, Slot::SharedUp));
@@ -336,7 +350,7 @@ fn assemble(config: &ModelConfig, quant: QuantSpec, v: &mut Views) -> Result<Mod
                 down_proj: linear(v, h, i, false)?,
             }),
             Some(moe) => {
-                let router = linear(v, moe.experts, h, false)?;
+                let router = linear(v, moe.experts, h, true)?;
                 let (shared_expert, shared_expert_gate) = match moe.shared_expert_intermediate_size {
                     None => (None, None),
                     Some(si) => (
