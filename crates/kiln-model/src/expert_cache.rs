@@ -358,7 +358,11 @@ impl ExpertCache {
         let mut slots = Vec::with_capacity(geometry.slots);
         for _ in 0..geometry.slots {
             let lease = pool.reserve(Tag::Experts, words as u64 * 8)?;
-            let mem = Arc::new(SlotMem { words: vec![0u64; words], _lease: lease });
+            // Written now, not left to the allocator's lazily mapped zero pages: the page
+            // faults belong to allocation, not to the first miss a slot takes.
+            let mut w = Vec::with_capacity(words);
+            w.resize(words, 0u64);
+            let mem = Arc::new(SlotMem { words: w, _lease: lease });
             slots.push(Slot { mem, held: None, last_used: 0 });
         }
         Ok(ExpertCache {
