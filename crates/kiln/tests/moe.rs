@@ -114,3 +114,13 @@ fn bench_expert_copy_measures_one_geometry_and_refuses_an_illegal_one_by_rule() 
     assert!(err.contains("synthetic:tiny-moe @ cache_slots=1"), "{}", refused.describe());
     assert!(refused.stdout().trim().is_empty());
 }
+
+#[test]
+fn a_dense_draft_model_runs_beside_an_expert_cache() {
+    // --expert-slots sizes the target's cache; the drafter keeps its own weights resident.
+    let args = ["--expert-slots", "3", "--speculative", "--model-draft", "synthetic:tiny-draft"];
+    let run = Dir::new().run(
+        &[&["generate", "-m", "synthetic:tiny-moe", "-p", "Hello there", "-n", "12"][..], &args[..]].concat(),
+    );
+    assert!(run.output.status.success(), "{}", run.describe());
+}
