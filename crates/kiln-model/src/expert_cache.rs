@@ -360,8 +360,11 @@ impl ExpertCache {
             let lease = pool.reserve(Tag::Experts, words as u64 * 8)?;
             // Written now, not left to the allocator's lazily mapped zero pages: the page
             // faults belong to allocation, not to the first miss a slot takes.
-            let mut w = Vec::with_capacity(words);
-            w.resize(words, 0u64);
+            let mut w = vec![0u64; words];
+            for word in w.iter_mut().step_by(512) {
+                // One store per 4 KiB page, which the optimiser may not drop.
+                *std::hint::black_box(word) = 0;
+            }
             let mem = Arc::new(SlotMem { words: w, _lease: lease });
             slots.push(Slot { mem, held: None, last_used: 0 });
         }
