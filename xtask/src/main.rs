@@ -5,6 +5,7 @@
 mod bench_decode;
 mod bench_kernels;
 mod bench_longprompt;
+mod bench_offload_copy;
 mod bench_quality;
 mod child;
 mod console;
@@ -44,6 +45,8 @@ enum Task {
     BenchKernels(bench_kernels::BenchKernels),
     /// Perplexity and KL divergence of each activation scheme against an f32 reference.
     BenchQuality(bench_quality::BenchQuality),
+    /// MoE models x expert-cache slots x batch sizes x miss rates: the offload copy cost.
+    BenchOffloadCopy(bench_offload_copy::BenchOffloadCopy),
     /// Inspect or prune benchmarks/.oom-record.
     OomRecord(oom_record::OomRecord),
     /// Load-test an OpenAI-compatible server: latency percentiles and throughput per level.
@@ -71,6 +74,7 @@ fn main() -> ExitCode {
     let result = match cli.task {
         Task::BenchDecode(t) => t.run(&sh),
         Task::BenchLongprompt(t) => t.run(&sh),
+        Task::BenchOffloadCopy(t) => t.run(&sh),
         Task::BenchKernels(t) => t.run(&sh),
         Task::BenchQuality(t) => t.run(&sh),
         Task::OomRecord(t) => t.run(&sh),

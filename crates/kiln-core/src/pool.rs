@@ -27,20 +27,23 @@ pub enum Tag {
     Kv,
     /// Activations and other per-forward temporaries.
     Scratch,
+    /// The resident slots of a MoE model's expert cache.
+    Experts,
     /// Anything else.
     Other,
 }
 
 impl Tag {
     /// Every tag, in display order.
-    pub const ALL: [Tag; 4] = [Tag::Weights, Tag::Kv, Tag::Scratch, Tag::Other];
+    pub const ALL: [Tag; 5] = [Tag::Weights, Tag::Kv, Tag::Scratch, Tag::Experts, Tag::Other];
 
-    /// The tag's name in reports (`weights`, `kv`, `scratch`, `other`).
+    /// The tag's name in reports (`weights`, `kv`, `scratch`, `experts`, `other`).
     pub fn as_str(self) -> &'static str {
         match self {
             Tag::Weights => "weights",
             Tag::Kv => "kv",
             Tag::Scratch => "scratch",
+            Tag::Experts => "experts",
             Tag::Other => "other",
         }
     }
@@ -133,9 +136,9 @@ struct Inner {
 
 #[derive(Default)]
 struct State {
-    live: [u64; 4],
-    peak: [u64; 4],
-    at_peak: [u64; 4],
+    live: [u64; 5],
+    peak: [u64; 5],
+    at_peak: [u64; 5],
     total: u64,
     peak_total: u64,
 }

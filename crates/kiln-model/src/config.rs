@@ -1,6 +1,7 @@
 //! Model configuration as Hugging Face's `config.json` describes it, for the Llama family
-//! (`llama`, `qwen2`, `mistral`), plus MLX's `quantization` block. Anything kiln cannot
-//! run faithfully is refused with an error naming the field and what is accepted.
+//! (`llama`, `qwen2`, `mistral`) and the mixture-of-experts decoders built on it
+//! (`qwen2_moe`, `qwen3_moe`, `mixtral`), plus MLX's `quantization` block. Anything kiln
+//! cannot run faithfully is refused with an error naming the field and what is accepted.
 
 use std::collections::BTreeMap;
 
@@ -30,7 +31,19 @@ pub enum Architecture {
     Qwen2,
     /// Mistral.
     Mistral,
+    /// Qwen2-MoE (Qwen1.5-MoE): biased q/k/v, top-k softmax router, a shared expert
+    /// behind a sigmoid gate.
+    #[serde(rename = "qwen2_moe")]
+    Qwen2Moe,
+    /// Qwen3-MoE: per-head RMSNorm of queries and keys, top-k softmax router.
+    #[serde(rename = "qwen3_moe")]
+    Qwen3Moe,
+    /// Mixtral: Mistral's attention, a top-2 router over 8 experts.
+    Mixtral,
 }
+
+/// The accepted `model_type` values, for messages.
+pub const ACCEPTED_MODEL_TYPES: &str = "llama, qwen2, mistral, qwen2_moe, qwen3_moe, mixtral";
 
 impl Architecture {
     /// The `model_type` string.
@@ -39,8 +52,34 @@ impl Architecture {
             Architecture::Llama => "llama",
             Architecture::Qwen2 => "qwen2",
             Architecture::Mistral => "mistral",
+            Architecture::Qwen2Moe => "qwen2_moe",
+            Architecture::Qwen3Moe => "qwen3_moe",
+            Architecture::Mixtral => "mixtral",
         }
     }
+
+    /// Whether the MLP of every layer is a mixture of experts.
+    pub fn is_moe(self) -> bool {
+        matches!(self, Architecture::Qwen2Moe | Architecture::Qwen3Moe | Architecture::Mixtral)
+    }
+}
+
+/// The mixture-of-experts block of a MoE decoder: a router picks `top_k` of `experts`
+/// SwiGLU experts per token and mixes their outputs with the router's softmax weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct MoeConfig {
+    /// Routed experts per layer (`num_experts`, Mixtral's `num_local_experts`).
+    pub experts: usize,
+    /// Experts each token is routed to (`num_experts_per_tok`).
+    pub top_k: usize,
+    /// Inner width of one routed expert (`moe_intermediate_size`; Mixtral's
+    /// `intermediate_size`).
+    pub expert_intermediate_size: usize,
+    /// Renormalise the top-k weights to sum to one (`norm_topk_prob`; always for Mixtral).
+    pub norm_topk_prob: bool,
+    /// Inner width of the shared expert every token also runs, behind a sigmoid gate
+    /// (Qwen2-MoE's `shared_expert_intermediate_size`), or `None`.
+    pub shared_expert_intermediate_size: Option<usize>,
 }
 
 /// RoPE frequency scaling.
@@ -126,6 +165,10 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// MLX quantization, when the checkpoint is quantized.
     pub quantization: Option<QuantizationConfig>,
+    /// Queries and keys pass a per-head RMSNorm before RoPE (Qwen3).
+    pub qk_norm: bool,
+    /// The mixture of experts, for MoE architectures.
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -148,11 +191,14 @@ impl ModelConfig {
             "llama" => Architecture::Llama,
             "qwen2" => Architecture::Qwen2,
             "mistral" => Architecture::Mistral,
+            "qwen2_moe" => Architecture::Qwen2Moe,
+            "qwen3_moe" => Architecture::Qwen3Moe,
+            "mixtral" => Architecture::Mixtral,
             other => {
                 return Err(ConfigError::Unsupported {
                     field: "model_type".into(),
                     value: format!("{other:?}"),
-                    accepted: "llama, qwen2, mistral".into(),
+                    accepted: ACCEPTED_MODEL_TYPES.into(),
                 });
             }
         };
@@ -197,10 +243,8 @@ impl ModelConfig {
         }
         let max_position_embeddings = usize_field(m, "max_position_embeddings")?.unwrap_or(2048);
         let max_position_embeddings = match architecture {
-            Architecture::Mistral | Architecture::Qwen2 => {
-                check_sliding_window(m, architecture, max_position_embeddings)?
-            }
             Architecture::Llama => max_position_embeddings,
+            _ => check_sliding_window(m, architecture, max_position_embeddings)?,
         };
         // transformers >= 5 moves rope settings into `rope_parameters`.
         let rope_params = match m.get("rope_parameters") {
@@ -225,13 +269,14 @@ impl ModelConfig {
             },
         };
         let attention_bias = match architecture {
-            Architecture::Qwen2 => true,
+            Architecture::Qwen2 | Architecture::Qwen2Moe => true,
             _ => bool_field(m, "attention_bias")?.unwrap_or(false),
         };
         let o_proj_bias = match architecture {
-            Architecture::Qwen2 => false,
+            Architecture::Qwen2 | Architecture::Qwen2Moe | Architecture::Qwen3Moe => false,
             _ => attention_bias,
         };
+        let moe = if architecture.is_moe() { Some(parse_moe(m, architecture)?) } else { None };
         let eos_token_ids = match m.get("eos_token_id") {
             Some(Value::Number(n)) => vec![as_u32(n, "eos_token_id")?],
             Some(Value::Array(a)) => a
@@ -280,6 +325,8 @@ impl ModelConfig {
             bos_token_id,
             eos_token_ids,
             quantization,
+            qk_norm: architecture == Architecture::Qwen3Moe,
+            moe,
         };
         config.check_ranges()?;
         Ok(config)
@@ -303,6 +350,22 @@ impl ModelConfig {
         ];
         for (field, value, max) in counts {
             check_count(field, value, max)?;
+        }
+        if let Some(moe) = &self.moe {
+            check_count("num_experts", moe.experts, MAX_COUNT)?;
+            check_count("moe_intermediate_size", moe.expert_intermediate_size, MAX_WIDTH)?;
+            if moe.top_k == 0 || moe.top_k > moe.experts {
+                return Err(ConfigError::Invalid {
+                    field: "num_experts_per_tok".into(),
+                    message: format!(
+                        "{} is out of range: accepted values are 1 to num_experts = {}",
+                        moe.top_k, moe.experts
+                    ),
+                });
+            }
+            if let Some(s) = moe.shared_expert_intermediate_size {
+                check_count("shared_expert_intermediate_size", s, MAX_WIDTH)?;
+            }
         }
         check_positive("rms_norm_eps", self.rms_norm_eps)?;
         check_positive("rope_theta", self.rope_theta)?;
@@ -350,6 +413,66 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.num_key_value_heads * self.head_dim
     }
+
+    /// The widest MLP inner activation a forward holds: the dense MLP's, or for a MoE
+    /// model the larger of one expert's and the shared expert's.
+    pub fn mlp_width(&self) -> usize {
+        match &self.moe {
+            None => self.intermediate_size,
+            Some(m) => m.expert_intermediate_size.max(m.shared_expert_intermediate_size.unwrap_or(0)),
+        }
+    }
+}
+
+/// The MoE fields of a `qwen2_moe`, `qwen3_moe` or `mixtral` config. Layouts kiln does
+/// not run (dense layers between sparse ones) are refused by name.
+fn parse_moe(m: &Map<String, Value>, arch: Architecture) -> Result<MoeConfig, ConfigError> {
+    let experts_field = if arch == Architecture::Mixtral { "num_local_experts" } else { "num_experts" };
+    let experts = required_usize(m, experts_field)?;
+    let top_k = required_usize(m, "num_experts_per_tok")?;
+    if arch == Architecture::Mixtral {
+        return Ok(MoeConfig {
+            experts,
+            top_k,
+            expert_intermediate_size: required_usize(m, "intermediate_size")?,
+            norm_topk_prob: true,
+            shared_expert_intermediate_size: None,
+        });
+    }
+    if let Some(step) = usize_field(m, "decoder_sparse_step")?
+        && step != 1
+    {
+        return Err(ConfigError::Unsupported {
+            field: "decoder_sparse_step".into(),
+            value: step.to_string(),
+            accepted: "1 (every layer a mixture of experts)".into(),
+        });
+    }
+    match m.get("mlp_only_layers") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(a)) if a.is_empty() => {}
+        Some(other) => {
+            return Err(ConfigError::Unsupported {
+                field: "mlp_only_layers".into(),
+                value: other.to_string(),
+                accepted: "[] (every layer a mixture of experts)".into(),
+            });
+        }
+    }
+    let shared = match arch {
+        Architecture::Qwen2Moe => match usize_field(m, "shared_expert_intermediate_size")? {
+            Some(0) | None => None,
+            Some(s) => Some(s),
+        },
+        _ => None,
+    };
+    Ok(MoeConfig {
+        experts,
+        top_k,
+        expert_intermediate_size: required_usize(m, "moe_intermediate_size")?,
+        norm_topk_prob: bool_field(m, "norm_topk_prob")?.unwrap_or(false),
+        shared_expert_intermediate_size: shared,
+    })
 }
 
 /// A sliding window shorter than the context changes attention; kiln does not implement
@@ -359,7 +482,8 @@ fn check_sliding_window(
     arch: Architecture,
     max_pos: usize,
 ) -> Result<usize, ConfigError> {
-    if arch == Architecture::Qwen2 && bool_field(m, "use_sliding_window")? != Some(true) {
+    let qwen = matches!(arch, Architecture::Qwen2 | Architecture::Qwen2Moe | Architecture::Qwen3Moe);
+    if qwen && bool_field(m, "use_sliding_window")? != Some(true) {
         return Ok(max_pos);
     }
     match usize_field(m, "sliding_window")? {
@@ -632,7 +756,7 @@ mod tests {
             }
         }
         let msg = ModelConfig::from_json_str(r#"{"model_type": "gpt2"}"#, "x").unwrap_err().to_string();
-        assert!(msg.contains("model_type") && msg.contains("gpt2") && msg.contains("llama, qwen2, mistral"));
+        assert!(msg.contains("model_type") && msg.contains("gpt2") && msg.contains(ACCEPTED_MODEL_TYPES));
         let msg = ModelConfig::from_json_str(r#"{"model_type": "llama"}"#, "x").unwrap_err().to_string();
         assert!(msg.contains("hidden_size"), "{msg}");
     }
@@ -715,5 +839,65 @@ mod tests {
             let msg = with("rope_scaling", &Value::Object(s).to_string()).unwrap_err().to_string();
             assert!(msg.contains(&format!("rope_scaling.{field}")), "{field} = {value}: {msg:?}");
         }
+    }
+
+    const QWEN3_30B_A3B: &str = r#"{"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+        "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+        "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "num_experts": 128,
+        "num_experts_per_tok": 8, "norm_topk_prob": true, "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "rope_theta": 1000000.0, "max_position_embeddings": 40960,
+        "use_sliding_window": false, "tie_word_embeddings": false}"#;
+
+    #[test]
+    fn parses_the_moe_architectures() {
+        let c = ModelConfig::from_json_str(QWEN3_30B_A3B, "config.json").unwrap();
+        assert_eq!(c.architecture, Architecture::Qwen3Moe);
+        assert!(c.qk_norm && !c.attention_bias);
+        let moe = c.moe.unwrap();
+        assert_eq!((moe.experts, moe.top_k, moe.expert_intermediate_size), (128, 8, 768));
+        assert!(moe.norm_topk_prob && moe.shared_expert_intermediate_size.is_none());
+        assert_eq!(c.mlp_width(), 768);
+
+        let qwen2 = r#"{"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632,
+            "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+            "num_hidden_layers": 24, "num_attention_heads": 16, "vocab_size": 151936,
+            "num_experts": 60, "num_experts_per_tok": 4, "norm_topk_prob": false}"#;
+        let c = ModelConfig::from_json_str(qwen2, "config.json").unwrap();
+        assert!(c.attention_bias && !c.qk_norm);
+        let moe = c.moe.unwrap();
+        assert_eq!(moe.shared_expert_intermediate_size, Some(5632));
+        assert!(!moe.norm_topk_prob);
+        assert_eq!(c.mlp_width(), 5632);
+
+        let mixtral = r#"{"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "vocab_size": 32000, "num_local_experts": 8, "num_experts_per_tok": 2,
+            "sliding_window": null, "max_position_embeddings": 32768}"#;
+        let c = ModelConfig::from_json_str(mixtral, "config.json").unwrap();
+        let moe = c.moe.unwrap();
+        assert_eq!((moe.experts, moe.top_k, moe.expert_intermediate_size), (8, 2, 14336));
+        assert!(moe.norm_topk_prob);
+    }
+
+    #[test]
+    fn moe_layouts_kiln_does_not_run_are_refused_by_name() {
+        let with = |extra: &str| {
+            let text = QWEN3_30B_A3B.trim_end().trim_end_matches('}').to_string() + extra + "}";
+            ModelConfig::from_json_str(&text, "config.json").unwrap_err().to_string()
+        };
+        for (extra, needles) in [
+            (r#", "decoder_sparse_step": 2"#, ["decoder_sparse_step", "2"]),
+            (r#", "mlp_only_layers": [0, 47]"#, ["mlp_only_layers", "[0,47]"]),
+            (r#", "num_experts_per_tok": 200"#, ["num_experts_per_tok", "128"]),
+            (r#", "num_experts": 0"#, ["num_experts", "0"]),
+        ] {
+            let msg = with(extra);
+            for n in needles {
+                assert!(msg.contains(n), "{extra}: {msg:?} lacks {n:?}");
+            }
+        }
+        let missing = QWEN3_30B_A3B.replace(r#""num_experts": 128,"#, "");
+        let msg = ModelConfig::from_json_str(&missing, "config.json").unwrap_err().to_string();
+        assert!(msg.contains("num_experts"), "{msg}");
     }
 }

@@ -40,6 +40,9 @@ pub struct EngineOptions {
     pub prefill_chunk: usize,
     /// Cache storage type.
     pub kv_dtype: KvDtype,
+    /// Resident expert slots of a MoE model (`--expert-slots`); `None` keeps every
+    /// expert resident in its backing store.
+    pub expert_slots: Option<usize>,
 }
 
 /// A model with a workspace, running forwards over caches the caller owns.
@@ -63,7 +66,10 @@ impl<'m> Engine<'m> {
         pool: &MemoryPool,
         options: EngineOptions,
     ) -> Result<Self> {
-        let transformer = Transformer::new(config, weights, options.attention)?;
+        let mut transformer = Transformer::new(config, weights, options.attention)?;
+        if let Some(slots) = options.expert_slots {
+            transformer.set_expert_cache(crate::expert_cache::build(config, weights, slots, pool)?);
+        }
         let workspace = Workspace::empty(config, pool)?;
         Ok(Engine { transformer, workspace, pool: pool.clone(), options })
     }

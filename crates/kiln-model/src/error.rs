@@ -157,6 +157,10 @@ pub enum ModelError {
         /// The part that overflows.
         what: String,
     },
+    /// An expert cache geometry the rules refuse (the message names the geometry, the
+    /// rule and the cap).
+    #[error("invalid --expert-slots: {0}")]
+    CacheGeometry(crate::expert_cache::CacheGeometryError),
     /// A run option is out of range.
     #[error("invalid {what}: {message}")]
     InvalidArgument {
@@ -165,6 +169,14 @@ pub enum ModelError {
         /// What is wrong and what is accepted.
         message: String,
     },
+}
+
+/// Not `#[from]`: the rule is part of the message, not a chained source, so a report
+/// that prints the chain says it once.
+impl From<crate::expert_cache::CacheGeometryError> for ModelError {
+    fn from(e: crate::expert_cache::CacheGeometryError) -> Self {
+        ModelError::CacheGeometry(e)
+    }
 }
 
 impl ModelError {

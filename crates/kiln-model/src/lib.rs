@@ -9,8 +9,11 @@ pub mod checkpoint;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod expert_cache;
+pub mod experts;
 pub mod kv_cache;
 pub mod model;
+pub mod moe;
 pub mod ops;
 pub mod plan;
 pub mod rope;
@@ -23,8 +26,11 @@ pub mod transformer;
 pub mod weights;
 pub mod workspace;
 
-pub use config::{Architecture, ModelConfig, QuantizationConfig, RopeScaling};
+pub use config::{Architecture, ModelConfig, MoeConfig, QuantizationConfig, RopeScaling};
 pub use error::{ConfigError, ModelError, Result};
+pub use expert_cache::{
+    CacheGeometry, CacheGeometryError, CacheStats, ExpertCache, SlotCap, check_cache_geometry,
+};
 pub use model::{LoadOptions, LoadedModel, ModelInfo, inspect, load};
 pub use source::ModelSource;
 pub use tokenizer::Tokenizer;

@@ -74,13 +74,16 @@ pub struct WorkspaceShape {
 
 impl WorkspaceShape {
     /// f32 values of activations per row: the residual, the normed copy, projection output,
-    /// q, k, v, attention scratch, gate, up, and a row of RoPE cosines and sines.
+    /// q, k, v, attention scratch, gate, up (the widest MLP), a row of RoPE cosines and
+    /// sines, and for a MoE model the router's logits and an expert's gathered input and
+    /// output.
     pub fn values_per_row(config: &ModelConfig) -> usize {
         3 * config.hidden_size
             + 2 * config.q_dim()
             + 2 * config.kv_dim()
-            + 2 * config.intermediate_size
+            + 2 * config.mlp_width()
             + config.head_dim
+            + config.moe.map_or(0, |m| m.experts + 2 * config.hidden_size)
     }
 
     /// Bytes a workspace of this shape allocates for `config`.
@@ -112,7 +115,9 @@ pub struct MemoryPlan {
     pub workspace_bytes: u64,
     /// The largest naive score matrix (0 for streaming attention).
     pub attention_scores_bytes: u64,
-    /// The predicted peak: weights + KV + scratch.
+    /// The expert cache's slots (0 without one).
+    pub experts_bytes: u64,
+    /// The predicted peak: weights + KV + scratch + experts.
     pub total_bytes: u64,
     /// The workspace to allocate for the run.
     #[serde(skip)]
@@ -155,9 +160,21 @@ pub fn plan(config: &ModelConfig, weights_bytes: u64, run: &RunShape) -> Result<
         scratch_bytes,
         workspace_bytes,
         attention_scores_bytes,
+        experts_bytes: 0,
         total_bytes,
         workspace,
     })
+}
+
+impl MemoryPlan {
+    /// The plan with an expert cache of `bytes` (its slots, allocated before the run).
+    pub fn with_expert_cache(self, bytes: u64) -> Result<MemoryPlan> {
+        let total_bytes = self
+            .total_bytes
+            .checked_add(bytes)
+            .ok_or_else(|| ModelError::RunTooLarge { what: "the expert cache".into() })?;
+        Ok(MemoryPlan { experts_bytes: self.experts_bytes + bytes, total_bytes, ..self })
+    }
 }
 
 /// Values of the largest score matrix over the prefill chunks and the decode steps of a

@@ -17,7 +17,7 @@ mod generate;
 
 use kiln_core::{MemoryPool, QuantSpec};
 
-use crate::config::{Architecture, ModelConfig, QuantizationConfig, RopeScaling};
+use crate::config::{Architecture, ModelConfig, MoeConfig, QuantizationConfig, RopeScaling};
 use crate::error::{ModelError, Result};
 use crate::model::{LoadOptions, LoadedModel, ModelInfo};
 use crate::source::ModelSource;
@@ -49,11 +49,13 @@ pub struct Profile {
     rope_scaling: Option<RopeScaling>,
     max_position_embeddings: usize,
     tie_word_embeddings: bool,
+    moe: Option<MoeConfig>,
 }
 
-/// Every profile: published shapes smallest first, then the drafters (one small layer
-/// with a published family's vocabulary, for `--model-draft`).
-pub const PROFILES: [Profile; 13] = [
+/// Every profile: published dense shapes smallest first, then the mixture-of-experts
+/// shapes, then the drafters (one small layer with a published family's vocabulary, for
+/// `--model-draft`).
+pub const PROFILES: [Profile; 19] = [
     Profile {
         name: "tiny",
         origin: "test-sized Llama 3 shape",
@@ -75,6 +77,7 @@ pub const PROFILES: [Profile; 13] = [
         }),
         max_position_embeddings: 1024,
         tie_word_embeddings: true,
+        moe: None,
     },
     Profile {
         name: "tiny-qwen",
@@ -92,6 +95,7 @@ pub const PROFILES: [Profile; 13] = [
         rope_scaling: None,
         max_position_embeddings: 1024,
         tie_word_embeddings: false,
+        moe: None,
     },
     Profile {
         name: "smollm-135m",
@@ -109,6 +113,7 @@ pub const PROFILES: [Profile; 13] = [
         rope_scaling: None,
         max_position_embeddings: 2048,
         tie_word_embeddings: true,
+        moe: None,
     },
     Profile {
         name: "qwen2.5-0.5b",
@@ -126,6 +131,7 @@ pub const PROFILES: [Profile; 13] = [
         rope_scaling: None,
         max_position_embeddings: 32_768,
         tie_word_embeddings: true,
+        moe: None,
     },
     Profile {
         name: "llama-3.2-1b",
@@ -148,6 +154,7 @@ pub const PROFILES: [Profile; 13] = [
         }),
         max_position_embeddings: 131_072,
         tie_word_embeddings: true,
+        moe: None,
     },
     Profile {
         name: "qwen2.5-7b",
@@ -165,6 +172,7 @@ pub const PROFILES: [Profile; 13] = [
         rope_scaling: None,
         max_position_embeddings: 32_768,
         tie_word_embeddings: false,
+        moe: None,
     },
     Profile {
         name: "llama-3.1-8b",
@@ -187,6 +195,127 @@ pub const PROFILES: [Profile; 13] = [
         }),
         max_position_embeddings: 131_072,
         tie_word_embeddings: false,
+        moe: None,
+    },
+    Profile {
+        name: "tiny-moe",
+        origin: "test-sized Qwen3-MoE shape (q/k norm, 8 experts, top-2, norm_topk_prob)",
+        architecture: Architecture::Qwen3Moe,
+        hidden_size: 128,
+        intermediate_size: 256,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 32,
+        vocab_size: 512,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        rope_scaling: None,
+        max_position_embeddings: 1024,
+        tie_word_embeddings: false,
+        moe: Some(MoeConfig {
+            experts: 8,
+            top_k: 2,
+            expert_intermediate_size: 64,
+            norm_topk_prob: true,
+            shared_expert_intermediate_size: None,
+        }),
+    },
+    Profile {
+        name: "tiny-qwen2-moe",
+        origin: "test-sized Qwen2-MoE shape (q/k/v biases, 8 experts, top-2, shared expert)",
+        architecture: Architecture::Qwen2Moe,
+        hidden_size: 128,
+        intermediate_size: 256,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 1,
+        head_dim: 32,
+        vocab_size: 384,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        rope_scaling: None,
+        max_position_embeddings: 1024,
+        tie_word_embeddings: false,
+        moe: Some(MoeConfig {
+            experts: 8,
+            top_k: 2,
+            expert_intermediate_size: 64,
+            norm_topk_prob: false,
+            shared_expert_intermediate_size: Some(128),
+        }),
+    },
+    Profile {
+        name: "qwen1.5-moe-a2.7b",
+        origin: "Qwen/Qwen1.5-MoE-A2.7B (Qwen2-MoE: 60 experts, top-4, shared expert)",
+        architecture: Architecture::Qwen2Moe,
+        hidden_size: 2048,
+        intermediate_size: 5632,
+        num_hidden_layers: 24,
+        num_attention_heads: 16,
+        num_key_value_heads: 16,
+        head_dim: 128,
+        vocab_size: 151_936,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        rope_scaling: None,
+        max_position_embeddings: 8192,
+        tie_word_embeddings: false,
+        moe: Some(MoeConfig {
+            experts: 60,
+            top_k: 4,
+            expert_intermediate_size: 1408,
+            norm_topk_prob: false,
+            shared_expert_intermediate_size: Some(5632),
+        }),
+    },
+    Profile {
+        name: "qwen3-30b-a3b",
+        origin: "Qwen/Qwen3-30B-A3B (Qwen3-MoE: 128 experts, top-8, norm_topk_prob)",
+        architecture: Architecture::Qwen3Moe,
+        hidden_size: 2048,
+        intermediate_size: 6144,
+        num_hidden_layers: 48,
+        num_attention_heads: 32,
+        num_key_value_heads: 4,
+        head_dim: 128,
+        vocab_size: 151_936,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        rope_scaling: None,
+        max_position_embeddings: 40_960,
+        tie_word_embeddings: false,
+        moe: Some(MoeConfig {
+            experts: 128,
+            top_k: 8,
+            expert_intermediate_size: 768,
+            norm_topk_prob: true,
+            shared_expert_intermediate_size: None,
+        }),
+    },
+    Profile {
+        name: "mixtral-8x7b",
+        origin: "mistralai/Mixtral-8x7B-Instruct-v0.1 (8 experts, top-2)",
+        architecture: Architecture::Mixtral,
+        hidden_size: 4096,
+        intermediate_size: 14_336,
+        num_hidden_layers: 32,
+        num_attention_heads: 32,
+        num_key_value_heads: 8,
+        head_dim: 128,
+        vocab_size: 32_000,
+        rms_norm_eps: 1e-5,
+        rope_theta: 1_000_000.0,
+        rope_scaling: None,
+        max_position_embeddings: 32_768,
+        tie_word_embeddings: false,
+        moe: Some(MoeConfig {
+            experts: 8,
+            top_k: 2,
+            expert_intermediate_size: 14_336,
+            norm_topk_prob: true,
+            shared_expert_intermediate_size: None,
+        }),
     },
     Profile {
         name: "tiny-draft",
@@ -204,6 +333,7 @@ pub const PROFILES: [Profile; 13] = [
         rope_scaling: None,
         max_position_embeddings: 1024,
         tie_word_embeddings: true,
+        moe: None,
     },
     Profile {
         name: "tiny-qwen-draft",
@@ -221,6 +351,7 @@ pub const PROFILES: [Profile; 13] = [
         rope_scaling: None,
         max_position_embeddings: 1024,
         tie_word_embeddings: false,
+        moe: None,
     },
     Profile {
         name: "smollm-draft",
@@ -238,6 +369,7 @@ pub const PROFILES: [Profile; 13] = [
         rope_scaling: None,
         max_position_embeddings: 2048,
         tie_word_embeddings: true,
+        moe: None,
     },
     Profile {
         name: "qwen2.5-draft",
@@ -255,6 +387,7 @@ pub const PROFILES: [Profile; 13] = [
         rope_scaling: None,
         max_position_embeddings: 32_768,
         tie_word_embeddings: true,
+        moe: None,
     },
     Profile {
         name: "qwen2.5-7b-draft",
@@ -272,6 +405,25 @@ pub const PROFILES: [Profile; 13] = [
         rope_scaling: None,
         max_position_embeddings: 32_768,
         tie_word_embeddings: true,
+        moe: None,
+    },
+    Profile {
+        name: "mistral-draft",
+        origin: "speculative drafter for mixtral-8x7b: same vocabulary, one small layer",
+        architecture: Architecture::Llama,
+        hidden_size: 128,
+        intermediate_size: 256,
+        num_hidden_layers: 1,
+        num_attention_heads: 2,
+        num_key_value_heads: 1,
+        head_dim: 64,
+        vocab_size: 32_000,
+        rms_norm_eps: 1e-5,
+        rope_theta: 1_000_000.0,
+        rope_scaling: None,
+        max_position_embeddings: 32_768,
+        tie_word_embeddings: true,
+        moe: None,
     },
     Profile {
         name: "llama-3-draft",
@@ -289,13 +441,14 @@ pub const PROFILES: [Profile; 13] = [
         rope_scaling: None,
         max_position_embeddings: 131_072,
         tie_word_embeddings: true,
+        moe: None,
     },
 ];
 
 impl Profile {
     /// The configuration a checkpoint of this shape, quantized with `spec`, would have.
     pub fn config(&self, spec: QuantSpec) -> ModelConfig {
-        let qwen = self.architecture == Architecture::Qwen2;
+        let qwen = matches!(self.architecture, Architecture::Qwen2 | Architecture::Qwen2Moe);
         ModelConfig {
             architecture: self.architecture,
             hidden_size: self.hidden_size,
@@ -316,6 +469,8 @@ impl Profile {
             bos_token_id: Some(ByteTokenizer::BOS),
             eos_token_ids: vec![ByteTokenizer::EOS],
             quantization: Some(QuantizationConfig { default: spec, overrides: Default::default() }),
+            qk_norm: self.architecture == Architecture::Qwen3Moe,
+            moe: self.moe,
         }
     }
 }
@@ -429,7 +584,7 @@ mod tests {
 
     #[test]
     fn inspect_predicts_the_bytes_generation_counts() {
-        for name in ["tiny", "tiny-qwen", "tiny@8bit"] {
+        for name in ["tiny", "tiny-qwen", "tiny@8bit", "tiny-moe", "tiny-qwen2-moe"] {
             let pool = MemoryPool::unlimited();
             let info = inspect(name).unwrap();
             let model = load_with_seed(name, 7, &pool).unwrap();
@@ -444,7 +599,7 @@ mod tests {
     fn published_shapes_divide_into_groups() {
         for p in &PROFILES {
             let c = p.config(QuantSpec::new(4, GROUP_SIZE).unwrap());
-            for k in [c.hidden_size, c.intermediate_size, c.q_dim()] {
+            for k in [c.hidden_size, c.intermediate_size, c.q_dim(), c.mlp_width()] {
                 assert_eq!(k % GROUP_SIZE, 0, "{}: K = {k}", p.name);
             }
             assert!(c.vocab_size >= ByteTokenizer::MIN_VOCAB);
@@ -459,7 +614,9 @@ mod tests {
     fn dequantized_weights_are_centred_and_scaled() {
         let pool = MemoryPool::unlimited();
         let m = load_with_seed("tiny", 1, &pool).unwrap();
-        let LinearWeight::Quantized(w) = &m.weights.layers[0].gate_proj.weight else { panic!("quantized") };
+        let LinearWeight::Quantized(w) = &m.weights.layers[0].mlp.dense().unwrap().gate_proj.weight else {
+            panic!("quantized")
+        };
         let mut row = vec![0f32; w.k()];
         let (mut sum, mut sq, mut count) = (0f64, 0f64, 0usize);
         for r in 0..w.n() {

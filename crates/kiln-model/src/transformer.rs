@@ -1,6 +1,8 @@
-//! The decoder forward pass: embedding, then per layer RMSNorm, q/k/v projections, RoPE,
-//! attention over the KV cache, o_proj and the residual, RMSNorm, SwiGLU MLP and the
-//! residual; then the final norm and the LM head (the embedding matrix when tied).
+//! The decoder forward pass: embedding, then per layer RMSNorm, q/k/v projections (with
+//! Qwen3's per-head q/k RMSNorm), RoPE, attention over the KV cache, o_proj and the
+//! residual, RMSNorm, the MLP (SwiGLU, or a mixture of experts in `moe.rs`, read through
+//! the expert cache when the engine has one) and the residual; then the final norm and
+//! the LM head (the embedding matrix when tied).
 //!
 //! One forward carries any number of sequences, each with any number of new tokens: the
 //! projections run once over all their rows (M = total rows, so batched decode reaches
@@ -8,16 +10,20 @@
 //! Every row is computed by the same operations whatever else shares the forward, so a
 //! sequence decoded in a batch matches it decoded alone up to the kernels' own rounding.
 
+use std::sync::Mutex;
+
 use rayon::prelude::*;
 
 use crate::attention::{self, AttentionKind, AttnJob, AttnShape, MAX_GQA_GROUP, MAX_HEAD_DIM};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
+use crate::expert_cache::ExpertCache;
 use crate::kv_cache::{KvCache, KvDtype, KvLayout};
+use crate::moe::{self, MoeBufs};
 use crate::ops::{add_in_place, rms_norm, silu_mul};
 use crate::plan::attn_shape;
 use crate::rope::Rope;
-use crate::weights::{Linear, LinearWeight, ModelWeights, RmsNorm};
+use crate::weights::{Linear, LinearWeight, Mlp, ModelWeights, RmsNorm};
 use crate::workspace::Workspace;
 use kiln_core::Tag;
 
@@ -47,13 +53,33 @@ pub struct Transformer<'m> {
     rope: Rope,
     shape: AttnShape,
     attention: AttentionKind,
+    /// The expert cache of a MoE model run with `--expert-slots`; `None` reads every
+    /// expert from its backing store. Locked once per forward.
+    experts: Option<Mutex<ExpertCache>>,
 }
 
 impl<'m> Transformer<'m> {
     /// Checks every weight's shape against `config`.
     pub fn new(config: &'m ModelConfig, weights: &'m ModelWeights, attention: AttentionKind) -> Result<Self> {
         check_shapes(config, weights)?;
-        Ok(Transformer { config, weights, rope: Rope::new(config), shape: attn_shape(config), attention })
+        Ok(Transformer {
+            config,
+            weights,
+            rope: Rope::new(config),
+            shape: attn_shape(config),
+            attention,
+            experts: None,
+        })
+    }
+
+    /// Reads the routed experts through `cache` from now on.
+    pub fn set_expert_cache(&mut self, cache: ExpertCache) {
+        self.experts = Some(Mutex::new(cache));
+    }
+
+    /// The expert cache, when there is one.
+    pub fn expert_cache(&self) -> Option<std::sync::MutexGuard<'_, ExpertCache>> {
+        self.experts.as_ref().map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The configuration.
@@ -129,7 +155,8 @@ impl<'m> Transformer<'m> {
             }
         };
 
-        let (h, q_dim, kv_dim, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let (h, q_dim, kv_dim, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.mlp_width());
+        let mut cache = self.expert_cache();
         let half = c.head_dim / 2;
         let b = &mut ws.bufs;
         let x = &mut b.x[..rows * h];
@@ -143,6 +170,13 @@ impl<'m> Transformer<'m> {
         let up = &mut b.up[..rows * inter];
         let cos = &mut b.cos[..rows * half];
         let sin = &mut b.sin[..rows * half];
+        let experts = c.moe.map_or(0, |m| m.experts);
+        let router = &mut b.router[..rows * experts];
+        let (xe, ye) = if experts > 0 {
+            (&mut b.xe[..rows * h], &mut b.ye[..rows * h])
+        } else {
+            (&mut b.xe[..0], &mut b.ye[..0])
+        };
 
         let mut r = 0;
         for s in seqs.iter() {
@@ -163,6 +197,10 @@ impl<'m> Transformer<'m> {
             layer.q_proj.forward(xn, rows, q);
             layer.k_proj.forward(xn, rows, k);
             layer.v_proj.forward(xn, rows, v);
+            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                head_norm(qn, q);
+                head_norm(kn, k);
+            }
             self.apply_rope(q, q_dim, cos, sin);
             self.apply_rope(k, kv_dim, cos, sin);
             let mut r = 0;
@@ -178,10 +216,27 @@ impl<'m> Transformer<'m> {
             layer.o_proj.forward(q, rows, proj);
             add_in_place(x, proj);
             norm(&layer.post_attention_layernorm, x, xn);
-            layer.gate_proj.forward(xn, rows, gate);
-            layer.up_proj.forward(xn, rows, up);
-            silu_mul(gate, up);
-            layer.down_proj.forward(gate, rows, proj);
+            match &layer.mlp {
+                Mlp::Dense(mlp) => {
+                    mlp.gate_proj.forward(xn, rows, gate);
+                    mlp.up_proj.forward(xn, rows, up);
+                    silu_mul(gate, up);
+                    mlp.down_proj.forward(gate, rows, proj);
+                }
+                Mlp::Moe(mlp) => {
+                    let (Some(cfg), Some(store)) = (&c.moe, &self.weights.experts) else {
+                        unreachable!("check_shapes requires a MoE config and an expert store")
+                    };
+                    let bufs = MoeBufs {
+                        router: &mut *router,
+                        xe: &mut *xe,
+                        ye: &mut *ye,
+                        gate: &mut *gate,
+                        up: &mut *up,
+                    };
+                    moe::forward(mlp, cfg, store, cache.as_deref_mut(), l, xn, rows, h, proj, bufs);
+                }
+            }
             add_in_place(x, proj);
         }
         drop(scores);
@@ -273,6 +328,16 @@ fn norm(n: &RmsNorm, x: &[f32], out: &mut [f32]) {
     rms_norm(x, &n.weight, n.eps, out);
 }
 
+/// RMSNorm of every head of every row of `x` in place (`n` is one head wide).
+fn head_norm(n: &RmsNorm, x: &mut [f32]) {
+    let mut head = [0f32; MAX_HEAD_DIM];
+    let d = n.weight.len();
+    for chunk in x.chunks_exact_mut(d) {
+        head[..d].copy_from_slice(chunk);
+        rms_norm(&head[..d], &n.weight, n.eps, chunk);
+    }
+}
+
 fn check_shapes(c: &ModelConfig, w: &ModelWeights) -> Result<()> {
     if c.head_dim > MAX_HEAD_DIM || !c.head_dim.is_multiple_of(2) {
         return Err(ModelError::InvalidArgument {
@@ -340,13 +405,106 @@ fn check_shapes(c: &ModelConfig, w: &ModelWeights) -> Result<()> {
         linear(&p("self_attn.k_proj"), &layer.k_proj, kv, h)?;
         linear(&p("self_attn.v_proj"), &layer.v_proj, kv, h)?;
         linear(&p("self_attn.o_proj"), &layer.o_proj, h, q)?;
-        linear(&p("mlp.gate_proj"), &layer.gate_proj, i, h)?;
-        linear(&p("mlp.up_proj"), &layer.up_proj, i, h)?;
-        linear(&p("mlp.down_proj"), &layer.down_proj, h, i)?;
+        match (&layer.mlp, &c.moe) {
+            (Mlp::Dense(mlp), None) => {
+                linear(&p("mlp.gate_proj"), &mlp.gate_proj, i, h)?;
+                linear(&p("mlp.up_proj"), &mlp.up_proj, i, h)?;
+                linear(&p("mlp.down_proj"), &mlp.down_proj, h, i)?;
+            }
+            (Mlp::Moe(mlp), Some(moe)) => {
+                linear(&p("mlp.gate"), &mlp.router, moe.experts, h)?;
+                match (&mlp.shared_expert, &mlp.shared_expert_gate, moe.shared_expert_intermediate_size) {
+                    (None, None, None) => {}
+                    (Some(s), Some(g), Some(si)) => {
+                        linear(&p("mlp.shared_expert.gate_proj"), &s.gate_proj, si, h)?;
+                        linear(&p("mlp.shared_expert.up_proj"), &s.up_proj, si, h)?;
+                        linear(&p("mlp.shared_expert.down_proj"), &s.down_proj, h, si)?;
+                        linear(&p("mlp.shared_expert_gate"), g, 1, h)?;
+                    }
+                    _ => {
+                        return Err(ModelError::WeightShape {
+                            tensor: p("mlp.shared_expert"),
+                            expected: "a shared expert and its gate exactly when the config names one".into(),
+                            found: "a mismatch".into(),
+                        });
+                    }
+                }
+            }
+            _ => {
+                return Err(ModelError::WeightShape {
+                    tensor: p("mlp"),
+                    expected: if c.moe.is_some() { "a mixture of experts" } else { "a dense MLP" }.into(),
+                    found: "the other kind".into(),
+                });
+            }
+        }
+        match (&layer.q_norm, &layer.k_norm, c.qk_norm) {
+            (Some(qn), Some(kn), true) => {
+                for (name, n) in [("self_attn.q_norm", qn), ("self_attn.k_norm", kn)] {
+                    if n.weight.len() != c.head_dim {
+                        return Err(ModelError::WeightShape {
+                            tensor: p(name),
+                            expected: format!("[{}]", c.head_dim),
+                            found: format!("[{}]", n.weight.len()),
+                        });
+                    }
+                }
+            }
+            (None, None, false) => {}
+            _ => {
+                return Err(ModelError::WeightShape {
+                    tensor: p("self_attn.q_norm"),
+                    expected: format!("q_norm and k_norm {}", if c.qk_norm { "present" } else { "absent" }),
+                    found: "otherwise".into(),
+                });
+            }
+        }
         norm_len(&p("input_layernorm"), &layer.input_layernorm)?;
         norm_len(&p("post_attention_layernorm"), &layer.post_attention_layernorm)?;
     }
     norm_len("model.norm", &w.norm)?;
+    if let Some(moe) = &c.moe {
+        let Some(store) = &w.experts else {
+            return Err(ModelError::WeightShape {
+                tensor: "model.layers.*.mlp.experts".into(),
+                expected: format!("{} experts per layer", moe.experts),
+                found: "none".into(),
+            });
+        };
+        let e = store.by_id(0);
+        let ei = moe.expert_intermediate_size;
+        if store.layers() != c.num_hidden_layers
+            || store.experts() != moe.experts
+            || store.top_k() != moe.top_k
+        {
+            return Err(ModelError::WeightShape {
+                tensor: "model.layers.*.mlp.experts".into(),
+                expected: format!(
+                    "{} layers x {} experts, top-{}",
+                    c.num_hidden_layers, moe.experts, moe.top_k
+                ),
+                found: format!(
+                    "{} layers x {} experts, top-{}",
+                    store.layers(),
+                    store.experts(),
+                    store.top_k()
+                ),
+            });
+        }
+        for (name, m, n, k) in [
+            ("gate_proj", &e.gate_proj, ei, h),
+            ("up_proj", &e.up_proj, ei, h),
+            ("down_proj", &e.down_proj, h, ei),
+        ] {
+            if m.n() != n || m.k() != k {
+                return Err(ModelError::WeightShape {
+                    tensor: format!("model.layers.0.mlp.experts.0.{name}"),
+                    expected: format!("[{n}, {k}]"),
+                    found: format!("[{}, {}]", m.n(), m.k()),
+                });
+            }
+        }
+    }
     if let Some(head) = &w.lm_head {
         linear("lm_head", head, c.vocab_size, h)?;
     }

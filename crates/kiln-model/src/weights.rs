@@ -1,9 +1,11 @@
-//! The weights of a Llama-family decoder, as loaders produce them and the forward pass
-//! consumes them. Every linear layer is either an MLX-quantized matrix or a dense f32
+//! The weights of a Llama-family decoder (dense or mixture-of-experts), as loaders
+//! produce them and the forward pass consumes them. Every linear layer is either an MLX-quantized matrix or a dense f32
 //! one, and runs through kiln-core's kernels, so the wide switch and the pool govern it.
 
 use kiln_core::dense::{self, DenseMatrix};
 use kiln_core::{Buffer, QuantizedMatrix, quantized_matmul};
+
+use crate::experts::ExpertStore;
 
 /// The matrix of a linear layer, `W[N, K]`.
 #[derive(Debug)]
@@ -93,6 +95,79 @@ pub struct RmsNorm {
     pub eps: f32,
 }
 
+/// A SwiGLU MLP: `down(silu(gate(x)) * up(x))`.
+#[derive(Debug)]
+pub struct DenseMlp {
+    /// SwiGLU gate.
+    pub gate_proj: Linear,
+    /// SwiGLU up.
+    pub up_proj: Linear,
+    /// SwiGLU down.
+    pub down_proj: Linear,
+}
+
+impl DenseMlp {
+    /// Bytes one pass reads.
+    pub fn bytes_read(&self) -> usize {
+        self.gate_proj.bytes_read() + self.up_proj.bytes_read() + self.down_proj.bytes_read()
+    }
+}
+
+/// The resident part of a mixture-of-experts MLP; the routed experts themselves live in
+/// the model's [`ExpertStore`].
+#[derive(Debug)]
+pub struct MoeMlp {
+    /// The router `[experts, hidden]` (`mlp.gate`).
+    pub router: Linear,
+    /// Qwen2-MoE's shared expert, which every token runs.
+    pub shared_expert: Option<DenseMlp>,
+    /// The shared expert's sigmoid gate `[1, hidden]` (`mlp.shared_expert_gate`).
+    pub shared_expert_gate: Option<Linear>,
+}
+
+/// The MLP of a layer.
+// One per layer, built once and read in place: boxing either variant would add a
+// pointer chase to every forward and save nothing worth having.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Mlp {
+    /// One SwiGLU MLP.
+    Dense(DenseMlp),
+    /// A router over routed experts, plus an optional shared expert.
+    Moe(MoeMlp),
+}
+
+impl Mlp {
+    /// The dense MLP, when this is one.
+    pub fn dense(&self) -> Option<&DenseMlp> {
+        match self {
+            Mlp::Dense(d) => Some(d),
+            Mlp::Moe(_) => None,
+        }
+    }
+
+    /// The dense MLP, mutably, when this is one.
+    pub fn dense_mut(&mut self) -> Option<&mut DenseMlp> {
+        match self {
+            Mlp::Dense(d) => Some(d),
+            Mlp::Moe(_) => None,
+        }
+    }
+
+    /// Bytes one token reads from the resident part (the routed experts are counted by
+    /// [`ModelWeights::bytes_read_per_token`]).
+    pub fn bytes_read(&self) -> usize {
+        match self {
+            Mlp::Dense(d) => d.bytes_read(),
+            Mlp::Moe(m) => {
+                m.router.bytes_read()
+                    + m.shared_expert.as_ref().map_or(0, DenseMlp::bytes_read)
+                    + m.shared_expert_gate.as_ref().map_or(0, Linear::bytes_read)
+            }
+        }
+    }
+}
+
 /// One decoder layer.
 #[derive(Debug)]
 pub struct Layer {
@@ -106,14 +181,14 @@ pub struct Layer {
     pub v_proj: Linear,
     /// Attention output projection.
     pub o_proj: Linear,
+    /// Per-head RMSNorm of the queries before RoPE (Qwen3), `[head_dim]`.
+    pub q_norm: Option<RmsNorm>,
+    /// Per-head RMSNorm of the keys before RoPE (Qwen3), `[head_dim]`.
+    pub k_norm: Option<RmsNorm>,
     /// Norm before the MLP.
     pub post_attention_layernorm: RmsNorm,
-    /// SwiGLU gate.
-    pub gate_proj: Linear,
-    /// SwiGLU up.
-    pub up_proj: Linear,
-    /// SwiGLU down.
-    pub down_proj: Linear,
+    /// The MLP.
+    pub mlp: Mlp,
 }
 
 /// All weights of a decoder.
@@ -127,20 +202,22 @@ pub struct ModelWeights {
     pub norm: RmsNorm,
     /// Separate LM head, or `None` when tied to the embedding.
     pub lm_head: Option<Linear>,
+    /// The routed experts of a MoE model, every layer's, in their backing store.
+    pub experts: Option<ExpertStore>,
 }
 
 impl ModelWeights {
-    /// Bytes one decode step reads from weights: every layer, the final norm, the LM head
-    /// and one embedding row.
+    /// Bytes one decode step reads from weights: every layer (for a MoE model, the
+    /// top-k routed experts of each), the final norm, the LM head and one embedding row.
     pub fn bytes_read_per_token(&self) -> usize {
+        let routed = self.experts.as_ref().map_or(0, |e| e.top_k() * e.expert_bytes());
         let per_layer: usize = self
             .layers
             .iter()
             .map(|l| {
-                [&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj]
-                    .iter()
-                    .map(|p| p.bytes_read())
-                    .sum::<usize>()
+                [&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj].iter().map(|p| p.bytes_read()).sum::<usize>()
+                    + l.mlp.bytes_read()
+                    + routed
                     + l.input_layernorm.weight.byte_len()
                     + l.post_attention_layernorm.weight.byte_len()
             })

@@ -31,10 +31,16 @@ pub(crate) struct Buffers {
     pub k: PoolVec<f32>,
     /// Values `[rows, kv_dim]`.
     pub v: PoolVec<f32>,
-    /// SwiGLU gate, then its product with up `[rows, intermediate]`.
+    /// SwiGLU gate, then its product with up `[rows, mlp_width]`.
     pub gate: PoolVec<f32>,
-    /// SwiGLU up `[rows, intermediate]`.
+    /// SwiGLU up `[rows, mlp_width]`.
     pub up: PoolVec<f32>,
+    /// MoE router logits `[rows, experts]` (empty for a dense model).
+    pub router: PoolVec<f32>,
+    /// MoE rows gathered for one expert `[rows, hidden]` (empty for a dense model).
+    pub xe: PoolVec<f32>,
+    /// MoE expert output `[rows, hidden]` (empty for a dense model).
+    pub ye: PoolVec<f32>,
     /// RoPE cosines `[rows, head_dim / 2]`.
     pub cos: PoolVec<f32>,
     /// RoPE sines `[rows, head_dim / 2]`.
@@ -101,8 +107,11 @@ impl Buffers {
             tmp: a(config.q_dim())?,
             k: a(config.kv_dim())?,
             v: a(config.kv_dim())?,
-            gate: a(config.intermediate_size)?,
-            up: a(config.intermediate_size)?,
+            gate: a(config.mlp_width())?,
+            up: a(config.mlp_width())?,
+            router: a(config.moe.map_or(0, |m| m.experts))?,
+            xe: a(if config.moe.is_some() { config.hidden_size } else { 0 })?,
+            ye: a(if config.moe.is_some() { config.hidden_size } else { 0 })?,
             cos: a(config.head_dim / 2)?,
             sin: a(config.head_dim / 2)?,
             logits: pool.alloc_zeroed::<f32>(Tag::Scratch, shape.logit_rows * config.vocab_size)?,

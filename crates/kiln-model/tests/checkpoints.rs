@@ -33,10 +33,18 @@ fn held_bytes(w: &ModelWeights) -> usize {
         .layers
         .iter()
         .map(|l| {
-            [&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj]
-                .into_iter()
-                .map(lin)
-                .sum::<usize>()
+            [
+                &l.q_proj,
+                &l.k_proj,
+                &l.v_proj,
+                &l.o_proj,
+                &l.mlp.dense().unwrap().gate_proj,
+                &l.mlp.dense().unwrap().up_proj,
+                &l.mlp.dense().unwrap().down_proj,
+            ]
+            .into_iter()
+            .map(lin)
+            .sum::<usize>()
                 + l.input_layernorm.weight.byte_len()
                 + l.post_attention_layernorm.weight.byte_len()
         })
@@ -87,7 +95,10 @@ fn llama_sharded_bf16_loads_dense_with_llama3_rope_and_generation_eos() {
     assert_eq!(w.layers.len(), 2);
     let l = &w.layers[1];
     assert_eq!((l.k_proj.weight.n(), l.k_proj.weight.k()), (32, 64));
-    assert_eq!((l.down_proj.weight.n(), l.down_proj.weight.k()), (64, 128));
+    assert_eq!(
+        (l.mlp.dense().unwrap().down_proj.weight.n(), l.mlp.dense().unwrap().down_proj.weight.k()),
+        (64, 128)
+    );
     assert!(l.q_proj.bias.is_none());
     // bf16 is widened: every value is exactly representable in bf16.
     let mut row = vec![0f32; 64];
@@ -128,8 +139,14 @@ fn mlx_4bit_honours_per_layer_overrides_and_quantized_tied_head() {
     assert_eq!(embed.spec(), QuantSpec::new(4, 32).unwrap());
     assert_eq!(embed.scales().dtype(), ScaleDtype::Bf16);
     // Layer 0's down_proj carries its own spec in config.json.
-    assert_eq!(quantized(&w.layers[0].down_proj.weight).spec(), QuantSpec::new(8, 32).unwrap());
-    assert_eq!(quantized(&w.layers[1].down_proj.weight).spec(), QuantSpec::new(4, 32).unwrap());
+    assert_eq!(
+        quantized(&w.layers[0].mlp.dense().unwrap().down_proj.weight).spec(),
+        QuantSpec::new(8, 32).unwrap()
+    );
+    assert_eq!(
+        quantized(&w.layers[1].mlp.dense().unwrap().down_proj.weight).spec(),
+        QuantSpec::new(4, 32).unwrap()
+    );
     // Layer 1's o_proj was skipped by the quantizer: no scales, a bf16 matrix.
     assert!(is_dense(&w.layers[1].o_proj.weight));
     assert!(!is_dense(&w.layers[0].o_proj.weight));
@@ -150,9 +167,9 @@ fn matrices(w: &ModelWeights) -> Vec<(String, &LinearWeight)> {
             ("k_proj", &l.k_proj),
             ("v_proj", &l.v_proj),
             ("o_proj", &l.o_proj),
-            ("gate_proj", &l.gate_proj),
-            ("up_proj", &l.up_proj),
-            ("down_proj", &l.down_proj),
+            ("gate_proj", &l.mlp.dense().unwrap().gate_proj),
+            ("up_proj", &l.mlp.dense().unwrap().up_proj),
+            ("down_proj", &l.mlp.dense().unwrap().down_proj),
         ] {
             v.push((format!("layer {i} {n}"), &p.weight));
         }

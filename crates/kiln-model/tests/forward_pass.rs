@@ -14,7 +14,7 @@ use kiln_core::{Buffer, MemoryPool, Tag};
 use kiln_model::config::RopeScaling;
 use kiln_model::ops::argmax;
 use kiln_model::tokenizer::ByteTokenizer;
-use kiln_model::weights::{Layer, Linear, LinearWeight, ModelWeights, RmsNorm};
+use kiln_model::weights::{DenseMlp, Layer, Linear, LinearWeight, Mlp, ModelWeights, RmsNorm};
 use kiln_model::{
     AttentionKind, EngineOptions, KvDtype, LoadedModel, ModelConfig, ModelError, Sampler, SamplingParams,
     Session, Tokenizer, synthetic,
@@ -92,10 +92,14 @@ fn dense_twin(model: &LoadedModel) -> LoadedModel {
             k_proj: linear(&l.k_proj),
             v_proj: linear(&l.v_proj),
             o_proj: linear(&l.o_proj),
+            q_norm: None,
+            k_norm: None,
             post_attention_layernorm: norm(&l.post_attention_layernorm),
-            gate_proj: linear(&l.gate_proj),
-            up_proj: linear(&l.up_proj),
-            down_proj: linear(&l.down_proj),
+            mlp: Mlp::Dense(DenseMlp {
+                gate_proj: linear(&l.mlp.dense().unwrap().gate_proj),
+                up_proj: linear(&l.mlp.dense().unwrap().up_proj),
+                down_proj: linear(&l.mlp.dense().unwrap().down_proj),
+            }),
         })
         .collect();
     LoadedModel {
@@ -106,6 +110,7 @@ fn dense_twin(model: &LoadedModel) -> LoadedModel {
             layers,
             norm: norm(&w.norm),
             lm_head: w.lm_head.as_ref().map(linear),
+            experts: None,
         },
         tokenizer: Tokenizer::Bytes(ByteTokenizer),
         chat_template: None,
@@ -136,7 +141,7 @@ fn rel_err32(a: &[f32], b: &[f32]) -> f64 {
 }
 
 fn options(attention: AttentionKind, prefill_chunk: usize, kv_dtype: KvDtype) -> EngineOptions {
-    EngineOptions { attention, prefill_chunk, kv_dtype }
+    EngineOptions { attention, prefill_chunk, kv_dtype, expert_slots: None }
 }
 
 // ---- an f64 decoder written from the model's definition, sharing no code with kiln ----
@@ -265,10 +270,11 @@ fn reference(model: &LoadedModel, tokens: &[u32]) -> Vec<f64> {
         let o = linear(&att, t, &layer.o_proj);
         x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
         let xn = rms(&x, &layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps);
-        let g = linear(&xn, t, &layer.gate_proj);
-        let u = linear(&xn, t, &layer.up_proj);
+        let mlp = layer.mlp.dense().unwrap();
+        let g = linear(&xn, t, &mlp.gate_proj);
+        let u = linear(&xn, t, &mlp.up_proj);
         let act: Vec<f64> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
-        let down = linear(&act, t, &layer.down_proj);
+        let down = linear(&act, t, &mlp.down_proj);
         x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
     }
     let xn = rms(&x, &w.norm.weight, w.norm.eps);

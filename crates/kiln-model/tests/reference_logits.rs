@@ -125,8 +125,16 @@ fn rounds_activations(model: &LoadedModel) -> bool {
     let mut all = vec![&w.embed_tokens];
     for l in &w.layers {
         all.extend(
-            [&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj]
-                .map(|p| &p.weight),
+            [
+                &l.q_proj,
+                &l.k_proj,
+                &l.v_proj,
+                &l.o_proj,
+                &l.mlp.dense().unwrap().gate_proj,
+                &l.mlp.dense().unwrap().up_proj,
+                &l.mlp.dense().unwrap().down_proj,
+            ]
+            .map(|p| &p.weight),
         );
     }
     all.extend(w.lm_head.as_ref().map(|h| &h.weight));
@@ -212,7 +220,7 @@ fn check(dir: &str, name: &str, quantize: Option<u32>) {
         let config = rounding(kv, int_activations);
         let tol = r.tolerance(config);
         for (attention, prefill_chunk) in [(AttentionKind::Streaming, 0), (AttentionKind::Naive, 16)] {
-            let opts = EngineOptions { attention, prefill_chunk, kv_dtype: kv };
+            let opts = EngineOptions { attention, prefill_chunk, kv_dtype: kv, expert_slots: None };
             let dev = max_deviation(&model, &pool, &r, opts, tol);
             let steps = greedy_agreement(&model, &pool, &r, opts, tol);
             eprintln!(
@@ -274,14 +282,15 @@ fn dequantized(model: LoadedModel) -> LoadedModel {
     let mut m = model;
     dense(&mut m.weights.embed_tokens);
     for l in &mut m.weights.layers {
+        let mlp = l.mlp.dense_mut().unwrap();
         for p in [
             &mut l.q_proj,
             &mut l.k_proj,
             &mut l.v_proj,
             &mut l.o_proj,
-            &mut l.gate_proj,
-            &mut l.up_proj,
-            &mut l.down_proj,
+            &mut mlp.gate_proj,
+            &mut mlp.up_proj,
+            &mut mlp.down_proj,
         ] {
             dense(&mut p.weight);
         }

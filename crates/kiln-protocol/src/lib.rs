@@ -10,7 +10,10 @@
 mod report;
 mod size;
 
-pub use report::{DECODE_FIELDS, DecodeReport, ESTIMATE_FIELDS, EstimateReport, ReportError, SPEC_FIELDS};
+pub use report::{
+    DECODE_FIELDS, DecodeReport, ESTIMATE_EXPERT_FIELDS, ESTIMATE_FIELDS, EXPERT_FIELDS, EstimateReport,
+    OffloadCopyReport, ReportError, SPEC_FIELDS,
+};
 pub use size::{SizeParseError, parse_size};
 
 /// Exit status: success.
@@ -21,6 +24,12 @@ pub const EXIT_FAILURE: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
 /// Exit status: the memory pool refused an allocation.
 pub const EXIT_OUT_OF_MEMORY: u8 = 3;
+
+/// What the `error:` line of an exit of [`EXIT_USAGE`] carries when an expert cache
+/// geometry is refused by the engine's rules (floor, total, backend cap): `error:
+/// invalid --expert-slots: <model> @ cache_slots=S: ...`. The text after the marker is the
+/// reason, naming the rule and the cap.
+pub const GEOMETRY_REFUSED: &str = "invalid --expert-slots: ";
 
 /// How the line that explains an exit of [`EXIT_OUT_OF_MEMORY`] starts on stderr.
 pub const OOM_LINE_PREFIX: &str = "out of memory:";

@@ -130,7 +130,27 @@ pub struct DecodeReport {
     /// kiln (`--speculative`): verify forwards run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec_verifies: Option<u64>,
-    /// Per tag (`weights`, `kv`, `scratch`, `other`): bytes held at the peak. JSON only.
+    /// kiln (`--expert-slots`): resident expert slots. The `expert_*` fields are present
+    /// only in a run with an expert cache, so other records keep exactly [`DECODE_FIELDS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_slots: Option<u64>,
+    /// kiln (`--expert-slots`): bytes of all slots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_cache_bytes: Option<u64>,
+    /// kiln (`--expert-slots`): expert lookups that found the expert resident (timed steps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_hits: Option<u64>,
+    /// kiln (`--expert-slots`): lookups that copied the expert in (timed steps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_misses: Option<u64>,
+    /// kiln (`--expert-slots`): bytes those misses copied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_bytes_copied: Option<u64>,
+    /// kiln (`--expert-slots`): time those copies took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_copy_ms: Option<f64>,
+    /// Per tag (`weights`, `kv`, `scratch`, `experts`, `other`): bytes held at the peak.
+    /// JSON only.
     pub peak_breakdown: BTreeMap<String, u64>,
 }
 
@@ -181,6 +201,17 @@ pub const SPEC_FIELDS: [&str; 7] = [
     "spec_verifies",
 ];
 
+/// The columns a run with an expert cache adds (`kiln bench-decode --expert-slots`),
+/// after [`SPEC_FIELDS`] when both apply.
+pub const EXPERT_FIELDS: [&str; 6] = [
+    "expert_slots",
+    "expert_cache_bytes",
+    "expert_hits",
+    "expert_misses",
+    "expert_bytes_copied",
+    "expert_copy_ms",
+];
+
 impl DecodeReport {
     /// How many of [`DECODE_FIELDS`] the protocol requires (the rest are kiln's).
     pub const PROTOCOL_FIELDS: usize = 18;
@@ -213,14 +244,16 @@ impl DecodeReport {
     }
 
     /// Writes the CSV form: the header of [`DECODE_FIELDS`] (then [`SPEC_FIELDS`] for a
-    /// speculative run) and one row.
+    /// speculative run, [`EXPERT_FIELDS`] for a run with an expert cache) and one row.
     pub fn write_csv(&self, out: impl Write) -> io::Result<()> {
+        let mut fields: Vec<&str> = DECODE_FIELDS.to_vec();
         if self.spec_drafter.is_some() {
-            let fields: Vec<&str> = DECODE_FIELDS.iter().chain(SPEC_FIELDS.iter()).copied().collect();
-            write_csv(self, &fields, out)
-        } else {
-            write_csv(self, &DECODE_FIELDS, out)
+            fields.extend(SPEC_FIELDS);
         }
+        if self.expert_slots.is_some() {
+            fields.extend(EXPERT_FIELDS);
+        }
+        write_csv(self, &fields, out)
     }
 }
 
@@ -265,7 +298,28 @@ pub struct EstimateReport {
     /// kiln: the naive attention's score matrix (0 when streaming).
     #[serde(default)]
     pub attention_scores_bytes: Option<u64>,
+    /// kiln (`--expert-slots`): resident expert slots; present only with a cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_slots: Option<u64>,
+    /// kiln (`--expert-slots`): bytes of the slots, part of `total_bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts_bytes: Option<u64>,
+    /// kiln, a MoE model only: decoder layers, each with `moe_experts` routed experts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_layers: Option<u64>,
+    /// kiln, a MoE model only: routed experts per layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_experts: Option<u64>,
+    /// kiln, a MoE model only: experts each token routes to (the cache's floor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_top_k: Option<u64>,
+    /// kiln, a MoE model only: bytes of one expert-cache slot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_slot_bytes: Option<u64>,
 }
+
+/// The columns an estimate with an expert cache adds after [`ESTIMATE_FIELDS`].
+pub const ESTIMATE_EXPERT_FIELDS: [&str; 2] = ["expert_slots", "experts_bytes"];
 
 /// The fields of [`EstimateReport`] in output order (all scalar: the CSV form has exactly
 /// these columns).
@@ -293,14 +347,21 @@ impl EstimateReport {
     /// Parses an `estimate` stdout; `Ok(None)` when it printed nothing.
     pub fn parse(stdout: &str) -> Result<Option<EstimateReport>, ReportError> {
         let Some(r) = parse::<EstimateReport>(stdout)? else { return Ok(None) };
-        let parts = r.weights_bytes.checked_add(r.kv_bytes).and_then(|s| s.checked_add(r.scratch_bytes));
+        let parts = r
+            .weights_bytes
+            .checked_add(r.kv_bytes)
+            .and_then(|s| s.checked_add(r.scratch_bytes))
+            .and_then(|s| s.checked_add(r.experts_bytes.unwrap_or(0)));
         if parts.is_none_or(|p| p > r.total_bytes) {
             return Err(ReportError::Impossible {
                 field: "total_bytes",
                 value: r.total_bytes.to_string(),
                 expected: format!(
-                    "expected at least weights {} + kv {} + scratch {}",
-                    r.weights_bytes, r.kv_bytes, r.scratch_bytes
+                    "expected at least weights {} + kv {} + scratch {} + experts {}",
+                    r.weights_bytes,
+                    r.kv_bytes,
+                    r.scratch_bytes,
+                    r.experts_bytes.unwrap_or(0)
                 ),
             });
         }
@@ -320,9 +381,114 @@ impl EstimateReport {
         write_json(self, out)
     }
 
-    /// Writes the CSV form: the header of [`ESTIMATE_FIELDS`] and one row.
+    /// Writes the CSV form: the header of [`ESTIMATE_FIELDS`] (then
+    /// [`ESTIMATE_EXPERT_FIELDS`] with an expert cache) and one row.
     pub fn write_csv(&self, out: impl Write) -> io::Result<()> {
-        write_csv(self, &ESTIMATE_FIELDS, out)
+        let mut fields: Vec<&str> = ESTIMATE_FIELDS.to_vec();
+        if self.expert_slots.is_some() {
+            fields.extend(ESTIMATE_EXPERT_FIELDS);
+        }
+        write_csv(self, &fields, out)
+    }
+}
+
+/// `kiln bench-expert-copy`: one expert-cache geometry measured (a profile, S slots, a
+/// batch size, a miss rate), with the read bandwidth measured in the same process.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OffloadCopyReport {
+    /// MODEL as given.
+    pub model: String,
+    /// The resolved path, or `synthetic:<profile>`.
+    pub model_path: String,
+    /// Resident slots (S).
+    pub cache_slots: u64,
+    /// Bytes of one slot (one expert).
+    pub slot_bytes: u64,
+    /// Bytes of all slots.
+    pub cache_bytes: u64,
+    /// Decoder layers.
+    pub layers: u64,
+    /// Routed experts per layer.
+    pub experts: u64,
+    /// Experts each token routes to.
+    pub top_k: u64,
+    /// Sequences decoded together (rows per step).
+    pub batch_size: u64,
+    /// The miss rate asked for.
+    pub miss_rate: f64,
+    /// Decode steps measured.
+    pub steps: u64,
+    /// Tokens measured: steps x batch size.
+    pub tokens: u64,
+    /// Expert lookups.
+    pub fetches: u64,
+    /// Lookups that found the expert resident.
+    pub hits: u64,
+    /// Lookups that copied it in.
+    pub misses: u64,
+    /// `misses / fetches`: what the routing achieved.
+    pub measured_miss_rate: f64,
+    /// Bytes the misses copied.
+    pub bytes_copied: u64,
+    /// Time the copies took.
+    pub copy_ms: f64,
+    /// `bytes_copied / copy time`, GB/s (10^9); null without a miss.
+    pub copy_gb_s: Option<f64>,
+    /// Wall time of every lookup, copies included.
+    pub fetch_ms: f64,
+    /// `fetch_ms / tokens`, in microseconds.
+    pub fetch_us_per_token: f64,
+    /// The best read bandwidth of the same process, GB/s.
+    pub read_bandwidth_gb_s: f64,
+    /// `copy_gb_s / read_bandwidth_gb_s`; null without a miss.
+    pub copy_share: Option<f64>,
+    /// The memory pool's peak.
+    pub peak_bytes: u64,
+    /// The pool's limit; null when unlimited.
+    pub memory_limit_bytes: Option<u64>,
+    /// `cpu`, `cuda`, `metal`.
+    pub backend: String,
+    /// Worker threads.
+    pub threads: u64,
+    /// The engine's version.
+    pub kiln_version: String,
+}
+
+impl OffloadCopyReport {
+    /// Parses a `bench-expert-copy` stdout; `Ok(None)` when it printed nothing.
+    pub fn parse(stdout: &str) -> Result<Option<OffloadCopyReport>, ReportError> {
+        let Some(r) = parse::<OffloadCopyReport>(stdout)? else { return Ok(None) };
+        for (field, v) in [
+            ("miss_rate", Some(r.miss_rate)),
+            ("measured_miss_rate", Some(r.measured_miss_rate)),
+            ("copy_ms", Some(r.copy_ms)),
+            ("copy_gb_s", r.copy_gb_s),
+            ("fetch_ms", Some(r.fetch_ms)),
+            ("fetch_us_per_token", Some(r.fetch_us_per_token)),
+            ("read_bandwidth_gb_s", Some(r.read_bandwidth_gb_s)),
+            ("copy_share", r.copy_share),
+        ] {
+            if v.is_some_and(|v| !v.is_finite() || v < 0.0) {
+                return Err(ReportError::Impossible {
+                    field,
+                    value: format!("{v:?}"),
+                    expected: "expected a finite non-negative number".into(),
+                });
+            }
+        }
+        if r.hits + r.misses != r.fetches {
+            return Err(ReportError::Impossible {
+                field: "fetches",
+                value: r.fetches.to_string(),
+                expected: format!("expected hits {} + misses {}", r.hits, r.misses),
+            });
+        }
+        Ok(Some(r))
+    }
+
+    /// Writes the JSON form: one object on one line.
+    pub fn write_json(&self, out: impl Write) -> io::Result<()> {
+        write_json(self, out)
     }
 }
 

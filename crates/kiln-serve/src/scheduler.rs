@@ -351,7 +351,7 @@ impl<'m> Scheduler<'m> {
         let limit = self.pool.limit();
         let stats = self.pool.stats();
         let tag = |t: Tag| stats.by_tag.get(t.as_str()).map_or(0, |s| s.live);
-        let fixed = tag(Tag::Weights) + tag(Tag::Scratch) + tag(Tag::Other);
+        let fixed = tag(Tag::Weights) + tag(Tag::Scratch) + tag(Tag::Experts) + tag(Tag::Other);
         if fixed.saturating_add(need) > limit {
             return Room::Never(format!(
                 "the request needs {need} bytes of KV cache (prompt plus max_tokens), but with the weights and \

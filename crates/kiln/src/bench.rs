@@ -90,6 +90,7 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
     runtime::warn_ignored_quantize(&args.run, &info.config);
     // A text prompt is at least one token: `-n` alone can already be beyond the context.
     check_context(args.prompt_tokens.unwrap_or(1), args.prompt_tokens.is_none())?;
+    let geometry = runtime::expert_geometry(&args.run, &info.config, info.weight_bytes, &pool)?;
     let model =
         kiln_model::load(model_name, &load_opts).with_context(|| format!("loading model {model_name}"))?;
     let ids = match (&args.prompt, args.prompt_tokens) {
@@ -108,9 +109,11 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         attention: options.attention,
         kv_dtype: options.kv_dtype,
     };
-    let plan = kiln_model::plan(&model.config, info.weight_bytes, &run_shape).with_context(|| {
-        format!("planning {} prompt tokens plus --max-tokens {}", ids.len(), args.max_tokens)
-    })?;
+    let plan = kiln_model::plan(&model.config, info.weight_bytes, &run_shape)
+        .and_then(|p| p.with_expert_cache(geometry.as_ref().map_or(0, |g| g.cache_bytes())))
+        .with_context(|| {
+            format!("planning {} prompt tokens plus --max-tokens {}", ids.len(), args.max_tokens)
+        })?;
     let mut engine = Engine::new(&model, &pool, options).context("preparing the forward pass")?;
     engine.reserve_workspace(plan.workspace).context("allocating the workspace")?;
     let mut cache = engine.new_cache();
@@ -177,6 +180,9 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
     } else {
         for step in 0..steps {
             if step == args.warmup_tokens {
+                if let Some(mut c) = engine.transformer().expert_cache() {
+                    c.reset_stats();
+                }
                 timed_from = Some(Instant::now());
             }
             next = argmax(engine.decode(&mut cache, next).context("running a decode step")?) as u32;
@@ -186,6 +192,7 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
     let decode_s = timed_from.map_or(0.0, |t| t.elapsed().as_secs_f64());
     let decode_tok_s = if decode_s > 0.0 { decode_steps as f64 / decode_s } else { 0.0 };
 
+    let expert_stats = engine.transformer().expert_cache().map(|c| c.stats());
     let stats = pool.stats();
     let bytes_read_per_token = model.weights.bytes_read_per_token() as u64;
     let report = DecodeReport {
@@ -227,6 +234,12 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         spec_accepted: spec_fields.as_ref().map(|f| f.accepted),
         spec_acceptance: spec_fields.as_ref().and_then(|f| f.acceptance),
         spec_verifies: spec_fields.as_ref().map(|f| f.verifies),
+        expert_slots: geometry.as_ref().map(|g| g.slots as u64),
+        expert_cache_bytes: geometry.as_ref().map(|g| g.cache_bytes()),
+        expert_hits: expert_stats.map(|s| s.hits),
+        expert_misses: expert_stats.map(|s| s.misses),
+        expert_bytes_copied: expert_stats.map(|s| s.bytes_copied),
+        expert_copy_ms: expert_stats.map(|s| s.copy_ns as f64 / 1e6),
         peak_breakdown: stats.by_tag.iter().map(|(tag, s)| (tag.clone(), s.at_peak)).collect(),
     };
     let out = std::io::stdout().lock();

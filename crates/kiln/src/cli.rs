@@ -16,7 +16,8 @@ Exit status:
 
 pub const MODEL_HELP: &str = "synthetic:<profile>[@4bit|@8bit], a directory under ./models/, a path \
      to a checkpoint directory or to a .gguf file (profiles: tiny, tiny-qwen, smollm-135m, qwen2.5-0.5b, llama-3.2-1b, \
-     qwen2.5-7b, llama-3.1-8b; drafters for --model-draft: tiny-draft, tiny-qwen-draft, smollm-draft, qwen2.5-draft, qwen2.5-7b-draft, llama-3-draft)";
+     qwen2.5-7b, llama-3.1-8b; mixture of experts: tiny-moe, tiny-qwen2-moe, qwen1.5-moe-a2.7b, qwen3-30b-a3b, \
+     mixtral-8x7b; drafters for --model-draft: tiny-draft, tiny-qwen-draft, smollm-draft, qwen2.5-draft, qwen2.5-7b-draft, mistral-draft, llama-3-draft)";
 
 /// The kiln inference engine.
 #[derive(Parser, Debug)]
@@ -45,6 +46,11 @@ pub enum Command {
     /// Write the log-probabilities of a text, window by window, for quality measurements.
     #[command(after_help = EXIT_STATUS)]
     Score(ScoreArgs),
+    /// Measure one expert-cache geometry (MoE model, --expert-slots, batch size, miss
+    /// rate): copy GB/s, expert-fetch time per token and the read bandwidth, as one JSON
+    /// object.
+    #[command(after_help = EXIT_STATUS)]
+    BenchExpertCopy(ExpertCopyArgs),
 }
 
 /// Output format of bench-decode and estimate.
@@ -119,6 +125,11 @@ pub struct RunArgs {
     /// CPU.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Keep S routed experts resident in an expert cache (a MoE model only), copying the
+    /// others in from their backing store on use. Accepted: the router's top-k to layers x
+    /// experts, and what the memory limit holds. Default: every expert resident.
+    #[arg(long, value_name = "S")]
+    pub expert_slots: Option<usize>,
 }
 
 /// Speculative decoding, shared by `generate` and `bench-decode`.
@@ -220,6 +231,33 @@ pub struct EstimateArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Json)]
     pub format: Format,
+}
+
+/// `kiln bench-expert-copy`.
+#[derive(Args, Debug)]
+pub struct ExpertCopyArgs {
+    /// Model, memory and --expert-slots (required: the geometry measured).
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Rows (sequences) per simulated decode step.
+    #[arg(long, value_name = "B", default_value_t = 1)]
+    pub batch_size: usize,
+    /// Share of expert choices that miss the cache, 0 to 1.
+    #[arg(long, value_name = "R", default_value_t = 0.5)]
+    pub miss_rate: f64,
+    /// Most decode steps to simulate.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub steps: u64,
+    /// Keep simulating steps (up to --steps) until this much time has passed; at least
+    /// one step runs.
+    #[arg(long, value_name = "MS", default_value_t = 300)]
+    pub min_time_ms: u64,
+    /// Bytes of the read-bandwidth buffer, outside the pool (`1GiB`, `64MiB`).
+    #[arg(long, value_name = "SIZE", default_value = "1GiB")]
+    pub bandwidth_bytes: String,
+    /// Seed of the routing.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
 }
 
 /// `kiln score`.

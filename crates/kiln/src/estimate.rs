@@ -36,9 +36,12 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
         attention: options.attention,
         kv_dtype: options.kv_dtype,
     };
-    let plan = kiln_model::plan(&info.config, info.weight_bytes, &shape).with_context(|| {
-        format!("planning --prompt-tokens {} with --max-tokens {}", args.prompt_tokens, args.max_tokens)
-    })?;
+    let geometry = runtime::expert_geometry(&args.run, &info.config, info.weight_bytes, &pool)?;
+    let plan = kiln_model::plan(&info.config, info.weight_bytes, &shape)
+        .and_then(|p| p.with_expert_cache(geometry.as_ref().map_or(0, |g| g.cache_bytes())))
+        .with_context(|| {
+            format!("planning --prompt-tokens {} with --max-tokens {}", args.prompt_tokens, args.max_tokens)
+        })?;
     let limit = runtime::limit_bytes(&pool);
     let context = info.config.max_position_embeddings;
     let record = EstimateReport {
@@ -59,6 +62,12 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
         kv_dtype: Some(options.kv_dtype.as_str().into()),
         workspace_bytes: Some(plan.workspace_bytes),
         attention_scores_bytes: Some(plan.attention_scores_bytes),
+        expert_slots: geometry.as_ref().map(|g| g.slots as u64),
+        experts_bytes: geometry.as_ref().map(|_| plan.experts_bytes),
+        moe_layers: info.config.moe.map(|_| info.config.num_hidden_layers as u64),
+        moe_experts: info.config.moe.map(|m| m.experts as u64),
+        moe_top_k: info.config.moe.map(|m| m.top_k as u64),
+        expert_slot_bytes: kiln_model::expert_cache::slot_bytes_for(&info.config),
     };
     let out = std::io::stdout().lock();
     match args.format {

@@ -32,6 +32,8 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let model = kiln_model::load(name, &runtime::load_options(&args.run, &pool))
         .with_context(|| format!("loading model {name}"))?;
     runtime::warn_ignored_quantize(&args.run, &model.config);
+    // The weights are in the pool now: what is live counts against the slots' room.
+    runtime::expert_geometry(&args.run, &model.config, pool.stats().live_bytes, &pool)?;
     let ids = encode_prompt(&model, &args.prompt, !args.no_chat_template)?;
     let limit = model.config.max_position_embeddings;
     let requested = runtime::sequence_tokens(ids.len(), false, args.max_tokens)?;

@@ -91,6 +91,10 @@ pub struct ServeArgs {
     /// Worker threads of the kernels. Default: RAYON_NUM_THREADS, else one per CPU.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Keep S routed experts of a MoE model resident in an expert cache (see `kiln
+    /// generate --help`). Default: every expert resident.
+    #[arg(long, value_name = "S")]
+    pub expert_slots: Option<usize>,
     /// Every request asks for a speculative slot, not only those sending
     /// `"speculative": true`.
     #[arg(long)]
@@ -147,8 +151,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         kv_dtype: args.kv_dtype,
         quantize: args.quantize.clone(),
         threads: args.threads,
+        expert_slots: args.expert_slots,
     };
     let pool = runtime::pool(&run_args)?;
+    if run_args.expert_slots.is_some() {
+        // The geometry is checked, naming the model, before anything is loaded.
+        let info = kiln_model::inspect(&run_args.model, &runtime::load_options(&run_args, &pool))
+            .with_context(|| format!("reading model {}", run_args.model))?;
+        runtime::expert_geometry(&run_args, &info.config, info.weight_bytes, &pool)?;
+    }
     let api_key = args.api_key.clone().or_else(|| std::env::var(API_KEY_ENV).ok()).filter(|k| !k.is_empty());
     let config = ServerConfig {
         model: args.model.clone(),

@@ -143,6 +143,34 @@ fn logs_the_kernel_configuration_then_serves_the_same_greedy_text_as_generate() 
     }
 }
 
+#[test]
+fn a_moe_model_with_an_expert_cache_serves_the_all_resident_greedy_text() {
+    let s = Serve::start(&["-m", "synthetic:tiny-moe", "--expert-slots", "3", "--threads", "1"]);
+    let prompt = "The kiln held eight experts";
+    let mut body = greedy(prompt, 24);
+    body["model"] = json!("synthetic:tiny-moe");
+    let r = post(s.addr, "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}{}", r.body, s.stderr());
+    let server_text = r.json()["choices"][0]["text"].as_str().unwrap().to_string();
+    let run =
+        Dir::new().run(&["generate", "-m", "synthetic:tiny-moe", "-p", prompt, "-n", "24", "--threads", "1"]);
+    assert!(run.output.status.success(), "{}", run.describe());
+    let generated = run.stdout();
+    let generated = generated.strip_suffix('\n').unwrap_or(&generated);
+    assert_eq!(server_text.trim_end_matches('\u{fffd}'), generated.trim_end_matches('\u{fffd}'));
+}
+
+#[test]
+fn an_illegal_expert_cache_geometry_exits_2_before_loading() {
+    let r = Dir::new().run(&["serve", "-m", "synthetic:tiny-moe", "--expert-slots", "1", "--port", "0"]);
+    assert_eq!(r.output.status.code(), Some(2), "{}", r.describe());
+    assert!(
+        r.stderr().contains("synthetic:tiny-moe @ cache_slots=1") && r.stderr().contains("top-k = 2"),
+        "{}",
+        r.describe()
+    );
+}
+
 /// User plus system CPU time of process `pid` in clock ticks, where /proc exists.
 fn cpu_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -19,28 +19,29 @@ use crate::child::{self as shutdown, Shutdown};
 use crate::console;
 
 /// The current time for rows and records: UTC, seconds.
-pub(super) fn now() -> String {
+pub(crate) fn now() -> String {
     chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
-/// What every row of a run says about where it comes from.
-pub(super) struct RowMeta {
-    pub(super) root: PathBuf,
-    pub(super) host: String,
-    pub(super) backend: String,
-    pub(super) commit: String,
+/// What every row of a run says about where it comes from: the fingerprint every sweep's
+/// rows carry.
+pub(crate) struct RowMeta {
+    pub(crate) root: PathBuf,
+    pub(crate) host: String,
+    pub(crate) backend: String,
+    pub(crate) commit: String,
     /// Build features, `None` for a binary the harness did not build.
-    pub(super) features: Option<Vec<String>>,
-    pub(super) kiln_env: BTreeMap<String, String>,
+    pub(crate) features: Option<Vec<String>>,
+    pub(crate) kiln_env: BTreeMap<String, String>,
     /// The engine's version; filled from the first report when the package did not say.
-    pub(super) kiln_version: String,
+    pub(crate) kiln_version: String,
 }
 
 impl RowMeta {
     /// The `features` column: the build features (`none`, `cuda`, or `unknown` for a
     /// binary the harness did not build), then `; ` and the cell's `KILN_*` environment
     /// (inherited, plus what the cell sets) when there is any.
-    fn features_column(&self, cell_env: &BTreeMap<String, String>) -> String {
+    pub(crate) fn features_column(&self, cell_env: &BTreeMap<String, String>) -> String {
         let features = match &self.features {
             None => "unknown".to_string(),
             Some(f) if f.is_empty() => "none".to_string(),
@@ -56,7 +57,7 @@ impl RowMeta {
         }
     }
 
-    fn display(&self, p: &Path) -> String {
+    pub(crate) fn display(&self, p: &Path) -> String {
         p.strip_prefix(&self.root).unwrap_or(p).display().to_string()
     }
 }
@@ -304,7 +305,7 @@ mod tests {
             if self.estimate_fails.contains(&cell.label()) {
                 return Ok(Ran::Done(EstimateFacts::Failed("exit code 1: boom".into())));
             }
-            Ok(Ran::Done(EstimateFacts::Report(EstimateReport {
+            Ok(Ran::Done(EstimateFacts::Report(Box::new(EstimateReport {
                 model: cell.model.clone(),
                 model_path: cell.model.clone(),
                 prompt_tokens: cell.layer_len(),
@@ -322,7 +323,13 @@ mod tests {
                 kv_dtype: None,
                 workspace_bytes: None,
                 attention_scores_bytes: None,
-            })))
+                expert_slots: None,
+                experts_bytes: None,
+                moe_layers: None,
+                moe_experts: None,
+                moe_top_k: None,
+                expert_slot_bytes: None,
+            }))))
         }
 
         fn run(&mut self, _: usize, cell: &plan::Cell) -> Result<Ran<Outcome>> {

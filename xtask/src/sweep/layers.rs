@@ -33,7 +33,7 @@ pub enum EstimateFacts {
     /// The layer does not apply (a text prompt, whose token count is unknown beforehand).
     NotApplicable,
     /// The engine's prediction.
-    Report(EstimateReport),
+    Report(Box<EstimateReport>),
     /// The engine refused the cell by rule (exit 2), with its reason.
     ByRule(String),
     /// The engine found no model where the cell names one (exit 2, `model not found:`).
@@ -199,6 +199,12 @@ mod tests {
             kv_dtype: None,
             workspace_bytes: None,
             attention_scores_bytes: None,
+            expert_slots: None,
+            experts_bytes: None,
+            moe_layers: None,
+            moe_experts: None,
+            moe_top_k: None,
+            expert_slot_bytes: None,
             model: "m".into(),
             model_path: "m".into(),
             prompt_tokens: prompt,
@@ -227,13 +233,13 @@ mod tests {
 
     #[test]
     fn estimate_context_comes_before_the_budget_and_survives_no_estimate() {
-        let over = EstimateFacts::Report(report(100, 30, 128, false));
+        let over = EstimateFacts::Report(Box::new(report(100, 30, 128, false)));
         assert_eq!(judge_estimate(&over, true).unwrap().status, Status::Context);
         assert_eq!(judge_estimate(&over, false).unwrap().status, Status::Context);
-        let big = EstimateFacts::Report(report(100, 28, 128, false));
+        let big = EstimateFacts::Report(Box::new(report(100, 28, 128, false)));
         assert_eq!(judge_estimate(&big, true).unwrap().status, Status::OomEstimate);
         assert_eq!(judge_estimate(&big, false), None);
-        let fine = EstimateFacts::Report(report(100, 28, 128, true));
+        let fine = EstimateFacts::Report(Box::new(report(100, 28, 128, true)));
         assert_eq!(judge_estimate(&fine, true), None);
         let failed = EstimateFacts::Failed("boom".into());
         assert_eq!(judge_estimate(&failed, true).unwrap().status, Status::Estimate);
@@ -245,7 +251,7 @@ mod tests {
         // The engine's own verdict stands, whatever the numbers beside it say.
         let mut trusted = report(100, 28, 128, true);
         trusted.within_context = false;
-        let skip = judge_estimate(&EstimateFacts::Report(trusted), true).unwrap();
+        let skip = judge_estimate(&EstimateFacts::Report(Box::new(trusted)), true).unwrap();
         assert_eq!(skip.status, Status::Context);
         assert!(skip.reason.contains("context of 128 tokens"), "{}", skip.reason);
         assert_eq!(judge_estimate(&EstimateFacts::NotApplicable, true), None);

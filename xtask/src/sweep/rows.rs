@@ -251,10 +251,16 @@ impl CsvOut {
 
     /// Creates (or empties) `path` under its lock and writes the header.
     pub fn create(path: &Path) -> Result<CsvOut> {
+        Self::create_with_header(path, &HEADER)
+    }
+
+    /// Creates (or empties) `path` under its lock and writes `header`: for a sweep whose
+    /// rows are not [`Row`]s (written with [`Self::write_record`]).
+    pub fn create_with_header(path: &Path, header: &[&str]) -> Result<CsvOut> {
         let file = Self::open_locked(path, true)?;
         file.set_len(0).with_context(|| format!("emptying {}", path.display()))?;
         let mut out = CsvOut { path: path.to_path_buf(), file };
-        out.write_line(format!("{}\n", HEADER.join(",")).as_bytes())?;
+        out.write_line(format!("{}\n", header.join(",")).as_bytes())?;
         Ok(out)
     }
 
@@ -280,6 +286,11 @@ impl CsvOut {
 
     /// Writes one row, in one write, and flushes it to the file.
     pub fn write(&mut self, row: &Row) -> Result<()> {
+        self.write_record(row)
+    }
+
+    /// Writes one serialisable row, in one write, and flushes it to the file.
+    pub fn write_record(&mut self, row: &impl Serialize) -> Result<()> {
         let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
         w.serialize(row).with_context(|| format!("writing a row to {}", self.path.display()))?;
         let bytes = w.into_inner().map_err(|e| anyhow::anyhow!("{}", e.error()))?;

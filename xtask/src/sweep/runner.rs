@@ -14,7 +14,7 @@ use super::classify::{self, ChildExit, KILN_BY_RULE_EXIT_CODE, Status};
 use super::layers::EstimateFacts;
 use super::plan::{Cell, Prompt};
 use crate::child::{self, Group, Shutdown, Waited};
-use kiln_protocol::{DecodeReport, EstimateReport};
+use kiln_protocol::{DecodeReport, EstimateReport, ReportError};
 
 /// A step that either finished or was cut short by a signal.
 #[derive(Debug)]
@@ -72,7 +72,8 @@ pub struct EngineKnobs {
 }
 
 impl EngineKnobs {
-    fn args(&self) -> Vec<String> {
+    /// The flags every engine call gets.
+    pub(crate) fn args(&self) -> Vec<String> {
         let mut a = Vec::new();
         if let Some(m) = &self.memory_limit {
             a.extend(["--memory-limit".into(), m.clone()]);
@@ -121,7 +122,7 @@ impl LocalRunner<'_> {
     /// The `-m` argument: a path that exists relative to where the user typed it is
     /// passed absolute (the engine runs in the workspace root); anything else is passed
     /// as given, for the engine to resolve by its own rules.
-    fn model_arg(&self, cell: &Cell) -> String {
+    pub(crate) fn model_arg(&self, cell: &Cell) -> String {
         let typed = self.user_cwd.join(&cell.model);
         if !cell.model.is_empty() && self.user_cwd != self.workdir && typed.exists() {
             typed.display().to_string()
@@ -130,7 +131,7 @@ impl LocalRunner<'_> {
         }
     }
 
-    fn log_base(&self, index: usize, cell: &Cell) -> PathBuf {
+    pub(crate) fn log_base(&self, index: usize, cell: &Cell) -> PathBuf {
         let label: String = cell
             .label()
             .chars()
@@ -191,6 +192,31 @@ fn child_exit(st: ExitStatus) -> ChildExit {
     }
 }
 
+impl LocalRunner<'_> {
+    /// Runs `kiln args...` (the engine knobs are the caller's to add) as cell `index`
+    /// and classifies it with the report parser `parse`; also the stderr log's path.
+    pub(crate) fn run_kiln<R>(
+        &self,
+        index: usize,
+        cell: &Cell,
+        args: &[String],
+        parse: impl Fn(&str) -> Result<Option<R>, ReportError>,
+    ) -> Result<Ran<(Classified<R>, String)>> {
+        let base = self.log_base(index, cell);
+        let oom_kills_before = self.memory_events.as_deref().and_then(classify::oom_kill_count);
+        let (exit, out, err) = match self.spawn_and_wait(args, cell, &base, self.cell_timeout)? {
+            Ran::Done(x) => x,
+            Ran::Interrupted(sig) => return Ok(Ran::Interrupted(sig)),
+        };
+        let oom_kills_after = self.memory_events.as_deref().and_then(classify::oom_kill_count);
+        let evidence = Evidence {
+            oom_kill_rose: matches!((oom_kills_before, oom_kills_after), (Some(b), Some(a)) if a > b),
+        };
+        let c = classify_child(exit, &out, &err, self.cell_timeout, evidence, parse);
+        Ok(Ran::Done((c, base.with_extension(ext(&base, "stderr")).display().to_string())))
+    }
+}
+
 impl CellRunner for LocalRunner<'_> {
     fn estimate(&mut self, index: usize, cell: &Cell) -> Result<Ran<EstimateFacts>> {
         let Prompt::Tokens(n) = cell.prompt else { return Ok(Ran::Done(EstimateFacts::NotApplicable)) };
@@ -231,17 +257,10 @@ impl CellRunner for LocalRunner<'_> {
             "json".into(),
         ]);
         args.extend(self.knobs.args());
-        let base = self.log_base(index, cell);
-        let oom_kills_before = self.memory_events.as_deref().and_then(classify::oom_kill_count);
-        let (exit, out, err) = match self.spawn_and_wait(&args, cell, &base, self.cell_timeout)? {
+        let (c, log) = match self.run_kiln(index, cell, &args, DecodeReport::parse)? {
             Ran::Done(x) => x,
             Ran::Interrupted(sig) => return Ok(Ran::Interrupted(sig)),
         };
-        let oom_kills_after = self.memory_events.as_deref().and_then(classify::oom_kill_count);
-        let evidence = Evidence {
-            oom_kill_rose: matches!((oom_kills_before, oom_kills_after), (Some(b), Some(a)) if a > b),
-        };
-        let c = classify_run(exit, &out, &err, self.cell_timeout, evidence);
         Ok(Ran::Done(Outcome {
             status: c.status,
             report: c.report,
@@ -249,7 +268,7 @@ impl CellRunner for LocalRunner<'_> {
             reason: c.reason,
             host: self.host.clone(),
             device: self.device.clone(),
-            log: base.with_extension(ext(&base, "stderr")).display().to_string(),
+            log,
         }))
     }
 
@@ -262,7 +281,7 @@ impl CellRunner for LocalRunner<'_> {
 pub fn estimate_facts(exit: ChildExit, stdout: &str, stderr: &str, timeout: Duration) -> EstimateFacts {
     match exit {
         ChildExit::Code(0) => match EstimateReport::parse(stdout) {
-            Ok(Some(r)) => EstimateFacts::Report(r),
+            Ok(Some(r)) => EstimateFacts::Report(Box::new(r)),
             Ok(None) => EstimateFacts::Failed("it printed no result".into()),
             Err(e) => EstimateFacts::Failed(e.to_string()),
         },
@@ -281,13 +300,13 @@ pub fn estimate_facts(exit: ChildExit, stdout: &str, stderr: &str, timeout: Dura
     }
 }
 
-/// A classified `bench-decode`.
+/// A classified engine child (`bench-decode` unless said otherwise).
 #[derive(Debug)]
-pub struct Classified {
+pub struct Classified<R = DecodeReport> {
     /// The status.
     pub status: Status,
     /// The report, for `ok`.
-    pub report: Option<DecodeReport>,
+    pub report: Option<R>,
     /// For `SKIP:oom`.
     pub oom_demand_bytes: Option<u64>,
     /// Why it is not `ok`.
@@ -301,9 +320,8 @@ pub struct Evidence {
     pub oom_kill_rose: bool,
 }
 
-/// Classifies a finished `bench-decode`: a timeout first (never an OOM), then a clean
-/// exit with its report, then out of memory (only on evidence), then a refusal by rule,
-/// then a kill, an abort or another failure.
+/// Classifies a finished `bench-decode`: see [`classify_child`].
+#[cfg(test)]
 pub fn classify_run(
     exit: ChildExit,
     stdout: &str,
@@ -311,6 +329,20 @@ pub fn classify_run(
     timeout: Duration,
     evidence: Evidence,
 ) -> Classified {
+    classify_child(exit, stdout, stderr, timeout, evidence, DecodeReport::parse)
+}
+
+/// Classifies a finished engine child whose report `parse` reads: a timeout first (never
+/// an OOM), then a clean exit with its report, then out of memory (only on evidence),
+/// then a refusal by rule, then a kill, an abort or another failure.
+pub fn classify_child<R>(
+    exit: ChildExit,
+    stdout: &str,
+    stderr: &str,
+    timeout: Duration,
+    evidence: Evidence,
+    parse: impl Fn(&str) -> Result<Option<R>, ReportError>,
+) -> Classified<R> {
     let fail = |status, reason: String| Classified {
         status,
         report: None,
@@ -321,7 +353,7 @@ pub fn classify_run(
         return fail(Status::Timeout, format!("killed after {}s (--cell-timeout)", timeout.as_secs()));
     }
     if exit == ChildExit::Code(0) {
-        return match DecodeReport::parse(stdout) {
+        return match parse(stdout) {
             Ok(Some(report)) => {
                 Classified { status: Status::Ok, report: Some(report), oom_demand_bytes: None, reason: None }
             }

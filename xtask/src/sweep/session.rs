@@ -190,6 +190,11 @@ impl Session {
         Ok(Output { path, csv, resumed: Some(rows) })
     }
 
+    /// Whether the chosen backend is a GPU's.
+    pub fn is_gpu(&self) -> bool {
+        self.backend.is_gpu()
+    }
+
     /// The backend's defaults.
     pub fn defaults(&self) -> &Defaults {
         &self.defaults
@@ -225,16 +230,38 @@ impl Session {
     /// Builds the engine when asked, then runs `plan` into `output` and returns the exit
     /// status.
     pub fn sweep(self, plan: &Plan, output: Output, flags: &SweepFlags) -> Result<ExitCode> {
+        eprintln!("sweep: {} cells", plan.cells.len());
+        let started = match self.start(&output.path, flags)? {
+            Ok(s) => s,
+            Err(code) => return Ok(code),
+        };
+        let runner = &mut started.runner();
+        let mut driver = Driver {
+            meta: started.meta(),
+            shutdown: started.shutdown(),
+            plan,
+            layers: started.layers(),
+            estimate_on: !flags.no_estimate,
+            source_csv: started.display(&output.path),
+            model_paths: BTreeMap::new(),
+            knobs: started.row_knobs.clone(),
+        };
+        Ok(ExitCode::from(driver.run(runner, output)?))
+    }
+
+    /// Builds the engine when asked, creates the run directory with its env.json, and
+    /// hands over what any sweep needs to run cells: the runner's settings, the OOM
+    /// layers and the rows' fingerprint. `Err(code)` when a signal ended the build.
+    pub fn start(self, output: &Path, flags: &SweepFlags) -> Result<Result<Started, ExitCode>> {
         if self.build {
             if let Some(sig) = engine::build_release(&self.root, self.backend, &self.shutdown)? {
                 eprintln!("interrupted by {} during the build", shutdown::signal_name(sig));
-                return Ok(ExitCode::from(shutdown::exit_code_for(sig)));
+                return Ok(Err(ExitCode::from(shutdown::exit_code_for(sig))));
             }
             if !self.kiln_bin.is_file() {
                 anyhow::bail!("the build left no kiln binary at {}", self.kiln_bin.display());
             }
         }
-        let record_path = self.record_path.clone();
         let cell_timeout = flags.cell_timeout.map(Duration::from_secs).unwrap_or(self.defaults.cell_timeout);
         let knobs = self.engine_knobs.clone();
         // Each row takes its token counts from its cell.
@@ -244,55 +271,25 @@ impl Session {
             None => self.root.join("benchmarks/runs"),
         };
         let run_dir = crate::runs::create_run_dir(&runs_dir, &self.command)?;
-        self.write_env_json(&run_dir, &output.path, &record_path, &knobs, cell_timeout, flags)?;
+        self.write_env_json(&run_dir, output, &self.record_path, &knobs, cell_timeout, flags)?;
         eprintln!(
-            "sweep: {} cells; kiln {} ({}); device {}; run directory {}",
-            plan.cells.len(),
+            "kiln {} ({}); device {}; run directory {}",
             self.display(&self.kiln_bin),
             self.backend.as_str(),
             self.device,
             self.display(&run_dir)
         );
-        let mut runner = LocalRunner {
-            kiln: self.kiln_bin.clone(),
-            workdir: self.root.clone(),
+        if self.harness_env.ignore_record {
+            eprintln!("KILN_BENCH_IGNORE_OOM_RECORD=1: the OOM record does not pre-skip cells in this run");
+        }
+        Ok(Ok(Started {
             user_cwd: std::env::current_dir().context("reading the current directory")?,
             run_dir,
             knobs,
+            row_knobs,
             cell_timeout,
-            host: self.machine.host.clone(),
-            device: self.device.clone(),
-            shutdown: &self.shutdown,
-            memory_events: classify::memory_events_path(),
-        };
-        let layers = OomLayers {
-            backstop: Backstop::default(),
-            record: RecordView::new(RecordFile::new(record_path)),
-            ignore_record: self.harness_env.ignore_record,
-            fake: FakeOom::new(self.harness_env.fake_oom.clone()),
-        };
-        if layers.ignore_record {
-            eprintln!("KILN_BENCH_IGNORE_OOM_RECORD=1: the OOM record does not pre-skip cells in this run");
-        }
-        let mut driver = Driver {
-            meta: RowMeta {
-                root: self.root.clone(),
-                host: self.machine.host.clone(),
-                backend: self.backend.as_str().to_string(),
-                commit: self.commit.clone(),
-                features: self.features.clone(),
-                kiln_env: self.kiln_env.clone(),
-                kiln_version: self.kiln_version.clone(),
-            },
-            shutdown: &self.shutdown,
-            plan,
-            layers,
-            estimate_on: !flags.no_estimate,
-            source_csv: self.display(&output.path),
-            model_paths: BTreeMap::new(),
-            knobs: row_knobs,
-        };
-        Ok(ExitCode::from(driver.run(&mut runner, output)?))
+            session: self,
+        }))
     }
 
     fn write_env_json(
@@ -331,6 +328,74 @@ impl Session {
         let path = run_dir.join("env.json");
         fs::write(&path, serde_json::to_string_pretty(&env)? + "\n")
             .with_context(|| format!("writing {}", path.display()))
+    }
+}
+
+/// A session whose engine is built and whose run directory exists: what a sweep needs to
+/// launch cells through [`LocalRunner`], judge them with the OOM layers and fingerprint
+/// its rows.
+pub struct Started {
+    session: Session,
+    user_cwd: PathBuf,
+    run_dir: PathBuf,
+    /// Passed to every engine call.
+    pub knobs: EngineKnobs,
+    /// The engine knobs as the decode CSV records them.
+    pub row_knobs: Knobs,
+    /// Per cell.
+    pub cell_timeout: Duration,
+}
+
+impl Started {
+    /// Signals and child exits: one shutdown point for the run.
+    pub fn shutdown(&self) -> &Shutdown {
+        &self.session.shutdown
+    }
+
+    /// A runner of local `kiln` children with this run's settings.
+    pub fn runner(&self) -> LocalRunner<'_> {
+        let s = &self.session;
+        LocalRunner {
+            kiln: s.kiln_bin.clone(),
+            workdir: s.root.clone(),
+            user_cwd: self.user_cwd.clone(),
+            run_dir: self.run_dir.clone(),
+            knobs: self.knobs.clone(),
+            cell_timeout: self.cell_timeout,
+            host: s.machine.host.clone(),
+            device: s.device.clone(),
+            shutdown: &s.shutdown,
+            memory_events: classify::memory_events_path(),
+        }
+    }
+
+    /// The OOM layers (backstop, the persistent record, the fake-OOM hook), fresh.
+    pub fn layers(&self) -> OomLayers {
+        OomLayers {
+            backstop: Backstop::default(),
+            record: RecordView::new(RecordFile::new(self.session.record_path.clone())),
+            ignore_record: self.session.harness_env.ignore_record,
+            fake: FakeOom::new(self.session.harness_env.fake_oom.clone()),
+        }
+    }
+
+    /// The fingerprint of every row.
+    pub(crate) fn meta(&self) -> RowMeta {
+        let s = &self.session;
+        RowMeta {
+            root: s.root.clone(),
+            host: s.machine.host.clone(),
+            backend: s.backend.as_str().to_string(),
+            commit: s.commit.clone(),
+            features: s.features.clone(),
+            kiln_env: s.kiln_env.clone(),
+            kiln_version: s.kiln_version.clone(),
+        }
+    }
+
+    /// `p` relative to the workspace root when it is inside it.
+    pub fn display(&self, p: &Path) -> String {
+        self.session.display(p)
     }
 }
 

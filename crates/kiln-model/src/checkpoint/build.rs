@@ -14,7 +14,7 @@ use super::plan::{LinearPlan, MatrixPlan, Plan, Step, chunk_rows};
 use super::tensor::TensorReader;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::weights::{Layer, Linear, LinearWeight, ModelWeights, RmsNorm};
+use crate::weights::{DenseMlp, Layer, Linear, LinearWeight, Mlp, ModelWeights, RmsNorm};
 
 /// Loads every step of `plan` and assembles the decoder.
 pub(crate) fn build(plan: Plan, config: &ModelConfig, reader: &TensorReader<'_>) -> Result<ModelWeights> {
@@ -34,15 +34,19 @@ pub(crate) fn build(plan: Plan, config: &ModelConfig, reader: &TensorReader<'_>)
             k_proj: next.linear()?,
             v_proj: next.linear()?,
             o_proj: next.linear()?,
+            q_norm: None,
+            k_norm: None,
             post_attention_layernorm: next.norm()?,
-            gate_proj: next.linear()?,
-            up_proj: next.linear()?,
-            down_proj: next.linear()?,
+            mlp: Mlp::Dense(DenseMlp {
+                gate_proj: next.linear()?,
+                up_proj: next.linear()?,
+                down_proj: next.linear()?,
+            }),
         });
     }
     let norm = next.norm()?;
     let lm_head = if config.tie_word_embeddings { None } else { Some(next.linear()?) };
-    Ok(ModelWeights { embed_tokens, layers, norm, lm_head })
+    Ok(ModelWeights { embed_tokens, layers, norm, lm_head, experts: None })
 }
 
 /// Hands out built layers and norm weights in plan order; running short would be a bug in

@@ -123,7 +123,9 @@ impl<'d> DraftModel<'d> {
         params: SamplingParams,
     ) -> Result<Self> {
         check_vocabulary(draft, target_vocab)?;
-        let engine = Engine::new(draft, pool, options)?;
+        // `--expert-slots` sizes the target's expert cache; the draft keeps its experts
+        // (if it has any) resident.
+        let engine = Engine::new(draft, pool, EngineOptions { expert_slots: None, ..options })?;
         let cache = engine.new_cache();
         // The draft's generator must not replay the target sampler's draws.
         let sampler =

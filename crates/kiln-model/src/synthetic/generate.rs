@@ -21,13 +21,19 @@ use rayon::prelude::*;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::weights::{Layer, Linear, LinearWeight, ModelWeights, RmsNorm};
+use crate::experts::{Expert, ExpertStore};
+use crate::weights::{DenseMlp, Layer, Linear, LinearWeight, Mlp, ModelWeights, MoeMlp, RmsNorm};
 
 /// Words (8 bytes) generated from one seed: the unit of parallel generation.
 const CHUNK_WORDS: usize = 1 << 13;
 
 /// Segment alignment in words: one cache line.
 const ALIGN_WORDS: usize = 8;
+
+/// Half the spread of a synthetic router's per-expert logit bias (uniform in
+/// `[-ROUTER_SKEW, ROUTER_SKEW)`): the most favoured expert's logit sits up to
+/// `2 * ROUTER_SKEW` above the least favoured one's, on top of logits of unit order.
+pub const ROUTER_SKEW: f32 = 1.5;
 
 /// Which tensor a seed belongs to; mixed with the layer index and the model seed.
 #[derive(Clone, Copy)]
@@ -47,6 +53,17 @@ enum Slot {
     QBias,
     KBias,
     VBias,
+    QNorm,
+    KNorm,
+    Router,
+    RouterBias,
+    SharedGate,
+    SharedUp,
+    SharedDown,
+    SharedExpertGate,
+    ExpertGate,
+    ExpertUp,
+    ExpertDown,
 }
 
 /// One tensor of the model, in the order [`assemble`] takes them.
@@ -65,6 +82,8 @@ fn tensors(config: &ModelConfig, seed: u64) -> Vec<Tensor> {
     let matrix = |n, k, layer, slot| Tensor::Matrix { n, k, seed: s(layer, slot) };
     let norm = |layer, slot| Tensor::Vector { n: h, lo: 0.9, width: 0.2, seed: s(layer, slot) };
     let bias = |n, layer, slot| Tensor::Vector { n, lo: -0.1, width: 0.2, seed: s(layer, slot) };
+    let head_norm =
+        |layer, slot| Tensor::Vector { n: config.head_dim, lo: 0.9, width: 0.2, seed: s(layer, slot) };
     let mut out = Vec::new();
     for l in 0..config.num_hidden_layers {
         out.push(norm(l, Slot::InputNorm));
@@ -74,11 +93,36 @@ fn tensors(config: &ModelConfig, seed: u64) -> Vec<Tensor> {
                 out.push(bias(n, l, b));
             }
         }
+        if config.qk_norm {
+            out.push(head_norm(l, Slot::QNorm));
+            out.push(head_norm(l, Slot::KNorm));
+        }
         out.push(matrix(h, q, l, Slot::O));
         out.push(norm(l, Slot::PostNorm));
-        out.push(matrix(i, h, l, Slot::Gate));
-        out.push(matrix(i, h, l, Slot::Up));
-        out.push(matrix(h, i, l, Slot::Down));
+        match &config.moe {
+            None => {
+                out.push(matrix(i, h, l, Slot::Gate));
+                out.push(matrix(i, h, l, Slot::Up));
+                out.push(matrix(h, i, l, Slot::Down));
+            }
+            Some(moe) => {
+                out.push(matrix(moe.experts, h, l, Slot::Router));
+                // A fixed per-expert logit bias: some experts popular, others rare, as a
+                // trained router's are (uniform routing would make every cache look bad).
+                out.push(Tensor::Vector {
+                    n: moe.experts,
+                    lo: -ROUTER_SKEW,
+                    width: 2.0 * ROUTER_SKEW,
+                    seed: s(l, Slot::RouterBias),
+                });
+                if let Some(si) = moe.shared_expert_intermediate_size {
+                    out.push(matrix(si, h, l, Slot::SharedGate));
+                    out.push(matrix(si, h, l, Slot::SharedUp));
+                    out.push(matrix(h, si, l, Slot::SharedDown));
+                    out.push(matrix(1, h, l, Slot::SharedExpertGate));
+                }
+            }
+        }
     }
     let top = config.num_hidden_layers;
     out.push(matrix(config.vocab_size, h, top, Slot::Embed));
@@ -86,6 +130,19 @@ fn tensors(config: &ModelConfig, seed: u64) -> Vec<Tensor> {
         out.push(matrix(config.vocab_size, h, top, Slot::LmHead));
     }
     out.push(norm(top, Slot::FinalNorm));
+    // The routed experts last, layer by layer, each expert's three matrices together:
+    // the host tier an expert cache copies from.
+    if let Some(moe) = &config.moe {
+        let ei = moe.expert_intermediate_size;
+        for l in 0..config.num_hidden_layers {
+            for e in 0..moe.experts {
+                let es = |slot| mix(s(l, slot) ^ mix(e as u64 + 1));
+                out.push(Tensor::Matrix { n: ei, k: h, seed: es(Slot::ExpertGate) });
+                out.push(Tensor::Matrix { n: ei, k: h, seed: es(Slot::ExpertUp) });
+                out.push(Tensor::Matrix { n: h, k: ei, seed: es(Slot::ExpertDown) });
+            }
+        }
+    }
     out
 }
 
@@ -279,31 +336,70 @@ fn assemble(config: &ModelConfig, quant: QuantSpec, v: &mut Views) -> Result<Mod
         let q_proj = linear(v, q, h, config.attention_bias)?;
         let k_proj = linear(v, kv, h, config.attention_bias)?;
         let v_proj = linear(v, kv, h, config.attention_bias)?;
+        let (q_norm, k_norm) = if config.qk_norm {
+            (Some(RmsNorm { weight: v.next()?, eps }), Some(RmsNorm { weight: v.next()?, eps }))
+        } else {
+            (None, None)
+        };
         let o_proj = linear(v, h, q, false)?;
         let post_attention_layernorm = RmsNorm { weight: v.next()?, eps };
-        let gate_proj = linear(v, i, h, false)?;
-        let up_proj = linear(v, i, h, false)?;
-        let down_proj = linear(v, h, i, false)?;
+        let mlp = match &config.moe {
+            None => Mlp::Dense(DenseMlp {
+                gate_proj: linear(v, i, h, false)?,
+                up_proj: linear(v, i, h, false)?,
+                down_proj: linear(v, h, i, false)?,
+            }),
+            Some(moe) => {
+                let router = linear(v, moe.experts, h, true)?;
+                let (shared_expert, shared_expert_gate) = match moe.shared_expert_intermediate_size {
+                    None => (None, None),
+                    Some(si) => (
+                        Some(DenseMlp {
+                            gate_proj: linear(v, si, h, false)?,
+                            up_proj: linear(v, si, h, false)?,
+                            down_proj: linear(v, h, si, false)?,
+                        }),
+                        Some(linear(v, 1, h, false)?),
+                    ),
+                };
+                Mlp::Moe(MoeMlp { router, shared_expert, shared_expert_gate })
+            }
+        };
         layers.push(Layer {
             input_layernorm,
             q_proj,
             k_proj,
             v_proj,
             o_proj,
+            q_norm,
+            k_norm,
             post_attention_layernorm,
-            gate_proj,
-            up_proj,
-            down_proj,
+            mlp,
         });
     }
     let embed_tokens = LinearWeight::Quantized(v.matrix(config.vocab_size, h, quant)?);
     let lm_head =
         if config.tie_word_embeddings { None } else { Some(linear(v, config.vocab_size, h, false)?) };
     let norm = RmsNorm { weight: v.next()?, eps };
+    let experts = match &config.moe {
+        None => None,
+        Some(moe) => {
+            let ei = moe.expert_intermediate_size;
+            let mut all = Vec::with_capacity(config.num_hidden_layers * moe.experts);
+            for _ in 0..config.num_hidden_layers * moe.experts {
+                all.push(Expert {
+                    gate_proj: v.matrix(ei, h, quant)?,
+                    up_proj: v.matrix(ei, h, quant)?,
+                    down_proj: v.matrix(h, ei, quant)?,
+                });
+            }
+            Some(ExpertStore::new(config.num_hidden_layers, moe.experts, moe.top_k, all)?)
+        }
+    };
     if v.segs.next().is_some() {
         return Err(internal("more segments than tensors".into()));
     }
-    Ok(ModelWeights { embed_tokens, layers, norm, lm_head })
+    Ok(ModelWeights { embed_tokens, layers, norm, lm_head, experts })
 }
 
 /// SplitMix64's finaliser: a bijective mix so nearby inputs give unrelated seeds.

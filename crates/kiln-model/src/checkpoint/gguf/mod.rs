@@ -30,7 +30,7 @@ use crate::error::{ModelError, Result};
 use crate::model::{LoadOptions, LoadedModel, ModelInfo};
 use crate::source::ModelSource;
 use crate::tokenizer::Tokenizer;
-use crate::weights::{Layer, Linear, LinearWeight, ModelWeights, RmsNorm};
+use crate::weights::{DenseMlp, Layer, Linear, LinearWeight, Mlp, ModelWeights, RmsNorm};
 
 /// Errors about metadata are [`ModelError`]s naming the file and the key.
 pub(crate) type MetaError = ModelError;
@@ -561,10 +561,14 @@ fn build(g: &Gguf, pool: &MemoryPool) -> Result<ModelWeights> {
             k_proj: linear(&b("attn_k"), c.attention_bias, k_rows)?,
             v_proj: linear(&b("attn_v"), c.attention_bias, Rows::Same)?,
             o_proj: linear(&b("attn_output"), c.o_proj_bias, Rows::Same)?,
+            q_norm: None,
+            k_norm: None,
             post_attention_layernorm: norm(&b("ffn_norm.weight"))?,
-            gate_proj: linear(&b("ffn_gate"), false, Rows::Same)?,
-            up_proj: linear(&b("ffn_up"), false, Rows::Same)?,
-            down_proj: linear(&b("ffn_down"), false, Rows::Same)?,
+            mlp: Mlp::Dense(DenseMlp {
+                gate_proj: linear(&b("ffn_gate"), false, Rows::Same)?,
+                up_proj: linear(&b("ffn_up"), false, Rows::Same)?,
+                down_proj: linear(&b("ffn_down"), false, Rows::Same)?,
+            }),
         });
     }
     let norm = norm("output_norm.weight")?;
@@ -573,7 +577,7 @@ fn build(g: &Gguf, pool: &MemoryPool) -> Result<ModelWeights> {
     } else {
         None
     };
-    Ok(ModelWeights { embed_tokens, layers, norm, lm_head })
+    Ok(ModelWeights { embed_tokens, layers, norm, lm_head, experts: None })
 }
 
 /// A 1-D float tensor widened to f32, rows reordered by `rows`.
