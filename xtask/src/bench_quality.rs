@@ -37,8 +37,9 @@ pub struct BenchQuality {
     /// Models, comma-separated (anything `kiln -m` accepts) [default: synthetic:tiny@4bit].
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     models: Vec<String>,
-    /// Activation schemes to measure, comma-separated `KILN_ACT_PRECISION` values.
-    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "int")]
+    /// Activation schemes to measure, comma-separated `KILN_ACT_PRECISION` values (int16,
+    /// int8, f32; `int` is int8).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "int16,int8")]
     schemes: Vec<String>,
     /// The text to score.
     #[arg(long, value_name = "FILE", default_value = DEFAULT_CORPUS)]
@@ -295,8 +296,8 @@ impl BenchQuality {
             );
         }
         for s in &self.schemes {
-            if !["int", "f32"].contains(&s.as_str()) {
-                bail!("invalid --schemes entry {s:?}: accepted values are int, f32");
+            if !["int16", "int8", "int", "f32"].contains(&s.as_str()) {
+                bail!("invalid --schemes entry {s:?}: accepted values are int16, int8, int, f32");
             }
         }
         let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S").to_string();

@@ -8,7 +8,7 @@ use crate::kernels::tile::Block;
 
 /// Four `[A | B]` i16 pair partials of 4-bit g32 codes (pair `i` = groups `2i`, `2i + 1`)
 /// to eight group sums in order. Lanes start at 4 products; two pairwise levels reach 16,
-/// at most 16 * 15 * 127 = 30480, inside i16.
+/// at most 16 * 15 * 128 = 30720, inside i16.
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(super) fn pairs_to_groups(p: [__m256i; 4]) -> __m256i {
@@ -45,6 +45,15 @@ pub(super) fn reduce8<const BITS: u32, const G: usize>(v: [__m256i; 8]) -> (__m2
     };
     // q0 = [v0 lo, v1 lo, v2 lo, v3 lo | v0 hi, v1 hi, v2 hi, v3 hi], q1 likewise for v4..v7.
     (_mm256_permute2x128_si256::<0x20>(q0, q1), _mm256_permute2x128_si256::<0x31>(q0, q1))
+}
+
+/// The exact dot of split codes from the dots of their planes: `(hi << 8) + lo`
+/// ([`crate::kernels::act::split_code`]; at most 128 * 15 * 32512 in magnitude, inside
+/// i32).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn join_planes(hi: __m256i, lo: __m256i) -> __m256i {
+    _mm256_add_epi32(_mm256_slli_epi32::<8>(hi), lo)
 }
 
 /// One fold of i16 partials of two vectors: per 128 bits `[a a b b a a b b]`, each lane the

@@ -7,7 +7,7 @@ use std::ops::Range;
 use super::lanes::{XGroups, hsum, lanes_step};
 use super::loads::{load16z, load32};
 use super::prefetch::{Prefetch, SCALE_PREFETCH_ROWS, prefetch_ahead, prefetch_line};
-use super::reduce::{group_partials, pairs_to_groups, q4_dot16, reduce8};
+use super::reduce::{group_partials, join_planes, pairs_to_groups, q4_dot16, reduce8};
 use super::scales::{load_scales8, packed_bytes, scale_bytes, scale_size};
 use crate::kernels::tile::{Block, XTile};
 use crate::matrix::QuantizedMatrix;
@@ -67,7 +67,10 @@ pub(super) fn qmv_row<const BITS: u32, const G: usize, const D: u8, const TWO_LE
     let full = gpr / 8;
     for c in 0..full {
         prefetch_ahead::<TWO_LEVEL>(w, c * cw, cw);
-        let tot = chunk8::<BITS, G>(&w[c * cw..(c + 1) * cw], &xt.blocks[c * cx..(c + 1) * cx], 8);
+        let mut tot = chunk8::<BITS, G>(&w[c * cw..(c + 1) * cw], &xt.blocks[c * cx..(c + 1) * cx], 8);
+        if xt.split() {
+            tot = join_planes(tot, chunk8::<BITS, G>(&w[c * cw..(c + 1) * cw], &xt.lo[c * cx..(c + 1) * cx], 8));
+        }
         let (sv, bv) =
             (load_scales8::<D>(&s[c * cs..(c + 1) * cs]), load_scales8::<D>(&b[c * cs..(c + 1) * cs]));
         acc = lanes_step::<BITS>(acc, tot, sv, bv, XGroups::at(xt, c * 8));
@@ -76,8 +79,11 @@ pub(super) fn qmv_row<const BITS: u32, const G: usize, const D: u8, const TWO_LE
         let g0 = full * 8;
         let ng = gpr - g0;
         prefetch_ahead::<TWO_LEVEL>(w, full * cw, ng * gb);
-        let tot =
-            chunk8::<BITS, G>(&w[full * cw..full * cw + ng * gb], &xt.blocks[full * cx..(full + 1) * cx], ng);
+        let wt = &w[full * cw..full * cw + ng * gb];
+        let mut tot = chunk8::<BITS, G>(wt, &xt.blocks[full * cx..(full + 1) * cx], ng);
+        if xt.split() {
+            tot = join_planes(tot, chunk8::<BITS, G>(wt, &xt.lo[full * cx..(full + 1) * cx], ng));
+        }
         let st = &s[full * cs..];
         let (sv, bv) = if st.len() >= cs {
             // Zero the lanes that hold the next row's scales, so even a non-finite
