@@ -95,6 +95,9 @@ mod tests {
             assert_eq!(ActScheme::parse(s.as_str()), Ok(s));
         }
         let e = ActScheme::parse("int4").unwrap_err();
-        assert!(e.contains("KILN_ACT_PRECISION") && e.contains("\"int4\"") && e.contains("int16, int8"), "{e}");
+        assert!(
+            e.contains("KILN_ACT_PRECISION") && e.contains("\"int4\"") && e.contains("int16, int8"),
+            "{e}"
+        );
     }
 }

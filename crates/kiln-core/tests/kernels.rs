@@ -363,7 +363,10 @@ fn qmv_wide_and_per_row_qmv_are_bit_identical() {
                         for &act in int_schemes(bits) {
                             let defined = reference::qmv_int(&case.x, m, &case.w, act).unwrap();
                             for (what, y) in &run_all(&case, act) {
-                                assert!(bits_identical(&defined, y), "{what} differs from reference::qmv_int");
+                                assert!(
+                                    bits_identical(&defined, y),
+                                    "{what} differs from reference::qmv_int"
+                                );
                             }
                         }
                     }

@@ -285,7 +285,14 @@ pub fn qmv_wide_on(isa: Isa, x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [
 ///
 /// # Panics
 /// As [`qmv_wide_on`].
-pub fn qmv_wide_scheme_on(isa: Isa, scheme: ActScheme, x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
+pub fn qmv_wide_scheme_on(
+    isa: Isa,
+    scheme: ActScheme,
+    x: &[f32],
+    m: usize,
+    w: &QuantizedMatrix,
+    y: &mut [f32],
+) {
     check_shapes("qmv_wide", x, m, w, y);
     check_isa("qmv_wide", isa);
     match (isa, integer_codes(w, scheme)) {

@@ -34,8 +34,11 @@ pub fn qmv_int(x: &[f32], m: usize, w: &QuantizedMatrix, scheme: ActScheme) -> O
             let row = w.row_words(r);
             let mut lanes = Lanes::default();
             for (gi, (q, xc)) in quant.iter().enumerate() {
-                let tot: i32 =
-                    xc.iter().enumerate().map(|(j, &c)| read_code(row, gi * g + j, bits) as i32 * i32::from(c)).sum();
+                let tot: i32 = xc
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &c)| read_code(row, gi * g + j, bits) as i32 * i32::from(c))
+                    .sum();
                 let (s, b) = (w.scales().get(r * gpr + gi), w.biases().get(r * gpr + gi));
                 lanes.add_group(gi, codes.center(), GroupTerms { tot, s, b, x: *q });
             }

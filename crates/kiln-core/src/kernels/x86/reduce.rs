@@ -96,6 +96,37 @@ pub(super) fn q4_dot16(wv: __m256i, x: &Block) -> __m256i {
     _mm256_add_epi16(_mm256_maddubs_epi16(lo, load_lo(x)), _mm256_maddubs_epi16(hi, load_hi(x)))
 }
 
+/// [`q4_dot16`] against both planes of split codes, the nibbles unpacked once:
+/// `(high plane, low plane)` partials.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn q4_dot16_split(wv: __m256i, xh: &Block, xl: &Block) -> (__m256i, __m256i) {
+    let mask = _mm256_set1_epi8(0x0F);
+    let lo = _mm256_and_si256(wv, mask);
+    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(wv), mask);
+    let d = |x: &Block| {
+        _mm256_add_epi16(_mm256_maddubs_epi16(lo, load_lo(x)), _mm256_maddubs_epi16(hi, load_hi(x)))
+    };
+    (d(xh), d(xl))
+}
+
+/// Integer partials of one 4-bit group (g64 or g128) against both planes of split codes
+/// of one activation row, as [`group_partials`] computes each: `(high, low)`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn q4_group_partials_split<const G: usize>(
+    w: &[u8],
+    xh: &[Block],
+    xl: &[Block],
+) -> (__m256i, __m256i) {
+    let (mut ah, mut al) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+    for blk in 0..G / 64 {
+        let (dh, dl) = q4_dot16_split(load32(&w[blk * 32..blk * 32 + 32]), &xh[blk], &xl[blk]);
+        (ah, al) = (_mm256_add_epi16(ah, dh), _mm256_add_epi16(al, dl));
+    }
+    (ah, al)
+}
+
 /// Integer partials of one group (4-bit g32: of a pair of groups, or of a last lone group
 /// when `w` is 16 bytes) against `T` activation rows: the lanes of `out[r]` sum to the
 /// group's dot with row `r` (4-bit g32: low 128 bits the first group, high the second).
