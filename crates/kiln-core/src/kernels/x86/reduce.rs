@@ -17,6 +17,48 @@ pub(super) fn pairs_to_groups(p: [__m256i; 4]) -> __m256i {
     _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
 }
 
+/// [`pairs_to_groups`] for both planes of split codes, joined where the i16 sums widen:
+/// `madd` by 256 widens the high plane's sums already shifted, so the two planes share
+/// one widening add and one permute. Lane `j` = group `j`'s exact dot with the codes.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn pairs_to_groups_split(h: [__m256i; 4], l: [__m256i; 4]) -> __m256i {
+    let fh = fold16b(fold16(h[0], h[1]), fold16(h[2], h[3]));
+    let fl = fold16b(fold16(l[0], l[1]), fold16(l[2], l[3]));
+    let q = widen_planes(fh, fl);
+    _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+}
+
+/// i16 pair sums of the high and low planes to i32 lanes `256 * high + low` (exact: a
+/// lane pair sums at most 32 products of 15 * 128).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn widen_planes(h: __m256i, l: __m256i) -> __m256i {
+    _mm256_add_epi32(_mm256_madd_epi16(h, _mm256_set1_epi16(256)), _mm256_madd_epi16(l, _mm256_set1_epi16(1)))
+}
+
+/// [`reduce8`] of 4-bit partials for both planes of split codes, joined by
+/// [`widen_planes`] where the i16 sums widen: `(lo, hi)` as `reduce8` returns them.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn reduce8_split<const G: usize>(h: [__m256i; 8], l: [__m256i; 8]) -> (__m256i, __m256i) {
+    let f =
+        |v: [__m256i; 8]| (fold16(v[0], v[1]), fold16(v[2], v[3]), fold16(v[4], v[5]), fold16(v[6], v[7]));
+    let ((h01, h23, h45, h67), (l01, l23, l45, l67)) = (f(h), f(l));
+    let (q0, q1) = if G <= 64 {
+        (
+            widen_planes(fold16b(h01, h23), fold16b(l01, l23)),
+            widen_planes(fold16b(h45, h67), fold16b(l45, l67)),
+        )
+    } else {
+        (
+            fold32b(widen_planes(h01, l01), widen_planes(h23, l23)),
+            fold32b(widen_planes(h45, l45), widen_planes(h67, l67)),
+        )
+    };
+    (_mm256_permute2x128_si256::<0x20>(q0, q1), _mm256_permute2x128_si256::<0x31>(q0, q1))
+}
+
 /// Reduces eight partial vectors (i16 lanes for 4-bit codes, i32 for 8-bit) to
 /// `(lo, hi)`: lane `j` of `lo` is the sum of the low 128 bits of `v[j]`, of `hi` that of
 /// the high 128 bits.

@@ -8,7 +8,8 @@ use super::lanes::{XGroups, hsum, lanes_step};
 use super::loads::{load16z, load32};
 use super::prefetch::{Prefetch, SCALE_PREFETCH_ROWS, prefetch_ahead, prefetch_line};
 use super::reduce::{
-    group_partials, join_planes, pairs_to_groups, q4_dot16, q4_dot16_split, q4_group_partials_split, reduce8,
+    group_partials, pairs_to_groups, pairs_to_groups_split, q4_dot16, q4_dot16_split,
+    q4_group_partials_split, reduce8, reduce8_split,
 };
 use super::scales::{load_scales8, packed_bytes, scale_bytes, scale_size};
 use crate::kernels::tile::{Block, XTile};
@@ -151,8 +152,8 @@ pub(super) fn chunk8<const BITS: u32, const G: usize>(w: &[u8], x: &[Block], ng:
 }
 
 /// [`chunk8`] for 4-bit weights against split codes (`xh` the high planes, `xl` the low
-/// ones): each weight block is unpacked once for both planes, each plane reduced as
-/// `chunk8` reduces it, and the two joined exactly.
+/// ones): each weight block is unpacked once for both planes, and the planes' i16 sums
+/// are joined exactly where they widen to i32, so one reduction serves both.
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(super) fn chunk8_split<const G: usize>(w: &[u8], xh: &[Block], xl: &[Block], ng: usize) -> __m256i {
@@ -171,7 +172,7 @@ pub(super) fn chunk8_split<const G: usize>(w: &[u8], xh: &[Block], xl: &[Block],
             }
         };
         let (p0, p1, p2, p3) = (p(0), p(1), p(2), p(3));
-        join_planes(pairs_to_groups([p0.0, p1.0, p2.0, p3.0]), pairs_to_groups([p0.1, p1.1, p2.1, p3.1]))
+        pairs_to_groups_split([p0.0, p1.0, p2.0, p3.0], [p0.1, p1.1, p2.1, p3.1])
     } else {
         let g = |j: usize| {
             if j < ng {
@@ -182,8 +183,7 @@ pub(super) fn chunk8_split<const G: usize>(w: &[u8], xh: &[Block], xl: &[Block],
             }
         };
         let v = [g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7)];
-        let (hl, hh) = reduce8::<4, G>(v.map(|p| p.0));
-        let (ll, lh) = reduce8::<4, G>(v.map(|p| p.1));
-        join_planes(_mm256_add_epi32(hl, hh), _mm256_add_epi32(ll, lh))
+        let (lo, hi) = reduce8_split::<G>(v.map(|p| p.0), v.map(|p| p.1));
+        _mm256_add_epi32(lo, hi)
     }
 }
