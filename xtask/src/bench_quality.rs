@@ -319,13 +319,13 @@ impl BenchQuality {
                 _ => bail!("invalid --compare {c:?}: give NAME=FILE with an existing log-probability file"),
             })
             .collect::<Result<Vec<_>>>()?;
-        if let Some(r) = &self.reference {
-            if !r.is_file() || self.models.len() > 1 {
-                bail!(
-                    "invalid --reference {}: give an existing log-probability file, with at most one model",
-                    r.display()
-                );
-            }
+        if let Some(r) = &self.reference
+            && (!r.is_file() || self.models.len() > 1)
+        {
+            bail!(
+                "invalid --reference {}: give an existing log-probability file, with at most one model",
+                r.display()
+            );
         }
         let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S").to_string();
         let out_dir =
@@ -393,15 +393,11 @@ impl BenchQuality {
                 };
                 csv.serialize(&row).context("writing a CSV row")?;
                 csv.flush().with_context(|| format!("writing {}", csv_path.display()))?;
-                if let Some(reference) = &reference {
-                    if (reference.perplexity - s.ppl_ref).abs() > 1e-3 * s.ppl_ref
-                        || reference.positions != s.positions
-                    {
-                        bail!(
-                            "the reference file disagrees with its own run's summary: {}",
-                            ref_path.display()
-                        );
-                    }
+                if let Some(reference) = &reference
+                    && ((reference.perplexity - s.ppl_ref).abs() > 1e-3 * s.ppl_ref
+                        || reference.positions != s.positions)
+                {
+                    bail!("the reference file disagrees with its own run's summary: {}", ref_path.display());
                 }
                 rows.push(row);
             }

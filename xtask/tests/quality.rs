@@ -75,10 +75,8 @@ fn bench_quality_scores_each_scheme_against_the_f32_reference() {
     let again = dir.path().join("again");
     let reference = out_dir.join("m0-reference.lp");
     let other = format!("other={}", out_dir.join("m0-int8.lp").display());
-    let (header2, rows2, describe2) = run(
-        &again,
-        &["--schemes", "int8", "--reference", reference.to_str().unwrap(), "--compare", &other],
-    );
+    let (header2, rows2, describe2) =
+        run(&again, &["--schemes", "int8", "--reference", reference.to_str().unwrap(), "--compare", &other]);
     assert_eq!(header2, header);
     assert_eq!(rows2.len(), 2, "{describe2}");
     assert!(!again.join("m0-reference.lp").exists(), "{describe2}");

@@ -375,12 +375,12 @@ mod tests {
             row("qmv_wide_int8/q4_g64_n896_k4864_m8/t2", 3e5),
         ];
         let mut md = String::new();
-        render::render_schemes(&mut md, &rows);
+        render_schemes(&mut md, &rows);
         assert!(md.contains("| qmv | 4 | n896_k4864 | 1 | 2 | 105.0 us | 100.0 us | 1.050 |"), "{md}");
         // A scheme without its partner has no line.
         assert!(!md.contains("| qmv_wide |"), "{md}");
         let mut md = String::new();
-        render::render_scaling(&mut md, &rows);
+        render_scaling(&mut md, &rows);
         // The int8 kernels scale against the int8 qmv.
         assert!(md.contains("| qmv_wide_int8 | 4 | n896_k4864 | 2 | 3.00x |"), "{md}");
     }
