@@ -86,9 +86,11 @@ fn bench_quality_scores_each_scheme_against_the_f32_reference() {
         assert_eq!(col(&rows2[1], c), col(int, c), "{c}{describe2}");
     }
     assert_eq!(col(&rows2[1], "tok_s"), "NaN", "{describe2}");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let bad = Command::new(env!("CARGO_BIN_EXE_xtask"))
         .args(["bench-quality", "--compare", "nofile", "--kiln-bin"])
         .arg(util::kiln_bin())
+        .current_dir(root)
         .output()
         .unwrap();
     assert_eq!(bad.status.code(), Some(1), "{bad:?}");
