@@ -5,7 +5,9 @@
 //! shared machine's load shows as a gap between the two; reports use the higher) and
 //! `<kernel>/q<bits>_g64_n<N>_k<K>_m<M>/t<threads>`, where the kernel is the one the
 //! dispatcher runs at that M (`qmv` at M = 1, `qmv_wide` and `qmv_per_row` below
-//! `qmv_batch_limit`, `qmm` from it on). Throughput is the matrix's bytes (packed codes +
+//! `qmv_batch_limit`, `qmm` from it on) under the default activation scheme (`int16`);
+//! 4-bit weights are measured under `int8` too, as `<kernel>_int8` (the scheme
+//! dimension: `KILN_ACT_PRECISION`, docs/environment-variables.md). Throughput is the matrix's bytes (packed codes +
 //! scales + biases) per product, so criterion reports GB/s; each product reads its weights
 //! from memory (copies of the matrix spanning three last-level caches are used in turn).
 
@@ -16,7 +18,8 @@ use kiln_benches::{
     Rotation, SHAPES, Shape, all_threads, bench_name, matrix_bytes, pool, random_activations, read_bandwidth,
     smoke_run,
 };
-use kiln_core::kernels::{qmm, qmv, qmv_batch_limit, qmv_wide};
+use kiln_core::act_precision::ActScheme;
+use kiln_core::kernels::{Isa, qmm_scheme_on, qmv_batch_limit, qmv_scheme_on, qmv_wide_scheme_on};
 
 /// Activation rows measured (the list).
 const MS: [usize; 6] = [1, 2, 4, 8, 12, 16];
@@ -84,20 +87,27 @@ impl Kernel {
         }
     }
 
-    fn run(self, x: &[f32], m: usize, rot: &mut Rotation, y: &mut [f32]) {
+    fn run(self, scheme: ActScheme, x: &[f32], m: usize, rot: &mut Rotation, y: &mut [f32]) {
         let w = rot.next_matrix();
         let (k, n) = (w.k(), w.n());
+        let isa = Isa::detected();
         match self {
-            Kernel::Qmv => qmv(x, w, y),
+            Kernel::Qmv => qmv_scheme_on(isa, scheme, x, w, y),
             Kernel::QmvPerRow => {
                 for (xr, yr) in x.chunks_exact(k).zip(y.chunks_exact_mut(n)) {
-                    qmv(xr, w, yr);
+                    qmv_scheme_on(isa, scheme, xr, w, yr);
                 }
             }
-            Kernel::QmvWide => qmv_wide(x, m, w, y),
-            Kernel::Qmm => qmm(x, m, w, y),
+            Kernel::QmvWide => qmv_wide_scheme_on(isa, scheme, x, m, w, y),
+            Kernel::Qmm => qmm_scheme_on(isa, scheme, x, m, w, y),
         }
     }
+}
+
+/// The activation schemes measured for `bits`-bit weights, with the suffix of their
+/// kernel names: the default, and for 4-bit weights (where the schemes differ) `int8`.
+fn schemes(bits: u32) -> &'static [(ActScheme, &'static str)] {
+    if bits == 4 { &[(ActScheme::Int16, ""), (ActScheme::Int8, "_int8")] } else { &[(ActScheme::Int16, "")] }
 }
 
 /// A guess of the machine's read bandwidth per thread, only to size measurement times.
@@ -113,8 +123,11 @@ fn kernels(c: &mut Criterion, shape: Shape, bits: u32, threads: &[usize]) {
     for &t in threads {
         let p = pool(t);
         for m in MS {
-            for kernel in Kernel::at(m, limit) {
-                let (group, case, value) = bench_name(kernel.name(), bits, shape, m, t);
+            for (kernel, &(scheme, suffix)) in
+                Kernel::at(m, limit).into_iter().flat_map(|k| schemes(bits).iter().map(move |s| (k, s)))
+            {
+                let name = format!("{}{suffix}", kernel.name());
+                let (group, case, value) = bench_name(&name, bits, shape, m, t);
                 let mut g = c.benchmark_group(group);
                 let passes = if matches!(kernel, Kernel::QmvPerRow) { m } else { 1 };
                 let guess = bytes as f64 * passes as f64 / (GUESS_BYTES_PER_S_PER_THREAD * t as f64);
@@ -130,7 +143,7 @@ fn kernels(c: &mut Criterion, shape: Shape, bits: u32, threads: &[usize]) {
                         p.install(|| {
                             let t0 = Instant::now();
                             for _ in 0..iters {
-                                kernel.run(xm, m, rot, &mut y);
+                                kernel.run(scheme, xm, m, rot, &mut y);
                             }
                             t0.elapsed()
                         })

@@ -37,8 +37,9 @@ pub struct BenchQuality {
     /// Models, comma-separated (anything `kiln -m` accepts) [default: synthetic:tiny@4bit].
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     models: Vec<String>,
-    /// Activation schemes to measure, comma-separated `KILN_ACT_PRECISION` values.
-    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "int")]
+    /// Activation schemes to measure, comma-separated `KILN_ACT_PRECISION` values (int16,
+    /// int8, f32; `int` is int8).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "int16,int8")]
     schemes: Vec<String>,
     /// The text to score.
     #[arg(long, value_name = "FILE", default_value = DEFAULT_CORPUS)]
@@ -49,8 +50,8 @@ pub struct BenchQuality {
     /// First scored position of each window (earlier ones are context).
     #[arg(long, value_name = "P", default_value_t = 256)]
     first_scored: usize,
-    /// Windows scored at most.
-    #[arg(long, value_name = "N", default_value_t = 12)]
+    /// Windows scored at most (the shipped corpus fills 13 windows of the defaults).
+    #[arg(long, value_name = "N", default_value_t = 16)]
     max_windows: usize,
     /// Worker threads of every `kiln` run.
     #[arg(long, value_name = "N")]
@@ -58,6 +59,15 @@ pub struct BenchQuality {
     /// Use this `kiln` binary instead of building one (also KILN_BENCH_KILN_BIN).
     #[arg(long, value_name = "PATH")]
     kiln_bin: Option<PathBuf>,
+    /// Use this log-probability file as the reference of the (single) model instead of
+    /// scoring one: a reference from an earlier run, with the same corpus and windows.
+    #[arg(long, value_name = "FILE")]
+    reference: Option<PathBuf>,
+    /// Also compare a log-probability file another engine wrote for the first model
+    /// (`NAME=FILE`, repeatable; scripts/quality/mlx_logprobs.py writes one for mlx-lm),
+    /// as a row whose scheme is NAME.
+    #[arg(long, value_name = "NAME=FILE")]
+    compare: Vec<String>,
     /// Directory for the CSV, the markdown table and the log-probability files
     /// [default: benchmarks/runs/quality-<timestamp>].
     #[arg(long, value_name = "DIR")]
@@ -295,9 +305,27 @@ impl BenchQuality {
             );
         }
         for s in &self.schemes {
-            if !["int", "f32"].contains(&s.as_str()) {
-                bail!("invalid --schemes entry {s:?}: accepted values are int, f32");
+            if !["int16", "int8", "int", "f32"].contains(&s.as_str()) {
+                bail!("invalid --schemes entry {s:?}: accepted values are int16, int8, int, f32");
             }
+        }
+        let compares = self
+            .compare
+            .iter()
+            .map(|c| match c.split_once('=') {
+                Some((name, file)) if !name.is_empty() && Path::new(file).is_file() => {
+                    Ok((name.to_string(), PathBuf::from(file)))
+                }
+                _ => bail!("invalid --compare {c:?}: give NAME=FILE with an existing log-probability file"),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(r) = &self.reference
+            && (!r.is_file() || self.models.len() > 1)
+        {
+            bail!(
+                "invalid --reference {}: give an existing log-probability file, with at most one model",
+                r.display()
+            );
         }
         let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S").to_string();
         let out_dir =
@@ -317,11 +345,29 @@ impl BenchQuality {
             csv::Writer::from_path(&csv_path).with_context(|| format!("creating {}", csv_path.display()))?;
         let mut rows = Vec::new();
         for (mi, model) in models.iter().enumerate() {
-            let ref_path = out_dir.join(format!("m{mi}-reference.lp"));
-            let reference = self.score(&kiln, model, "f32", "f32", &ref_path)?;
-            for scheme in &self.schemes {
-                let path = out_dir.join(format!("m{mi}-{scheme}.lp"));
-                let measured = self.score(&kiln, model, scheme, "f16", &path)?;
+            let (ref_path, reference) = match &self.reference {
+                Some(r) => (r.clone(), None),
+                None => {
+                    let p = out_dir.join(format!("m{mi}-reference.lp"));
+                    let summary = self.score(&kiln, model, "f32", "f32", &p)?;
+                    (p, Some(summary))
+                }
+            };
+            let extra = if mi == 0 { compares.as_slice() } else { &[] };
+            let passes = self
+                .schemes
+                .iter()
+                .map(|s| (s.clone(), None))
+                .chain(extra.iter().map(|(n, f)| (n.clone(), Some(f.clone()))));
+            for (scheme, file) in passes {
+                let (path, measured) = match file {
+                    Some(f) => (f, None),
+                    None => {
+                        let path = out_dir.join(format!("m{mi}-{scheme}.lp"));
+                        let m = self.score(&kiln, model, &scheme, "f16", &path)?;
+                        (path, Some(m))
+                    }
+                };
                 let s = compare(&ref_path, &path)?;
                 let row = Row {
                     model: model.clone(),
@@ -337,8 +383,8 @@ impl BenchQuality {
                     kld_max: s.kld_max,
                     top1_agree: s.top1_agree,
                     rms_dp: s.rms_dp,
-                    ref_tok_s: reference.tokens_per_s,
-                    tok_s: measured.tokens_per_s,
+                    ref_tok_s: reference.as_ref().map_or(f64::NAN, |r| r.tokens_per_s),
+                    tok_s: measured.as_ref().map_or(f64::NAN, |m| m.tokens_per_s),
                     commit: commit.clone(),
                     host: machine.host.clone(),
                     cpu: machine.cpu.clone(),
@@ -347,8 +393,9 @@ impl BenchQuality {
                 };
                 csv.serialize(&row).context("writing a CSV row")?;
                 csv.flush().with_context(|| format!("writing {}", csv_path.display()))?;
-                if (reference.perplexity - s.ppl_ref).abs() > 1e-3 * s.ppl_ref
-                    || reference.positions != s.positions
+                if let Some(reference) = &reference
+                    && ((reference.perplexity - s.ppl_ref).abs() > 1e-3 * s.ppl_ref
+                        || reference.positions != s.positions)
                 {
                     bail!("the reference file disagrees with its own run's summary: {}", ref_path.display());
                 }
@@ -399,17 +446,23 @@ fn markdown(rows: &[Row], machine: &Machine, commit: &str, flags: &BenchQuality)
     ));
     s.push_str(&format!(
         "Corpus {}, windows of {} tokens scored from position {}, at most {} windows. Reference: \
-         KILN_ACT_PRECISION=f32 with an f32 KV cache; measured passes use the f16 cache.\n\n",
+         {}; measured passes use the f16 cache and name their KILN_ACT_PRECISION scheme (other \
+         engines' files given with --compare name themselves).\n\n",
         flags.corpus.display(),
         flags.window,
         flags.first_scored,
-        flags.max_windows
+        flags.max_windows,
+        flags.reference.as_ref().map_or_else(
+            || "KILN_ACT_PRECISION=f32 with an f32 KV cache".to_string(),
+            |r| format!("the file {}", r.display())
+        ),
     ));
+    let speed = |v: f64| if v.is_finite() { format!("{v:.1}") } else { "n/a".to_string() };
     s.push_str("| model | scheme | positions | PPL ref | PPL | PPL change | mean KLD (SE) | median KLD | p99 KLD | max KLD | top-1 agree | RMS dp | tok/s ref | tok/s |\n");
     s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in rows {
         s.push_str(&format!(
-            "| {} | {} | {} | {:.4} | {:.4} | {:+.3}% | {:.3e} ({:.1e}) | {:.3e} | {:.3e} | {:.3e} | {:.2}% | {:.2e} | {:.1} | {:.1} |\n",
+            "| {} | {} | {} | {:.4} | {:.4} | {:+.3}% | {:.3e} ({:.1e}) | {:.3e} | {:.3e} | {:.3e} | {:.2}% | {:.2e} | {} | {} |\n",
             r.model,
             r.scheme,
             r.positions,
@@ -423,8 +476,8 @@ fn markdown(rows: &[Row], machine: &Machine, commit: &str, flags: &BenchQuality)
             r.kld_max,
             r.top1_agree * 100.0,
             r.rms_dp,
-            r.ref_tok_s,
-            r.tok_s
+            speed(r.ref_tok_s),
+            speed(r.tok_s)
         ));
     }
     s

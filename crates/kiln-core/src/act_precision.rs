@@ -1,12 +1,16 @@
 //! The process-wide activation scheme of the 4- and 8-bit kernels, read once from
 //! `KILN_ACT_PRECISION`.
 //!
-//! - `int` (the default; unset or empty): the integer scheme of [`crate::kernels`]:
-//!   activations quantized per weight group (8-bit codes for 4-bit weights, 16-bit for
-//!   8-bit weights), exact integer sums, `qmv`, `qmv_wide` and `qmm` bit-identical row
-//!   for row.
+//! - `int16` (the default; unset or empty): the integer scheme of [`crate::kernels`] with
+//!   16-bit activation codes for every integer width: per weight group, codes in
+//!   `[-32512, 32512]` for 4-bit weights (`127 * 256`, so AVX2 splits each code exactly
+//!   into two 8-bit planes for `maddubs`) and `[-32767, 32767]` for 8-bit weights. Exact
+//!   integer sums; `qmv`, `qmv_wide` and `qmm` bit-identical row for row.
+//! - `int8` (also accepted as `int`): the same, but 4-bit weights meet 8-bit codes in
+//!   `[-127, 127]` (one `maddubs` plane: cheaper, and 256 times the rounding). 8-bit
+//!   weights keep 16-bit codes.
 //! - `f32`: f32 activations against the exactly dequantized weights, the rounding-free
-//!   reference `cargo xtask bench-quality` measures the integer scheme against. `qmv`
+//!   reference `cargo xtask bench-quality` measures the integer schemes against. `qmv`
 //!   and `qmv_wide` share one per-row loop (identical rows); `qmm` dequantizes tiles for
 //!   `matrixmultiply::sgemm`, which sums in another order, so its rows differ from the
 //!   vector kernels' by f32 rounding only.
@@ -20,21 +24,27 @@ pub const ACT_PRECISION_ENV: &str = "KILN_ACT_PRECISION";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ActScheme {
-    /// Integer codes per weight group (the default).
-    Int,
+    /// 16-bit integer codes per weight group for every integer width (the default).
+    Int16,
+    /// 8-bit integer codes per group for 4-bit weights, 16-bit for 8-bit weights.
+    Int8,
     /// f32 activations (the reference).
     F32,
 }
 
 impl ActScheme {
     /// Accepted values, for messages.
-    pub const ACCEPTED: &'static str = "int, f32";
+    pub const ACCEPTED: &'static str = "int16, int8 (or int), f32";
+
+    /// Every scheme, the default first.
+    pub const ALL: [ActScheme; 3] = [ActScheme::Int16, ActScheme::Int8, ActScheme::F32];
 
     /// Parses a `KILN_ACT_PRECISION` value (surrounding spaces and case ignored; empty is
     /// the default).
     pub fn parse(value: &str) -> Result<ActScheme, String> {
         match value.trim().to_ascii_lowercase().as_str() {
-            "" | "int" => Ok(ActScheme::Int),
+            "" | "int16" => Ok(ActScheme::Int16),
+            "int" | "int8" => Ok(ActScheme::Int8),
             "f32" => Ok(ActScheme::F32),
             other => {
                 Err(format!("invalid {ACT_PRECISION_ENV} {other:?}: accepted values are {}", Self::ACCEPTED))
@@ -46,17 +56,18 @@ impl ActScheme {
     pub fn from_env() -> Result<ActScheme, String> {
         match std::env::var(ACT_PRECISION_ENV) {
             Ok(v) => Self::parse(&v),
-            Err(std::env::VarError::NotPresent) => Ok(ActScheme::Int),
+            Err(std::env::VarError::NotPresent) => Ok(ActScheme::Int16),
             Err(std::env::VarError::NotUnicode(_)) => {
                 Err(format!("invalid {ACT_PRECISION_ENV}: not UTF-8; accepted values are {}", Self::ACCEPTED))
             }
         }
     }
 
-    /// The name reports use.
+    /// The name reports use: `int16`, `int8`, `f32`.
     pub fn as_str(self) -> &'static str {
         match self {
-            ActScheme::Int => "int",
+            ActScheme::Int16 => "int16",
+            ActScheme::Int8 => "int8",
             ActScheme::F32 => "f32",
         }
     }
@@ -66,7 +77,7 @@ impl ActScheme {
 /// the default here (the `kiln` binary refuses it before any kernel runs).
 pub fn act_scheme() -> ActScheme {
     static SCHEME: OnceLock<ActScheme> = OnceLock::new();
-    *SCHEME.get_or_init(|| ActScheme::from_env().unwrap_or(ActScheme::Int))
+    *SCHEME.get_or_init(|| ActScheme::from_env().unwrap_or(ActScheme::Int16))
 }
 
 #[cfg(test)]
@@ -76,9 +87,17 @@ mod tests {
     #[test]
     fn parses_values_and_names_bad_ones() {
         assert_eq!(ActScheme::parse(" F32 "), Ok(ActScheme::F32));
-        assert_eq!(ActScheme::parse(""), Ok(ActScheme::Int));
-        assert_eq!(ActScheme::parse("int"), Ok(ActScheme::Int));
+        assert_eq!(ActScheme::parse(""), Ok(ActScheme::Int16));
+        assert_eq!(ActScheme::parse("int16"), Ok(ActScheme::Int16));
+        assert_eq!(ActScheme::parse("int"), Ok(ActScheme::Int8));
+        assert_eq!(ActScheme::parse("INT8"), Ok(ActScheme::Int8));
+        for s in ActScheme::ALL {
+            assert_eq!(ActScheme::parse(s.as_str()), Ok(s));
+        }
         let e = ActScheme::parse("int4").unwrap_err();
-        assert!(e.contains("KILN_ACT_PRECISION") && e.contains("\"int4\"") && e.contains("int, f32"), "{e}");
+        assert!(
+            e.contains("KILN_ACT_PRECISION") && e.contains("\"int4\"") && e.contains("int16, int8"),
+            "{e}"
+        );
     }
 }

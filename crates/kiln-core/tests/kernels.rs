@@ -1,16 +1,18 @@
 //! The fast kernels (`qmv`, `qmv_wide`, `qmm`, on every ISA path this CPU runs) against
 //! the scalar references and against the exact product in f64, with tolerances derived
 //! from the format below; the dispatcher and the wide switch; and the recorded answer to
-//! "are `qmv_wide` and per-row `qmv` bit-identical?" (yes, on every path).
+//! "are `qmv_wide` and per-row `qmv` bit-identical?" (yes, on every path, under each
+//! integer activation scheme, and equal to the bits `reference::qmv_int` defines).
 
 mod common;
 
 use std::sync::Mutex;
 
+use kiln_core::act_precision::ActScheme;
 use kiln_core::format::{QuantSpec, SUPPORTED_BITS, write_code};
 use kiln_core::kernels::{
-    self, ActivationPrecision, Isa, KernelChoice, qmm_on, qmv_batch_limit, qmv_on, qmv_wide_on, reference,
-    select_kernel,
+    self, ActivationPrecision, Isa, KernelChoice, qmm_on, qmm_scheme_on, qmv_batch_limit, qmv_on,
+    qmv_scheme_on, qmv_wide_on, qmv_wide_scheme_on, reference, select_kernel,
 };
 use kiln_core::matrix::{QuantizedMatrix, ScaleData, ScaleDtype};
 use kiln_core::wide::{qmv_wide_enabled, set_qmv_wide};
@@ -79,8 +81,8 @@ enum Scheme {
     DequantDot,
 }
 
-fn scheme_for(bits: u32) -> Scheme {
-    match ActivationPrecision::for_bits(bits).max_code() {
+fn scheme_for(bits: u32, act: ActScheme) -> Scheme {
+    match ActivationPrecision::for_scheme(bits, act).max_code() {
         Some(qmax) => Scheme::Integer { qmax: f64::from(qmax), center: f64::from(1u32 << (bits - 1)) },
         None => Scheme::F32Groups,
     }
@@ -265,23 +267,30 @@ fn ms(all_m: bool) -> Vec<usize> {
 
 const DTYPES: [ScaleDtype; 3] = [ScaleDtype::F16, ScaleDtype::Bf16, ScaleDtype::F32];
 
-/// Runs each kernel on each available path for one case; returns the outputs of every
-/// kernel and path, so callers can compare them bit for bit.
-fn run_all(case: &Case) -> Vec<(String, Vec<f32>)> {
+/// The integer activation schemes that differ for `bits`-bit weights: both for 4 bits,
+/// `int16` alone for 8 bits (whose codes are 16-bit under both).
+fn int_schemes(bits: u32) -> &'static [ActScheme] {
+    if bits == 4 { &[ActScheme::Int16, ActScheme::Int8] } else { &[ActScheme::Int16] }
+}
+
+/// Runs each kernel on each available path for one case under activation scheme `act`;
+/// returns the outputs of every kernel and path, so callers can compare them bit for bit.
+fn run_all(case: &Case, act: ActScheme) -> Vec<(String, Vec<f32>)> {
     let (n, k, m) = (case.w.n(), case.w.k(), case.m);
     let mut out = Vec::new();
+    let tag = |what: &str, isa| format!("{} [{}]", case.label(what, isa), act.as_str());
     for isa in Isa::available() {
         let mut per_row = vec![0f32; m * n];
         for (xr, yr) in case.x.chunks_exact(k).zip(per_row.chunks_exact_mut(n)) {
-            qmv_on(isa, xr, &case.w, yr);
+            qmv_scheme_on(isa, act, xr, &case.w, yr);
         }
-        out.push((case.label("qmv per row", isa), per_row));
+        out.push((tag("qmv per row", isa), per_row));
         let mut wide = vec![0f32; m * n];
-        qmv_wide_on(isa, &case.x, m, &case.w, &mut wide);
-        out.push((case.label("qmv_wide", isa), wide));
+        qmv_wide_scheme_on(isa, act, &case.x, m, &case.w, &mut wide);
+        out.push((tag("qmv_wide", isa), wide));
         let mut mm = vec![0f32; m * n];
-        qmm_on(isa, &case.x, m, &case.w, &mut mm);
-        out.push((case.label("qmm", isa), mm));
+        qmm_scheme_on(isa, act, &case.x, m, &case.w, &mut mm);
+        out.push((tag("qmm", isa), mm));
     }
     out
 }
@@ -308,10 +317,12 @@ fn integer_kernels_stay_within_the_derived_bound() {
                     for m in ms(all_m) {
                         seed += 1;
                         let case = Case::new(37, k, m, bits, g, dtype, seed);
-                        let scheme = scheme_for(bits);
                         let refy = reference_y(&case);
-                        for (what, y) in run_all(&case) {
-                            case.check(&what, scheme, &y, &refy);
+                        for &act in int_schemes(bits) {
+                            let scheme = scheme_for(bits, act);
+                            for (what, y) in run_all(&case, act) {
+                                case.check(&what, scheme, &y, &refy);
+                            }
                         }
                     }
                 }
@@ -320,9 +331,10 @@ fn integer_kernels_stay_within_the_derived_bound() {
     }
 }
 
-/// The recorded answer: on every path, `qmv_wide`, per-row `qmv` and `qmm` give
-/// bit-identical outputs for 4- and 8-bit weights (one integer scheme, one float order),
-/// and every path gives the same bits as every other.
+/// The recorded answer: on every path and under each integer activation scheme,
+/// `qmv_wide`, per-row `qmv` and `qmm` give bit-identical outputs for 4- and 8-bit weights
+/// (one integer scheme, one float order), every path gives the same bits as every other,
+/// and those bits are the ones the scalar definition `reference::qmv_int` computes.
 #[test]
 fn qmv_wide_and_per_row_qmv_are_bit_identical() {
     let mut seed = 1000;
@@ -334,10 +346,14 @@ fn qmv_wide_and_per_row_qmv_are_bit_identical() {
                     for &m in rows {
                         seed += 1;
                         let case = Case::new(21, k, m, bits, g, dtype, seed);
-                        let results = run_all(&case);
-                        let (first_what, first) = &results[0];
-                        for (what, y) in &results[1..] {
-                            assert!(bits_identical(first, y), "{what} differs in its bits from {first_what}");
+                        for &act in int_schemes(bits) {
+                            let defined = reference::qmv_int(&case.x, m, &case.w, act).unwrap();
+                            for (what, y) in &run_all(&case, act) {
+                                assert!(
+                                    bits_identical(&defined, y),
+                                    "{what} differs from reference::qmv_int"
+                                );
+                            }
                         }
                     }
                 }
@@ -357,13 +373,15 @@ fn long_rows_stay_exact() {
                 let k = 8192 + 13 * g;
                 let case = Case::new(19, k, 2, bits, g, dtype, 7000 + 10 * g as u64 + i as u64);
                 let refy = reference_y(&case);
-                let results = run_all(&case);
-                for (what, y) in &results {
-                    case.check(what, scheme_for(bits), y, &refy);
-                }
-                let (first_what, first) = &results[0];
-                for (what, y) in &results[1..] {
-                    assert!(bits_identical(first, y), "{what} differs in its bits from {first_what}");
+                for &act in int_schemes(bits) {
+                    let results = run_all(&case, act);
+                    for (what, y) in &results {
+                        case.check(what, scheme_for(bits, act), y, &refy);
+                    }
+                    let (first_what, first) = &results[0];
+                    for (what, y) in &results[1..] {
+                        assert!(bits_identical(first, y), "{what} differs in its bits from {first_what}");
+                    }
                 }
             }
         }
@@ -427,8 +445,9 @@ fn sgemm_qmm_on_four_and_eight_bits_is_f32_exact_to_its_bound() {
 }
 
 /// Worst-case codes: every weight code at its maximum and every activation at the
-/// group's maximum magnitude, so the integer sums reach their largest values (4-bit:
-/// 8 products of 15 * 127 per i16 lane at g128; 8-bit: 128 * 255 * 32767 per group).
+/// group's maximum magnitude, so the integer sums reach their largest values (4-bit
+/// `int8`: 8 products of 15 * 127 per i16 lane at g128; `int16`: 128 * 15 * 32512 per
+/// group, and a low plane of -128 everywhere; 8-bit: 128 * 255 * 32767 per group).
 #[test]
 fn extreme_codes_do_not_overflow_the_integer_sums() {
     for bits in [4, 8] {
@@ -451,19 +470,36 @@ fn extreme_codes_do_not_overflow_the_integer_sums() {
                 ScaleData::from_f32(&vec![-1.0; n * gpr], ScaleDtype::F32),
             )
             .unwrap();
-            for sign in [1.0f32, -1.0] {
-                let x = vec![3.0 * sign; 2 * k];
-                // Each output: k * (0.5 * max_code - 1) * 3 * sign, exact in f32.
-                let want = k as f32 * (0.5 * spec.max_code() as f32 - 1.0) * 3.0 * sign;
-                for isa in Isa::available() {
-                    let mut y = vec![0f32; 2 * n];
-                    qmv_wide_on(isa, &x, 2, &w, &mut y);
-                    let mut y1 = vec![0f32; n];
-                    qmv_on(isa, &x[..k], &w, &mut y1);
-                    for v in y.iter().chain(&y1) {
+            for &act in int_schemes(bits) {
+                for sign in [1.0f32, -1.0] {
+                    let x = vec![3.0 * sign; 2 * k];
+                    // Each output: k * (0.5 * max_code - 1) * 3 * sign, exact in f32.
+                    let want = k as f32 * (0.5 * spec.max_code() as f32 - 1.0) * 3.0 * sign;
+                    // All but each group's first activation at the `int16` code
+                    // 32384 = 256 * 127 - 128: its low plane is -128 everywhere.
+                    let mut low = x.clone();
+                    for (j, v) in low.iter_mut().enumerate() {
+                        if j % g != 0 {
+                            *v *= 32384.0 / 32512.0;
+                        }
+                    }
+                    let low_want = reference::qmv_int(&low, 2, &w, act).unwrap();
+                    for isa in Isa::available() {
+                        let mut y = vec![0f32; 2 * n];
+                        qmv_wide_scheme_on(isa, act, &x, 2, &w, &mut y);
+                        let mut y1 = vec![0f32; n];
+                        qmv_scheme_on(isa, act, &x[..k], &w, &mut y1);
+                        for v in y.iter().chain(&y1) {
+                            assert!(
+                                (v - want).abs() <= want.abs() * 1e-6,
+                                "{bits}-bit g{g} {act:?} on {isa:?}: {v} != {want}"
+                            );
+                        }
+                        qmv_wide_scheme_on(isa, act, &low, 2, &w, &mut y);
+                        qmv_scheme_on(isa, act, &low[..k], &w, &mut y1);
                         assert!(
-                            (v - want).abs() <= want.abs() * 1e-6,
-                            "{bits}-bit g{g} on {isa:?}: {v} != {want}"
+                            bits_identical(&y, &low_want) && bits_identical(&y1, &low_want[..n]),
+                            "{bits}-bit g{g} {act:?} on {isa:?}: {y:?} {y1:?} != {low_want:?}"
                         );
                     }
                 }
@@ -478,7 +514,7 @@ fn non_finite_activations_give_non_finite_outputs() {
         let mut case = Case::new(5, 128, 2, bits, 64, ScaleDtype::F16, 77);
         case.x[3] = f32::NAN;
         case.x[128 + 70] = f32::INFINITY;
-        for (what, y) in run_all(&case) {
+        for (what, y) in ActScheme::ALL.iter().flat_map(|&act| run_all(&case, act)) {
             for r in 0..5 {
                 assert!(!y[r].is_finite() && !y[5 + r].is_finite(), "{what}: row {r} is finite");
             }

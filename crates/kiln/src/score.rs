@@ -103,7 +103,8 @@ fn score(args: ScoreArgs) -> anyhow::Result<()> {
     }
     let per_window = args.window - 1 - args.first_scored;
     let vocab = model.config.vocab_size;
-    let act_precision = std::env::var("KILN_ACT_PRECISION").unwrap_or_else(|_| "default".into());
+    // The scheme the kernels run (validated before the model loaded), by its name.
+    let act_precision = kiln_core::act_precision::act_scheme().as_str().to_string();
     let header = Header {
         model: name,
         vocab,

@@ -360,4 +360,28 @@ mod tests {
         assert!(md.contains("| no baseline | 10.0 | n/a |"), "{md}");
         assert!(md.contains("`base` (the previous run)") && md.contains("results saved as `x`"), "{md}");
     }
+
+    #[test]
+    fn schemes_show_side_by_side() {
+        let row = |id: &str, ns: f64| Row {
+            id: id.into(),
+            current: Some(Measured { ns, ns_lo: ns, ns_hi: ns, samples: vec![ns], bytes: None }),
+            baseline: None,
+            change: None,
+        };
+        let rows = [
+            row("qmv/q4_g64_n896_k4864_m1/t2", 1.05e5),
+            row("qmv_int8/q4_g64_n896_k4864_m1/t2", 1e5),
+            row("qmv_wide_int8/q4_g64_n896_k4864_m8/t2", 3e5),
+        ];
+        let mut md = String::new();
+        render_schemes(&mut md, &rows);
+        assert!(md.contains("| qmv | 4 | n896_k4864 | 1 | 2 | 105.0 us | 100.0 us | 1.050 |"), "{md}");
+        // A scheme without its partner has no line.
+        assert!(!md.contains("| qmv_wide |"), "{md}");
+        let mut md = String::new();
+        render_scaling(&mut md, &rows);
+        // The int8 kernels scale against the int8 qmv.
+        assert!(md.contains("| qmv_wide_int8 | 4 | n896_k4864 | 2 | 3.00x |"), "{md}");
+    }
 }

@@ -1,5 +1,6 @@
 //! Rendering the markdown report: the run's context, one table row per benchmark, the
-//! verdicts against the baseline, and the thread-scaling table.
+//! verdicts against the baseline, the thread-scaling table, and the activation schemes
+//! side by side.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -147,6 +148,7 @@ pub(super) fn render(ctx: &RunContext, rows: &[Row]) -> String {
     }
 
     render_scaling(w, rows);
+    render_schemes(w, rows);
 
     let missing: Vec<&str> = rows.iter().filter(|r| r.current.is_none()).map(|r| r.id.as_str()).collect();
     if !missing.is_empty() {
@@ -177,7 +179,8 @@ pub(super) fn render_scaling(w: &mut String, rows: &[Row]) {
         if id.m < 2 {
             continue;
         }
-        let one = KernelId { kernel: "qmv".into(), m: 1, ..id.clone() };
+        let base = if id.kernel.ends_with(INT8_SUFFIX) { "qmv_int8" } else { "qmv" };
+        let one = KernelId { kernel: base.into(), m: 1, ..id.clone() };
         if let Some(&base) = times.get(&one) {
             lines.entry(KernelId { m: 1, ..id.clone() }).or_default().insert(id.m, ns / base);
         }
@@ -202,6 +205,47 @@ pub(super) fn render_scaling(w: &mut String, rows: &[Row]) {
             id.k,
             id.threads,
             cells.join(" | ")
+        );
+    }
+}
+
+/// The suffix of kernel names measured under `KILN_ACT_PRECISION=int8` (4-bit weights);
+/// names without it ran the default scheme, `int16`.
+pub(super) const INT8_SUFFIX: &str = "_int8";
+
+/// Each 4-bit kernel under the default `int16` scheme beside the same kernel under
+/// `int8`: the speed the finer activation codes cost.
+pub(super) fn render_schemes(w: &mut String, rows: &[Row]) {
+    let times: BTreeMap<KernelId, f64> =
+        rows.iter().filter_map(|r| Some((parse_kernel_id(&r.id)?, r.current.as_ref()?.ns))).collect();
+    let mut lines = Vec::new();
+    for (id, &ns8) in &times {
+        let Some(plain) = id.kernel.strip_suffix(INT8_SUFFIX) else { continue };
+        if let Some(&ns16) = times.get(&KernelId { kernel: plain.into(), ..id.clone() }) {
+            lines.push((plain.to_string(), id, ns16, ns8));
+        }
+    }
+    if lines.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        w,
+        "\nActivation schemes (`KILN_ACT_PRECISION`), same run: time under `int16` (the default) over time under `int8`:\n"
+    );
+    let _ = writeln!(w, "| kernel | bits | shape | M | threads | int16 | int8 | int16 / int8 |");
+    let _ = writeln!(w, "|---|---:|---|---:|---:|---:|---:|---:|");
+    for (kernel, id, ns16, ns8) in lines {
+        let _ = writeln!(
+            w,
+            "| {kernel} | {} | n{}_k{} | {} | {} | {:.1} us | {:.1} us | {:.3} |",
+            id.bits,
+            id.n,
+            id.k,
+            id.m,
+            id.threads,
+            ns16 / 1e3,
+            ns8 / 1e3,
+            ns16 / ns8
         );
     }
 }

@@ -1,10 +1,17 @@
 //! Activations quantized per weight group for the integer kernels (AVX2, NEON).
 //!
 //! Each group of `group_size` activations of one row gets one f32 scale `sx` and integer
-//! codes `xq` with `x ~= sx * xq`, rounded to nearest: 8-bit codes in `[-127, 127]` for
-//! 4-bit weights (so `u4 * i8` products fit `maddubs`), 16-bit codes in `[-32767, 32767]`
-//! for 8-bit weights (`u8 * i16` pairs fit `madd`). The exact f32 sum of each group's
-//! activations and the integer sum of its codes are kept beside it.
+//! codes `xq` with `x ~= sx * xq`, rounded to nearest ([`ActCodes`] says which range):
+//! - 4-bit weights, `int16` scheme (the default): codes in `[-32512, 32512]`, 32512 =
+//!   127 * 256. AVX2 splits each code exactly as `xq = 256 * hi + lo` with
+//!   `hi = (xq + 128) >> 8` in `[-127, 127]` and `lo` in `[-128, 127]`, two 8-bit planes
+//!   that `maddubs` multiplies against the same unpacked weights; the group's dot is then
+//!   `256 * dot(q, hi) + dot(q, lo)`, the same exact integer as `dot(q, xq)`.
+//! - 4-bit weights, `int8` scheme: codes in `[-127, 127]` (one `maddubs` plane).
+//! - 8-bit weights, both schemes: codes in `[-32767, 32767]` (`u8 * i16` pairs fit `madd`).
+//!
+//! The exact f32 sum of each group's activations and the integer sum of its codes are
+//! kept beside it.
 //!
 //! A product is `sum_g s_g * sx_g * (sum_j q_j xq_j - c * sum_j xq_j) + (b_g + c s_g) * xsum_g`
 //! with `c = 2^(bits - 1)`: the same value as `sum_g s_g * sum_j q_j x_j + b_g * xsum_g`, but
@@ -15,29 +22,40 @@
 //! [`XRows`] holds the codes in element order (NEON, portable); the AVX2 kernels lay them
 //! out in blocks (`tile.rs`). [`Lanes`] fixes the float order every integer kernel follows.
 
+use crate::act_precision::ActScheme;
+
 /// Largest 8-bit activation code: symmetric, so `-128` never occurs.
 pub(crate) const I8_MAX: f32 = 127.0;
 /// Largest 16-bit activation code.
 pub(crate) const I16_MAX: f32 = 32767.0;
+/// Largest 16-bit code for 4-bit weights: `127 * 256`, so the high 8-bit plane of a split
+/// code stays in `[-127, 127]`.
+pub(crate) const I16_SPLIT_MAX: f32 = 32512.0;
 
 /// Activation rows a kernel handles per pass over a weight group, at most.
 pub(crate) const TILE_ROWS: usize = 8;
 
-/// Which code width the weights' width calls for.
+/// Which codes the weights' width and the activation scheme call for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ActCodes {
-    /// 8-bit codes, even/odd de-interleaved per 64-element block (4-bit weights).
+    /// 8-bit codes, even/odd de-interleaved per 64-element block (4-bit weights, `int8`).
     I8Deinterleaved,
+    /// 16-bit codes up to [`I16_SPLIT_MAX`], on AVX2 as two de-interleaved 8-bit planes
+    /// (4-bit weights, `int16`).
+    I16Split,
     /// 16-bit codes in element order (8-bit weights).
     I16,
 }
 
 impl ActCodes {
-    /// The code width the integer kernels use for `bits`-bit weights, if they have one.
-    pub fn for_weight_bits(bits: u32) -> Option<Self> {
-        match bits {
-            4 => Some(ActCodes::I8Deinterleaved),
-            8 => Some(ActCodes::I16),
+    /// The codes the integer kernels use for `bits`-bit weights under `scheme`, if they
+    /// have an integer path (`None` for other widths and for `f32`).
+    pub fn for_weight_bits(bits: u32, scheme: ActScheme) -> Option<Self> {
+        match (bits, scheme) {
+            (_, ActScheme::F32) => None,
+            (4, ActScheme::Int8) => Some(ActCodes::I8Deinterleaved),
+            (4, ActScheme::Int16) => Some(ActCodes::I16Split),
+            (8, _) => Some(ActCodes::I16),
             _ => None,
         }
     }
@@ -46,6 +64,7 @@ impl ActCodes {
     pub fn max_code(self) -> f32 {
         match self {
             ActCodes::I8Deinterleaved => I8_MAX,
+            ActCodes::I16Split => I16_SPLIT_MAX,
             ActCodes::I16 => I16_MAX,
         }
     }
@@ -54,10 +73,19 @@ impl ActCodes {
     /// 128 for 8-bit ones.
     pub fn center(self) -> i32 {
         match self {
-            ActCodes::I8Deinterleaved => 8,
+            ActCodes::I8Deinterleaved | ActCodes::I16Split => 8,
             ActCodes::I16 => 128,
         }
     }
+}
+
+/// Splits a code of [`ActCodes::I16Split`] into its planes: `xq = 256 * hi + lo`, `hi` in
+/// `[-127, 127]`, `lo` in `[-128, 127]`.
+#[inline(always)]
+pub(crate) fn split_code(xq: i16) -> (i8, i8) {
+    let hi = (i32::from(xq) + 128) >> 8;
+    let lo = i32::from(xq) - 256 * hi;
+    (hi as i8, lo as i8)
 }
 
 /// One group's activation scale, exact sum, and the integer sum of its codes.
@@ -208,6 +236,16 @@ impl Lanes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_codes_recombine_exactly_within_their_planes() {
+        let m = I16_SPLIT_MAX as i16;
+        for xq in -m..=m {
+            let (hi, lo) = split_code(xq);
+            assert_eq!(256 * i32::from(hi) + i32::from(lo), i32::from(xq), "{xq}");
+            assert!((-127..=127).contains(&hi), "{xq}: hi {hi}");
+        }
+    }
 
     #[test]
     fn codes_round_to_nearest_even_and_clamp() {

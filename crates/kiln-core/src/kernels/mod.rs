@@ -7,19 +7,20 @@
 //! - M >= the limit: `qmm`, a tiled GEMM.
 //!
 //! **How they compute.** For 4- and 8-bit weights every kernel, on every ISA, follows one
-//! integer scheme: the activations of each weight group are quantized to 8-bit codes
-//! (4-bit weights) or 16-bit codes (8-bit weights) with one f32 scale `sx_g` per group and
-//! row, the group's dot product is an exact integer sum, and
+//! integer scheme: the activations of each weight group are quantized to integer codes
+//! with one f32 scale `sx_g` per group and row (16-bit codes by default; 8-bit codes for
+//! 4-bit weights under `KILN_ACT_PRECISION=int8`, see [`crate::act_precision`]), the
+//! group's dot product is an exact integer sum, and
 //! `y = sum_g s_g * sx_g * (sum_j q_j xq_j - c sum_j xq_j) + (b_g + c s_g) * xsum_g`, with the
 //! weight codes centred on `c = 2^(bits - 1)` (which halves the activations' rounding error)
 //! and `xsum_g` the exact group sum, is accumulated in one fixed float order.
 //! So `qmv`, `qmv_wide` and `qmm` give bit-identical rows, on AVX2, NEON and the portable
-//! path alike; the price is the activation rounding, at most half a code step per element
-//! (see [`ActivationPrecision`]). `KILN_ACT_PRECISION=f32` ([`crate::act_precision`])
-//! turns the integer scheme off for every width, as the reference for quality
-//! measurements. Other widths (2, 3, 5, 6 bits) keep f32 activations:
-//! `qmv` and `qmv_wide` share one per-row loop, and `qmm` dequantizes tiles to f32 for
-//! `matrixmultiply::sgemm`.
+//! path alike, under each scheme; [`reference::qmv_int`] defines the result exactly. The
+//! price is the activation rounding, at most half a code step per element (see
+//! [`ActivationPrecision`]). `KILN_ACT_PRECISION=f32` turns the integer scheme off for
+//! every width, as the reference for quality measurements. Other widths (2, 3, 5, 6 bits)
+//! keep f32 activations: `qmv` and `qmv_wide` share one per-row loop, and `qmm`
+//! dequantizes tiles to f32 for `matrixmultiply::sgemm`.
 //!
 //! All kernels thread with rayon over weight rows, on the current pool: run inside a
 //! one-thread pool's `install` for a single-thread measurement.
@@ -129,21 +130,33 @@ fn avx2_available() -> bool {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ActivationPrecision {
-    /// f32 activations: only f32 rounding (2-, 3-, 5-, 6-bit weights).
+    /// f32 activations: only f32 rounding (2-, 3-, 5-, 6-bit weights, or
+    /// `KILN_ACT_PRECISION=f32`).
     F32,
-    /// 8-bit codes per group: `sx = max|x| / 127`, `|x - sx * xq| <= sx / 2` (4-bit weights,
-    /// codes centred on 8: a group's error is at most `|s| * sum_j |q_j - 8| * sx / 2`).
+    /// 8-bit codes per group: `sx = max|x| / 127`, `|x - sx * xq| <= sx / 2` (4-bit weights
+    /// under `int8`, codes centred on 8: a group's error is at most
+    /// `|s| * sum_j |q_j - 8| * sx / 2`).
     Int8,
+    /// 16-bit codes per group for 4-bit weights (`int16`, the default):
+    /// `sx = max|x| / 32512`, `|x - sx * xq| <= sx / 2`, codes centred on 8.
+    Int16Split,
     /// 16-bit codes per group: `sx = max|x| / 32767`, `|x - sx * xq| <= sx / 2` (8-bit
     /// weights, codes centred on 128).
     Int16,
 }
 
 impl ActivationPrecision {
-    /// The precision for `bits`-bit weights (the same on every ISA and for every kernel).
+    /// The precision for `bits`-bit weights under this process's scheme (the same on every
+    /// ISA and for every kernel).
     pub fn for_bits(bits: u32) -> ActivationPrecision {
-        match act::ActCodes::for_weight_bits(bits) {
+        Self::for_scheme(bits, act_scheme())
+    }
+
+    /// The precision for `bits`-bit weights under `scheme`.
+    pub fn for_scheme(bits: u32, scheme: ActScheme) -> ActivationPrecision {
+        match act::ActCodes::for_weight_bits(bits, scheme) {
             Some(act::ActCodes::I8Deinterleaved) => ActivationPrecision::Int8,
+            Some(act::ActCodes::I16Split) => ActivationPrecision::Int16Split,
             Some(act::ActCodes::I16) => ActivationPrecision::Int16,
             None => ActivationPrecision::F32,
         }
@@ -154,6 +167,7 @@ impl ActivationPrecision {
         match self {
             ActivationPrecision::F32 => None,
             ActivationPrecision::Int8 => Some(act::I8_MAX),
+            ActivationPrecision::Int16Split => Some(act::I16_SPLIT_MAX),
             ActivationPrecision::Int16 => Some(act::I16_MAX),
         }
     }
@@ -227,10 +241,10 @@ pub fn qmm(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
     qmm_on(Isa::detected(), x, m, w, y)
 }
 
-/// Whether `w` runs the integer scheme: its width has one and `KILN_ACT_PRECISION` has not
-/// chosen f32 activations.
-fn has_integer_path(w: &QuantizedMatrix) -> bool {
-    act_scheme() == ActScheme::Int && act::ActCodes::for_weight_bits(w.spec().bits()).is_some()
+/// The codes of the integer scheme `w` runs under `scheme`, if its width has one and
+/// `scheme` is not `f32`.
+fn integer_codes(w: &QuantizedMatrix, scheme: ActScheme) -> Option<act::ActCodes> {
+    act::ActCodes::for_weight_bits(w.spec().bits(), scheme)
 }
 
 /// [`qmv`] on a chosen path (tests and benchmarks compare paths with it).
@@ -238,17 +252,25 @@ fn has_integer_path(w: &QuantizedMatrix) -> bool {
 /// # Panics
 /// When `isa` is not available on this CPU, or the shapes do not match.
 pub fn qmv_on(isa: Isa, x: &[f32], w: &QuantizedMatrix, y: &mut [f32]) {
+    qmv_scheme_on(isa, act_scheme(), x, w, y)
+}
+
+/// [`qmv_on`] under a chosen activation scheme instead of this process's.
+///
+/// # Panics
+/// As [`qmv_on`].
+pub fn qmv_scheme_on(isa: Isa, scheme: ActScheme, x: &[f32], w: &QuantizedMatrix, y: &mut [f32]) {
     check_shapes("qmv", x, 1, w, y);
     check_isa("qmv", isa);
-    match isa {
+    match (isa, integer_codes(w, scheme)) {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 if has_integer_path(w) => {
+        (Isa::Avx2, Some(codes)) => {
             // SAFETY: `check_isa` confirmed AVX2, FMA and F16C at run time.
-            unsafe { x86::qmv(x, w, y) }
+            unsafe { x86::qmv(x, w, y, codes) }
         }
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon if has_integer_path(w) => neon::matmul(x, 1, w, y),
-        _ => portable::matmul(x, 1, w, y),
+        (Isa::Neon, Some(codes)) => neon::matmul(x, 1, w, y, codes),
+        (_, codes) => portable::matmul(x, 1, w, y, codes),
     }
 }
 
@@ -257,17 +279,32 @@ pub fn qmv_on(isa: Isa, x: &[f32], w: &QuantizedMatrix, y: &mut [f32]) {
 /// # Panics
 /// When `isa` is not available on this CPU, or the shapes do not match.
 pub fn qmv_wide_on(isa: Isa, x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
+    qmv_wide_scheme_on(isa, act_scheme(), x, m, w, y)
+}
+
+/// [`qmv_wide_on`] under a chosen activation scheme.
+///
+/// # Panics
+/// As [`qmv_wide_on`].
+pub fn qmv_wide_scheme_on(
+    isa: Isa,
+    scheme: ActScheme,
+    x: &[f32],
+    m: usize,
+    w: &QuantizedMatrix,
+    y: &mut [f32],
+) {
     check_shapes("qmv_wide", x, m, w, y);
     check_isa("qmv_wide", isa);
-    match isa {
+    match (isa, integer_codes(w, scheme)) {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 if has_integer_path(w) => {
+        (Isa::Avx2, Some(codes)) => {
             // SAFETY: `check_isa` confirmed AVX2, FMA and F16C at run time.
-            unsafe { x86::qmv_wide(x, m, w, y) }
+            unsafe { x86::qmv_wide(x, m, w, y, codes) }
         }
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon if has_integer_path(w) => neon::matmul(x, m, w, y),
-        _ => portable::matmul(x, m, w, y),
+        (Isa::Neon, Some(codes)) => neon::matmul(x, m, w, y, codes),
+        (_, codes) => portable::matmul(x, m, w, y, codes),
     }
 }
 
@@ -276,20 +313,28 @@ pub fn qmv_wide_on(isa: Isa, x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [
 /// # Panics
 /// When `isa` is not available on this CPU, or the shapes do not match.
 pub fn qmm_on(isa: Isa, x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
+    qmm_scheme_on(isa, act_scheme(), x, m, w, y)
+}
+
+/// [`qmm_on`] under a chosen activation scheme.
+///
+/// # Panics
+/// As [`qmm_on`].
+pub fn qmm_scheme_on(isa: Isa, scheme: ActScheme, x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
     check_shapes("qmm", x, m, w, y);
     check_isa("qmm", isa);
-    if !has_integer_path(w) {
+    let Some(codes) = integer_codes(w, scheme) else {
         return portable::qmm_sgemm(x, m, w, y);
-    }
+    };
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => {
             // SAFETY: `check_isa` confirmed AVX2, FMA and F16C at run time.
-            unsafe { x86::qmm(x, m, w, y) }
+            unsafe { x86::qmm(x, m, w, y, codes) }
         }
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => neon::matmul(x, m, w, y),
-        _ => portable::matmul(x, m, w, y),
+        Isa::Neon => neon::matmul(x, m, w, y, codes),
+        _ => portable::matmul(x, m, w, y, Some(codes)),
     }
 }
 

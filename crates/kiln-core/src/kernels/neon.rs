@@ -1,7 +1,7 @@
 //! NEON kernels (aarch64) for 4- and 8-bit weights at every group size.
 //!
-//! They follow the integer scheme of [`super::act`] with natural-order 16-bit activation
-//! codes: per 16 packed bytes the codes are unpacked in registers (4-bit: `and 0x0F` and
+//! They follow the integer scheme of [`super::act`] with natural-order activation codes
+//! held as 16 bits (every scheme's codes, 8-bit ones included, fit): per 16 packed bytes the codes are unpacked in registers (4-bit: `and 0x0F` and
 //! `>> 4`, zipped back into element order), widened to 16 bits and multiplied into i32
 //! lanes with `vmlal_s16`, once per weight group and reused for up to eight activation
 //! rows. The float work is [`Lanes`], so the outputs are bit-identical to the AVX2 and
@@ -14,12 +14,13 @@ use super::drive;
 use super::portable::widen;
 use crate::matrix::QuantizedMatrix;
 
-/// `y[m, n] = x[m, k] W^T` for 4- or 8-bit weights; `qmv`, `qmv_wide` and `qmm` alike.
-pub(super) fn matmul(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
+/// `y[m, n] = x[m, k] W^T` for 4- or 8-bit weights with activation codes `codes`;
+/// `qmv`, `qmv_wide` and `qmm` alike.
+pub(super) fn matmul(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32], codes: ActCodes) {
     let (n, k) = (w.n(), w.k());
     let spec = w.spec();
     let (bits, g) = (spec.bits(), spec.group_size());
-    let codes = ActCodes::for_weight_bits(bits).expect("the NEON kernels take 4- and 8-bit weights only");
+    assert!(bits == 4 || bits == 8, "the NEON kernels take 4- and 8-bit weights only");
     let gpr = k / g;
     let xq = XRows::new(x, m, k, g, codes);
     let row_bytes = k * bits as usize / 8;

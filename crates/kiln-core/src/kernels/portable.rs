@@ -100,10 +100,10 @@ fn block_rows(w: &QuantizedMatrix) -> usize {
     drive::rows_per_task(w.n(), w.bytes_read() / w.n()).min(by_cache)
 }
 
-/// `y[m, n] = x[m, k] W^T` for any width and any `m`: the integer scheme for 4 and 8
-/// bits, f32 activations otherwise.
-pub(crate) fn matmul(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
-    match ActCodes::for_weight_bits(w.spec().bits()) {
+/// `y[m, n] = x[m, k] W^T` for any width and any `m`: the integer scheme with `codes`
+/// when there are some (4 and 8 bits, not `f32`), f32 activations otherwise.
+pub(crate) fn matmul(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32], codes: Option<ActCodes>) {
+    match codes {
         Some(codes) => int_rows(x, m, w, y, codes),
         None => f32_rows(x, m, w, y),
     }
@@ -144,7 +144,8 @@ fn int_rows(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32], codes_kind:
 }
 
 /// Exact integer dot of unsigned codes and activation codes (at most 128 * 255 * 32767,
-/// which fits an i32).
+/// which fits an i32). Every code width is held as i16 here, so this one loop serves them
+/// all.
 #[inline]
 fn int_dot(w: &[u8], x: &[i16]) -> i32 {
     w.iter().zip(x).map(|(&a, &b)| i32::from(a) * i32::from(b)).sum()

@@ -1,8 +1,52 @@
 //! Scalar references for every quantized kernel: plain loops that dequantize with
 //! [`QuantizedMatrix::dequantize_row`] and accumulate in order. The fast kernels are
-//! tested against these and against [`matmul_f64`], the exact answer.
+//! tested against these and against [`matmul_f64`], the exact answer. [`qmv_int`] defines
+//! the integer scheme the 4- and 8-bit kernels compute, to the bit.
 
+use super::act::{ActCodes, GroupTerms, Lanes, quantize_group};
+use crate::act_precision::ActScheme;
+use crate::format::read_code;
 use crate::matrix::QuantizedMatrix;
+
+/// The integer scheme of the 4- and 8-bit kernels under `scheme`, for `m` activation rows,
+/// in plain loops: per row and weight group, the activations are quantized to codes
+/// (`int16`: up to 32512 for 4-bit weights, 32767 for 8-bit; `int8`: up to 127 for 4-bit
+/// weights), the group's dot with the weight codes is an exact integer, and the float
+/// terms are accumulated in the order of [`Lanes`]. Every fast kernel (`qmv`, `qmv_wide`,
+/// `qmm`, on every ISA) gives these bits. Returns `None` when `scheme` and the width have
+/// no integer path (other widths, `f32`).
+pub fn qmv_int(x: &[f32], m: usize, w: &QuantizedMatrix, scheme: ActScheme) -> Option<Vec<f32>> {
+    let (n, k, g, bits) = (w.n(), w.k(), w.spec().group_size(), w.spec().bits());
+    assert_eq!(x.len(), m * k);
+    let codes = ActCodes::for_weight_bits(bits, scheme)?;
+    let gpr = k / g;
+    let mut y = vec![0f32; m * n];
+    let mut xq = vec![0i16; g];
+    for i in 0..m {
+        let quant: Vec<_> = x[i * k..(i + 1) * k]
+            .chunks_exact(g)
+            .map(|xs| {
+                let q = quantize_group(xs, codes.max_code(), &mut xq);
+                (q, xq.clone())
+            })
+            .collect();
+        for r in 0..n {
+            let row = w.row_words(r);
+            let mut lanes = Lanes::default();
+            for (gi, (q, xc)) in quant.iter().enumerate() {
+                let tot: i32 = xc
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &c)| read_code(row, gi * g + j, bits) as i32 * i32::from(c))
+                    .sum();
+                let (s, b) = (w.scales().get(r * gpr + gi), w.biases().get(r * gpr + gi));
+                lanes.add_group(gi, codes.center(), GroupTerms { tot, s, b, x: *q });
+            }
+            y[i * n + r] = lanes.finish();
+        }
+    }
+    Some(y)
+}
 
 /// `y[n] = dot(dequantized W[n, :], x)` for one activation row, f32 accumulation.
 pub fn qmv(x: &[f32], w: &QuantizedMatrix, y: &mut [f32]) {

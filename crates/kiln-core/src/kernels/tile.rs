@@ -8,6 +8,9 @@
 //!   the even elements in bytes `0..32` and the odd ones in bytes `32..64`. A trailing
 //!   half block (group size 32, K an odd number of groups) leaves bytes `16..32` and
 //!   `48..64` zero.
+//! - 4-bit weights under `int16` ([`ActCodes::I16Split`]): two such 8-bit planes, the high
+//!   one in `blocks` and the low one in `lo` with the same layout, each code being
+//!   `256 * hi + lo` ([`super::act::split_code`]).
 //! - 8-bit weights: a block covers 32 elements, stored as 32 little-endian `i16`.
 //!
 //! A tile holds up to eight activation rows with their blocks interleaved
@@ -18,7 +21,7 @@
 //! Its functions are `inline(always)` so that the AVX2 kernels, which call them from a
 //! `#[target_feature]` function, get them compiled for AVX2.
 
-use super::act::{ActCodes, TILE_ROWS, quantize_group};
+use super::act::{ActCodes, TILE_ROWS, quantize_group, split_code};
 
 /// One 64-byte block of activation codes, aligned so a block never straddles a cache line.
 #[derive(Clone, Copy)]
@@ -33,8 +36,10 @@ pub(crate) struct XTile {
     pub slots: usize,
     /// Real activation rows, `1..=slots`.
     pub rows: usize,
-    /// `[block][slot]` blocks.
+    /// `[block][slot]` blocks (for split codes, their high planes).
     pub blocks: Vec<Block>,
+    /// The low planes of split codes, laid out as `blocks`; empty for other codes.
+    pub lo: Vec<Block>,
     /// Scales: `[slot][group, padded to 8]` (lane = group) for up to
     /// [`GROUP_LANE_ROWS`] slots, else `[group][8]` (lane = row). Padding is zero.
     pub sx: Vec<f32>,
@@ -47,7 +52,7 @@ pub(crate) struct XTile {
 /// Activation elements per 64-byte block for `codes`.
 pub(crate) fn elems_per_block(codes: ActCodes) -> usize {
     match codes {
-        ActCodes::I8Deinterleaved => 64,
+        ActCodes::I8Deinterleaved | ActCodes::I16Split => 64,
         ActCodes::I16 => 32,
     }
 }
@@ -65,6 +70,7 @@ pub(crate) fn pad8(n: usize) -> usize {
 /// One row's codes, scales and sums in the block layout.
 struct RowCodes {
     blocks: Vec<Block>,
+    lo: Vec<Block>,
     sx: Vec<f32>,
     xsum: Vec<f32>,
     qsum: Vec<i32>,
@@ -76,6 +82,7 @@ fn quantize_row(x: &[f32], g: usize, codes: ActCodes) -> RowCodes {
     let k = x.len();
     let gpr = k / g;
     let mut blocks = vec![ZERO_BLOCK; blocks_per_row(codes, k)];
+    let mut lo = Vec::new();
     let mut sx = vec![0f32; pad8(gpr)];
     let mut xsum = vec![0f32; pad8(gpr)];
     let mut qsum = vec![0i32; pad8(gpr)];
@@ -95,6 +102,17 @@ fn quantize_row(x: &[f32], g: usize, codes: ActCodes) -> RowCodes {
                 }
             }
         }
+        ActCodes::I16Split => {
+            // Both planes de-interleaved as the 8-bit codes are.
+            lo = blocks.clone();
+            for ((bh, bl), qc) in blocks.iter_mut().zip(lo.iter_mut()).zip(q.chunks(64)) {
+                for (i, pair) in qc.chunks_exact(2).enumerate() {
+                    let ((h0, l0), (h1, l1)) = (split_code(pair[0]), split_code(pair[1]));
+                    (bh.0[i], bh.0[32 + i]) = (h0 as u8, h1 as u8);
+                    (bl.0[i], bl.0[32 + i]) = (l0 as u8, l1 as u8);
+                }
+            }
+        }
         ActCodes::I16 => {
             for (blk, qc) in blocks.iter_mut().zip(q.chunks(32)) {
                 for (i, &c) in qc.iter().enumerate() {
@@ -103,7 +121,7 @@ fn quantize_row(x: &[f32], g: usize, codes: ActCodes) -> RowCodes {
             }
         }
     }
-    RowCodes { blocks, sx, xsum, qsum }
+    RowCodes { blocks, lo, sx, xsum, qsum }
 }
 
 /// Rows up to which a tile keeps `qmv`'s layout of scales (lane = group); larger tiles
@@ -122,10 +140,14 @@ impl XTile {
     /// (lane = group), and blocks, padded with zeros to a whole number of eight groups.
     #[inline(always)]
     pub fn vector(x: &[f32], g: usize, codes: ActCodes) -> XTile {
-        let RowCodes { mut blocks, sx, xsum, qsum } = quantize_row(x, g, codes);
+        let RowCodes { mut blocks, mut lo, sx, xsum, qsum } = quantize_row(x, g, codes);
         let chunk_blocks = (8 * g).div_ceil(elems_per_block(codes));
-        blocks.resize(blocks.len().div_ceil(chunk_blocks) * chunk_blocks, ZERO_BLOCK);
-        XTile { slots: 1, rows: 1, blocks, sx, xsum, qsum }
+        let padded = blocks.len().div_ceil(chunk_blocks) * chunk_blocks;
+        blocks.resize(padded, ZERO_BLOCK);
+        if !lo.is_empty() {
+            lo.resize(padded, ZERO_BLOCK);
+        }
+        XTile { slots: 1, rows: 1, blocks, lo, sx, xsum, qsum }
     }
 
     /// Up to eight rows (`x` holds `rows * k` values) in the tile layout: blocks
@@ -141,6 +163,7 @@ impl XTile {
         let nblocks = blocks_per_row(codes, k);
         let slots = slots_for(rows);
         let mut blocks = vec![ZERO_BLOCK; nblocks * slots];
+        let mut lo = if codes == ActCodes::I16Split { blocks.clone() } else { Vec::new() };
         let mut sx = vec![0f32; gp * TILE_ROWS];
         let mut xsum = vec![0f32; gp * TILE_ROWS];
         let mut qsum = vec![0i32; gp * TILE_ROWS];
@@ -148,6 +171,9 @@ impl XTile {
             let rc = quantize_row(xr, g, codes);
             for b in 0..nblocks {
                 blocks[b * slots + r] = rc.blocks[b];
+            }
+            for (b, blk) in rc.lo.iter().enumerate() {
+                lo[b * slots + r] = *blk;
             }
             if slots <= GROUP_LANE_ROWS {
                 sx[r * gp..(r + 1) * gp].copy_from_slice(&rc.sx);
@@ -161,7 +187,13 @@ impl XTile {
                 }
             }
         }
-        XTile { slots, rows, blocks, sx, xsum, qsum }
+        XTile { slots, rows, blocks, lo, sx, xsum, qsum }
+    }
+
+    /// Whether the codes are split into two planes ([`ActCodes::I16Split`]).
+    #[inline]
+    pub fn split(&self) -> bool {
+        !self.lo.is_empty()
     }
 
     /// Splits `m` rows of `x` into tiles of at most eight rows.
@@ -211,6 +243,26 @@ mod tests {
         assert_eq!(t.xsum[0], x[..32].iter().sum::<f32>());
         assert_eq!(t.sx.len(), 8);
         assert_eq!(t.sx[3], 0.0);
+    }
+
+    #[test]
+    fn split_codes_fill_two_planes_that_recombine() {
+        let k = 96;
+        let x: Vec<f32> = (0..k).map(|i| ((i * 29 % 83) as f32) * 0.37 - 15.0).collect();
+        let t = XTile::vector(&x, 32, ActCodes::I16Split);
+        assert!(t.split() && t.lo.len() == t.blocks.len());
+        let mut q = vec![0i16; k];
+        for (xs, qs) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)) {
+            quantize_group(xs, ActCodes::I16Split.max_code(), qs);
+        }
+        for (e, &c) in q.iter().enumerate() {
+            let (blk, i) = (e / 64, (e % 64) / 2 + if e % 2 == 1 { 32 } else { 0 });
+            let (hi, lo) = (t.blocks[blk].0[i] as i8, t.lo[blk].0[i] as i8);
+            assert_eq!(256 * i32::from(hi) + i32::from(lo), i32::from(c), "element {e}");
+        }
+        let t3 = &XTile::tiles(&[x.clone(), x.clone(), x].concat(), 3, k, 32, ActCodes::I16Split)[0];
+        assert_eq!(t3.lo[3 + 2].0, t.lo[1].0);
+        assert!(!XTile::vector(&[1.0; 64], 64, ActCodes::I8Deinterleaved).split());
     }
 
     #[test]

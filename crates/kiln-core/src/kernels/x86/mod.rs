@@ -7,8 +7,10 @@
 //! - 4-bit: a 32-byte block of packed weights holds 64 codes; `and 0x0F` gives the even
 //!   elements, `>> 4` the odd ones, each multiplied against the de-interleaved 8-bit
 //!   activations with `maddubs` (u4 * i8 pairs cannot saturate), the two i16 results
-//!   added (at most 8 products of 15 * 127 per lane over a 128-group) and widened with
-//!   `madd` by ones.
+//!   added (at most 8 products of 15 * 128 per lane over a 128-group) and widened with
+//!   `madd` by ones. Under `int16` the activation codes come as two 8-bit planes
+//!   (`xq = 256 * hi + lo`): each group's dot is reduced for both planes from the same
+//!   unpacked weights and combined as `(hi_dot << 8) + lo_dot`, exact in i32.
 //! - 8-bit: `cvtepu8_epi16` widens 16 codes, `madd` multiplies them against 16-bit
 //!   activations into i32 pairs (u8 * i16 products, which `maddubs` would saturate).
 //! - The eight partials of eight groups (or of eight rows) are reduced at once by a
@@ -54,13 +56,12 @@ enum Order {
     TileOuter,
 }
 
-/// `y[n] = W x` for one activation row.
+/// `y[n] = W x` for one activation row, activations quantized to `codes`.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
-pub(super) unsafe fn qmv(x: &[f32], w: &QuantizedMatrix, y: &mut [f32]) {
+pub(super) unsafe fn qmv(x: &[f32], w: &QuantizedMatrix, y: &mut [f32], codes: ActCodes) {
     let spec = w.spec();
-    let codes = codes_for(spec.bits());
     // SAFETY: this function's caller guarantees AVX2, FMA and F16C.
     let xt = unsafe { quantize_vector(x, spec.group_size(), codes) };
     let rpt = drive::rows_per_task(w.n(), w.bytes_read() / w.n());
@@ -75,9 +76,9 @@ pub(super) unsafe fn qmv(x: &[f32], w: &QuantizedMatrix, y: &mut [f32]) {
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
-pub(super) unsafe fn qmv_wide(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
+pub(super) unsafe fn qmv_wide(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32], codes: ActCodes) {
     // SAFETY: forwarded from this function's contract.
-    unsafe { tiled(x, m, w, y, Order::RowOuter) }
+    unsafe { tiled(x, m, w, y, codes, Order::RowOuter) }
 }
 
 /// `y[m, n] = x[m, k] W^T` for large `m`, blocked so weights are read from memory once and
@@ -85,21 +86,17 @@ pub(super) unsafe fn qmv_wide(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut 
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
-pub(super) unsafe fn qmm(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
+pub(super) unsafe fn qmm(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32], codes: ActCodes) {
     // SAFETY: forwarded from this function's contract.
-    unsafe { tiled(x, m, w, y, Order::TileOuter) }
-}
-
-fn codes_for(bits: u32) -> ActCodes {
-    ActCodes::for_weight_bits(bits).expect("the AVX2 kernels take 4- and 8-bit weights only")
+    unsafe { tiled(x, m, w, y, codes, Order::TileOuter) }
 }
 
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
-unsafe fn tiled(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32], order: Order) {
+unsafe fn tiled(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32], codes: ActCodes, order: Order) {
     let spec = w.spec();
     // SAFETY: this function's caller guarantees AVX2, FMA and F16C.
-    let tiles = unsafe { quantize_tiles(x, m, w.k(), spec.group_size(), codes_for(spec.bits())) };
+    let tiles = unsafe { quantize_tiles(x, m, w.k(), spec.group_size(), codes) };
     let rpt = drive::rows_per_task(w.n(), w.bytes_read() / w.n());
     drive::rows_multi(y, m, w.n(), rpt, |rows, outs| {
         // SAFETY: this function's caller guarantees AVX2, FMA and F16C; every core rayon

@@ -8,13 +8,55 @@ use crate::kernels::tile::Block;
 
 /// Four `[A | B]` i16 pair partials of 4-bit g32 codes (pair `i` = groups `2i`, `2i + 1`)
 /// to eight group sums in order. Lanes start at 4 products; two pairwise levels reach 16,
-/// at most 16 * 15 * 127 = 30480, inside i16.
+/// at most 16 * 15 * 128 = 30720, inside i16.
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(super) fn pairs_to_groups(p: [__m256i; 4]) -> __m256i {
     // [g0, g2, g4, g6 | g1, g3, g5, g7]
     let q = _mm256_madd_epi16(fold16b(fold16(p[0], p[1]), fold16(p[2], p[3])), _mm256_set1_epi16(1));
     _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+}
+
+/// [`pairs_to_groups`] for both planes of split codes, joined where the i16 sums widen:
+/// `madd` by 256 widens the high plane's sums already shifted, so the two planes share
+/// one widening add and one permute. Lane `j` = group `j`'s exact dot with the codes.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn pairs_to_groups_split(h: [__m256i; 4], l: [__m256i; 4]) -> __m256i {
+    let fh = fold16b(fold16(h[0], h[1]), fold16(h[2], h[3]));
+    let fl = fold16b(fold16(l[0], l[1]), fold16(l[2], l[3]));
+    let q = widen_planes(fh, fl);
+    _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+}
+
+/// i16 pair sums of the high and low planes to i32 lanes `256 * high + low` (exact: a
+/// lane pair sums at most 32 products of 15 * 128).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn widen_planes(h: __m256i, l: __m256i) -> __m256i {
+    _mm256_add_epi32(_mm256_madd_epi16(h, _mm256_set1_epi16(256)), _mm256_madd_epi16(l, _mm256_set1_epi16(1)))
+}
+
+/// [`reduce8`] of 4-bit partials for both planes of split codes, joined by
+/// [`widen_planes`] where the i16 sums widen: `(lo, hi)` as `reduce8` returns them.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn reduce8_split<const G: usize>(h: [__m256i; 8], l: [__m256i; 8]) -> (__m256i, __m256i) {
+    let f =
+        |v: [__m256i; 8]| (fold16(v[0], v[1]), fold16(v[2], v[3]), fold16(v[4], v[5]), fold16(v[6], v[7]));
+    let ((h01, h23, h45, h67), (l01, l23, l45, l67)) = (f(h), f(l));
+    let (q0, q1) = if G <= 64 {
+        (
+            widen_planes(fold16b(h01, h23), fold16b(l01, l23)),
+            widen_planes(fold16b(h45, h67), fold16b(l45, l67)),
+        )
+    } else {
+        (
+            fold32b(widen_planes(h01, l01), widen_planes(h23, l23)),
+            fold32b(widen_planes(h45, l45), widen_planes(h67, l67)),
+        )
+    };
+    (_mm256_permute2x128_si256::<0x20>(q0, q1), _mm256_permute2x128_si256::<0x31>(q0, q1))
 }
 
 /// Reduces eight partial vectors (i16 lanes for 4-bit codes, i32 for 8-bit) to
@@ -45,6 +87,15 @@ pub(super) fn reduce8<const BITS: u32, const G: usize>(v: [__m256i; 8]) -> (__m2
     };
     // q0 = [v0 lo, v1 lo, v2 lo, v3 lo | v0 hi, v1 hi, v2 hi, v3 hi], q1 likewise for v4..v7.
     (_mm256_permute2x128_si256::<0x20>(q0, q1), _mm256_permute2x128_si256::<0x31>(q0, q1))
+}
+
+/// The exact dot of split codes from the dots of their planes: `(hi << 8) + lo`
+/// ([`crate::kernels::act::split_code`]; at most 128 * 15 * 32512 in magnitude, inside
+/// i32).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn join_planes(hi: __m256i, lo: __m256i) -> __m256i {
+    _mm256_add_epi32(_mm256_slli_epi32::<8>(hi), lo)
 }
 
 /// One fold of i16 partials of two vectors: per 128 bits `[a a b b a a b b]`, each lane the
@@ -85,6 +136,37 @@ pub(super) fn q4_dot16(wv: __m256i, x: &Block) -> __m256i {
     let lo = _mm256_and_si256(wv, mask);
     let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(wv), mask);
     _mm256_add_epi16(_mm256_maddubs_epi16(lo, load_lo(x)), _mm256_maddubs_epi16(hi, load_hi(x)))
+}
+
+/// [`q4_dot16`] against both planes of split codes, the nibbles unpacked once:
+/// `(high plane, low plane)` partials.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn q4_dot16_split(wv: __m256i, xh: &Block, xl: &Block) -> (__m256i, __m256i) {
+    let mask = _mm256_set1_epi8(0x0F);
+    let lo = _mm256_and_si256(wv, mask);
+    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(wv), mask);
+    let d = |x: &Block| {
+        _mm256_add_epi16(_mm256_maddubs_epi16(lo, load_lo(x)), _mm256_maddubs_epi16(hi, load_hi(x)))
+    };
+    (d(xh), d(xl))
+}
+
+/// Integer partials of one 4-bit group (g64 or g128) against both planes of split codes
+/// of one activation row, as [`group_partials`] computes each: `(high, low)`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn q4_group_partials_split<const G: usize>(
+    w: &[u8],
+    xh: &[Block],
+    xl: &[Block],
+) -> (__m256i, __m256i) {
+    let (mut ah, mut al) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+    for blk in 0..G / 64 {
+        let (dh, dl) = q4_dot16_split(load32(&w[blk * 32..blk * 32 + 32]), &xh[blk], &xl[blk]);
+        (ah, al) = (_mm256_add_epi16(ah, dh), _mm256_add_epi16(al, dl));
+    }
+    (ah, al)
 }
 
 /// Integer partials of one group (4-bit g32: of a pair of groups, or of a last lone group

@@ -7,7 +7,10 @@ use std::ops::Range;
 use super::lanes::{XGroups, hsum, lanes_step};
 use super::loads::{load16z, load32};
 use super::prefetch::{Prefetch, SCALE_PREFETCH_ROWS, prefetch_ahead, prefetch_line};
-use super::reduce::{group_partials, pairs_to_groups, q4_dot16, reduce8};
+use super::reduce::{
+    group_partials, pairs_to_groups, pairs_to_groups_split, q4_dot16, q4_dot16_split,
+    q4_group_partials_split, reduce8, reduce8_split,
+};
 use super::scales::{load_scales8, packed_bytes, scale_bytes, scale_size};
 use crate::kernels::tile::{Block, XTile};
 use crate::matrix::QuantizedMatrix;
@@ -67,7 +70,12 @@ pub(super) fn qmv_row<const BITS: u32, const G: usize, const D: u8, const TWO_LE
     let full = gpr / 8;
     for c in 0..full {
         prefetch_ahead::<TWO_LEVEL>(w, c * cw, cw);
-        let tot = chunk8::<BITS, G>(&w[c * cw..(c + 1) * cw], &xt.blocks[c * cx..(c + 1) * cx], 8);
+        let (wc, xr) = (&w[c * cw..(c + 1) * cw], c * cx..(c + 1) * cx);
+        let tot = if BITS == 4 && xt.split() {
+            chunk8_split::<G>(wc, &xt.blocks[xr.clone()], &xt.lo[xr], 8)
+        } else {
+            chunk8::<BITS, G>(wc, &xt.blocks[xr], 8)
+        };
         let (sv, bv) =
             (load_scales8::<D>(&s[c * cs..(c + 1) * cs]), load_scales8::<D>(&b[c * cs..(c + 1) * cs]));
         acc = lanes_step::<BITS>(acc, tot, sv, bv, XGroups::at(xt, c * 8));
@@ -76,8 +84,12 @@ pub(super) fn qmv_row<const BITS: u32, const G: usize, const D: u8, const TWO_LE
         let g0 = full * 8;
         let ng = gpr - g0;
         prefetch_ahead::<TWO_LEVEL>(w, full * cw, ng * gb);
-        let tot =
-            chunk8::<BITS, G>(&w[full * cw..full * cw + ng * gb], &xt.blocks[full * cx..(full + 1) * cx], ng);
+        let (wt, xr) = (&w[full * cw..full * cw + ng * gb], full * cx..(full + 1) * cx);
+        let tot = if BITS == 4 && xt.split() {
+            chunk8_split::<G>(wt, &xt.blocks[xr.clone()], &xt.lo[xr], ng)
+        } else {
+            chunk8::<BITS, G>(wt, &xt.blocks[xr], ng)
+        };
         let st = &s[full * cs..];
         let (sv, bv) = if st.len() >= cs {
             // Zero the lanes that hold the next row's scales, so even a non-finite
@@ -135,6 +147,43 @@ pub(super) fn chunk8<const BITS: u32, const G: usize>(w: &[u8], x: &[Block], ng:
             }
         };
         let (lo, hi) = reduce8::<BITS, G>([g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7)]);
+        _mm256_add_epi32(lo, hi)
+    }
+}
+
+/// [`chunk8`] for 4-bit weights against split codes (`xh` the high planes, `xl` the low
+/// ones): each weight block is unpacked once for both planes, and the planes' i16 sums
+/// are joined exactly where they widen to i32, so one reduction serves both.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn chunk8_split<const G: usize>(w: &[u8], xh: &[Block], xl: &[Block], ng: usize) -> __m256i {
+    let gb = G / 2;
+    let bpg = gb.div_ceil(32);
+    assert!(ng <= 8 && w.len() == ng * gb && xh.len() == 8 * gb / 32 && xl.len() == xh.len());
+    let zero = _mm256_setzero_si256();
+    if G == 32 {
+        let p = |i: usize| {
+            if 2 * i + 1 < ng {
+                q4_dot16_split(load32(&w[32 * i..32 * i + 32]), &xh[i], &xl[i])
+            } else if 2 * i < ng {
+                q4_dot16_split(load16z(&w[32 * i..32 * i + 16]), &xh[i], &xl[i])
+            } else {
+                (zero, zero)
+            }
+        };
+        let (p0, p1, p2, p3) = (p(0), p(1), p(2), p(3));
+        pairs_to_groups_split([p0.0, p1.0, p2.0, p3.0], [p0.1, p1.1, p2.1, p3.1])
+    } else {
+        let g = |j: usize| {
+            if j < ng {
+                let span = j * bpg..(j + 1) * bpg;
+                q4_group_partials_split::<G>(&w[j * gb..(j + 1) * gb], &xh[span.clone()], &xl[span])
+            } else {
+                (zero, zero)
+            }
+        };
+        let v = [g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7)];
+        let (lo, hi) = reduce8_split::<G>(v.map(|p| p.0), v.map(|p| p.1));
         _mm256_add_epi32(lo, hi)
     }
 }

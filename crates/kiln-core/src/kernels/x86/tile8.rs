@@ -4,7 +4,7 @@ use std::arch::x86_64::*;
 
 use super::lanes::{center_of, times_center};
 use super::loads::{load_hi, load_lo};
-use super::reduce::{fold16, fold16b, fold32b, reduce8};
+use super::reduce::{fold16, fold16b, fold32b, join_planes, reduce8};
 use crate::kernels::act::TILE_ROWS;
 use crate::kernels::tile::{Block, XTile};
 
@@ -27,6 +27,7 @@ pub(super) fn wide_row<const BITS: u32, const G: usize, const T: usize>(
             && s.len() >= gpr
             && b.len() >= gpr
             && xt.blocks.len() >= xblocks
+            && (!xt.split() || (BITS == 4 && xt.lo.len() == xt.blocks.len()))
             && xt.sx.len() >= gpr * TILE_ROWS
             && xt.xsum.len() >= gpr * TILE_ROWS
             && xt.qsum.len() >= gpr * TILE_ROWS,
@@ -35,6 +36,7 @@ pub(super) fn wide_row<const BITS: u32, const G: usize, const T: usize>(
     let args = WideRow {
         w: wrow.as_ptr(),
         x: xt.blocks.as_ptr(),
+        xlo: if xt.split() { xt.lo.as_ptr() } else { std::ptr::null() },
         s: s.as_ptr(),
         b: b.as_ptr(),
         sx: xt.sx.as_ptr(),
@@ -43,18 +45,21 @@ pub(super) fn wide_row<const BITS: u32, const G: usize, const T: usize>(
         gpr,
     };
     // SAFETY: the assertion above gives every extent `wide_row_raw` requires: the row's
-    // `gpr * gb` packed bytes, `ceil(gpr * gb / 32) * T` activation blocks, `gpr` scales
-    // and biases, and `gpr * 8` activation scales, sums and code sums.
+    // `gpr * gb` packed bytes, `ceil(gpr * gb / 32) * T` activation blocks (and as many
+    // low-plane blocks when the codes are split, 4-bit only), `gpr` scales and biases, and
+    // `gpr * 8` activation scales, sums and code sums.
     unsafe { wide_row_raw::<BITS, G, T>(args) }
 }
 
 /// The inputs of [`wide_row_raw`] for one weight row: the row's packed codes, the tile's
-/// activation blocks, the row's widened scales and biases, the tile's transposed
-/// activation scales, sums and code sums, and the row's group count.
+/// activation blocks (and their low planes, or null when the codes are not split), the
+/// row's widened scales and biases, the tile's transposed activation scales, sums and
+/// code sums, and the row's group count.
 #[derive(Clone, Copy)]
 pub(super) struct WideRow {
     pub(super) w: *const u8,
     pub(super) x: *const Block,
+    pub(super) xlo: *const Block,
     pub(super) s: *const f32,
     pub(super) b: *const f32,
     pub(super) sx: *const f32,
@@ -68,8 +73,9 @@ pub(super) struct WideRow {
 ///
 /// # Safety
 /// AVX2, FMA and F16C are available, and with `gb = G * BITS / 8`: `w` is readable for
-/// `gpr * gb` bytes, `x` for `ceil(gpr * gb / 32) * T` blocks, `s` and `b` for `gpr`
-/// values, `sx`, `xsum` and `qsum` for `gpr * 8`.
+/// `gpr * gb` bytes, `x` (and `xlo` unless null, which only 4-bit rows may pass) for
+/// `ceil(gpr * gb / 32) * T` blocks, `s` and `b` for `gpr` values, `sx`, `xsum` and
+/// `qsum` for `gpr * 8`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn wide_row_raw<const BITS: u32, const G: usize, const T: usize>(a: WideRow) -> __m256 {
     let gb = G * BITS as usize / 8;
@@ -77,9 +83,11 @@ pub(super) unsafe fn wide_row_raw<const BITS: u32, const G: usize, const T: usiz
     let mut acc = [_mm256_setzero_ps(); 8];
     // SAFETY: group `g < gpr` reads `w[g * gb .. (g + 1) * gb]` (4-bit g32: pair `g / 2`
     // reads 32 bytes, or 16 for a last lone group), blocks `[g * bpg * T, (g + 1) * bpg * T)`
-    // (4-bit g32: `[p * T, (p + 1) * T)`), `s[g]`, `b[g]`, and `sx`, `xsum`, `qsum` at
-    // `[8g .. 8g + 8]`: all inside the extents this function's contract gives.
+    // (4-bit g32: `[p * T, (p + 1) * T)`) of `x` and of a non-null `xlo`, `s[g]`, `b[g]`,
+    // and `sx`, `xsum`, `qsum` at `[8g .. 8g + 8]`: all inside the extents this function's
+    // contract gives.
     unsafe {
+        let split = !a.xlo.is_null();
         let center = _mm256_set1_ps(center_of(BITS) as f32);
         let step = |acc: &mut __m256, tot: __m256i, g: usize| {
             let qsum = _mm256_loadu_si256(a.qsum.add(g * TILE_ROWS).cast());
@@ -99,7 +107,11 @@ pub(super) unsafe fn wide_row_raw<const BITS: u32, const G: usize, const T: usiz
                 } else {
                     _mm256_zextsi128_si256(_mm_loadu_si128(a.w.add(32 * p).cast()))
                 };
-                let (ta, tb) = q4_tile_tot::<32, T>(wv, _mm256_setzero_si256(), a.x.add(p * T), 0);
+                let (mut ta, mut tb) = q4_tile_tot::<32, T>(wv, _mm256_setzero_si256(), a.x.add(p * T), 0);
+                if split {
+                    let (la, lb) = q4_tile_tot::<32, T>(wv, _mm256_setzero_si256(), a.xlo.add(p * T), 0);
+                    (ta, tb) = (join_planes(ta, la), join_planes(tb, lb));
+                }
                 step(&mut acc[g % 8], ta, g);
                 if g + 1 < a.gpr {
                     step(&mut acc[(g + 1) % 8], tb, g + 1);
@@ -113,8 +125,15 @@ pub(super) unsafe fn wide_row_raw<const BITS: u32, const G: usize, const T: usiz
                 if BITS == 4 {
                     let w1 =
                         if G == 128 { _mm256_loadu_si256(wg.add(32).cast()) } else { _mm256_setzero_si256() };
-                    let (lo, hi) = q4_tile_tot::<G, T>(_mm256_loadu_si256(wg.cast()), w1, xg, T);
-                    _mm256_add_epi32(lo, hi)
+                    let w0 = _mm256_loadu_si256(wg.cast());
+                    let (lo, hi) = q4_tile_tot::<G, T>(w0, w1, xg, T);
+                    let t = _mm256_add_epi32(lo, hi);
+                    if split {
+                        let (lo, hi) = q4_tile_tot::<G, T>(w0, w1, a.xlo.add(g * bpg * T), T);
+                        join_planes(t, _mm256_add_epi32(lo, hi))
+                    } else {
+                        t
+                    }
                 } else {
                     q8_tile_tot::<T>(wg, xg, bpg)
                 }

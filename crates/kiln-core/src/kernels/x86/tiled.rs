@@ -8,7 +8,7 @@ use super::Order;
 use super::lanes::{XGroups, hsum, lanes_step};
 use super::loads::{load8f, store8f};
 use super::prefetch::{Prefetch, prefetch_ahead, prefetch_burst};
-use super::reduce::{fold16, fold16b, fold32, fold32b, group_partials, pairs_to_groups};
+use super::reduce::{fold16, fold16b, fold32, fold32b, group_partials, join_planes, pairs_to_groups};
 use super::scales::{RowScales, packed_bytes};
 use super::tile8::wide_row;
 use crate::kernels::act::TILE_ROWS;
@@ -101,7 +101,13 @@ pub(super) fn group_lanes_row<const BITS: u32, const G: usize, const T: usize, c
         // Spread over the row as `qmv` does: a burst at the start of each row leaves these
         // memory-bound small tiles waiting on memory.
         prefetch_ahead::<TWO_LEVEL>(wrow, g0 * gb, ng * gb);
-        let tots = chunk_rows::<BITS, G, T>(wrow, &xt.blocks, g0, ng);
+        let mut tots = chunk_rows::<BITS, G, T>(wrow, &xt.blocks, g0, ng);
+        if xt.split() {
+            let lo = chunk_rows::<BITS, G, T>(wrow, &xt.lo, g0, ng);
+            for (t, l) in tots.iter_mut().zip(lo) {
+                *t = join_planes(*t, l);
+            }
+        }
         // `s` and `b` run on past the row (RowScales pads the last row with eight zeros):
         // zero the lanes past the row's groups, so even a non-finite neighbour cannot
         // reach this output.
