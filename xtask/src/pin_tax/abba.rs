@@ -3,9 +3,8 @@
 //! readiness probe, the arm's identity from the kernel line, a discarded warm-up pass and
 //! the measured passes (for arms that speculate, the identity is checked again from the
 //! exactness gate's line once the warm-up has made it verify), then SIGTERM, grace,
-//! SIGKILL of the group. Every pass is written
-//! (flushed) as it ends, failures with their reason; a signal stops the server, keeps
-//! what was written and never boots the next arm.
+//! SIGKILL of the group. Every pass is written (flushed) as it ends, failures with their
+//! reason; a signal stops the server, keeps what was written and never boots the next arm.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
