@@ -129,14 +129,26 @@ pub fn analyse(
             let arm_values =
                 |arm: Arm| -> Vec<f64> { passes.iter().filter(|p| p.arm == arm).filter_map(value).collect() };
             let (nv, wv) = (arm_values(design.num), arm_values(design.den));
-            let boot_mean = |boot: usize| -> Option<f64> {
-                let v: Vec<f64> = passes.iter().filter(|p| p.boot == boot + 1).filter_map(value).collect();
-                (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+            // Each boot's value per pass number; a pair compares its two boots over the
+            // pass numbers that count in both, so a pass lost in one boot drops its
+            // partner too (the same pass of every boot sends the same requests).
+            let by_pass = |boot: usize| -> BTreeMap<usize, f64> {
+                passes
+                    .iter()
+                    .filter(|p| p.boot == boot + 1)
+                    .filter_map(|p| Some((p.pass, value(p)?)))
+                    .collect()
             };
             let pairs: Vec<(f64, f64)> = order
                 .pairs_of(design.num, design.den)
                 .into_iter()
-                .filter_map(|(n, w)| Some((boot_mean(n)?, boot_mean(w)?)))
+                .filter_map(|(n, w)| {
+                    let (n, w) = (by_pass(n), by_pass(w));
+                    let both: Vec<usize> = n.keys().filter(|k| w.contains_key(k)).copied().collect();
+                    let mean =
+                        |m: &BTreeMap<usize, f64>| both.iter().map(|k| m[k]).sum::<f64>() / both.len() as f64;
+                    (!both.is_empty()).then(|| (mean(&n), mean(&w)))
+                })
                 .collect();
             let ratio = stats::ratio(&pairs);
             let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
@@ -475,6 +487,12 @@ mod tests {
         assert!(r.verdict.starts_with("the pin costs 11."), "{}", r.verdict);
         assert_eq!(cost_pct(Better::Lower, 1.25), 25.0);
         let fnd = findings(&ps, "pass");
+        // A pass lost in one boot drops its partner: only pass 2 counts in both boots.
+        let mut p2 = vec![pass(1, Arm::Wide, 1, 100.0, "a"), pass(2, Arm::Narrow, 2, 80.0, "a")];
+        p2.push(pass(1, Arm::Wide, 2, 50.0, "a"));
+        let r = &analyse(&cells(), &order_arg("1 0").unwrap(), &p2, 4.0, Design::SWEEP)[0];
+        assert!((r.ratio.unwrap().ratio - 80.0 / 50.0).abs() < 1e-12, "{:?}", r.ratio);
+        assert_eq!((r.num_n, r.den_n), (1, 2), "each arm still counts all its passes");
         assert_eq!(fnd.failed, vec!["boot 4 (wide) pass 1: ".to_string()]);
     }
 }
