@@ -263,6 +263,15 @@ fn pin_tax(sb: &Sandbox, server: &str, port: u16, order: &str, env: &[(&str, &st
     sb.run_with("qmv-pin-tax", &args, env)
 }
 
+/// The dated records written under the sandbox's `records`.
+fn records(sb: &Sandbox) -> Vec<PathBuf> {
+    fs::read_dir(sb.path("records"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect()
+}
+
 fn jsonl(path: &Path) -> Vec<serde_json::Value> {
     fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
@@ -289,11 +298,7 @@ fn a_complete_abba_run_pins_both_arms_checks_them_and_writes_the_record() {
     assert_eq!(boots.len(), 2);
     assert_eq!(boots[1]["kernel"]["qmv_wide"], "off");
     assert!(dir.join("tax.svg").is_file(), "{run}");
-    let records: Vec<PathBuf> = fs::read_dir(sb.path("records"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "md"))
-        .collect();
+    let records = records(&sb);
     assert_eq!(records.len(), 1, "{run}");
     assert!(records[0].with_extension("svg").is_file(), "the record's plot is beside it{run}");
     let name = records[0].file_name().unwrap().to_string_lossy().into_owned();
@@ -396,4 +401,109 @@ fn sigint_mid_boot_stops_the_server_prints_the_partial_summary_and_exits_130() {
         })
         .collect();
     assert!(survivors.is_empty(), "processes of the interrupted run survive: {survivors:?}{run}");
+}
+
+/// `qmv-pin-tax --mode mixed` on the smallest design: `--order "A B"`, one measured
+/// window of one speculative and two classic streams per boot.
+fn mixed(sb: &Sandbox, server: &str, extra: &[&str], env: &[(&str, &str)]) -> Run {
+    let (runs, records) = (sb.path("runs"), sb.path("records"));
+    let port = free_port().to_string();
+    let defaults = [
+        ("--order", "A B"),
+        ("--windows", "1"),
+        ("--classic-streams", "2"),
+        ("--max-tokens", "96"),
+        ("--decode-prompt", "8"),
+        ("--passage-tokens", "16"),
+        ("--cooldown", "0"),
+        ("--grace", "5"),
+        ("--request-timeout", "60"),
+        ("--boot-timeout", "60"),
+        ("--drain-timeout", "60"),
+    ];
+    let mut args = vec!["--mode", "mixed", "-m", "synthetic:tiny"];
+    for (flag, value) in defaults {
+        if !extra.contains(&flag) {
+            args.extend([flag, value]);
+        }
+    }
+    args.extend(["--port", &port, "--kiln-bin", server]);
+    args.extend(["--runs-dir", runs.to_str().unwrap(), "--record-dir", records.to_str().unwrap()]);
+    args.extend_from_slice(extra);
+    sb.run_with("qmv-pin-tax", &args, env)
+}
+
+#[test]
+fn a_mixed_run_checks_each_arm_by_its_gate_line_and_writes_every_window() {
+    let sb = Sandbox::new();
+    // The speculative stream's budget is fixed past what 96 classic tokens can take even
+    // if every draft is accepted (96 x 5), so the window's validity does not hang on how
+    // fast a debug engine speculates on a loaded machine.
+    let run = mixed(&sb, kiln(), &["--spec-max-tokens", "600"], &[]);
+    run.expect_code(0)
+        .expect_stdout("| window | classic tok/s per stream | 1 | 1 |")
+        .expect_stdout("| window | acceptance % |")
+        .expect_stdout("failed windows: 0")
+        .expect_stdout("invalid windows (completed, not counted): 0")
+        .expect_stdout("windows written: 4 of 4 planned")
+        .expect_stderr("qmv_wide=on pinned=no")
+        .expect_stderr("qmv_wide=on pinned=yes")
+        .expect_stderr("gate: outcome=exact qmv_wide=on");
+    let dir = run_dir(&sb.path("runs"));
+    let passes = jsonl(&dir.join("passes.jsonl"));
+    assert_eq!(passes.len(), 4, "a warm-up and a measured window per boot{run}");
+    for p in &passes {
+        let r = &p["cells"][0]["detail"]["RESULT"];
+        assert_eq!(r["valid"], true, "{p}{run}");
+        assert_eq!(r["drained"], true, "{p}");
+        assert!(r["overlap"].as_f64().unwrap() >= 0.95, "{p}");
+        assert_eq!(r["classic"].as_array().unwrap().len(), 2, "{p}");
+        assert!(r["speculative"]["drafted"].as_u64().unwrap() > 0, "{p}");
+        assert_eq!(r["spec_max_tokens"], 600);
+    }
+    assert_eq!((passes[0]["arm"].as_str(), passes[3]["arm"].as_str()), (Some("A"), Some("B")));
+    let boots = jsonl(&dir.join("boots.jsonl"));
+    assert_eq!(boots[0]["gate"]["outcome"], "exact", "{run}");
+    assert_eq!(boots[1]["kernel"]["pinned"], "yes");
+    let records = records(&sb);
+    assert_eq!(records.len(), 1, "{run}");
+    let name = records[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("qmv-pin-tax-mixed-"), "{name}");
+    assert!(records[0].with_extension("svg").is_file(), "the record's plot is beside it{run}");
+    let text = fs::read_to_string(&records[0]).unwrap();
+    assert!(
+        text.contains("| order | A B |") && text.contains("## Windows") && text.contains("outcome=exact"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_mixed_arm_whose_gate_declines_fails_its_boot_and_the_run() {
+    let sb = Sandbox::new();
+    // A probe that is never exact: arm A (nothing allowed) declines and decodes classically,
+    // so it is not the arm it claims to be; arm B (inexact allowed) speculates.
+    let run = mixed(&sb, stand_in(), &["--max-tokens", "40"], &[("STAND_IN_PROBE", "inexact")]);
+    run.expect_code(1)
+        .expect_stderr(
+            "arm identity: the A boot's gate says outcome=inexact-declined qmv_wide=on (expected outcome=exact qmv_wide=on or outcome=exact-without-qmv-wide qmv_wide=off)",
+        )
+        .expect_stderr("exit 1: 1 windows failed")
+        .expect_stderr("exit 1: no counted window for arm A")
+        .expect_stdout("failed boots: 1")
+        .expect_stdout("gate says outcome=inexact-declined");
+    let dir = run_dir(&sb.path("runs"));
+    let passes = jsonl(&dir.join("passes.jsonl"));
+    assert_eq!(passes.len(), 4, "{run}");
+    assert!(passes[1]["reason"].as_str().unwrap().starts_with("not run: arm identity"), "{run}");
+    // The B boot ran and counted.
+    assert_eq!((passes[3]["arm"].as_str(), passes[3]["ok"].as_bool()), (Some("B"), Some(true)), "{run}");
+    assert_eq!(jsonl(&dir.join("boots.jsonl"))[1]["gate"]["outcome"], "inexact-allowed", "{run}");
+
+    // Refused before anything runs: an inherited gate variable, a bad order, a sweep flag.
+    let r = mixed(&Sandbox::new(), stand_in(), &[], &[("KILN_SPEC_ALLOW_INEXACT", "1")]);
+    r.expect_code(2).expect_stderr("KILN_SPEC_ALLOW_INEXACT=1 is set in the environment");
+    let r = mixed(&Sandbox::new(), stand_in(), &["--order", "A 1"], &[]);
+    r.expect_code(2).expect_stderr("--order: \"1\" is not an arm: expected A (default environment) or B");
+    let r = mixed(&Sandbox::new(), stand_in(), &["--passes", "2"], &[]);
+    r.expect_code(2).expect_stderr("--passes is for --mode sweep");
 }

@@ -561,6 +561,7 @@ impl<'m> Scheduler<'m> {
             }
             let want = s.job.request.max_tokens.saturating_sub(s.generated.len()).max(1);
             let before = stream.stats();
+            let wide_before = kiln_core::wide::qmv_wide_enabled();
             let t = Instant::now();
             let result = stream.step(&mut self.engine, &mut s.cache, &mut s.sampler, &mut self.gate, want);
             *took.get_or_insert(std::time::Duration::ZERO) += t.elapsed();
@@ -577,6 +578,15 @@ impl<'m> Scheduler<'m> {
                 } else {
                     tracing::info!("{}", report.message());
                 }
+            }
+            let wide_after = kiln_core::wide::qmv_wide_enabled();
+            if wide_after != wide_before {
+                // The start-up kernel line no longer says what every stream runs.
+                tracing::warn!(
+                    "kernel configuration changed: qmv_wide={} qmv_wide_pinned={}: the speculative gate switched qmv_wide for the whole process",
+                    if wide_after { "on" } else { "off" },
+                    if kiln_core::wide::qmv_wide_pinned_by_operator() { "yes" } else { "no" }
+                );
             }
             let after = stream.stats();
             let m = &self.metrics;

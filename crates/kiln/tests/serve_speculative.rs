@@ -185,6 +185,14 @@ fn the_gate_recipes_reach_the_server_log() {
             "outcome=declined-pinned model=synthetic:tiny k=4 kv_dtype=f16 qmv_wide=on:"
         };
         assert!(line.contains(level) && line.contains(want), "{line}{}", s.stderr());
+        // Dropping the wide kernel changes what the start-up kernel line said: logged.
+        let changed = "kernel configuration changed: qmv_wide=off qmv_wide_pinned=no:";
+        if speculates {
+            let line = s.wait_for("kernel configuration changed:");
+            assert!(line.contains("WARN") && line.contains(changed), "{line}{}", s.stderr());
+        } else {
+            assert!(!s.stderr().contains("kernel configuration changed:"), "{}", s.stderr());
+        }
         let (drafted, _) = counts(&usage).unwrap_or_else(|| panic!("no usage.speculative: {usage}"));
         assert_eq!(drafted > 0, speculates, "{usage}");
     }

@@ -2,10 +2,15 @@
 //! start-up lines (`kernel configuration: ...`, `listening on http://...`), `GET /health`
 //! and streaming OpenAI completions with usage, and can be told (by `STAND_IN_*`
 //! variables, test-only, never read by kiln) to misbehave the ways a real server can: a
-//! slow start, a malformed usage, dying mid-run, text that depends on the kernel arm.
+//! slow start, a malformed usage, dying mid-run, text that depends on the kernel arm, a
+//! probe of the exactness gate that is not exact. A request with `"speculative": true`
+//! gets kiln's usage extension and, the first time, the gate's line, decided from
+//! `KILN_QMV_WIDE` and `KILN_SPEC_ALLOW_INEXACT` as kiln decides it (the probe's result
+//! from `STAND_IN_PROBE`: `exact`, the default; `inexact-wide`; `inexact`).
 //! It generates deterministic text from the prompt; it does no inference.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Once;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -38,6 +43,7 @@ fn main() {
         args.iter().position(|a| a == "--port").and_then(|i| args.get(i + 1)?.parse().ok()).unwrap_or(0);
     std::thread::sleep(Duration::from_millis(env_u64("STAND_IN_START_DELAY_MS")));
     let (on, pinned) = wide();
+    WIDE_AFTER.store(on, Ordering::SeqCst);
     eprintln!(
         "2026-01-01T00:00:00Z  INFO kiln_serve: kernel configuration: isa=scalar threads=1 qmv_wide={} qmv_wide_pinned={}",
         if on { "on" } else { "off" },
@@ -56,7 +62,7 @@ fn main() {
         eprintln!("2026-01-01T00:00:00Z  INFO kiln_serve: listening on http://{addr}");
         loop {
             let Ok((sock, _)) = listener.accept().await else { continue };
-            tokio::spawn(handle(sock, on));
+            tokio::spawn(handle(sock, on, pinned));
         }
     });
 }
@@ -64,7 +70,35 @@ fn main() {
 /// Completion requests seen so far.
 static REQUESTS: AtomicU64 = AtomicU64::new(0);
 
-async fn handle(mut sock: TcpStream, on: bool) {
+/// The switch after the gate's decision.
+static WIDE_AFTER: AtomicBool = AtomicBool::new(true);
+static GATE: Once = Once::new();
+
+/// The gate's decision as docs/environment-variables.md orders it: `(outcome, speculates)`.
+fn gate(on: bool, pinned: bool) -> (&'static str, bool) {
+    let probe = std::env::var("STAND_IN_PROBE").unwrap_or_default();
+    let exact = |wide: bool| match probe.as_str() {
+        "inexact" => false,
+        "inexact-wide" => !wide,
+        _ => true,
+    };
+    let allow = std::env::var("KILN_SPEC_ALLOW_INEXACT").is_ok_and(|v| v == "1");
+    WIDE_AFTER.store(on, Ordering::SeqCst);
+    if exact(on) {
+        return ("exact", true);
+    }
+    if !pinned && on && exact(false) {
+        WIDE_AFTER.store(false, Ordering::SeqCst);
+        return ("exact-without-qmv-wide", true);
+    }
+    match (allow, pinned) {
+        (true, _) => ("inexact-allowed", true),
+        (false, true) => ("declined-pinned", false),
+        (false, false) => ("inexact-declined", false),
+    }
+}
+
+async fn handle(mut sock: TcpStream, on: bool, pinned: bool) {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     let head_end = loop {
@@ -120,8 +154,27 @@ async fn handle(mut sock: TcpStream, on: bool) {
         .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n")
         .await;
     let token_ms = env_u64("STAND_IN_TOKEN_MS").max(1);
+    let mut speculates = false;
+    if body["speculative"] == json!(true) {
+        GATE.call_once(|| {
+            let (outcome, _) = gate(on, pinned);
+            let after = if WIDE_AFTER.load(Ordering::SeqCst) { "on" } else { "off" };
+            eprintln!(
+                "2026-01-01T00:00:00Z  WARN kiln_serve::scheduler: speculative gate outcome={outcome} model=stand-in k=4 kv_dtype=f16 qmv_wide={after}: as the stand-in decided"
+            );
+            if (after == "on") != on {
+                eprintln!(
+                    "2026-01-01T00:00:00Z  WARN kiln_serve::scheduler: kernel configuration changed: qmv_wide={after} qmv_wide_pinned=no: the speculative gate switched qmv_wide for the whole process"
+                );
+            }
+        });
+        speculates = gate_speculates();
+    }
+    // A speculating stream decodes twice as fast, as if half of every draft were accepted.
+    let step =
+        if speculates { Duration::from_micros(token_ms * 500) } else { Duration::from_millis(token_ms) };
     for i in 0..max {
-        tokio::time::sleep(Duration::from_millis(token_ms)).await;
+        tokio::time::sleep(step).await;
         seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         let word = format!(" w{}", (seed >> 33) % 1000);
         let ev = if chat {
@@ -136,9 +189,23 @@ async fn handle(mut sock: TcpStream, on: bool) {
     }
     let completion = if flag("STAND_IN_BAD_USAGE") { json!({"n": max}) } else { json!(max) };
     let words = prompt_tokens;
-    let usage = json!({"choices": [], "usage": {
+    let mut usage = json!({"choices": [], "usage": {
         "prompt_tokens": words, "completion_tokens": completion, "total_tokens": words as u64 + max,
         "prompt_tokens_details": {"cached_tokens": 0}}});
+    if speculates {
+        usage["usage"]["speculative"] = json!({"drafted": max, "accepted": max / 2});
+    }
     let _ = sock.write_all(format!("data: {usage}\n\ndata: [DONE]\n\n").as_bytes()).await;
     let _ = sock.shutdown().await;
+}
+
+/// Whether the gate's decision (made once per process) lets streams speculate.
+fn gate_speculates() -> bool {
+    let (on, pinned) = wide();
+    // The decision is a pure function of the environment, so it can be replayed; the
+    // switch it set is kept from the first call.
+    let wide_now = WIDE_AFTER.load(Ordering::SeqCst);
+    let (_, speculates) = gate(on, pinned);
+    WIDE_AFTER.store(wide_now, Ordering::SeqCst);
+    speculates
 }

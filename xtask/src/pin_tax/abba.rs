@@ -1,9 +1,10 @@
 //! The ABBA boot driver every mode shares: for each boot of the order, a port preflight,
 //! a quiet check, `kiln serve` booted with its arm pinned, liveness before every
 //! readiness probe, the arm's identity from the kernel line, a discarded warm-up pass and
-//! the measured passes, then SIGTERM, grace, SIGKILL of the group. Every pass is written
-//! (flushed) as it ends, failures with their reason; a signal stops the server, keeps
-//! what was written and never boots the next arm.
+//! the measured passes (for arms that speculate, the identity is checked again from the
+//! exactness gate's line once the warm-up has made it verify), then SIGTERM, grace,
+//! SIGKILL of the group. Every pass is written (flushed) as it ends, failures with their
+//! reason; a signal stops the server, keeps what was written and never boots the next arm.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use super::arms::{Arm, KernelLine, Order, check_identity};
+use super::arms::{Arm, GateLine, KernelLine, Order, check_gate, check_identity};
 use crate::child::{self, Shutdown};
 use crate::quiet::{self, Limits, Probe, Reading};
 use crate::serve_bench::client::Target;
@@ -71,6 +72,13 @@ pub struct CellMeasure {
     pub prompt_tokens: Option<u64>,
     /// Its `usage.prompt_tokens_details.cached_tokens`.
     pub cached_tokens: Option<u64>,
+    /// Why the measurement does not count although every request completed (a mixed
+    /// window whose speculative stream did not cover it, or had not drained).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub invalid: Option<String>,
+    /// What a mode records beyond the metrics (a mixed window's timeline).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<serde_json::Value>,
 }
 
 /// What a mode supplies: its cells, its server arguments and one pass over the cells.
@@ -79,10 +87,18 @@ pub struct CellMeasure {
 pub trait Mode {
     /// `sweep`, `mixed`, ...
     fn name(&self) -> &'static str;
+    /// What one measured unit is called in progress lines: `pass`, `window`.
+    fn unit(&self) -> &'static str {
+        "pass"
+    }
     /// The cells, in pass order.
     fn cells(&self) -> Vec<CellDef>;
     /// Extra `kiln serve` arguments this mode needs.
     fn server_args(&self) -> Vec<OsString>;
+    /// Which arms the result compares, and which way round.
+    fn design(&self) -> super::analysis::Design;
+    /// The plot beside the tables.
+    fn panels(&self, rows: &[super::analysis::TaxRow], passes: &[PassRecord]) -> Vec<crate::plot::Panel>;
     /// One pass over every cell. `pass` (0 = warm-up) seeds the prompts, so the same pass
     /// of every boot sends the same requests.
     fn run_pass(
@@ -141,6 +157,9 @@ pub struct PassRecord {
     pub ok: bool,
     /// Why not.
     pub reason: Option<String>,
+    /// Why it does not count although it completed (a cell's `invalid`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub invalid: Option<String>,
     /// Why it was measured on a busy machine, if it was.
     pub disturbed: Option<String>,
     /// What ran beside it.
@@ -162,6 +181,8 @@ pub struct BootRecord {
     pub pid: Option<i32>,
     /// The parsed kernel line.
     pub kernel: Option<KernelLine>,
+    /// The exactness gate's line, for arms that speculate.
+    pub gate: Option<GateLine>,
     /// Why the boot produced no passes, if it did not.
     pub failure: Option<String>,
     /// Port preflight and spawn, seconds.
@@ -320,7 +341,7 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
         let spec = ServerSpec {
             bin: plan.kiln_bin.clone(),
             args,
-            env: vec![("KILN_QMV_WIDE".into(), arm.env_value().into())],
+            env: arm.env(),
             log: plan.run_dir.join(&log_name),
             cwd: plan.cwd.clone(),
         };
@@ -331,6 +352,7 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
             arm,
             pid: Some(srv.pid()),
             kernel: None,
+            gate: None,
             failure: None,
             preflight_s,
             quiet_check_s,
@@ -379,6 +401,7 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
             }
         };
         let mut dead: Option<String> = None;
+        let mut skip: Option<String> = None;
         if let Some(target) = target {
             let mut last = reading;
             for pass in 0..=plan.passes {
@@ -386,13 +409,12 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
                     out.interrupted = Some(sig);
                     break;
                 }
-                if let Some(how) = &dead {
-                    let rp = failed_pass(
-                        boot,
-                        arm,
-                        pass,
-                        format!("not run: the server {how} in an earlier pass of this boot"),
-                    );
+                if let Some(how) = dead
+                    .as_ref()
+                    .map(|h| format!("the server {h} in an earlier pass of this boot"))
+                    .or_else(|| skip.clone())
+                {
+                    let rp = failed_pass(boot, arm, pass, format!("not run: {how}"));
                     w.pass(&rp)?;
                     out.passes.push(rp);
                     done_units += 1;
@@ -419,6 +441,7 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
                 };
                 let reading = probe.and_then(|p| p.finish());
                 last = reading;
+                let invalid = cells.iter().find_map(|c| c.invalid.clone());
                 let requests: usize = cells.iter().map(|c| c.requests).sum();
                 let failed: usize = cells.iter().map(|c| c.failed).sum();
                 // Failed requests may mean a dying server: let it finish dying, so the pass
@@ -438,6 +461,7 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
                     pass,
                     ok: reason.is_none(),
                     reason,
+                    invalid,
                     disturbed: reading.and_then(|r| r.busy(plan.busy)),
                     quiet: reading,
                     elapsed_s: tp.elapsed().as_secs_f64(),
@@ -445,12 +469,16 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
                 };
                 w.pass(&rp)?;
                 done_units += 1;
-                let what =
-                    if pass == 0 { "warm-up".to_string() } else { format!("pass {pass}/{}", plan.passes) };
-                let state = match (&rp.reason, &rp.disturbed) {
-                    (Some(r), _) => format!("FAILED: {r}"),
-                    (None, Some(d)) => format!("ok, disturbed: {d}"),
-                    (None, None) => "ok".to_string(),
+                let what = if pass == 0 {
+                    "warm-up".to_string()
+                } else {
+                    format!("{} {pass}/{}", mode.unit(), plan.passes)
+                };
+                let state = match (&rp.reason, &rp.invalid, &rp.disturbed) {
+                    (Some(r), _, _) => format!("FAILED: {r}"),
+                    (None, Some(i), _) => format!("INVALID: {i}"),
+                    (None, None, Some(d)) => format!("ok, disturbed: {d}"),
+                    (None, None, None) => "ok".to_string(),
                 };
                 eprintln!(
                     "[boot {boot}/{boots}] {} {what}: {state} ({:.1} s); {}",
@@ -459,6 +487,22 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
                     progress(done_units)
                 );
                 out.passes.push(rp);
+                // The gate logs at the first verify, which the warm-up made happen.
+                if pass == 0 && dead.is_none() && arm.expects_gate() {
+                    match wait_gate(&srv, arm) {
+                        Ok(g) => {
+                            if let Some(g) = &g {
+                                eprintln!("    gate: outcome={} qmv_wide={}", g.outcome, g.qmv_wide);
+                            }
+                            rec.gate = g;
+                        }
+                        Err(e) => {
+                            eprintln!("[boot {boot}/{boots}] {} FAILED: {e}", arm.as_str());
+                            rec.failure = Some(e.clone());
+                            skip = Some(e);
+                        }
+                    }
+                }
             }
         } else if out.interrupted.is_none() {
             let why = rec.failure.clone().unwrap_or_default();
@@ -495,6 +539,19 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
     Ok(out)
 }
 
+/// The gate's line of a speculating arm, checked; the log is given a moment to catch up
+/// with the stream that made the gate decide.
+fn wait_gate(srv: &Server, arm: Arm) -> Result<Option<GateLine>, String> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let r = check_gate(arm, &srv.log_text());
+        if r.is_ok() || Instant::now() >= deadline {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn failed_pass(boot: usize, arm: Arm, pass: usize, reason: String) -> PassRecord {
     PassRecord {
         boot,
@@ -502,6 +559,7 @@ fn failed_pass(boot: usize, arm: Arm, pass: usize, reason: String) -> PassRecord
         pass,
         ok: false,
         reason: Some(reason),
+        invalid: None,
         disturbed: None,
         quiet: None,
         elapsed_s: 0.0,

@@ -1,7 +1,7 @@
-//! From the passes to the tax: per cell and metric the narrow/wide ratio with its 95%
-//! interval from the ABBA pairs, each arm's spread against the trust limit, the samples
-//! each arm has, the contamination rule, a verdict, and the text of the summary and of
-//! the dated record.
+//! From the passes to the tax: per cell and metric the ratio of the two arms (narrow/wide
+//! in the sweep, B/A in the mixed mode: a [`Design`]) with its 95% interval from the ABBA
+//! pairs, each arm's spread against the trust limit, the samples each arm has, the
+//! contamination rule, a verdict, and the text of the summary and of the dated record.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -9,6 +9,52 @@ use std::fmt::Write as _;
 use super::abba::{Better, BootRecord, CellDef, PassRecord};
 use super::arms::{Arm, Order};
 use super::stats::{self, Ratio};
+
+/// Which arms a mode compares, and which way round.
+#[derive(Clone, Copy, Debug)]
+pub struct Design {
+    /// The ratio's numerator arm.
+    pub num: Arm,
+    /// Its denominator arm.
+    pub den: Arm,
+    /// Whether the numerator is the arm that carries the pin (the sweep's narrow arm),
+    /// so the cost is the numerator's; else it is the denominator's (the mixed mode's A).
+    pub num_pinned: bool,
+    /// How the verdict names the cost: `the pin costs`, `bystander cost`.
+    pub cost_name: &'static str,
+    /// The same, before a signed figure: `pin`, `bystander cost`.
+    pub cost_short: &'static str,
+}
+
+impl Design {
+    /// The sweep: narrow/wide.
+    pub const SWEEP: Design = Design {
+        num: Arm::Narrow,
+        den: Arm::Wide,
+        num_pinned: true,
+        cost_name: "the pin costs",
+        cost_short: "pin",
+    };
+    /// The mixed mode: B/A, the cost carried by A's bystanders.
+    pub const MIXED: Design = Design {
+        num: Arm::B,
+        den: Arm::A,
+        num_pinned: false,
+        cost_name: "bystander cost",
+        cost_short: "bystander cost",
+    };
+
+    /// `narrow/wide`, `B/A`.
+    pub fn ratio_name(&self) -> String {
+        format!("{}/{}", self.num.as_str(), self.den.as_str())
+    }
+
+    /// The pinned arm's cost in percent of the other's (positive: the pin costs).
+    pub fn cost_pct(&self, better: Better, ratio: f64) -> f64 {
+        let r = if self.num_pinned { ratio } else { 1.0 / ratio };
+        cost_pct(better, r)
+    }
+}
 
 /// One line of the result: a cell and a metric.
 #[derive(Clone, Debug)]
@@ -20,19 +66,19 @@ pub struct TaxRow {
     /// Which way it improves.
     pub better: Better,
     /// Measured passes that count, per arm.
-    pub narrow_n: usize,
+    pub num_n: usize,
     /// Same, wide.
-    pub wide_n: usize,
+    pub den_n: usize,
     /// Mean of the narrow passes.
-    pub narrow_mean: Option<f64>,
+    pub num_mean: Option<f64>,
     /// Mean of the wide passes.
-    pub wide_mean: Option<f64>,
-    /// narrow / wide over the ABBA pairs.
+    pub den_mean: Option<f64>,
+    /// num / den over the ABBA pairs.
     pub ratio: Option<Ratio>,
     /// Spread of each arm's passes, percent.
-    pub spread_narrow: Option<f64>,
+    pub spread_num: Option<f64>,
     /// Same, wide.
-    pub spread_wide: Option<f64>,
+    pub spread_den: Option<f64>,
     /// Outputs differed: reported, never averaged in.
     pub contaminated: bool,
     /// What the numbers say.
@@ -62,44 +108,65 @@ pub fn contaminated(passes: &[PassRecord]) -> BTreeMap<String, Vec<String>> {
 }
 
 /// The tax table.
-pub fn analyse(cells: &[CellDef], order: &Order, passes: &[PassRecord], trust_pct: f64) -> Vec<TaxRow> {
+pub fn analyse(
+    cells: &[CellDef],
+    order: &Order,
+    passes: &[PassRecord],
+    trust_pct: f64,
+    design: Design,
+) -> Vec<TaxRow> {
     let dirty = contaminated(passes);
     let mut rows = Vec::new();
     for cell in cells {
         for m in &cell.metrics {
             // Per-pass values of measured passes that count.
             let value = |p: &PassRecord| -> Option<f64> {
-                if !p.ok || p.pass == 0 {
+                if !p.ok || p.invalid.is_some() || p.pass == 0 {
                     return None;
                 }
                 p.cells.iter().find(|c| c.cell == cell.name)?.metrics.get(m.name).copied()
             };
             let arm_values =
                 |arm: Arm| -> Vec<f64> { passes.iter().filter(|p| p.arm == arm).filter_map(value).collect() };
-            let (nv, wv) = (arm_values(Arm::Narrow), arm_values(Arm::Wide));
-            let boot_mean = |boot: usize| -> Option<f64> {
-                let v: Vec<f64> = passes.iter().filter(|p| p.boot == boot + 1).filter_map(value).collect();
-                (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+            let (nv, wv) = (arm_values(design.num), arm_values(design.den));
+            // Each boot's value per pass number; a pair compares its two boots over the
+            // pass numbers that count in both, so a pass lost in one boot drops its
+            // partner too (the same pass of every boot sends the same requests).
+            let by_pass = |boot: usize| -> BTreeMap<usize, f64> {
+                passes
+                    .iter()
+                    .filter(|p| p.boot == boot + 1)
+                    .filter_map(|p| Some((p.pass, value(p)?)))
+                    .collect()
             };
-            let pairs: Vec<(f64, f64)> =
-                order.pairs().into_iter().filter_map(|(n, w)| Some((boot_mean(n)?, boot_mean(w)?))).collect();
+            let pairs: Vec<(f64, f64)> = order
+                .pairs_of(design.num, design.den)
+                .into_iter()
+                .filter_map(|(n, w)| {
+                    let (n, w) = (by_pass(n), by_pass(w));
+                    let both: Vec<usize> = n.keys().filter(|k| w.contains_key(k)).copied().collect();
+                    let mean =
+                        |m: &BTreeMap<usize, f64>| both.iter().map(|k| m[k]).sum::<f64>() / both.len() as f64;
+                    (!both.is_empty()).then(|| (mean(&n), mean(&w)))
+                })
+                .collect();
             let ratio = stats::ratio(&pairs);
             let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
             let mut row = TaxRow {
                 cell: cell.name.clone(),
                 metric: m.name.to_string(),
                 better: m.better,
-                narrow_n: nv.len(),
-                wide_n: wv.len(),
-                narrow_mean: mean(&nv),
-                wide_mean: mean(&wv),
+                num_n: nv.len(),
+                den_n: wv.len(),
+                num_mean: mean(&nv),
+                den_mean: mean(&wv),
                 ratio,
-                spread_narrow: stats::spread_pct(&nv),
-                spread_wide: stats::spread_pct(&wv),
+                spread_num: stats::spread_pct(&nv),
+                spread_den: stats::spread_pct(&wv),
                 contaminated: dirty.contains_key(&cell.name),
                 verdict: String::new(),
             };
-            row.verdict = verdict(&row, trust_pct);
+            row.verdict = verdict(&row, trust_pct, design);
             rows.push(row);
         }
     }
@@ -114,20 +181,20 @@ pub fn cost_pct(better: Better, ratio: f64) -> f64 {
     }
 }
 
-fn verdict(r: &TaxRow, trust_pct: f64) -> String {
+fn verdict(r: &TaxRow, trust_pct: f64, design: Design) -> String {
     if r.contaminated {
         return "contaminated: outputs differ across arms; excluded".into();
     }
     let Some(ratio) = r.ratio else {
         return "no pair with data in both arms".into();
     };
-    let untrusted: Vec<String> = [("narrow", r.spread_narrow), ("wide", r.spread_wide)]
+    let untrusted: Vec<String> = [(design.num.as_str(), r.spread_num), (design.den.as_str(), r.spread_den)]
         .iter()
         .filter_map(|(a, s)| s.filter(|s| *s > trust_pct).map(|s| format!("{a} spread {s:.1}%")))
         .collect();
-    let cost = cost_pct(r.better, ratio.ratio);
+    let cost = design.cost_pct(r.better, ratio.ratio);
     let Some((lo, hi)) = ratio.ci95 else {
-        return format!("one pair, no interval: pin {cost:+.1}%");
+        return format!("one pair, no interval: {} {cost:+.1}%", design.cost_short);
     };
     if !untrusted.is_empty() {
         return format!("untrusted: {} over the {trust_pct}% limit", untrusted.join(", "));
@@ -135,7 +202,7 @@ fn verdict(r: &TaxRow, trust_pct: f64) -> String {
     if lo <= 1.0 && 1.0 <= hi {
         format!("no tax detected ({cost:+.1}%, interval spans 1)")
     } else if cost > 0.0 {
-        format!("the pin costs {cost:.1}%")
+        format!("{} {cost:.1}%", design.cost_name)
     } else {
         format!("the pin gains {:.1}%", -cost)
     }
@@ -150,11 +217,12 @@ fn pct(v: Option<f64>) -> String {
 }
 
 /// The markdown tax table.
-pub fn table(rows: &[TaxRow]) -> String {
+pub fn table(rows: &[TaxRow], design: Design) -> String {
     let mut s = String::new();
+    let (n, d) = (design.num.as_str(), design.den.as_str());
     let _ = writeln!(
         s,
-        "| cell | metric | narrow n | wide n | narrow mean | wide mean | pairs | narrow/wide | 95% CI | spread narrow | spread wide | verdict |"
+        "| cell | metric | {n} n | {d} n | {n} mean | {d} mean | pairs | {n}/{d} | 95% CI | spread {n} | spread {d} | verdict |"
     );
     let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|");
     for r in rows {
@@ -171,15 +239,15 @@ pub fn table(rows: &[TaxRow]) -> String {
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.cell,
             r.metric,
-            r.narrow_n,
-            r.wide_n,
-            f(r.narrow_mean),
-            f(r.wide_mean),
+            r.num_n,
+            r.den_n,
+            f(r.num_mean),
+            f(r.den_mean),
             pairs,
             ratio,
             ci,
-            pct(r.spread_narrow),
-            pct(r.spread_wide),
+            pct(r.spread_num),
+            pct(r.spread_den),
             r.verdict
         );
     }
@@ -192,14 +260,16 @@ pub struct Findings {
     pub failed: Vec<String>,
     /// `boot N (arm) pass P: why`.
     pub disturbed: Vec<String>,
+    /// `boot N (arm) pass P: why`: completed but not counted.
+    pub invalid: Vec<String>,
     /// Cell -> differing keys.
     pub contaminated: BTreeMap<String, Vec<String>>,
 }
 
 /// Collects the findings.
-pub fn findings(passes: &[PassRecord]) -> Findings {
+pub fn findings(passes: &[PassRecord], unit: &str) -> Findings {
     let label = |p: &PassRecord| {
-        let what = if p.pass == 0 { "warm-up".to_string() } else { format!("pass {}", p.pass) };
+        let what = if p.pass == 0 { "warm-up".to_string() } else { format!("{unit} {}", p.pass) };
         format!("boot {} ({}) {what}", p.boot, p.arm.as_str())
     };
     Findings {
@@ -212,18 +282,32 @@ pub fn findings(passes: &[PassRecord]) -> Findings {
             .iter()
             .filter_map(|p| p.disturbed.as_ref().map(|d| format!("{}: {d}", label(p))))
             .collect(),
+        invalid: passes
+            .iter()
+            .filter(|p| p.ok)
+            .filter_map(|p| p.invalid.as_ref().map(|d| format!("{}: {d}", label(p))))
+            .collect(),
         contaminated: contaminated(passes),
     }
 }
 
 /// The summary printed at the end (also the body of the record).
-pub fn summary(rows: &[TaxRow], fnd: &Findings, boots: &[BootRecord], trust_pct: f64) -> String {
+pub fn summary(
+    rows: &[TaxRow],
+    fnd: &Findings,
+    boots: &[BootRecord],
+    trust_pct: f64,
+    design: Design,
+    unit: &str,
+) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "narrow/wide per cell and metric: the geometric mean of the ABBA pairs' ratios, 95% CI by a paired t interval on their logs; spread = (max - min) / mean of an arm's measured passes, trusted up to {trust_pct}%\n"
+        "{} per cell and metric: the geometric mean of the ABBA pairs' ratios, 95% CI by a paired t interval on their logs; spread = (max - min) / mean of an arm's measured {}, trusted up to {trust_pct}%\n",
+        design.ratio_name(),
+        plural(unit)
     );
-    s.push_str(&table(rows));
+    s.push_str(&table(rows, design));
     let _ = writeln!(s);
     let failed_boots: Vec<String> = boots
         .iter()
@@ -236,8 +320,12 @@ pub fn summary(rows: &[TaxRow], fnd: &Findings, boots: &[BootRecord], trust_pct:
         }
     };
     list(&mut s, "failed boots", &failed_boots);
-    list(&mut s, "failed passes", &fnd.failed);
-    list(&mut s, "disturbed passes (measured while other processes were busy)", &fnd.disturbed);
+    let units = plural(unit);
+    list(&mut s, &format!("failed {units}"), &fnd.failed);
+    if unit != "pass" {
+        list(&mut s, &format!("invalid {units} (completed, not counted)"), &fnd.invalid);
+    }
+    list(&mut s, &format!("disturbed {units} (measured while other processes were busy)"), &fnd.disturbed);
     let dirty: Vec<String> = fnd
         .contaminated
         .iter()
@@ -248,6 +336,11 @@ pub fn summary(rows: &[TaxRow], fnd: &Findings, boots: &[BootRecord], trust_pct:
         let _ = writeln!(s, "{t}");
     }
     s
+}
+
+/// `passes`, `windows`.
+pub fn plural(unit: &str) -> String {
+    if unit.ends_with('s') { format!("{unit}es") } else { format!("{unit}s") }
 }
 
 /// The plot: narrow/wide of each decode metric against B, with its 95% interval, and the
@@ -328,6 +421,7 @@ mod tests {
             pass: n,
             ok: true,
             reason: None,
+            invalid: None,
             disturbed: None,
             quiet: None,
             elapsed_s: 1.0,
@@ -340,6 +434,8 @@ mod tests {
                 hashes: [(format!("decode B=2/p{n}/0"), hash.to_string())].into(),
                 prompt_tokens: None,
                 cached_tokens: None,
+                invalid: None,
+                detail: None,
             }],
         }
     }
@@ -356,12 +452,12 @@ mod tests {
         let order = order_arg("1 0").unwrap();
         let same = vec![pass(1, Arm::Wide, 1, 100.0, "aa"), pass(2, Arm::Narrow, 1, 90.0, "aa")];
         assert!(contaminated(&same).is_empty());
-        let rows = analyse(&cells(), &order, &same, 4.0);
+        let rows = analyse(&cells(), &order, &same, 4.0, Design::SWEEP);
         assert!(!rows[0].contaminated);
         assert!(rows[0].verdict.starts_with("one pair, no interval: pin +11.1%"), "{}", rows[0].verdict);
         let differ = vec![pass(1, Arm::Wide, 1, 100.0, "aa"), pass(2, Arm::Narrow, 1, 90.0, "bb")];
         assert_eq!(contaminated(&differ)["decode B=2"], vec!["decode B=2/p1/0".to_string()]);
-        let rows = analyse(&cells(), &order, &differ, 4.0);
+        let rows = analyse(&cells(), &order, &differ, 4.0, Design::SWEEP);
         assert!(rows[0].contaminated);
         assert_eq!(rows[0].verdict, "contaminated: outputs differ across arms; excluded");
     }
@@ -379,9 +475,9 @@ mod tests {
         let mut bad = pass(4, Arm::Wide, 1, 5.0, "a");
         bad.ok = false;
         ps.push(bad);
-        let rows = analyse(&cells(), &order, &ps, 4.0);
+        let rows = analyse(&cells(), &order, &ps, 4.0, Design::SWEEP);
         let r = &rows[0];
-        assert_eq!((r.narrow_n, r.wide_n), (2, 2));
+        assert_eq!((r.num_n, r.den_n), (2, 2));
         let ratio = r.ratio.unwrap();
         assert_eq!(ratio.pairs, 2);
         assert!((ratio.ratio - (0.9f64 * (91.0 / 101.0)).sqrt()).abs() < 1e-12);
@@ -390,7 +486,13 @@ mod tests {
         // Throughput 0.9x: the narrow arm needs 11.1% more time per token.
         assert!(r.verdict.starts_with("the pin costs 11."), "{}", r.verdict);
         assert_eq!(cost_pct(Better::Lower, 1.25), 25.0);
-        let fnd = findings(&ps);
+        let fnd = findings(&ps, "pass");
+        // A pass lost in one boot drops its partner: only pass 2 counts in both boots.
+        let mut p2 = vec![pass(1, Arm::Wide, 1, 100.0, "a"), pass(2, Arm::Narrow, 2, 80.0, "a")];
+        p2.push(pass(1, Arm::Wide, 2, 50.0, "a"));
+        let r = &analyse(&cells(), &order_arg("1 0").unwrap(), &p2, 4.0, Design::SWEEP)[0];
+        assert!((r.ratio.unwrap().ratio - 80.0 / 50.0).abs() < 1e-12, "{:?}", r.ratio);
+        assert_eq!((r.num_n, r.den_n), (1, 2), "each arm still counts all its passes");
         assert_eq!(fnd.failed, vec!["boot 4 (wide) pass 1: ".to_string()]);
     }
 }

@@ -1,12 +1,13 @@
 //! `cargo xtask qmv-pin-tax`: what the rest of a `kiln serve` process pays when
 //! `qmv_wide` is pinned off, priced by interleaved (ABBA) boots of both arms, each pinned
 //! explicitly. `abba` boots and measures, `arms` says which arm a boot is, `stats` and
-//! `analysis` turn passes into the tax; `sweep` is the first mode's cells. A new mode is
-//! a new [`abba::Mode`] beside `sweep`.
+//! `analysis` turn passes into the tax; `sweep` (the batched-decode cells) and `mixed`
+//! (one speculative stream beside classic ones) are the modes, each an [`abba::Mode`].
 
 pub mod abba;
 pub mod analysis;
 pub mod arms;
+pub mod mixed;
 pub mod stats;
 pub mod sweep;
 
@@ -20,7 +21,7 @@ use anyhow::{Context, Result};
 use xshell::Shell;
 
 use self::abba::{Mode, Plan};
-use self::arms::{Order, order_arg};
+use self::arms::{Order, mixed_order_arg, order_arg};
 use crate::child::{self, Shutdown};
 use crate::console::{self, usage};
 use crate::quiet::Limits;
@@ -31,6 +32,8 @@ use crate::serve_bench::list_arg;
 pub enum ModeArg {
     /// Batched decode at each concurrency, a prompt-cache hit, and prefill controls.
     Sweep,
+    /// Windows of one speculative stream beside classic streams; arms A and B.
+    Mixed,
 }
 
 /// Flags of `cargo xtask qmv-pin-tax`.
@@ -42,12 +45,33 @@ pub struct QmvPinTax {
     /// The model kiln serve loads.
     #[arg(short = 'm', long, value_name = "MODEL", default_value = "synthetic:qwen2.5-0.5b")]
     model: String,
-    /// Boot order: 1 = wide (KILN_QMV_WIDE=1), 0 = narrow (KILN_QMV_WIDE=0), as many of each.
-    #[arg(long, value_name = "ARMS", default_value = arms::DEFAULT_ORDER, value_parser = order_arg)]
-    order: Order,
-    /// Measured passes per boot, after one discarded warm-up pass.
-    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
-    passes: u64,
+    /// Boot order. Sweep: 1 = wide (KILN_QMV_WIDE=1), 0 = narrow (KILN_QMV_WIDE=0)
+    /// [default: "1 0 0 1 0 1 1 0"]. Mixed: A = default environment, B = KILN_QMV_WIDE=1
+    /// KILN_SPEC_ALLOW_INEXACT=1 [default: "A B B A"]. As many of each.
+    #[arg(long, value_name = "ARMS")]
+    order: Option<String>,
+    /// Sweep: measured passes per boot, after one discarded warm-up pass [default: 2].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    passes: Option<u64>,
+    /// Mixed: measured windows per boot, after one discarded warm-up window [default: 2].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    windows: Option<u64>,
+    /// Mixed: classic streams beside the speculative one in each window.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    classic_streams: u64,
+    /// Mixed: the speculative stream's max_tokens [default: sized from the boot's previous
+    /// window to outlast the classic streams; the first window gets max-tokens x (K + 1)].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    spec_max_tokens: Option<u64>,
+    /// Mixed: tokens of the passage the speculative prompt repeats (2.5 times).
+    #[arg(long, value_name = "N", default_value_t = 48, value_parser = clap::value_parser!(u64).range(2..))]
+    passage_tokens: u64,
+    /// Mixed: kiln serve's --draft-tokens (K).
+    #[arg(long, value_name = "K", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=32))]
+    draft_tokens: u64,
+    /// Mixed: seconds the speculative stream may take to end after the classic streams.
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    drain_timeout: u64,
     /// The port every boot binds; nothing may answer on it before a boot.
     #[arg(long, value_name = "PORT", default_value_t = 8113, value_parser = clap::value_parser!(u16).range(1..))]
     port: u16,
@@ -57,9 +81,9 @@ pub struct QmvPinTax {
     /// Requests per stream in a decode cell.
     #[arg(long, value_name = "N", default_value_t = 1)]
     rounds: usize,
-    /// Tokens generated per decode request.
-    #[arg(long, value_name = "N", default_value_t = 32)]
-    max_tokens: u64,
+    /// Tokens generated per decode request (mixed: per classic stream) [default: 32; mixed: 64].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(2..))]
+    max_tokens: Option<u64>,
     /// Prompt tokens of a decode request.
     #[arg(long, value_name = "N", default_value_t = 16)]
     decode_prompt: u64,
@@ -130,12 +154,33 @@ impl QmvPinTax {
     pub fn run(self, sh: &Shell) -> Result<ExitCode> {
         let root = sh.current_dir();
         // Up front, before anything is built or booted: an inherited pin collapses the arms.
-        let inherited = arms::inherited_arm_vars(|k| std::env::var(k).ok());
+        let vars: &[&str] = match self.mode {
+            ModeArg::Sweep => &arms::ARM_VARS,
+            ModeArg::Mixed => &arms::MIXED_ARM_VARS,
+        };
+        let inherited = arms::inherited_arm_vars(vars, |k| std::env::var(k).ok());
         if !inherited.is_empty() {
             usage!(
                 "{} is set in the environment: the driver pins each arm itself, and an inherited value would make both arms one kernel; unset it and run again",
                 inherited.join(", ")
             );
+        }
+        let order = match (self.mode, self.order.as_deref()) {
+            (ModeArg::Sweep, o) => order_arg(o.unwrap_or(arms::DEFAULT_ORDER)),
+            (ModeArg::Mixed, o) => mixed_order_arg(o.unwrap_or(arms::DEFAULT_MIXED_ORDER)),
+        };
+        let order = match order {
+            Ok(o) => o,
+            Err(e) => usage!("--order: {e}"),
+        };
+        match (self.mode, self.passes, self.windows) {
+            (ModeArg::Sweep, _, Some(_)) => {
+                usage!("--windows is for --mode mixed: the sweep measures --passes")
+            }
+            (ModeArg::Mixed, Some(_), _) => {
+                usage!("--passes is for --mode sweep: the mixed mode measures --windows")
+            }
+            _ => {}
         }
         let positive = |x: f64| x.is_finite() && x > 0.0;
         if !positive(self.trust_limit) || !(positive(self.busy_cpus) || self.busy_cpus == 0.0) {
@@ -161,28 +206,55 @@ impl QmvPinTax {
         if !self.no_record {
             crate::runs::check_writable(&record_dir, "--record-dir")?;
         }
-        let mode = match self.mode {
-            ModeArg::Sweep => sweep::Sweep {
-                concurrency: self.concurrency.0.clone(),
-                rounds: self.rounds.max(1),
-                decode_prompt: self.decode_prompt,
-                max_tokens: self.max_tokens,
-                prefix: self.prefix_tokens,
-                suffix: self.suffix_tokens,
-                cache_requests: self.cache_requests.max(1),
-                prefill_tokens: self.prefill_tokens,
-                chunked_tokens: self.chunked_tokens,
-                prefill_requests: self.prefill_requests.max(1),
-                served: self.model.clone(),
-            },
-        };
+        let ctx = Ctx { root, runs_dir, record_dir, engine, order, shutdown };
+        match self.mode {
+            ModeArg::Sweep => {
+                let mode = sweep::Sweep {
+                    concurrency: self.concurrency.0.clone(),
+                    rounds: self.rounds.max(1),
+                    decode_prompt: self.decode_prompt,
+                    max_tokens: self.max_tokens.unwrap_or(32),
+                    prefix: self.prefix_tokens,
+                    suffix: self.suffix_tokens,
+                    cache_requests: self.cache_requests.max(1),
+                    prefill_tokens: self.prefill_tokens,
+                    chunked_tokens: self.chunked_tokens,
+                    prefill_requests: self.prefill_requests.max(1),
+                    served: self.model.clone(),
+                };
+                self.drive(&mode, self.passes.unwrap_or(2), ctx)
+            }
+            ModeArg::Mixed => {
+                let mode = mixed::Mixed::new(
+                    self.classic_streams as usize,
+                    self.max_tokens.unwrap_or(64),
+                    self.decode_prompt,
+                    self.spec_max_tokens,
+                    self.passage_tokens,
+                    self.draft_tokens as usize,
+                    Duration::from_secs(self.drain_timeout),
+                    self.model.clone(),
+                );
+                self.drive(&mode, self.windows.unwrap_or(2), ctx)
+            }
+        }
+    }
+
+    /// Boots the order with `mode`, then analyses, summarises, plots and records.
+    fn drive<M: Mode + std::fmt::Debug>(&self, mode: &M, passes: u64, ctx: Ctx) -> Result<ExitCode> {
+        let Ctx { root, runs_dir, record_dir, engine, order, shutdown } = ctx;
+        let unit = mode.unit();
+        let design = mode.design();
         let run_dir = crate::runs::create_run_dir(&runs_dir, "qmv-pin-tax")?;
         let (mut env, device) = crate::runs::fingerprint(&root, Some(&engine));
         env["qmv_pin_tax"] = serde_json::json!({
             "mode": mode.name(),
             "model": self.model,
-            "order": self.order.0,
-            "passes": self.passes,
+            "order": order.tokens(),
+            "arms": order.0.iter().map(|a| a.to_string()).collect::<std::collections::BTreeSet<_>>(),
+            "passes": passes,
+            "unit": unit,
+            "sizes": format!("{mode:?}"),
             "port": self.port,
             "cells": mode.cells().iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
             "serve_args": self.serve_args,
@@ -190,21 +262,21 @@ impl QmvPinTax {
             "require_quiet": self.require_quiet,
             "busy_cpus": self.busy_cpus,
             "trust_limit_pct": self.trust_limit,
-            "statistics": "narrow/wide = geometric mean of ABBA pair ratios; 95% CI = paired t interval on log ratios",
+            "statistics": format!("{} = geometric mean of ABBA pair ratios; 95% CI = paired t interval on log ratios", design.ratio_name()),
         });
         crate::runs::write_env_json(&run_dir, &env)?;
         eprintln!(
-            "qmv-pin-tax --mode {}: {} boots ({}), 1 warm-up + {} passes each, {} cells; run directory {}",
+            "qmv-pin-tax --mode {}: {} boots ({}), 1 warm-up + {passes} {} each, {} cells; run directory {}",
             mode.name(),
-            self.order.0.len(),
-            self.order.0.iter().map(|a| a.env_value()).collect::<Vec<_>>().join(" "),
-            self.passes,
+            order.0.len(),
+            order.tokens(),
+            analysis::plural(unit),
             mode.cells().len(),
             display(&root, &run_dir)
         );
         let plan = Plan {
-            order: self.order.clone(),
-            passes: self.passes as usize,
+            order: order.clone(),
+            passes: passes as usize,
             port: self.port,
             model: self.model.clone(),
             kiln_bin: engine.bin.clone(),
@@ -219,13 +291,22 @@ impl QmvPinTax {
             run_dir: run_dir.clone(),
             cwd: root.clone(),
         };
-        let out = abba::run(&mode, &plan, &shutdown)?;
+        let out = abba::run(mode, &plan, &shutdown)?;
         let cells = mode.cells();
-        let rows = analysis::analyse(&cells, &self.order, &out.passes, self.trust_limit);
-        let fnd = analysis::findings(&out.passes);
-        let mut text = analysis::summary(&rows, &fnd, &out.boots, self.trust_limit);
-        let planned = self.order.0.len() * (self.passes as usize + 1);
-        let _ = writeln!(text, "passes written: {} of {planned} planned", out.passes.len());
+        let rows = analysis::analyse(&cells, &order, &out.passes, self.trust_limit, design);
+        let fnd = analysis::findings(&out.passes, unit);
+        let mut text = analysis::summary(&rows, &fnd, &out.boots, self.trust_limit, design, unit);
+        let planned = order.0.len() * (passes as usize + 1);
+        let _ =
+            writeln!(text, "{} written: {} of {planned} planned", analysis::plural(unit), out.passes.len());
+        // Samples per arm: an arm without a counted measurement leaves no ratio at all.
+        let empty: Vec<&str> = [design.num, design.den]
+            .iter()
+            .filter(|&&arm| {
+                !out.passes.iter().any(|p| p.arm == arm && p.ok && p.invalid.is_none() && p.pass > 0)
+            })
+            .map(|a| a.as_str())
+            .collect();
         if let Some(sig) = out.interrupted {
             let _ = writeln!(text, "interrupted by {}: partial summary", child::signal_name(sig));
         }
@@ -234,13 +315,13 @@ impl QmvPinTax {
         }
         fs::write(run_dir.join("summary.md"), &text).context("writing summary.md")?;
         let svg = run_dir.join("tax.svg");
-        if let Err(e) = crate::plot::write_svg(&svg, &analysis::panels(&rows)) {
+        if let Err(e) = crate::plot::write_svg(&svg, &mode.panels(&rows, &out.passes)) {
             eprintln!("warning: no plot: {e:#}");
         }
         let record = if self.no_record || out.passes.is_empty() {
             None
         } else {
-            Some(write_record(&record_dir, &device, &env, &self, &out, &text, &svg)?)
+            Some(write_record(&record_dir, &device, &env, self, &out, &text, &svg)?)
         };
         console::out(&format!("\n{text}"))?;
         if let Some(r) = &record {
@@ -251,11 +332,15 @@ impl QmvPinTax {
             return Ok(ExitCode::from(child::exit_code_for(sig)));
         }
         let mut reasons = Vec::new();
+        let aborted = out.aborted.is_some();
         if let Some(why) = out.aborted {
             reasons.push(why);
         }
         if !fnd.failed.is_empty() {
-            reasons.push(format!("{} passes failed", fnd.failed.len()));
+            reasons.push(format!("{} {} failed", fnd.failed.len(), analysis::plural(unit)));
+        }
+        if !empty.is_empty() && !aborted {
+            reasons.push(format!("no counted {unit} for arm {}", empty.join(", ")));
         }
         if !fnd.contaminated.is_empty() {
             reasons
@@ -299,7 +384,11 @@ fn write_record(
     let cpu = env["cpu"].as_str().unwrap_or("unknown");
     let cpus = env["cpus"].as_u64().unwrap_or(0) as usize;
     let date = chrono::Utc::now().format("%Y-%m-%d");
-    let stem = format!("qmv-pin-tax-{}-{date}", device_slug(backend, cpu, cpus));
+    let kind = match flags.mode {
+        ModeArg::Sweep => String::new(),
+        ModeArg::Mixed => "mixed-".to_string(),
+    };
+    let stem = format!("qmv-pin-tax-{kind}{}-{date}", device_slug(backend, cpu, cpus));
     let mut path = dir.join(format!("{stem}.md"));
     let mut i = 2;
     while path.exists() {
@@ -308,9 +397,13 @@ fn write_record(
     }
     let mut s = String::new();
     let _ = writeln!(s, "# qmv_wide pin tax, --mode {}: {device}, {date}\n", flags.mode_name());
+    let section = match flags.mode {
+        ModeArg::Sweep => "Reading the tax",
+        ModeArg::Mixed => "The mixed mode: bystanders of a speculative stream",
+    };
     let _ = writeln!(
         s,
-        "Generated by `cargo xtask qmv-pin-tax`; how to read it: docs/benchmarks.md, \"Reading the tax\".\n"
+        "Generated by `cargo xtask qmv-pin-tax`; how to read it: docs/benchmarks.md, \"{section}\".\n"
     );
     let _ = writeln!(s, "| | |\n|---|---|");
     let cmd =
@@ -321,8 +414,15 @@ fn write_record(
         ("host", env["host"].as_str().unwrap_or("").to_string()),
         ("device", device.to_string()),
         ("model", flags.model.clone()),
-        ("order", flags.order.0.iter().map(|a| a.env_value()).collect::<Vec<_>>().join(" ")),
-        ("passes", format!("1 warm-up + {} measured per boot", flags.passes)),
+        ("order", env["qmv_pin_tax"]["order"].as_str().unwrap_or("").to_string()),
+        (
+            "passes",
+            format!(
+                "1 warm-up + {} measured {} per boot",
+                env["qmv_pin_tax"]["passes"],
+                analysis::plural(env["qmv_pin_tax"]["unit"].as_str().unwrap_or("pass"))
+            ),
+        ),
         (
             "cells",
             env["qmv_pin_tax"]["cells"].as_array().map_or(String::new(), |a| {
@@ -340,8 +440,89 @@ fn write_record(
     if fs::copy(svg, &plot).is_ok()
         && let Some(name) = plot.file_name()
     {
-        let _ = writeln!(s, "![narrow/wide against B]({})\n", name.to_string_lossy());
+        let _ = writeln!(s, "![the plot of the result]({})\n", name.to_string_lossy());
     }
+    if flags.mode == ModeArg::Mixed {
+        window_table(&mut s, out);
+    } else {
+        prompt_table(&mut s, out);
+    }
+    let _ = writeln!(s, "## Boots\n");
+    let _ = writeln!(
+        s,
+        "| boot | arm | kernel line | gate line | ready after s | stop s | SIGKILL needed | failure |"
+    );
+    let _ = writeln!(s, "|---:|---|---|---|---:|---:|---|---|");
+    for b in &out.boots {
+        let k = b.kernel.as_ref().map_or("-".to_string(), |k| {
+            format!("isa={} threads={} qmv_wide={} pinned={}", k.isa, k.threads, k.qmv_wide, k.pinned)
+        });
+        let g = b.gate.as_ref().map_or("-".to_string(), |g| {
+            format!("outcome={} k={} kv_dtype={} qmv_wide={}", g.outcome, g.k, g.kv_dtype, g.qmv_wide)
+        });
+        let _ = writeln!(
+            s,
+            "| {} | {} | {k} | {g} | {} | {:.2} | {} | {} |",
+            b.boot,
+            b.arm.as_str(),
+            b.ready_after_s.map_or("-".into(), |r| format!("{r:.2}")),
+            b.stop_s,
+            if b.killed { "yes" } else { "no" },
+            b.failure.as_deref().unwrap_or("")
+        );
+    }
+    fs::write(&path, s).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// The mixed record's per-window table, from each window's RESULT.
+fn window_table(s: &mut String, out: &abba::Outcome) {
+    let _ = writeln!(s, "## Windows\n");
+    let _ = writeln!(
+        s,
+        "Each window's RESULT (its line in passes.jsonl). Overlap: the share of the classic streams' decode span the speculative stream decoded through (at least 95% to count); drained: it ended before the next window.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| boot | arm | window | counted | overlap | drained | classic tok/s per stream | speculative tok/s | acceptance % | speculative max_tokens | why not |"
+    );
+    let _ = writeln!(s, "|---:|---|---|---|---:|---|---:|---:|---:|---:|---|");
+    let num = |v: Option<&f64>| v.map_or("-".to_string(), |x| format!("{x:.2}"));
+    for p in &out.passes {
+        let what = if p.pass == 0 { "warm-up".to_string() } else { p.pass.to_string() };
+        let Some(c) = p.cells.first() else {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {what} | no | - | - | - | - | - | - | {} |",
+                p.boot,
+                p.arm.as_str(),
+                p.reason.as_deref().unwrap_or("")
+            );
+            continue;
+        };
+        let r = c.detail.as_ref().map(|d| &d["RESULT"]);
+        let field = |k: &str| r.map(|r| r[k].clone()).unwrap_or_default();
+        let counted = p.ok && p.invalid.is_none() && p.pass > 0;
+        let _ = writeln!(
+            s,
+            "| {} | {} | {what} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            p.boot,
+            p.arm.as_str(),
+            if counted { "yes" } else { "no" },
+            field("overlap").as_f64().map_or("-".into(), |x| format!("{:.1}%", 100.0 * x)),
+            field("drained").as_bool().map_or("-", |d| if d { "yes" } else { "no" }),
+            num(c.metrics.get("classic tok/s per stream")),
+            num(c.metrics.get("speculative tok/s")),
+            num(c.metrics.get("acceptance %")),
+            field("spec_max_tokens"),
+            p.reason.as_deref().or(p.invalid.as_deref()).unwrap_or(if p.pass == 0 { "warm-up" } else { "" })
+        );
+    }
+    let _ = writeln!(s);
+}
+
+/// The sweep record's prompt-token table.
+fn prompt_table(s: &mut String, out: &abba::Outcome) {
     let _ = writeln!(s, "## Prompt tokens as the server counted them\n");
     let _ = writeln!(
         s,
@@ -364,34 +545,25 @@ fn write_record(
         );
     }
     let _ = writeln!(s);
-    let _ = writeln!(s, "## Boots\n");
-    let _ = writeln!(s, "| boot | arm | kernel line | ready after s | stop s | SIGKILL needed | failure |");
-    let _ = writeln!(s, "|---:|---|---|---:|---:|---|---|");
-    for b in &out.boots {
-        let k = b.kernel.as_ref().map_or("-".to_string(), |k| {
-            format!("isa={} threads={} qmv_wide={} pinned={}", k.isa, k.threads, k.qmv_wide, k.pinned)
-        });
-        let _ = writeln!(
-            s,
-            "| {} | {} | {k} | {} | {:.2} | {} | {} |",
-            b.boot,
-            b.arm.as_str(),
-            b.ready_after_s.map_or("-".into(), |r| format!("{r:.2}")),
-            b.stop_s,
-            if b.killed { "yes" } else { "no" },
-            b.failure.as_deref().unwrap_or("")
-        );
-    }
-    fs::write(&path, s).with_context(|| format!("writing {}", path.display()))?;
-    Ok(path)
 }
 
 impl QmvPinTax {
     fn mode_name(&self) -> &'static str {
         match self.mode {
             ModeArg::Sweep => "sweep",
+            ModeArg::Mixed => "mixed",
         }
     }
+}
+
+/// What `run` prepared for `drive`.
+struct Ctx {
+    root: PathBuf,
+    runs_dir: PathBuf,
+    record_dir: PathBuf,
+    engine: crate::runs::Engine,
+    order: Order,
+    shutdown: Shutdown,
 }
 
 fn display(root: &Path, p: &Path) -> String {

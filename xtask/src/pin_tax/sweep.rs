@@ -6,7 +6,8 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use super::abba::{Better, CellDef, CellMeasure, MetricDef, Mode};
+use super::abba::{Better, CellDef, CellMeasure, MetricDef, Mode, PassRecord};
+use super::analysis::{Design, TaxRow};
 use crate::serve_bench::client::{Endpoint, Prompt, RequestSpec, Target};
 use crate::serve_bench::load::{self, Arrival};
 use crate::serve_bench::output::LevelSummary;
@@ -51,6 +52,7 @@ impl Sweep {
             ignore_eos: true,
             model: self.served.clone(),
             endpoint: Endpoint::Completions,
+            speculative: false,
         }
     }
 }
@@ -87,6 +89,8 @@ fn measure(
         hashes: results.iter().filter(|r| r.ok).map(|r| (r.key.clone(), r.output_hash.clone())).collect(),
         prompt_tokens: results.iter().filter(|r| r.ok).find_map(|r| r.prompt_tokens),
         cached_tokens: results.iter().filter(|r| r.ok).find_map(|r| r.cached_tokens),
+        invalid: None,
+        detail: None,
     }
 }
 
@@ -105,6 +109,14 @@ impl Mode for Sweep {
         v.push(CellDef { name: format!("uncached prefill {}", self.prefill_tokens), metrics: vec![TTFT] });
         v.push(CellDef { name: format!("chunked prefill {}", self.chunked_tokens), metrics: vec![TTFT] });
         v
+    }
+
+    fn design(&self) -> Design {
+        Design::SWEEP
+    }
+
+    fn panels(&self, rows: &[TaxRow], _passes: &[PassRecord]) -> Vec<crate::plot::Panel> {
+        super::analysis::panels(rows)
     }
 
     fn server_args(&self) -> Vec<OsString> {

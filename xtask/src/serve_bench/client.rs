@@ -91,6 +91,8 @@ pub struct RequestSpec {
     pub model: String,
     /// The endpoint.
     pub endpoint: Endpoint,
+    /// Send `"speculative": true` (kiln's extension: ask for a speculative slot).
+    pub speculative: bool,
 }
 
 impl RequestSpec {
@@ -104,6 +106,9 @@ impl RequestSpec {
             "stream_options": {"include_usage": true},
             "ignore_eos": self.ignore_eos,
         });
+        if self.speculative {
+            body["speculative"] = json!(true);
+        }
         match (&self.prompt, self.endpoint) {
             (Prompt::Text(t), Endpoint::Completions) => body["prompt"] = json!(t),
             (Prompt::Ids(ids), _) => body["prompt"] = json!(ids),
@@ -151,6 +156,10 @@ pub struct RequestResult {
     pub e2e_ms: Option<f64>,
     /// Gaps between consecutive token-carrying events.
     pub itl_ms: Vec<f64>,
+    /// The first and the last event with a choice, text or not: where a server sends one
+    /// event per token (kiln does, even while a token's text is held back), the request's
+    /// first and last token.
+    pub choice_span_ms: Option<(f64, f64)>,
     /// Output tokens, per `tokens_from`.
     pub output_tokens: u64,
     /// Where `output_tokens` came from.
@@ -163,6 +172,12 @@ pub struct RequestResult {
     pub prompt_tokens: Option<u64>,
     /// `usage.prompt_tokens_details.cached_tokens`.
     pub cached_tokens: Option<u64>,
+    /// `usage.speculative.drafted` (kiln's extension), when the request speculated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec_drafted: Option<u64>,
+    /// `usage.speculative.accepted`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec_accepted: Option<u64>,
     /// FNV-1a 64 of the generated text (content then reasoning), hex.
     pub output_hash: String,
 }
@@ -179,12 +194,15 @@ impl RequestResult {
             tpot_ms: None,
             e2e_ms: None,
             itl_ms: Vec::new(),
+            choice_span_ms: None,
             output_tokens: 0,
             tokens_from: TokensFrom::Deltas,
             deltas: 0,
             usage_problem: None,
             prompt_tokens: None,
             cached_tokens: None,
+            spec_drafted: None,
+            spec_accepted: None,
             output_hash: String::new(),
         }
     }
@@ -215,6 +233,8 @@ pub struct StreamState {
     /// Arrival of the first event with a choice, text or not: a server that holds back
     /// the text of a token it cannot decode yet still sends one when it has a token.
     pub first_choice: Option<Duration>,
+    /// Arrival of the last event with a choice (the finish chunk, when one is sent).
+    pub last_choice: Option<Duration>,
     /// `data: [DONE]` seen.
     pub done: bool,
     /// An `error` object in an event.
@@ -265,8 +285,9 @@ impl StreamState {
         }
         let mut carried = false;
         if let Some(choices) = v.get("choices").and_then(Value::as_array) {
-            if !choices.is_empty() && self.first_choice.is_none() {
-                self.first_choice = Some(at);
+            if !choices.is_empty() {
+                self.first_choice.get_or_insert(at);
+                self.last_choice = Some(at);
             }
             for c in choices {
                 let delta = c.get("delta");
@@ -313,6 +334,7 @@ pub fn measure(key: &str, start_ms: f64, status: u16, st: &StreamState, e2e: Dur
     r.deltas = deltas;
     r.ttft_ms = st.token_times.first().or(st.first_choice.as_ref()).map(|&t| ms(t));
     r.itl_ms = st.token_times.windows(2).map(|w| ms(w[1] - w[0])).collect();
+    r.choice_span_ms = st.first_choice.zip(st.last_choice).map(|(a, b)| (ms(a), ms(b)));
     let (tokens, from) = match &st.usage {
         Some(u) => match usage_tokens(u) {
             Ok(n) => (n, TokensFrom::Usage),
@@ -328,6 +350,8 @@ pub fn measure(key: &str, start_ms: f64, status: u16, st: &StreamState, e2e: Dur
     if let Some(u) = &st.usage {
         r.prompt_tokens = u.get("prompt_tokens").and_then(Value::as_u64);
         r.cached_tokens = u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64);
+        r.spec_drafted = u.pointer("/speculative/drafted").and_then(Value::as_u64);
+        r.spec_accepted = u.pointer("/speculative/accepted").and_then(Value::as_u64);
     }
     if let (Some(ttft), true) = (r.ttft_ms, tokens >= 2) {
         r.tpot_ms = Some((ms(e2e) - ttft) / (tokens - 1) as f64);
@@ -434,7 +458,7 @@ mod tests {
         st.feed(ev(json!({"choices":[{"delta":{"content":""}}]})).as_bytes(), ms(25)).unwrap();
         st.feed(ev(json!({"choices":[{"text":"!"}]})).as_bytes(), ms(40)).unwrap();
         st.feed(
-            ev(json!({"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":2}}}))
+            ev(json!({"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":2},"speculative":{"drafted":8,"accepted":5}}}))
                 .as_bytes(),
             ms(41),
         )
@@ -443,11 +467,13 @@ mod tests {
         let r = measure("k", 0.0, 200, &st, ms(50));
         assert!(r.ok, "{r:?}");
         assert_eq!(st.first_choice, Some(ms(10)));
+        assert_eq!(r.choice_span_ms, Some((10.0, 40.0)), "the usage event has no choice");
         assert_eq!((r.deltas, r.output_tokens, r.tokens_from), (3, 3, TokensFrom::Usage));
         assert_eq!(r.ttft_ms, Some(10.0));
         assert_eq!(r.itl_ms, vec![10.0, 20.0]);
         assert_eq!(r.tpot_ms, Some(20.0));
         assert_eq!((r.prompt_tokens, r.cached_tokens), (Some(5), Some(2)));
+        assert_eq!((r.spec_drafted, r.spec_accepted), (Some(8), Some(5)));
         assert_eq!(r.output_hash, format!("{:016x}", fnv1a64(b"hi!think")));
     }
 
@@ -491,8 +517,12 @@ mod tests {
             ignore_eos: true,
             model: "m".into(),
             endpoint: Endpoint::Completions,
+            speculative: false,
         };
         assert_eq!(ids.body()["prompt"], json!([5, 6]));
+        assert!(ids.body().get("speculative").is_none(), "only a speculative request names the extension");
+        let spec = RequestSpec { speculative: true, ..ids };
+        assert_eq!(spec.body()["speculative"], json!(true));
     }
 
     #[test]

@@ -333,6 +333,7 @@ impl ServeBench {
             ignore_eos: self.ignore_eos,
             model: served.to_string(),
             endpoint: self.endpoint,
+            speculative: false,
         }
     }
 

@@ -278,12 +278,15 @@ mod tests {
             tpot_ms: Some(2.0),
             e2e_ms: Some(ttft + 10.0),
             itl_ms: vec![1.0, 3.0],
+            choice_span_ms: None,
             output_tokens: tokens,
             tokens_from: TokensFrom::Usage,
             deltas: tokens,
             usage_problem: None,
             prompt_tokens: None,
             cached_tokens: None,
+            spec_drafted: None,
+            spec_accepted: None,
             output_hash: String::new(),
         }
     }
