@@ -671,3 +671,54 @@ fn a_signal_during_prune_leaves_the_record_whole_and_no_temporary_file() {
     }
     assert!(caught > 0, "the temporary file was never seen: the test proved nothing");
 }
+
+#[test]
+fn repeat_interleaves_repetitions_and_resume_runs_only_the_missing_ones() {
+    let sb = Sandbox::new();
+    let sweep = args(&["--models", TINY, "--lengths", "64 128", "--repeat", "2"]);
+    let run = sb.run("bench-longprompt", &sweep);
+    run.expect_code(0)
+        .expect_stdout("per cell over its repetitions")
+        .expect_stdout("| synthetic:tiny@64 | 2 / 2 |")
+        .expect_stdout("| synthetic:tiny@128 | 2 / 2 |");
+    let order = |sb: &Sandbox| -> Vec<(String, String)> {
+        sb.rows(&sb.csv())
+            .iter()
+            .map(|r| (r.get("prompt_target_len").to_string(), r.get("repetition").to_string()))
+            .collect()
+    };
+    // All cells once, then all again: never one cell's repetitions back to back.
+    assert_eq!(order(&sb), expect(&[("64", "1"), ("128", "1"), ("64", "2"), ("128", "2")]), "{run}");
+    assert!(
+        sb.rows(&sb.csv()).iter().all(|r| r.get("engine") == "kiln" && !r.get("engine_version").is_empty())
+    );
+    // Drop the last repetition's row: a resumed run measures only that one.
+    let text = fs::read_to_string(sb.csv()).unwrap();
+    let kept: Vec<&str> = text.lines().take(4).collect();
+    fs::write(sb.csv(), kept.join("\n") + "\n").unwrap();
+    let mut resume = sweep.clone();
+    let csv = sb.csv();
+    resume.extend(["--resume", csv.to_str().unwrap()]);
+    let run = sb.run("bench-longprompt", &resume);
+    run.expect_code(0).expect_stderr("3 of 4 cells already have a row");
+    assert_eq!(run.stderr.matches(": ok: decode").count(), 1, "{run}");
+    assert_eq!(order(&sb), expect(&[("64", "1"), ("128", "1"), ("64", "2"), ("128", "2")]), "{run}");
+    // --repeat 0 is refused before anything runs.
+    let bad = sb.run("bench-decode", &args(&["--models", TINY, "--repeat", "0"]));
+    bad.expect_code(2).expect_stderr("--repeat");
+}
+
+#[test]
+fn a_missing_peer_is_a_failed_row_and_the_sweep_goes_on() {
+    let sb = Sandbox::new();
+    let missing = sb.path("no-such-llama-bench");
+    let peer = format!("llama-bench={}", missing.display());
+    let run =
+        sb.run("bench-decode", &args(&["--models", TINY_QWEN, "--prompt-tokens", "16", "--peer", &peer]));
+    // kiln measured; the peer's row says why it has no measurement, and the run exits 1.
+    run.expect_code(1).expect_stderr("FAIL:peer").expect_stdout("| synthetic:tiny-qwen@16 | kiln | 1 / 1 |");
+    let rows = sb.rows(&sb.csv());
+    let got: Vec<(&str, &str)> = rows.iter().map(|r| (r.get("engine"), r.get("status"))).collect();
+    assert_eq!(got, [("kiln", "ok"), ("llama-bench", "FAIL:peer")], "{run}");
+    assert!(rows[1].get("reason").contains("no such file"), "{run}");
+}

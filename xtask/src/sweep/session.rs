@@ -22,6 +22,7 @@ use crate::child::{self as shutdown, Shutdown};
 use crate::console::usage;
 use crate::engine::{self, Backend, BackendArg, EnginePackage};
 use crate::machine::{self, Machine};
+use crate::peer::PeerRunner;
 
 /// The CSV a sweep writes, locked for the run, and the rows it already holds when resumed.
 pub struct Output {
@@ -291,6 +292,19 @@ impl Session {
             source_csv: self.display(&output.path),
             model_paths: BTreeMap::new(),
             knobs: row_knobs,
+            peer: flags.series.peer.clone().map(|spec| PeerRunner {
+                spec,
+                kiln: self.kiln_bin.clone(),
+                workdir: self.root.clone(),
+                user_cwd: runner.user_cwd.clone(),
+                run_dir: runner.run_dir.clone(),
+                export_dir: self.root.join("target/peer-gguf"),
+                threads: self.engine_knobs.threads,
+                timeout: cell_timeout,
+                shutdown: &self.shutdown,
+                exported: BTreeMap::new(),
+                version: String::new(),
+            }),
         };
         Ok(ExitCode::from(driver.run(&mut runner, output)?))
     }
@@ -327,6 +341,8 @@ impl Session {
             "prefill_chunk": knobs.prefill_chunk,
             "attention": knobs.attention,
             "cell_timeout_s": cell_timeout.as_secs(),
+            "repeat": flags.series.repeat,
+            "peer": flags.series.peer.as_ref().map(|p| format!("{}={}", p.program, p.path.display())),
         });
         let path = run_dir.join("env.json");
         fs::write(&path, serde_json::to_string_pretty(&env)? + "\n")

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::classify::Status;
-use super::plan::{Cell, CellKey, Plan};
+use super::plan::{Cell, CellKey, Engine, Plan};
 use super::rows::Row;
 
 /// A cell and its row, when it has one.
@@ -39,9 +39,11 @@ pub fn render(plan: &Plan, finished: &[Finished<'_>], interrupted: Option<&str>)
     let _ = writeln!(s, "| model | {} |", columns.join(" | "));
     let _ = writeln!(s, "|---|{}", "---:|".repeat(columns.len()));
     for model in &plan.models {
+        // One column per prompt: the first repetition of kiln's run (the statistics over
+        // repetitions and engines follow in their own section).
         let cells: Vec<String> = finished
             .iter()
-            .filter(|f| &f.cell.model == model)
+            .filter(|f| &f.cell.model == model && f.cell.repetition == 1 && f.cell.engine == Engine::Kiln)
             .map(|f| match f.row {
                 None => "not run".to_string(),
                 Some(r) if r.status == Status::Ok.as_str() => {
