@@ -19,6 +19,7 @@ use super::summary;
 use crate::child::{self as shutdown, Shutdown};
 use crate::console;
 use crate::peer::{PeerOutcome, PeerRunner};
+use crate::quiet;
 
 /// The current time for rows and records: UTC, seconds.
 pub(super) fn now() -> String {
@@ -82,6 +83,9 @@ pub(super) struct Driver<'a> {
     pub(super) knobs: Knobs,
     /// The `--peer` engine, for the plan's peer cells.
     pub(super) peer: Option<PeerRunner<'a>>,
+    /// The quiet check: the busy limit, and how long to wait for quiet before a cell
+    /// (`--require-quiet`; `None` only marks disturbed cells).
+    pub(super) quiet: (quiet::Limits, Option<std::time::Duration>),
 }
 
 /// What happened to one cell.
@@ -122,6 +126,16 @@ impl Driver<'_> {
                 interrupted = Some(sig);
                 break;
             }
+            if self.quiet.1.is_some() {
+                let what = format!("cell {cell}");
+                if let (_, Some(sig)) =
+                    quiet::wait_quiet(self.quiet.0, self.quiet.1, self.shutdown, &[], &what)
+                {
+                    interrupted = Some(sig);
+                    break;
+                }
+            }
+            let probe = quiet::Probe::around_children();
             if cell.engine == Engine::Peer {
                 let outcome = match self.peer.as_mut() {
                     Some(peer) => match peer.run(i, cell)? {
@@ -133,7 +147,8 @@ impl Driver<'_> {
                     },
                     None => anyhow::bail!("the plan has a peer cell ({cell}) but no --peer was given"),
                 };
-                let row = self.peer_row(runner, cell, &outcome);
+                let mut row = self.peer_row(runner, cell, &outcome);
+                row.disturbed = self.disturbed(probe.as_ref());
                 csv.write(&row)?;
                 match &outcome.report {
                     Some(r) => eprintln!(
@@ -155,7 +170,10 @@ impl Driver<'_> {
                     break;
                 }
             };
-            let row = self.row(runner, cell, &result);
+            let mut row = self.row(runner, cell, &result);
+            if let CellResult::Ran(_) = result {
+                row.disturbed = self.disturbed(probe.as_ref());
+            }
             let status = Status::parse(&row.status).unwrap_or(Status::Bench);
             csv.write(&row)?;
             self.print_cell(i, total, cell, &row, &result);
@@ -292,6 +310,11 @@ impl Driver<'_> {
         }
         row.engine_version = row.kiln_version.clone();
         row
+    }
+
+    /// What else ran while a cell did, when it was more than the busy limit.
+    fn disturbed(&self, probe: Option<&quiet::Probe>) -> String {
+        probe.and_then(quiet::Probe::finish).and_then(|r| r.busy(self.quiet.0)).unwrap_or_default()
     }
 
     /// The row of a peer cell: the cell's coordinates and knobs like kiln's row, the
@@ -478,6 +501,7 @@ mod tests {
             model_paths: BTreeMap::new(),
             knobs: Knobs::default(),
             peer: None,
+            quiet: (quiet::Limits { others_cpus: f64::INFINITY }, None),
         };
         let mut runner = Scripted {
             missing: set(&["gone"]),

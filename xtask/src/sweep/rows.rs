@@ -15,7 +15,7 @@ use super::plan::CellKey;
 use crate::console::usage;
 
 /// The header, exactly.
-pub const HEADER: [&str; 31] = [
+pub const HEADER: [&str; 32] = [
     "model",
     "model_path",
     "prompt_tokens",
@@ -47,6 +47,7 @@ pub const HEADER: [&str; 31] = [
     "engine",
     "engine_version",
     "reason",
+    "disturbed",
 ];
 
 /// One row. Measurements are empty when the cell was not measured; a knob is empty when
@@ -115,6 +116,8 @@ pub struct Row {
     pub engine_version: String,
     /// Why a row that is not `ok` has no measurement, in one line; empty for `ok`.
     pub reason: String,
+    /// Empty when the machine was quiet while the cell ran; else what else was running.
+    pub disturbed: String,
 }
 
 /// Every setting that changes what a cell measures: a resumed sweep must use the same.
@@ -416,7 +419,7 @@ mod tests {
             "model,model_path,prompt_tokens,generated_tokens,prefill_ms,prefill_tok_s,decode_ms,decode_tok_s,\
              peak_bytes,max_rss_bytes,date,host,device,backend,kiln_version,commit,features,max_tokens,\
              warmup_tokens,attention,prefill_chunk,kv_dtype,memory_limit_bytes,threads,prompt,\
-             prompt_target_len,status,repetition,engine,engine_version,reason"
+             prompt_target_len,status,repetition,engine,engine_version,reason,disturbed"
         );
         let mut w = csv::Writer::from_writer(Vec::new());
         w.serialize(row("m", Some(1), "ok")).unwrap();
@@ -456,13 +459,13 @@ mod tests {
         let path = dir.path().join("x.csv");
         let header = format!("{}\n", HEADER.join(","));
         let ok = line(&row("a", Some(1), "ok"));
-        // A row cut inside its last field (the reason `out of memory` cut to `out of`),
-        // and one cut after a whole field: neither is finished.
+        // A row cut inside its last field (`disturbed`, `load high` cut to `load`), and
+        // one cut after a whole field: neither is finished.
         let mut skip = row("b", Some(2), "SKIP:oom_backstop");
-        skip.reason = "out of memory".into();
+        skip.disturbed = "load high".into();
         let backstop = line(&skip);
-        let cut_reason = backstop.trim_end().strip_suffix(" memory").unwrap().to_string();
-        let cut_field = backstop.trim_end().strip_suffix("out of memory").unwrap().to_string();
+        let cut_reason = backstop.trim_end().strip_suffix(" high").unwrap().to_string();
+        let cut_field = backstop.trim_end().strip_suffix("load high").unwrap().to_string();
         for (tail, why) in [(&cut_reason, "cut inside the reason"), (&cut_field, "cut after a comma")] {
             fs::write(&path, format!("{header}{backstop}{tail}")).unwrap();
             let rows = read_rows(&path).unwrap();

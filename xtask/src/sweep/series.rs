@@ -23,6 +23,35 @@ pub struct SeriesFlags {
     /// kiln's runs (kiln, peer; peer, kiln; ...).
     #[arg(long, value_name = "llama-bench=PATH", value_parser = crate::peer::peer_arg)]
     pub peer: Option<crate::peer::PeerSpec>,
+    /// Before each cell, wait (up to --quiet-timeout) for a quiet machine instead of only
+    /// marking a cell measured on a busy one as disturbed.
+    #[arg(long)]
+    pub require_quiet: bool,
+    /// The bound of --require-quiet's wait, seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    pub quiet_timeout: u64,
+    /// Other processes' CPU, in cores, above which the machine counts as busy.
+    #[arg(long, value_name = "CPUS", default_value_t = 0.5, value_parser = busy_cpus_arg)]
+    pub busy_cpus: f64,
+}
+
+fn busy_cpus_arg(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("{s:?}: expected a number of CPUs, 0 or more (such as 0.5)")),
+    }
+}
+
+impl SeriesFlags {
+    /// The busy limit of the quiet check.
+    pub fn limits(&self) -> crate::quiet::Limits {
+        crate::quiet::Limits { others_cpus: self.busy_cpus }
+    }
+
+    /// How long `--require-quiet` waits; `None` without it.
+    pub fn quiet_wait(&self) -> Option<std::time::Duration> {
+        self.require_quiet.then(|| std::time::Duration::from_secs(self.quiet_timeout))
+    }
 }
 
 /// `base` with every cell repeated `repeat` times, repetition-major so a cell's
@@ -52,6 +81,7 @@ struct Rates {
     /// By repetition: (decode, prefill) tok/s.
     ok: BTreeMap<u32, (f64, f64)>,
     runs: usize,
+    disturbed: usize,
     version: String,
 }
 
@@ -103,6 +133,7 @@ pub fn render(plan: &Plan, finished: &[Finished<'_>]) -> String {
         let rates = by_cell[i].1.entry(f.cell.engine).or_default();
         let Some(row) = f.row else { continue };
         rates.runs += 1;
+        rates.disturbed += usize::from(!row.disturbed.is_empty());
         if rates.version.is_empty() {
             rates.version = row.engine_version.clone();
         }
@@ -132,7 +163,10 @@ pub fn render(plan: &Plan, finished: &[Finished<'_>]) -> String {
             let prefill: Vec<f64> = r.ok.values().map(|v| v.1).collect();
             let (d, p) =
                 (fmt_interval(student_t::interval(&decode)), fmt_interval(student_t::interval(&prefill)));
-            let counts = format!("{} / {}", r.ok.len(), r.runs);
+            let mut counts = format!("{} / {}", r.ok.len(), r.runs);
+            if r.disturbed > 0 {
+                counts.push_str(&format!(" ({} disturbed)", r.disturbed));
+            }
             if !peer {
                 let _ = writeln!(s, "| {label} | {counts} | {d} | {p} |");
                 continue;

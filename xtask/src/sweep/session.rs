@@ -305,6 +305,7 @@ impl Session {
                 exported: BTreeMap::new(),
                 version: String::new(),
             }),
+            quiet: (flags.series.limits(), flags.series.quiet_wait()),
         };
         Ok(ExitCode::from(driver.run(&mut runner, output)?))
     }
@@ -342,6 +343,9 @@ impl Session {
             "attention": knobs.attention,
             "cell_timeout_s": cell_timeout.as_secs(),
             "repeat": flags.series.repeat,
+            "require_quiet": flags.series.require_quiet,
+            "quiet_timeout_s": flags.series.quiet_timeout,
+            "busy_cpus": flags.series.busy_cpus,
             "peer": flags.series.peer.as_ref().map(|p| format!("{}={}", p.program, p.path.display())),
         });
         let path = run_dir.join("env.json");
