@@ -2,9 +2,10 @@
 //! of the working tree, measured in the same run and interleaved, so a change is never
 //! judged against numbers taken under another load.
 //!
-//! REV is checked out as a detached git worktree under `target/bench-compare/<sha>`; both
-//! trees' bench binaries are built with the workspace's target directory (deps are
-//! shared; the two `kernels` binaries differ by their package path's hash). Each
+//! REV is checked out as a detached git worktree under `target/bench-compare/<sha>`, its
+//! bench binary built (with the workspace's target directory: deps are shared, and the
+//! two `kernels` binaries differ by their package path's hash) and the worktree removed
+//! again; then the working tree's is built. Each
 //! benchmark then runs as rounds of one A (REV) and one B (working tree) run, alternating
 //! which goes first (A B, B A, A B, ...: ABBA), each run a fresh criterion process with
 //! its own output directory. Every round gives one pair; the change is the geometric
@@ -96,7 +97,7 @@ fn build(dir: &Path, target_dir: &Path) -> Result<PathBuf> {
         .with_context(|| format!("cargo built no {BENCH_TARGET} bench executable in {}", dir.display()))
 }
 
-/// A detached worktree of `rev` under `<target>/bench-compare/<sha>`, created once.
+/// A detached worktree of `rev` under `<target>/bench-compare/<sha>`.
 fn worktree(root: &Path, target_dir: &Path, rev: &str) -> Result<(PathBuf, String)> {
     let git = |args: &[&str]| -> Result<String> {
         let out = Command::new("git").current_dir(root).args(args).output().context("running git")?;
@@ -225,7 +226,18 @@ pub(super) fn run(
     noise: f64,
 ) -> Result<String> {
     let (tree, sha) = worktree(root, target_dir, rev)?;
-    let bin_a = build(&tree, target_dir)?;
+    let built = build(&tree, target_dir);
+    // The worktree is only needed to build REV's benches: unregister it at once, so no
+    // run leaves a worktree behind in the repository (its build artifacts stay in the
+    // target directory for the next comparison).
+    let removed = Command::new("git")
+        .current_dir(root)
+        .args(["worktree", "remove", "--force", &tree.display().to_string()])
+        .status();
+    if !removed.is_ok_and(|s| s.success()) {
+        eprintln!("warning: could not remove the worktree {}: run `git worktree prune`", tree.display());
+    }
+    let bin_a = built?;
     let bin_b = build(root, target_dir)?;
     let (ids_a, ids_b) = (list(&bin_a, filter)?, list(&bin_b, filter)?);
     let both: Vec<String> = ids_b.iter().filter(|id| ids_a.contains(id)).cloned().collect();
