@@ -188,6 +188,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_wait_for_quiet_is_bounded_and_only_asked_for() {
+        let shutdown = Shutdown::install().unwrap();
+        // Under a negative limit nothing is ever quiet: the wait gives up at its bound and
+        // returns the busy reading.
+        let never = Limits { others_cpus: -1.0 };
+        let t0 = Instant::now();
+        let (r, sig) = wait_quiet(never, Some(Duration::from_secs(2)), &shutdown, &[], "a test");
+        let waited = t0.elapsed();
+        assert!(sig.is_none());
+        assert!(r.unwrap().busy(never).is_some());
+        assert!(waited >= Duration::from_secs(2) && waited < Duration::from_secs(15), "{waited:?}");
+        // Without --require-quiet it samples once and does not wait.
+        let t0 = Instant::now();
+        let (r, _) = wait_quiet(never, None, &shutdown, &[], "a test");
+        assert!(r.is_some() && t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    }
+
+    #[test]
     fn a_reading_is_busy_only_over_the_limit() {
         let r = Reading { load1: 3.0, others_cpus: 0.8 };
         assert_eq!(r.busy(Limits { others_cpus: 1.0 }), None);
@@ -199,7 +217,7 @@ mod tests {
     fn this_process_has_a_cpu_time_and_the_machine_can_be_sampled() {
         let mut x = 0u64;
         for i in 0..20_000_000u64 {
-            x = x.wrapping_add(i * i);
+            x = std::hint::black_box(x.wrapping_add(i * i));
         }
         assert!(x > 0);
         assert!(self_cpu_seconds().unwrap() > 0.0);
