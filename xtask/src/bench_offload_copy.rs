@@ -26,10 +26,11 @@ use crate::plot;
 use crate::sweep::classify::Status;
 use crate::sweep::driver::{RowMeta, now};
 use crate::sweep::layers::{EstimateFacts, OomLayers};
-use crate::sweep::plan::{self, Cell, Named, Prompt};
+use crate::sweep::plan::{self, Cell, Engine, Named, Prompt};
 use crate::sweep::record::RecordLine;
 use crate::sweep::rows::{CsvOut, round3};
 use crate::sweep::runner::{CellRunner, LocalRunner, Ran};
+use crate::sweep::series::SeriesFlags;
 use crate::sweep::{HarnessEnv, Session, SweepFlags, user_path};
 use kiln_protocol::{EstimateReport, GEOMETRY_REFUSED, OffloadCopyReport};
 
@@ -313,6 +314,7 @@ impl BenchOffloadCopy {
             backend: self.backend,
             oom_record: self.oom_record.clone(),
             runs_dir: self.runs_dir.clone(),
+            series: SeriesFlags::default(),
         };
         let (_, memory_limit_bytes) = flags.engine_knobs()?;
         let session = Session::prepare(&sh.current_dir(), "offload-copy", &flags, harness_env)?;
@@ -493,6 +495,8 @@ impl Run<'_> {
             warmup_tokens: 0,
             named: Named { models: false, prompts: false },
             env: BTreeMap::new(),
+            repetition: 1,
+            engine: Engine::Kiln,
         }
     }
 

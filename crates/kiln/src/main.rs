@@ -1,5 +1,5 @@
-//! The `kiln` binary: `generate`, `bench-decode`, `estimate`, `serve`, `score` and
-//! `bench-expert-copy`. It parses the command
+//! The `kiln` binary: `generate`, `bench-decode`, `estimate`, `serve`, `score`,
+//! `bench-expert-copy` and `export-gguf`. It parses the command
 //! line, runs one command, and turns its outcome into the documented exit status
 //! (docs/cli.md, docs/engine-protocol.md); everything else lives in kiln-model.
 
@@ -8,6 +8,7 @@ mod cli;
 mod estimate;
 mod exit;
 mod expert_copy;
+mod export;
 mod generate;
 mod prompt;
 mod runtime;
@@ -59,6 +60,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Score(args) => score::run(args),
         Command::BenchExpertCopy(args) => expert_copy::run(args),
+        Command::ExportGguf(args) => export::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -66,11 +66,14 @@ pub enum Status {
     /// A Rust allocation or capacity abort: a bug asking for an impossible size, not a
     /// machine out of memory.
     Abort,
+    /// The `--peer` engine could not measure the cell (missing, failed, unparsable
+    /// output, no model file); the row's reason says which.
+    Peer,
 }
 
 impl Status {
     /// Every status, in the order the documentation lists them.
-    pub const ALL: [Status; 14] = [
+    pub const ALL: [Status; 15] = [
         Status::Ok,
         Status::OomEstimate,
         Status::Oom,
@@ -85,6 +88,7 @@ impl Status {
         Status::Estimate,
         Status::Killed,
         Status::Abort,
+        Status::Peer,
     ];
 
     /// The text written in the `status` column.
@@ -104,6 +108,7 @@ impl Status {
             Status::Estimate => "FAIL:estimate",
             Status::Killed => "FAIL:killed",
             Status::Abort => "FAIL:abort",
+            Status::Peer => "FAIL:peer",
         }
     }
 
@@ -128,6 +133,7 @@ impl Status {
                 | Status::Estimate
                 | Status::Killed
                 | Status::Abort
+                | Status::Peer
         )
     }
 

@@ -22,6 +22,7 @@ use crate::child::{self as shutdown, Shutdown};
 use crate::console::usage;
 use crate::engine::{self, Backend, BackendArg, EnginePackage};
 use crate::machine::{self, Machine};
+use crate::peer::PeerRunner;
 
 /// The CSV a sweep writes, locked for the run, and the rows it already holds when resumed.
 pub struct Output {
@@ -245,6 +246,8 @@ impl Session {
             source_csv: started.display(&output.path),
             model_paths: BTreeMap::new(),
             knobs: started.row_knobs.clone(),
+            peer: flags.series.peer.clone().map(|spec| started.peer_runner(spec)),
+            quiet: (flags.series.limits(), flags.series.quiet_wait()),
         };
         Ok(ExitCode::from(driver.run(runner, output)?))
     }
@@ -324,6 +327,11 @@ impl Session {
             "prefill_chunk": knobs.prefill_chunk,
             "attention": knobs.attention,
             "cell_timeout_s": cell_timeout.as_secs(),
+            "repeat": flags.series.repeat,
+            "require_quiet": flags.series.require_quiet,
+            "quiet_timeout_s": flags.series.quiet_timeout,
+            "busy_cpus": flags.series.busy_cpus,
+            "peer": flags.series.peer.as_ref().map(|p| format!("{}={}", p.program, p.path.display())),
         });
         let path = run_dir.join("env.json");
         fs::write(&path, serde_json::to_string_pretty(&env)? + "\n")
@@ -366,6 +374,24 @@ impl Started {
             device: s.device.clone(),
             shutdown: &s.shutdown,
             memory_events: classify::memory_events_path(),
+        }
+    }
+
+    /// The runner of `--peer`'s cells, with this run's directories, threads and timeout.
+    pub fn peer_runner(&self, spec: crate::peer::PeerSpec) -> PeerRunner<'_> {
+        let s = &self.session;
+        PeerRunner {
+            spec,
+            kiln: s.kiln_bin.clone(),
+            workdir: s.root.clone(),
+            user_cwd: self.user_cwd.clone(),
+            run_dir: self.run_dir.clone(),
+            export_dir: s.root.join("target/peer-gguf"),
+            threads: s.engine_knobs.threads,
+            timeout: self.cell_timeout,
+            shutdown: &s.shutdown,
+            exported: BTreeMap::new(),
+            version: String::new(),
         }
     }
 
