@@ -66,11 +66,23 @@ pub enum Status {
     /// A Rust allocation or capacity abort: a bug asking for an impossible size, not a
     /// machine out of memory.
     Abort,
+    /// `--runner slurm`: the cell's task was cancelled (`scancel`) before it wrote a row.
+    SlurmCancelled,
+    /// `--runner slurm`: the cell's task hit its Slurm time limit before it wrote a row.
+    SlurmTimeout,
+    /// `--runner slurm`: the cell's node failed before the task wrote a row.
+    SlurmNodeFail,
+    /// `--runner slurm`: Slurm killed the task for its job's memory limit before it wrote
+    /// a row (not the engine's out of memory: nothing the harness saw).
+    SlurmOom,
+    /// `--runner slurm`: the cell's task ended without a row for another reason (or Slurm
+    /// no longer knows it).
+    SlurmLost,
 }
 
 impl Status {
     /// Every status, in the order the documentation lists them.
-    pub const ALL: [Status; 14] = [
+    pub const ALL: [Status; 19] = [
         Status::Ok,
         Status::OomEstimate,
         Status::Oom,
@@ -85,6 +97,11 @@ impl Status {
         Status::Estimate,
         Status::Killed,
         Status::Abort,
+        Status::SlurmCancelled,
+        Status::SlurmTimeout,
+        Status::SlurmNodeFail,
+        Status::SlurmOom,
+        Status::SlurmLost,
     ];
 
     /// The text written in the `status` column.
@@ -104,6 +121,11 @@ impl Status {
             Status::Estimate => "FAIL:estimate",
             Status::Killed => "FAIL:killed",
             Status::Abort => "FAIL:abort",
+            Status::SlurmCancelled => "FAIL:slurm_cancelled",
+            Status::SlurmTimeout => "FAIL:slurm_timeout",
+            Status::SlurmNodeFail => "FAIL:slurm_node_fail",
+            Status::SlurmOom => "FAIL:slurm_oom",
+            Status::SlurmLost => "FAIL:slurm",
         }
     }
 
@@ -128,6 +150,11 @@ impl Status {
                 | Status::Estimate
                 | Status::Killed
                 | Status::Abort
+                | Status::SlurmCancelled
+                | Status::SlurmTimeout
+                | Status::SlurmNodeFail
+                | Status::SlurmOom
+                | Status::SlurmLost
         )
     }
 

@@ -40,7 +40,7 @@ impl RowMeta {
     /// The `features` column: the build features (`none`, `cuda`, or `unknown` for a
     /// binary the harness did not build), then `; ` and the cell's `KILN_*` environment
     /// (inherited, plus what the cell sets) when there is any.
-    fn features_column(&self, cell_env: &BTreeMap<String, String>) -> String {
+    pub(super) fn features_column(&self, cell_env: &BTreeMap<String, String>) -> String {
         let features = match &self.features {
             None => "unknown".to_string(),
             Some(f) if f.is_empty() => "none".to_string(),
@@ -56,7 +56,7 @@ impl RowMeta {
         }
     }
 
-    fn display(&self, p: &Path) -> String {
+    pub(super) fn display(&self, p: &Path) -> String {
         p.strip_prefix(&self.root).unwrap_or(p).display().to_string()
     }
 }
@@ -88,11 +88,7 @@ impl Driver<'_> {
         if let Some(existing) = output.resumed {
             let wanted: BTreeMap<CellKey, ()> = self.plan.cells.iter().map(|c| (c.key(), ())).collect();
             for row in existing.into_iter().filter(|r| wanted.contains_key(&r.key())) {
-                // A resumed sweep is the same sweep: its earlier OOMs still backstop.
-                if row.status == Status::Oom.as_str() {
-                    let len = row.prompt_target_len.unwrap_or(0);
-                    self.layers.backstop.note_oom(&row.model, len);
-                }
+                self.note_earlier(&row);
                 rows.insert(row.key(), row);
             }
             eprintln!(
@@ -113,39 +109,13 @@ impl Driver<'_> {
                 interrupted = Some(sig);
                 break;
             }
-            let result = match self.one_cell(runner, i, cell)? {
-                Ran::Done(r) => r,
+            match self.cell(runner, i, total, cell, &mut |row| csv.write(row))? {
+                Ran::Done(row) => rows.insert(cell.key(), row),
                 Ran::Interrupted(sig) => {
                     interrupted = Some(sig);
                     break;
                 }
             };
-            let row = self.row(runner, cell, &result);
-            let status = Status::parse(&row.status).unwrap_or(Status::Bench);
-            csv.write(&row)?;
-            self.print_cell(i, total, cell, &row, &result);
-            let device = match &result {
-                CellResult::Ran(o) => o.device.clone(),
-                CellResult::Skipped(_) => runner.device().to_string(),
-            };
-            let appended = self.layers.observe(cell, status, || RecordLine {
-                model: cell.model.clone(),
-                prompt_target_len: cell.layer_len(),
-                date: row.date.clone(),
-                commit: row.commit.clone(),
-                peak_bytes: row.peak_bytes,
-                source_csv: self.source_csv.clone(),
-                device: Some(device),
-            })?;
-            if appended {
-                eprintln!(
-                    "    recorded {}@{} in {}",
-                    cell.model,
-                    cell.layer_len(),
-                    self.meta.display(self.layers.record.file().path())
-                );
-            }
-            rows.insert(cell.key(), row);
         }
         if let Some(sig) = interrupted {
             eprintln!(
@@ -166,6 +136,59 @@ impl Driver<'_> {
         }
         eprintln!("results: {} ({:.0} s)", self.source_csv, started.elapsed().as_secs_f64());
         Ok(code)
+    }
+
+    /// A row of this sweep written before this cell (a resumed file's, or an earlier
+    /// Slurm task's): a resumed sweep is the same sweep, so its earlier OOMs still backstop.
+    pub(super) fn note_earlier(&mut self, row: &Row) {
+        if row.status == Status::Oom.as_str() {
+            let len = row.prompt_target_len.unwrap_or(0);
+            self.layers.backstop.note_oom(&row.model, len);
+        }
+    }
+
+    /// One cell, the whole way: the layers, the runner, its row handed to `write` (before
+    /// anything else happens, so it is never lost), the line on stderr, and the outcome
+    /// fed back to the backstop and the record. The local loop and a Slurm task
+    /// (`sweep-task`) both run a cell through here.
+    pub(super) fn cell(
+        &mut self,
+        runner: &mut dyn CellRunner,
+        i: usize,
+        total: usize,
+        cell: &plan::Cell,
+        write: &mut dyn FnMut(&Row) -> Result<()>,
+    ) -> Result<Ran<Row>> {
+        let result = match self.one_cell(runner, i, cell)? {
+            Ran::Done(r) => r,
+            Ran::Interrupted(sig) => return Ok(Ran::Interrupted(sig)),
+        };
+        let row = self.row(runner, cell, &result);
+        let status = Status::parse(&row.status).unwrap_or(Status::Bench);
+        write(&row)?;
+        self.print_cell(i, total, cell, &row, &result);
+        let device = match &result {
+            CellResult::Ran(o) => o.device.clone(),
+            CellResult::Skipped(_) => runner.device().to_string(),
+        };
+        let appended = self.layers.observe(cell, status, || RecordLine {
+            model: cell.model.clone(),
+            prompt_target_len: cell.layer_len(),
+            date: row.date.clone(),
+            commit: row.commit.clone(),
+            peak_bytes: row.peak_bytes,
+            source_csv: self.source_csv.clone(),
+            device: Some(device),
+        })?;
+        if appended {
+            eprintln!(
+                "    recorded {}@{} in {}",
+                cell.model,
+                cell.layer_len(),
+                self.meta.display(self.layers.record.file().path())
+            );
+        }
+        Ok(Ran::Done(row))
     }
 
     /// The layers in order, then the runner.
