@@ -266,3 +266,84 @@ fn an_interrupt_while_waiting_cancels_the_arrays_and_merges_what_finished() {
         String::from_utf8_lossy(&q.stdout)
     );
 }
+
+#[test]
+fn a_dry_run_prints_the_scripts_and_submits_nothing() {
+    // No cluster needed: nothing reaches Slurm.
+    let sb = Sandbox::new();
+    let dir = shared(&sb);
+    let run = sb.run(
+        "bench-longprompt",
+        &args(&[
+            "--models",
+            "synthetic:tiny synthetic:tiny-qwen",
+            "--lengths",
+            "32 16",
+            "--runner",
+            "slurm",
+            "--shared-dir",
+            &dir,
+            "--max-parallel",
+            "1",
+            "--partition",
+            "gpu",
+            "--gres",
+            "gpu:1",
+            "--sbatch-arg=--mem=4G",
+            "--dry-run",
+        ]),
+    );
+    run.expect_code(0)
+        .expect_stdout("#SBATCH --array=0-1%1\n")
+        .expect_stdout("#SBATCH --partition=gpu\n#SBATCH --gres=gpu:1\n#SBATCH --mem=4G\n")
+        .expect_stdout("# JOB_2=$(sbatch --parsable --dependency=afterany:$JOB_1 ")
+        .expect_stdout("# synthetic:tiny-qwen@16 synthetic:tiny-qwen@32\n")
+        .expect_stdout("cells=(1 0)\n")
+        .expect_stderr("nothing was written or submitted");
+    assert_eq!(fs::read_dir(sb.path("shared")).unwrap().count(), 0, "{run}");
+    assert!(!sb.csv().exists(), "a dry run leaves no CSV{run}");
+}
+
+#[test]
+fn slurm_flags_are_checked_before_anything_runs() {
+    let sb = Sandbox::new();
+    let cases: [(&[&str], &str); 3] = [
+        (&["--partition", "gpu"], "--partition applies to --runner slurm only"),
+        (&["--runner", "slurm"], "--runner slurm needs --shared-dir DIR"),
+        (&["--runner", "slurm", "--shared-dir", "nowhere", "--dry-run"], "no such directory"),
+    ];
+    for (extra, msg) in cases {
+        let mut a = vec!["--models", "synthetic:tiny", "--lengths", "16"];
+        a.extend_from_slice(extra);
+        sb.run("bench-longprompt", &a).expect_code(2).expect_stderr(msg);
+    }
+    let run = sb.run("merge", &[&sb.dir.path().display().to_string()]);
+    run.expect_code(2).expect_stderr("no sweep.json: expected a run directory written by `--runner slurm`");
+}
+
+#[test]
+fn bench_decode_runs_on_slurm_too() {
+    if !cluster_up() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let dir = shared(&sb);
+    let run = sb.run(
+        "bench-decode",
+        &args(&[
+            "--models",
+            "synthetic:tiny,synthetic:tiny-qwen",
+            "--prompt-tokens",
+            "16",
+            "--runner",
+            "slurm",
+            "--shared-dir",
+            &dir,
+            "--wait",
+        ]),
+    );
+    run.expect_code(0).expect_stdout("2 cells: 2 ok");
+    let rows = sb.rows(&sb.csv());
+    let got: Vec<(&str, &str)> = rows.iter().map(|r| (r.get("model"), r.get("status"))).collect();
+    assert_eq!(got, [("synthetic:tiny", "ok"), ("synthetic:tiny-qwen", "ok")], "{run}");
+}

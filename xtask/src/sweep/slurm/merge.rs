@@ -280,10 +280,16 @@ pub fn write_csv(path: &Path, rows: &[Row]) -> Result<()> {
     fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }
 
-/// Merges `run_dir` into its CSV (or `output`), prints the summary and returns the exit
-/// status by the local rules; `interrupted` is the signal that ended a `--wait`. A task
+/// Merges `run_dir` into its CSV (or `output`), with the plot beside it when `plot` (a
+/// `bench-longprompt` that waited draws its own), prints the summary and returns the
+/// exit status by the local rules; `interrupted` is the signal that ended a `--wait`. A task
 /// still queued or running is refused unless the sweep was interrupted.
-pub fn merge_run(run_dir: &Path, output: Option<PathBuf>, interrupted: Option<i32>) -> Result<u8> {
+pub fn merge_run(
+    run_dir: &Path,
+    output: Option<PathBuf>,
+    interrupted: Option<i32>,
+    plot: bool,
+) -> Result<u8> {
     let spec = TaskSpec::read(run_dir)?;
     let jobs = Jobs::read(run_dir)?;
     let mut states = query(&jobs.job_ids)?;
@@ -318,7 +324,7 @@ pub fn merge_run(run_dir: &Path, output: Option<PathBuf>, interrupted: Option<i3
     let path = output.unwrap_or_else(|| spec.output.clone());
     let rows: Vec<Row> = merged.into_iter().map(|m| m.row).collect();
     write_csv(&path, &rows)?;
-    if spec.command == "longprompt" {
+    if plot && spec.command == "longprompt" {
         let svg = path.with_extension("svg");
         match crate::plot::write_svg(&svg, &crate::bench_longprompt::panels(&rows)) {
             Ok(()) => eprintln!("plot: {}", svg.display()),
@@ -354,7 +360,7 @@ impl Merge {
     pub fn run(self) -> Result<ExitCode> {
         let run_dir = super::super::user_path(&self.run_dir)?;
         let output = self.output.as_deref().map(super::super::user_path).transpose()?;
-        Ok(ExitCode::from(merge_run(&run_dir, output, None)?))
+        Ok(ExitCode::from(merge_run(&run_dir, output, None, true)?))
     }
 }
 

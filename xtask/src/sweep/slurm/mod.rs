@@ -248,7 +248,7 @@ pub fn submit(run_dir: &Path, mut spec: TaskSpec, opts: &SlurmOptions, shutdown:
         return Ok(0);
     }
     let followed = wait::follow(run_dir, &spec, &jobs, shutdown)?;
-    let code = merge::merge_run(run_dir, None, followed.interrupted)?;
+    let code = merge::merge_run(run_dir, None, followed.interrupted, false)?;
     if let Some(line) = wait::overhead(run_dir, &spec, &jobs, &followed, unix_now()) {
         eprintln!("{line}");
     }
