@@ -7,6 +7,7 @@ use anyhow::Result;
 use xshell::Shell;
 
 use crate::sweep::plan::{self, Named, Plan, Prompt};
+use crate::sweep::series;
 use crate::sweep::{HarnessEnv, Session, SweepFlags, user_path};
 
 /// The prompt length of a cell when neither `--prompt` nor `--prompt-tokens` is given.
@@ -47,6 +48,7 @@ impl BenchDecode {
         };
         let template = self.sweep.cell_template(&d, named)?;
         let plan = Plan::grid(&self.models.map_or(d.models, |m| m.0), &[prompt], &template);
+        let plan = series::expand(&plan, self.sweep.series.repeat, self.sweep.series.peer.is_some());
         let path = match &self.sweep.output {
             Some(p) => user_path(p)?,
             None => session.default_output("decode")?,

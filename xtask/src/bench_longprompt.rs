@@ -12,6 +12,7 @@ use crate::plot;
 use crate::sweep::plan::{self, Named, Plan, Prompt};
 use crate::sweep::record::real_path;
 use crate::sweep::rows;
+use crate::sweep::series;
 use crate::sweep::{HarnessEnv, Session, SweepFlags, user_path};
 
 /// Flags of `cargo xtask bench-longprompt`.
@@ -62,6 +63,7 @@ impl BenchLongprompt {
         let prompts: Vec<Prompt> =
             self.lengths.map_or(d.lengths, |l| l.0).into_iter().map(Prompt::Tokens).collect();
         let plan = Plan::grid(&models, &prompts, &template);
+        let plan = series::expand(&plan, self.sweep.series.repeat, self.sweep.series.peer.is_some());
         let knobs = session.knobs(&template);
         let output = match resume {
             Some(path) => session.open_output(path, true, &knobs)?,

@@ -11,6 +11,7 @@ mod console;
 mod engine;
 mod machine;
 mod oom_record;
+mod peer;
 mod pin_tax;
 mod plot;
 mod quiet;

@@ -4,9 +4,11 @@
 
 use std::fs;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
+
+use crate::child::Shutdown;
 
 /// One look at the machine.
 #[derive(Clone, Copy, Debug, Serialize, PartialEq)]
@@ -43,15 +45,27 @@ pub struct Probe {
     busy0: u64,
     ours0: f64,
     pids: Vec<i32>,
-    t0: std::time::Instant,
+    children: bool,
+    t0: Instant,
 }
 
 impl Probe {
     /// Starts measuring; `also_ours` are processes that do not count as others (a server
     /// the harness booted).
     pub fn start(also_ours: &[i32]) -> Option<Probe> {
+        Self::begin(also_ours, false)
+    }
+
+    /// Starts measuring around children the harness runs to completion (sweep cells):
+    /// the CPU of every child reaped before [`Probe::finish`] counts as the harness's own.
+    pub fn around_children() -> Option<Probe> {
+        Self::begin(&[], true)
+    }
+
+    fn begin(also_ours: &[i32], children: bool) -> Option<Probe> {
         let (busy0, _) = stat_busy()?;
-        Some(Probe { busy0, ours0: ours(also_ours), pids: also_ours.to_vec(), t0: std::time::Instant::now() })
+        let ours0 = ours(also_ours, children);
+        Some(Probe { busy0, ours0, pids: also_ours.to_vec(), children, t0: Instant::now() })
     }
 
     /// What other processes used since the start, and the load average now.
@@ -62,15 +76,54 @@ impl Probe {
             return None;
         }
         let total = busy1.saturating_sub(self.busy0) as f64 / clock_ticks();
-        let others = (total - (ours(&self.pids) - self.ours0)).max(0.0) / secs;
+        let others = (total - (ours(&self.pids, self.children) - self.ours0)).max(0.0) / secs;
         Some(Reading { load1: load1().unwrap_or(0.0), others_cpus: others })
     }
 }
 
-/// CPU seconds of this process and of `pids`.
-fn ours(pids: &[i32]) -> f64 {
-    let own = self_cpu_seconds().unwrap_or(0.0);
-    own + pids.iter().filter_map(|&p| process_cpu_seconds(p)).sum::<f64>()
+/// CPU seconds of this process (and of its reaped children, when `children`) and of
+/// `pids`.
+fn ours(pids: &[i32], children: bool) -> f64 {
+    let own = if children { self_and_children_cpu_seconds() } else { self_cpu_seconds() };
+    own.unwrap_or(0.0) + pids.iter().filter_map(|&p| process_cpu_seconds(p)).sum::<f64>()
+}
+
+/// Sleeps `d` unless a signal arrives; returns the signal if one came.
+pub fn pause(shutdown: &Shutdown, d: Duration) -> Option<i32> {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        if let Some(sig) = shutdown.pending() {
+            return Some(sig);
+        }
+        thread::sleep(Duration::from_millis(50).min(end.saturating_duration_since(Instant::now())));
+    }
+    shutdown.pending()
+}
+
+/// Samples the machine for a second; with `wait` (`--require-quiet`), keeps waiting while
+/// it is busy, up to that long, saying so on stderr before `what`. Returns the last
+/// reading and the signal if one came.
+pub fn wait_quiet(
+    limits: Limits,
+    wait: Option<Duration>,
+    shutdown: &Shutdown,
+    ours: &[i32],
+    what: &str,
+) -> (Option<Reading>, Option<i32>) {
+    let deadline = Instant::now() + wait.unwrap_or_default();
+    let mut reading = sample(Duration::from_secs(1), ours);
+    while let Some(r) = reading {
+        let Some(why) = r.busy(limits) else { break };
+        if wait.is_none() || Instant::now() >= deadline {
+            break;
+        }
+        eprintln!("    waiting for quiet before {what}: {why}");
+        if let Some(sig) = pause(shutdown, Duration::from_secs(2)) {
+            return (reading, Some(sig));
+        }
+        reading = sample(Duration::from_secs(1), ours);
+    }
+    (reading, shutdown.pending())
 }
 
 /// Measures for `window`: total busy CPU from /proc/stat minus what this process and the
@@ -121,6 +174,15 @@ pub fn self_cpu_seconds() -> Option<f64> {
     process_cpu_seconds(std::process::id() as i32)
 }
 
+/// This process's CPU seconds plus those of its children it has reaped (cutime and
+/// cstime, fields 16 and 17 of /proc/self/stat).
+fn self_and_children_cpu_seconds() -> Option<f64> {
+    let text = fs::read_to_string("/proc/self/stat").ok()?;
+    let f: Vec<&str> = text[text.rfind(')')? + 1..].split_whitespace().collect();
+    let sum: f64 = (11..=14).map(|i| f.get(i)?.parse::<f64>().ok()).sum::<Option<f64>>()?;
+    Some(sum / clock_ticks())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,6 +203,16 @@ mod tests {
         }
         assert!(x > 0);
         assert!(self_cpu_seconds().unwrap() > 0.0);
+        // A reaped child's CPU counts as ours around children, not as another process's.
+        let probe = Probe::around_children().unwrap();
+        let before = self_and_children_cpu_seconds().unwrap();
+        let st = std::process::Command::new("sh")
+            .args(["-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        assert!(self_and_children_cpu_seconds().unwrap() > before, "the child's time is counted");
+        assert!(probe.finish().is_some());
         let r = sample(Duration::from_millis(100), &[]).unwrap();
         assert!(r.others_cpus >= 0.0 && r.load1 >= 0.0);
     }

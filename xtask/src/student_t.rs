@@ -100,3 +100,72 @@ pub fn t_quantile(p: f64, df: f64) -> f64 {
 pub fn two_sided_p(t: f64, df: f64) -> f64 {
     inc_beta(df / 2.0, 0.5, df / (df + t * t)).clamp(0.0, 1.0)
 }
+/// A sample's mean, standard deviation and the two-sided 95% confidence interval of the
+/// mean from Student's t (`n - 1` degrees of freedom); no interval below two values.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Interval {
+    /// How many values.
+    pub n: usize,
+    /// Their mean.
+    pub mean: f64,
+    /// Their sample standard deviation (`n - 1`); 0 for one value.
+    pub sd: f64,
+    /// The interval's ends, `None` for fewer than two values.
+    pub ci95: Option<(f64, f64)>,
+}
+
+/// The [`Interval`] of `xs`; `None` when `xs` is empty.
+pub fn interval(xs: &[f64]) -> Option<Interval> {
+    let n = xs.len();
+    if n == 0 {
+        return None;
+    }
+    let mean = xs.iter().sum::<f64>() / n as f64;
+    if n == 1 {
+        return Some(Interval { n, mean, sd: 0.0, ci95: None });
+    }
+    let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    let sd = var.sqrt();
+    let half = t_quantile(0.975, (n - 1) as f64) * sd / (n as f64).sqrt();
+    Some(Interval { n, mean, sd, ci95: Some((mean - half, mean + half)) })
+}
+
+/// The ratio of paired samples as a geometric mean with its 95% interval: the
+/// [`Interval`] of `ln(a_i / b_i)`, mapped back with `exp` (so `sd` is of the logs).
+/// Pairs with a non-positive side are left out.
+pub fn paired_ratio(pairs: &[(f64, f64)]) -> Option<Interval> {
+    let logs: Vec<f64> =
+        pairs.iter().filter(|(a, b)| *a > 0.0 && *b > 0.0).map(|(a, b)| (a / b).ln()).collect();
+    let i = interval(&logs)?;
+    Some(Interval { mean: i.mean.exp(), ci95: i.ci95.map(|(lo, hi)| (lo.exp(), hi.exp())), ..i })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_interval_uses_the_published_t_quantile() {
+        // t(0.975, 2) = 4.302653 (published tables); values 9, 10, 11: sd 1.
+        let i = interval(&[9.0, 10.0, 11.0]).unwrap();
+        assert_eq!((i.n, i.mean, i.sd), (3, 10.0, 1.0));
+        let (lo, hi) = i.ci95.unwrap();
+        let half = 4.302653 / 3f64.sqrt();
+        assert!((lo - (10.0 - half)).abs() < 1e-5 && (hi - (10.0 + half)).abs() < 1e-5, "{lo} {hi}");
+        let one = interval(&[7.0]).unwrap();
+        assert_eq!((one.mean, one.sd, one.ci95), (7.0, 0.0, None));
+        assert!(interval(&[]).is_none());
+    }
+
+    #[test]
+    fn a_paired_ratio_is_a_geometric_mean_with_its_interval() {
+        let r = paired_ratio(&[(2.0, 1.0), (8.0, 2.0), (0.0, 1.0)]).unwrap();
+        assert_eq!(r.n, 2, "the pair with a zero is left out");
+        assert!((r.mean - 8f64.sqrt()).abs() < 1e-12, "{}", r.mean);
+        let (lo, hi) = r.ci95.unwrap();
+        assert!(lo < r.mean && r.mean < hi);
+        // Equal pairs: ratio 1 with a zero-width interval.
+        let same = paired_ratio(&[(3.0, 3.0), (5.0, 5.0)]).unwrap();
+        assert_eq!((same.mean, same.ci95), (1.0, Some((1.0, 1.0))));
+    }
+}

@@ -108,8 +108,17 @@ fn scancel(id: &str) {
 
 /// Every column but the timings, the date and the host, as `(column, value)` rows.
 fn comparable(sb: &Sandbox, csv: &Path) -> Vec<Vec<(String, String)>> {
-    const VARY: [&str; 7] =
-        ["prefill_ms", "prefill_tok_s", "decode_ms", "decode_tok_s", "max_rss_bytes", "date", "host"];
+    // `disturbed` says what else ran beside a cell: the other test binaries, here.
+    const VARY: [&str; 8] = [
+        "prefill_ms",
+        "prefill_tok_s",
+        "decode_ms",
+        "decode_tok_s",
+        "max_rss_bytes",
+        "date",
+        "host",
+        "disturbed",
+    ];
     sb.rows(csv)
         .into_iter()
         .map(|r| r.0.into_iter().filter(|(k, _)| !VARY.contains(&k.as_str())).collect())
@@ -212,6 +221,11 @@ fn a_cancelled_task_becomes_a_fail_row_with_slurms_state() {
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
     let statuses: Vec<String> = sb.rows(&merged).iter().map(|r| r.get("status").to_string()).collect();
     assert_eq!(statuses, ["ok", "ok", "FAIL:slurm_cancelled", "ok"]);
+    let reason = sb.rows(&merged)[2].get("reason").to_string();
+    assert!(
+        reason.starts_with(&format!("Slurm task {cancelled} ended CANCELLED without a row (")),
+        "{reason}"
+    );
 }
 
 #[test]

@@ -671,3 +671,142 @@ fn a_signal_during_prune_leaves_the_record_whole_and_no_temporary_file() {
     }
     assert!(caught > 0, "the temporary file was never seen: the test proved nothing");
 }
+
+#[test]
+fn repeat_interleaves_repetitions_and_resume_runs_only_the_missing_ones() {
+    let sb = Sandbox::new();
+    let sweep = args(&["--models", TINY, "--lengths", "64 128", "--repeat", "2"]);
+    let run = sb.run("bench-longprompt", &sweep);
+    run.expect_code(0)
+        .expect_stdout("per cell over its repetitions")
+        // `2 / 2`, then ` (N disturbed)` when the shared machine was busy.
+        .expect_stdout("| synthetic:tiny@64 | 2 / 2")
+        .expect_stdout("| synthetic:tiny@128 | 2 / 2");
+    let order = |sb: &Sandbox| -> Vec<(String, String)> {
+        sb.rows(&sb.csv())
+            .iter()
+            .map(|r| (r.get("prompt_target_len").to_string(), r.get("repetition").to_string()))
+            .collect()
+    };
+    // All cells once, then all again: never one cell's repetitions back to back.
+    assert_eq!(order(&sb), expect(&[("64", "1"), ("128", "1"), ("64", "2"), ("128", "2")]), "{run}");
+    assert!(
+        sb.rows(&sb.csv()).iter().all(|r| r.get("engine") == "kiln" && !r.get("engine_version").is_empty())
+    );
+    // Drop the last repetition's row: a resumed run measures only that one.
+    let text = fs::read_to_string(sb.csv()).unwrap();
+    let kept: Vec<&str> = text.lines().take(4).collect();
+    fs::write(sb.csv(), kept.join("\n") + "\n").unwrap();
+    let mut resume = sweep.clone();
+    let csv = sb.csv();
+    resume.extend(["--resume", csv.to_str().unwrap()]);
+    let run = sb.run("bench-longprompt", &resume);
+    run.expect_code(0).expect_stderr("3 of 4 cells already have a row");
+    assert_eq!(run.stderr.matches(": ok: decode").count(), 1, "{run}");
+    assert_eq!(order(&sb), expect(&[("64", "1"), ("128", "1"), ("64", "2"), ("128", "2")]), "{run}");
+    // --repeat 0 is refused before anything runs.
+    let bad = sb.run("bench-decode", &args(&["--models", TINY, "--repeat", "0"]));
+    bad.expect_code(2).expect_stderr("--repeat");
+}
+
+#[test]
+fn a_missing_peer_is_a_failed_row_and_the_sweep_goes_on() {
+    let sb = Sandbox::new();
+    let missing = sb.path("no-such-llama-bench");
+    let peer = format!("llama-bench={}", missing.display());
+    let run =
+        sb.run("bench-decode", &args(&["--models", TINY_QWEN, "--prompt-tokens", "16", "--peer", &peer]));
+    // kiln measured; the peer's row says why it has no measurement, and the run exits 1.
+    run.expect_code(1).expect_stderr("FAIL:peer").expect_stdout("| synthetic:tiny-qwen@16 | kiln | 1 / 1");
+    let rows = sb.rows(&sb.csv());
+    let got: Vec<(&str, &str)> = rows.iter().map(|r| (r.get("engine"), r.get("status"))).collect();
+    assert_eq!(got, [("kiln", "ok"), ("llama-bench", "FAIL:peer")], "{run}");
+    assert!(rows[1].get("reason").contains("no such file"), "{run}");
+}
+
+/// A stand-in llama-bench: prints the JSON llama-bench prints for the test its arguments
+/// ask for (`-p`, `-n`, `-d`), with a rate that depends on the shape, and logs its calls.
+fn fake_llama_bench(sb: &Sandbox) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = sb.path("llama-bench");
+    let log = sb.path("llama-bench.calls");
+    let script = format!(
+        r#"#!/bin/sh
+echo "$@" >> {log}
+p=0; n=0; d=0
+while [ $# -gt 0 ]; do
+  case "$1" in -p) p=$2; shift;; -n) n=$2; shift;; -d) d=$2; shift;; esac; shift
+done
+if [ "$n" = 0 ]; then ts=400.0; else ts=50.0; fi
+cat <<JSON
+[
+  {{
+    "build_commit": "f00dfee",
+    "build_number": 7001,
+    "model_filename": "m.gguf",
+    "n_threads": 1,
+    "n_prompt": $p,
+    "n_gen": $n,
+    "n_depth": $d,
+    "avg_ns": 20000000,
+    "stddev_ns": 0,
+    "avg_ts": $ts,
+    "stddev_ts": 0.0,
+    "samples_ns": [ 20000000 ],
+    "samples_ts": [ $ts ]
+  }}
+]
+JSON
+"#,
+        log = log.display()
+    );
+    fs::write(&path, script).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[test]
+fn a_peer_runs_each_cell_interleaved_on_the_exported_model_and_the_summary_gives_ratios() {
+    let sb = Sandbox::new();
+    let bin = fake_llama_bench(&sb);
+    let peer = format!("llama-bench={}", bin.display());
+    let model = "synthetic:tiny-qwen@4bit-g32";
+    let run = sb.run(
+        "bench-longprompt",
+        &args(&["--models", model, "--lengths", "16 32", "--repeat", "2", "--peer", &peer, "--threads", "1"]),
+    );
+    run.expect_code(0)
+        .expect_stdout("| synthetic:tiny-qwen@4bit-g32@16 | peer (llama.cpp b7001 (f00dfee)) | 2 / 2")
+        .expect_stdout("| 50.0 ± 0.0 [50.0, 50.0] | 400 ± 0.0 [400, 400] |")
+        .expect_stdout("kiln/peer");
+    let rows = sb.rows(&sb.csv());
+    let order: Vec<(&str, &str, &str)> =
+        rows.iter().map(|r| (r.get("prompt_target_len"), r.get("repetition"), r.get("engine"))).collect();
+    assert_eq!(
+        order,
+        [
+            ("16", "1", "kiln"),
+            ("16", "1", "llama-bench"),
+            ("32", "1", "kiln"),
+            ("32", "1", "llama-bench"),
+            ("16", "2", "llama-bench"),
+            ("16", "2", "kiln"),
+            ("32", "2", "llama-bench"),
+            ("32", "2", "kiln"),
+        ],
+        "{run}"
+    );
+    let peer_row = rows.iter().find(|r| r.get("engine") == "llama-bench").unwrap();
+    assert_eq!(peer_row.get("status"), "ok", "{run}");
+    assert_eq!(peer_row.get("engine_version"), "llama.cpp b7001 (f00dfee)");
+    assert_eq!((peer_row.get("decode_tok_s"), peer_row.get("prefill_tok_s")), ("50.0", "400.0"));
+    assert!(peer_row.get("model_path").ends_with("synthetic_tiny-qwen_4bit-g32.gguf"), "{run}");
+    // Two runs per peer cell, the model exported once: the prefill at depth 0, then the
+    // timed decode steps (6 tokens - 1 from the prefill - 1 warm-up) at the prompt's depth.
+    let calls = fs::read_to_string(sb.path("llama-bench.calls")).unwrap();
+    let calls: Vec<&str> = calls.lines().collect();
+    assert_eq!(calls.len(), 8, "{calls:?}");
+    assert!(calls[0].contains("-p 16 -n 0 -d 0 -r 1 -t 1 -o json"), "{calls:?}");
+    assert!(calls[1].contains("-p 0 -n 4 -d 16 -r 1 -t 1 -o json"), "{calls:?}");
+    assert_eq!(run.stderr.matches("+peer").count(), 4, "{run}");
+}

@@ -71,7 +71,7 @@ pub enum ModelError {
     },
     /// An unknown synthetic profile or suffix.
     #[error(
-        "unknown synthetic model {name:?}: accepted profiles are {accepted}, optionally with @4bit or @8bit"
+        "unknown synthetic model {name:?}: accepted profiles are {accepted}, optionally with @4bit, @8bit or @4bit-g32"
     )]
     UnknownSynthetic {
         /// The name given.
@@ -120,6 +120,14 @@ pub enum ModelError {
         path: PathBuf,
         /// What it is instead ("a FIFO", "a directory", ...).
         kind: &'static str,
+    },
+    /// A model cannot be written as the file asked for (`kiln export-gguf`).
+    #[error("{path}: {message}")]
+    Export {
+        /// The file that was to be written.
+        path: PathBuf,
+        /// What has no form in the file and what is accepted.
+        message: String,
     },
     /// A file could not be read.
     #[error("{path}: {cause}")]

@@ -348,17 +348,19 @@ pub fn accepted_profiles() -> String {
     PROFILES.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
 }
 
-/// Parses `<profile>[@4bit|@8bit]`.
+/// Parses `<profile>[@4bit|@8bit|@4bit-g32]`; `@4bit-g32` is 4-bit in groups of 32, the
+/// layout of llama.cpp's Q4_1 blocks (what `kiln export-gguf` writes it as, unchanged).
 pub fn parse(name: &str) -> Result<SyntheticSpec> {
     let unknown = || ModelError::UnknownSynthetic { name: name.to_string(), accepted: accepted_profiles() };
-    let (base, bits) = match name.split_once('@') {
-        None => (name, 4),
-        Some((base, "4bit")) => (base, 4),
-        Some((base, "8bit")) => (base, 8),
+    let (base, bits, group) = match name.split_once('@') {
+        None => (name, 4, GROUP_SIZE),
+        Some((base, "4bit")) => (base, 4, GROUP_SIZE),
+        Some((base, "8bit")) => (base, 8, GROUP_SIZE),
+        Some((base, "4bit-g32")) => (base, 4, 32),
         Some(_) => return Err(unknown()),
     };
     let profile = PROFILES.iter().find(|p| p.name == base).ok_or_else(unknown)?;
-    let quant = QuantSpec::new(bits, GROUP_SIZE).map_err(|_| unknown())?;
+    let quant = QuantSpec::new(bits, group).map_err(|_| unknown())?;
     Ok(SyntheticSpec { profile, quant })
 }
 
@@ -406,6 +408,8 @@ mod tests {
         assert_eq!(parse("tiny").unwrap().quant.bits(), 4);
         assert_eq!(parse("qwen2.5-0.5b@8bit").unwrap().quant.bits(), 8);
         assert_eq!(parse("llama-3.1-8b@4bit").unwrap().profile.name, "llama-3.1-8b");
+        let g32 = parse("smollm-135m@4bit-g32").unwrap().quant;
+        assert_eq!((g32.bits(), g32.group_size()), (4, 32));
         for bad in ["nope", "tiny@3bit", "tiny@", "@4bit"] {
             let e = parse(bad).unwrap_err();
             let msg = e.to_string();

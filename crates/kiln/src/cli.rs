@@ -14,7 +14,7 @@ Exit status:
   3  out of memory: the memory pool refused an allocation; stderr has a line starting
      `out of memory:` naming the request, the bytes in use and the limit";
 
-pub const MODEL_HELP: &str = "synthetic:<profile>[@4bit|@8bit], a directory under ./models/, a path \
+pub const MODEL_HELP: &str = "synthetic:<profile>[@4bit|@8bit|@4bit-g32], a directory under ./models/, a path \
      to a checkpoint directory or to a .gguf file (profiles: tiny, tiny-qwen, smollm-135m, qwen2.5-0.5b, llama-3.2-1b, \
      qwen2.5-7b, llama-3.1-8b; drafters for --model-draft: tiny-draft, tiny-qwen-draft, smollm-draft, qwen2.5-draft, qwen2.5-7b-draft, llama-3-draft)";
 
@@ -45,6 +45,27 @@ pub enum Command {
     /// Write the log-probabilities of a text, window by window, for quality measurements.
     #[command(after_help = EXIT_STATUS)]
     Score(ScoreArgs),
+    /// Write a model as a GGUF file llama.cpp runs, with kiln's own weights where the
+    /// formats coincide (4-bit groups of 32 are Q4_1 blocks).
+    #[command(after_help = EXIT_STATUS)]
+    ExportGguf(ExportArgs),
+}
+
+/// Arguments of `kiln export-gguf`.
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// The model to write.
+    #[arg(value_name = "MODEL", help = MODEL_HELP)]
+    pub model: String,
+    /// The GGUF file to write (replaced atomically if it exists).
+    #[arg(value_name = "OUT.gguf")]
+    pub out: std::path::PathBuf,
+    /// Load with this quantization first (as `--quantize` elsewhere).
+    #[arg(long, value_name = "BITS", value_parser = ["4", "8"])]
+    pub quantize: Option<String>,
+    /// Worker threads for loading.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
 }
 
 /// Output format of bench-decode and estimate.

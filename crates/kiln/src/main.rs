@@ -1,4 +1,5 @@
-//! The `kiln` binary: `generate`, `bench-decode`, `estimate`, `serve` and `score`. It parses the command
+//! The `kiln` binary: `generate`, `bench-decode`, `estimate`, `serve`, `score` and
+//! `export-gguf`. It parses the command
 //! line, runs one command, and turns its outcome into the documented exit status
 //! (docs/cli.md, docs/engine-protocol.md); everything else lives in kiln-model.
 
@@ -6,6 +7,7 @@ mod bench;
 mod cli;
 mod estimate;
 mod exit;
+mod export;
 mod generate;
 mod prompt;
 mod runtime;
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
         Command::Estimate(args) => estimate::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Score(args) => score::run(args),
+        Command::ExportGguf(args) => export::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -21,6 +21,7 @@
 //! This module runs criterion; `files` reads what it leaves, `stats` judges a change, and
 //! `render` writes the report.
 
+mod compare;
 mod files;
 mod render;
 mod stats;
@@ -73,11 +74,48 @@ pub struct BenchKernels {
     /// --significance-level).
     #[arg(long, value_name = "P", default_value_t = 0.05)]
     significance_level: f64,
+    /// Compare with revision REV in this run: build its benches in a git worktree under
+    /// the target directory and run both trees' benchmarks interleaved (A B, B A, ...);
+    /// the report's verdicts come from these pairs.
+    #[arg(long, value_name = "REV", conflicts_with_all = ["baseline", "save_baseline"])]
+    compare: Option<String>,
+    /// Rounds (pairs) per benchmark for --compare.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..))]
+    rounds: u64,
 }
 
 impl BenchKernels {
     pub fn run(self, sh: &Shell) -> Result<ExitCode> {
         let criterion_dir = criterion_dir()?;
+        if let Some(rev) = &self.compare {
+            let target_dir =
+                criterion_dir.parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target"));
+            let section = compare::run(
+                &sh.current_dir(),
+                &target_dir,
+                rev,
+                self.filter.as_deref(),
+                self.rounds as usize,
+                self.quick,
+                self.noise_threshold,
+            )?;
+            let machine = Machine::probe();
+            let report = format!(
+                "## Kernel benchmarks, {}\n\ncommit `{}` · host `{}` · {} ({} logical CPUs)\n\n{section}",
+                chrono::Local::now().format("%Y-%m-%d %H:%M"),
+                machine::commit(&sh.current_dir()),
+                machine.host,
+                machine.cpu,
+                machine.cpus
+            );
+            let path = criterion_dir.join(REPORT_FILE);
+            std::fs::create_dir_all(&criterion_dir)
+                .with_context(|| format!("creating {}", criterion_dir.display()))?;
+            std::fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
+            println!("\n{report}");
+            println!("report written to {}", path.display());
+            return Ok(ExitCode::SUCCESS);
+        }
         let filter = match &self.filter {
             Some(f) => format!("(?:{f})|^{BANDWIDTH_GROUP}/"),
             None => String::new(),

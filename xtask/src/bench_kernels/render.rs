@@ -96,6 +96,13 @@ pub(super) fn render(ctx: &RunContext, rows: &[Row]) -> String {
         ctx.significance_level,
     );
 
+    let _ = writeln!(
+        w,
+        "The baseline was measured in an earlier run, not interleaved with this one: on a shared \
+         machine a change may be the load, not the code. For verdicts from interleaved pairs, run \
+         `cargo xtask bench-kernels --compare REV`.\n"
+    );
+
     // Read bandwidth per thread count, from this run only: the highest of its
     // measurements (the bench takes one at the start and one at the end of the run; on a
     // shared machine the lower one met someone else's load).

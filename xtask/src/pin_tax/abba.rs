@@ -227,34 +227,11 @@ fn hms(s: f64) -> String {
     if s >= 3600 { format!("{}h{:02}m", s / 3600, s / 60 % 60) } else { format!("{}m{:02}s", s / 60, s % 60) }
 }
 
-/// Sleeps `d` unless a signal arrives.
-fn pause(shutdown: &Shutdown, d: Duration) -> Option<i32> {
-    let end = Instant::now() + d;
-    while Instant::now() < end {
-        if let Some(sig) = shutdown.pending() {
-            return Some(sig);
-        }
-        std::thread::sleep(Duration::from_millis(50).min(end.saturating_duration_since(Instant::now())));
-    }
-    shutdown.pending()
-}
-
-/// Waits (bounded) for a quiet machine; returns the last reading and the signal if one came.
+/// Waits (bounded) for a quiet machine when the plan asks; returns the last reading
+/// and the signal if one came.
 fn wait_quiet(plan: &Plan, shutdown: &Shutdown, ours: &[i32], what: &str) -> (Option<Reading>, Option<i32>) {
-    let deadline = Instant::now() + plan.quiet_timeout;
-    let mut reading = quiet::sample(Duration::from_secs(1), ours);
-    while let Some(r) = reading {
-        let Some(why) = r.busy(plan.busy) else { break };
-        if !plan.require_quiet || Instant::now() >= deadline {
-            break;
-        }
-        eprintln!("    waiting for quiet before {what}: {why}");
-        if let Some(sig) = pause(shutdown, Duration::from_secs(2)) {
-            return (reading, Some(sig));
-        }
-        reading = quiet::sample(Duration::from_secs(1), ours);
-    }
-    (reading, shutdown.pending())
+    let wait = plan.require_quiet.then_some(plan.quiet_timeout);
+    quiet::wait_quiet(plan.busy, wait, shutdown, ours, what)
 }
 
 /// Runs the order with `mode`.
@@ -283,7 +260,7 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
         }
         if bi > 0 && !plan.cooldown.is_zero() {
             eprintln!("    cooldown {:.0} s", plan.cooldown.as_secs_f64());
-            if let Some(sig) = pause(shutdown, plan.cooldown) {
+            if let Some(sig) = quiet::pause(shutdown, plan.cooldown) {
                 out.interrupted = Some(sig);
                 break;
             }

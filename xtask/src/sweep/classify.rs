@@ -66,6 +66,9 @@ pub enum Status {
     /// A Rust allocation or capacity abort: a bug asking for an impossible size, not a
     /// machine out of memory.
     Abort,
+    /// The `--peer` engine could not measure the cell (missing, failed, unparsable
+    /// output, no model file); the row's reason says which.
+    Peer,
     /// `--runner slurm`: the cell's task was cancelled (`scancel`) before it wrote a row.
     SlurmCancelled,
     /// `--runner slurm`: the cell's task hit its Slurm time limit before it wrote a row.
@@ -82,7 +85,7 @@ pub enum Status {
 
 impl Status {
     /// Every status, in the order the documentation lists them.
-    pub const ALL: [Status; 19] = [
+    pub const ALL: [Status; 20] = [
         Status::Ok,
         Status::OomEstimate,
         Status::Oom,
@@ -97,6 +100,7 @@ impl Status {
         Status::Estimate,
         Status::Killed,
         Status::Abort,
+        Status::Peer,
         Status::SlurmCancelled,
         Status::SlurmTimeout,
         Status::SlurmNodeFail,
@@ -121,6 +125,7 @@ impl Status {
             Status::Estimate => "FAIL:estimate",
             Status::Killed => "FAIL:killed",
             Status::Abort => "FAIL:abort",
+            Status::Peer => "FAIL:peer",
             Status::SlurmCancelled => "FAIL:slurm_cancelled",
             Status::SlurmTimeout => "FAIL:slurm_timeout",
             Status::SlurmNodeFail => "FAIL:slurm_node_fail",
@@ -150,6 +155,7 @@ impl Status {
                 | Status::Estimate
                 | Status::Killed
                 | Status::Abort
+                | Status::Peer
                 | Status::SlurmCancelled
                 | Status::SlurmTimeout
                 | Status::SlurmNodeFail

@@ -9,14 +9,17 @@ use anyhow::Result;
 
 use super::classify::Status;
 use super::layers::{self, EstimateFacts, OomLayers, Skip};
-use super::plan::{self, CellKey, Plan};
+use super::plan::{self, CellKey, Engine, Plan};
 use super::record::RecordLine;
 use super::rows::{Knobs, Row, round3};
 use super::runner::{CellRunner, Outcome, Ran};
+use super::series;
 use super::session::Output;
 use super::summary;
 use crate::child::{self as shutdown, Shutdown};
 use crate::console;
+use crate::peer::{PeerOutcome, PeerRunner};
+use crate::quiet;
 
 /// The current time for rows and records: UTC, seconds.
 pub(super) fn now() -> String {
@@ -61,6 +64,11 @@ impl RowMeta {
     }
 }
 
+/// `text` on one line, for the `reason` column.
+pub(super) fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// Walks a plan: layers, runner, rows.
 pub(super) struct Driver<'a> {
     pub(super) meta: RowMeta,
@@ -73,6 +81,11 @@ pub(super) struct Driver<'a> {
     pub(super) model_paths: BTreeMap<String, String>,
     /// The engine knobs of every row (the token counts come from each cell).
     pub(super) knobs: Knobs,
+    /// The `--peer` engine, for the plan's peer cells.
+    pub(super) peer: Option<PeerRunner<'a>>,
+    /// The quiet check: the busy limit, and how long to wait for quiet before a cell
+    /// (`--require-quiet`; `None` only marks disturbed cells).
+    pub(super) quiet: (quiet::Limits, Option<std::time::Duration>),
 }
 
 /// What happened to one cell.
@@ -109,7 +122,44 @@ impl Driver<'_> {
                 interrupted = Some(sig);
                 break;
             }
-            match self.cell(runner, i, total, cell, &mut |row| csv.write(row))? {
+            if self.quiet.1.is_some() {
+                let what = format!("cell {cell}");
+                if let (_, Some(sig)) =
+                    quiet::wait_quiet(self.quiet.0, self.quiet.1, self.shutdown, &[], &what)
+                {
+                    interrupted = Some(sig);
+                    break;
+                }
+            }
+            let probe = quiet::Probe::around_children();
+            if cell.engine == Engine::Peer {
+                let outcome = match self.peer.as_mut() {
+                    Some(peer) => match peer.run(i, cell)? {
+                        Ran::Done(o) => o,
+                        Ran::Interrupted(sig) => {
+                            interrupted = Some(sig);
+                            break;
+                        }
+                    },
+                    None => anyhow::bail!("the plan has a peer cell ({cell}) but no --peer was given"),
+                };
+                let mut row = self.peer_row(runner, cell, &outcome);
+                row.disturbed = self.disturbed(probe.as_ref());
+                csv.write(&row)?;
+                match &outcome.report {
+                    Some(r) => eprintln!(
+                        "[{}/{total}] {cell}: ok: decode {:.1} tok/s, prefill {:.1} tok/s ({})",
+                        i + 1,
+                        r.decode_tok_s,
+                        r.prefill_tok_s,
+                        outcome.version
+                    ),
+                    None => eprintln!("[{}/{total}] {cell}: {}: {}", i + 1, row.status, row.reason),
+                }
+                rows.insert(cell.key(), row);
+                continue;
+            }
+            match self.cell(runner, i, total, cell, probe.as_ref(), &mut |row| csv.write(row))? {
                 Ran::Done(row) => rows.insert(cell.key(), row),
                 Ran::Interrupted(sig) => {
                     interrupted = Some(sig);
@@ -125,7 +175,10 @@ impl Driver<'_> {
             );
         }
         let finished = summary::pair(self.plan, &rows);
-        let text = summary::render(self.plan, &finished, interrupted.map(shutdown::signal_name));
+        let mut text = summary::render(self.plan, &finished, interrupted.map(shutdown::signal_name));
+        if series::applies(self.plan) {
+            text = format!("{text}\n{}", series::render(self.plan, &finished));
+        }
         console::out(&format!("\n{text}"))?;
         if let Some(sig) = interrupted {
             return Ok(shutdown::exit_code_for(sig));
@@ -147,7 +200,8 @@ impl Driver<'_> {
         }
     }
 
-    /// One cell, the whole way: the layers, the runner, its row handed to `write` (before
+    /// One kiln cell, the whole way: the layers, the runner, its row (marked disturbed
+    /// when `probe` saw other work beside it) handed to `write` (before
     /// anything else happens, so it is never lost), the line on stderr, and the outcome
     /// fed back to the backstop and the record. The local loop and a Slurm task
     /// (`sweep-task`) both run a cell through here.
@@ -157,13 +211,17 @@ impl Driver<'_> {
         i: usize,
         total: usize,
         cell: &plan::Cell,
+        probe: Option<&quiet::Probe>,
         write: &mut dyn FnMut(&Row) -> Result<()>,
     ) -> Result<Ran<Row>> {
         let result = match self.one_cell(runner, i, cell)? {
             Ran::Done(r) => r,
             Ran::Interrupted(sig) => return Ok(Ran::Interrupted(sig)),
         };
-        let row = self.row(runner, cell, &result);
+        let mut row = self.row(runner, cell, &result);
+        if let CellResult::Ran(_) = result {
+            row.disturbed = self.disturbed(probe);
+        }
         let status = Status::parse(&row.status).unwrap_or(Status::Bench);
         write(&row)?;
         self.print_cell(i, total, cell, &row, &result);
@@ -237,6 +295,8 @@ impl Driver<'_> {
             features: s.features_column(&cell.env),
             prompt: cell.prompt_text().to_string(),
             prompt_target_len: cell.prompt_target_len(),
+            repetition: cell.repetition,
+            engine: Engine::KILN.into(),
             ..Row::default()
         };
         row.set_knobs(&Knobs {
@@ -245,9 +305,13 @@ impl Driver<'_> {
             ..self.knobs.clone()
         });
         match result {
-            CellResult::Skipped(skip) => row.status = skip.status.as_str().into(),
+            CellResult::Skipped(skip) => {
+                row.status = skip.status.as_str().into();
+                row.reason = one_line(&skip.reason);
+            }
             CellResult::Ran(o) => {
                 row.status = o.status.as_str().into();
+                row.reason = o.reason.as_deref().map(one_line).unwrap_or_default();
                 row.host = o.host.clone();
                 row.device = o.device.clone();
                 row.peak_bytes = o.oom_demand_bytes;
@@ -268,6 +332,51 @@ impl Driver<'_> {
                     row.kiln_version = r.kiln_version.clone();
                 }
             }
+        }
+        row.engine_version = row.kiln_version.clone();
+        row
+    }
+
+    /// What else ran while a cell did, when it was more than the busy limit.
+    fn disturbed(&self, probe: Option<&quiet::Probe>) -> String {
+        probe.and_then(quiet::Probe::finish).and_then(|r| r.busy(self.quiet.0)).unwrap_or_default()
+    }
+
+    /// The row of a peer cell: the cell's coordinates and knobs like kiln's row, the
+    /// peer's measurement, program and version.
+    fn peer_row(&self, runner: &dyn CellRunner, cell: &plan::Cell, o: &PeerOutcome) -> Row {
+        let s = &self.meta;
+        let mut row = Row {
+            model: cell.model.clone(),
+            model_path: o.model_path.clone().unwrap_or_else(|| cell.model.clone()),
+            date: now(),
+            host: s.host.clone(),
+            device: runner.device().to_string(),
+            backend: s.backend.clone(),
+            kiln_version: s.kiln_version.clone(),
+            commit: s.commit.clone(),
+            features: s.features_column(&cell.env),
+            prompt: cell.prompt_text().to_string(),
+            prompt_target_len: cell.prompt_target_len(),
+            status: o.status.as_str().into(),
+            repetition: cell.repetition,
+            engine: crate::peer::PROGRAM.into(),
+            engine_version: o.version.clone(),
+            reason: o.reason.as_deref().map(one_line).unwrap_or_default(),
+            ..Row::default()
+        };
+        row.set_knobs(&Knobs {
+            max_tokens: cell.max_tokens,
+            warmup_tokens: cell.warmup_tokens,
+            ..self.knobs.clone()
+        });
+        if let Some(r) = &o.report {
+            row.prompt_tokens = Some(r.prompt_tokens);
+            row.generated_tokens = Some(r.generated_tokens);
+            row.prefill_ms = Some(round3(r.prefill_ms));
+            row.prefill_tok_s = Some(round3(r.prefill_tok_s));
+            row.decode_ms = Some(round3(r.decode_ms));
+            row.decode_tok_s = Some(round3(r.decode_tok_s));
         }
         row
     }
@@ -416,6 +525,8 @@ mod tests {
             source_csv: "out.csv".into(),
             model_paths: BTreeMap::new(),
             knobs: Knobs::default(),
+            peer: None,
+            quiet: (quiet::Limits { others_cpus: f64::INFINITY }, None),
         };
         let mut runner = Scripted {
             missing: set(&["gone"]),

@@ -78,6 +78,8 @@ pub struct SweepFlags {
     /// Where run directories (env.json, per-cell logs) go [default: benchmarks/runs].
     #[arg(long, value_name = "DIR")]
     pub runs_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub series: super::series::SeriesFlags,
     /// `--runner` and the Slurm options.
     #[command(flatten)]
     pub runner: super::slurm::RunnerFlags,

@@ -188,6 +188,8 @@ mod tests {
             warmup_tokens: 0,
             named: Named { models: false, prompts: false },
             env: BTreeMap::new(),
+            repetition: 1,
+            engine: super::super::plan::Engine::Kiln,
         }
     }
 

@@ -15,6 +15,7 @@ pub mod plan;
 pub mod record;
 pub mod rows;
 pub mod runner;
+pub mod series;
 pub mod session;
 pub mod slurm;
 pub mod summary;

@@ -34,6 +34,25 @@ pub struct Cell {
     /// Variables set for this cell's engine process on top of the inherited environment
     /// (an A/B arm pins one here).
     pub env: BTreeMap<String, String>,
+    /// Which repetition of the cell this is, from 1 (`--repeat`).
+    pub repetition: u32,
+    /// Which engine runs it: kiln, or the peer named by `--peer`.
+    pub engine: Engine,
+}
+
+/// The engine a cell measures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Engine {
+    /// kiln, through the layers and the runner.
+    #[default]
+    Kiln,
+    /// The `--peer` engine (llama.cpp's llama-bench), on the same model file.
+    Peer,
+}
+
+impl Engine {
+    /// The `engine` column for kiln; a peer's row names its program.
+    pub const KILN: &'static str = "kiln";
 }
 
 impl Cell {
@@ -80,15 +99,31 @@ impl Cell {
             model: self.model.clone(),
             prompt_target_len: self.prompt_target_len(),
             prompt: self.prompt_text().to_string(),
+            repetition: self.repetition,
+            peer: self.engine == Engine::Peer,
         }
     }
 
-    /// A short name for messages and file names: `model@len` or `model@text`.
+    /// A short name for messages and file names: `model@len` or `model@text`, then
+    /// `#r` for a repetition after the first and `+peer` for the peer's run.
     pub fn label(&self) -> String {
-        match self.prompt {
+        let mut s = match self.prompt {
             Prompt::Tokens(n) => format!("{}@{n}", self.model),
             Prompt::Text(_) => format!("{}@text", self.model),
+        };
+        if self.repetition > 1 {
+            s.push_str(&format!("#{}", self.repetition));
         }
+        if self.engine == Engine::Peer {
+            s.push_str("+peer");
+        }
+        s
+    }
+
+    /// The label of the cell this one repeats (no repetition, no engine): what the
+    /// summary groups repetitions and engines under.
+    pub fn base_label(&self) -> String {
+        Cell { repetition: 1, engine: Engine::Kiln, ..self.clone() }.label()
     }
 }
 
@@ -107,6 +142,10 @@ pub struct CellKey {
     pub prompt_target_len: Option<u64>,
     /// `prompt` column.
     pub prompt: String,
+    /// `repetition` column.
+    pub repetition: u32,
+    /// Whether the row is the peer's (`engine` column other than kiln).
+    pub peer: bool,
 }
 
 /// The cells of a sweep in the order they run.
@@ -173,6 +212,8 @@ impl Plan {
                     warmup_tokens: t.warmup_tokens,
                     named: t.named,
                     env: BTreeMap::new(),
+                    repetition: 1,
+                    engine: Engine::Kiln,
                 })
             })
             .collect();

@@ -15,7 +15,7 @@ use super::plan::CellKey;
 use crate::console::usage;
 
 /// The header, exactly.
-pub const HEADER: [&str; 27] = [
+pub const HEADER: [&str; 32] = [
     "model",
     "model_path",
     "prompt_tokens",
@@ -43,6 +43,11 @@ pub const HEADER: [&str; 27] = [
     "prompt",
     "prompt_target_len",
     "status",
+    "repetition",
+    "engine",
+    "engine_version",
+    "reason",
+    "disturbed",
 ];
 
 /// One row. Measurements are empty when the cell was not measured; a knob is empty when
@@ -103,6 +108,16 @@ pub struct Row {
     pub prompt_target_len: Option<u64>,
     /// Exactly one status.
     pub status: String,
+    /// Which repetition of its cell the row measures, from 1 (`--repeat`).
+    pub repetition: u32,
+    /// What ran the cell: `kiln`, or the peer's program (`llama-bench`).
+    pub engine: String,
+    /// That engine's version: kiln's, or the peer's own version string.
+    pub engine_version: String,
+    /// Why a row that is not `ok` has no measurement, in one line; empty for `ok`.
+    pub reason: String,
+    /// Empty when the machine was quiet while the cell ran; else what else was running.
+    pub disturbed: String,
 }
 
 /// Every setting that changes what a cell measures: a resumed sweep must use the same.
@@ -155,7 +170,14 @@ impl Row {
             model: self.model.clone(),
             prompt_target_len: self.prompt_target_len,
             prompt: self.prompt.clone(),
+            repetition: self.repetition.max(1),
+            peer: self.is_peer(),
         }
+    }
+
+    /// Whether a peer engine (not kiln) measured this row.
+    pub fn is_peer(&self) -> bool {
+        !self.engine.is_empty() && self.engine != super::plan::Engine::KILN
     }
 
     /// The knobs the row was measured with.
@@ -203,7 +225,8 @@ impl Row {
                 self.prefill_tok_s.is_some(),
                 self.decode_ms.is_some(),
                 self.decode_tok_s.is_some(),
-                self.peak_bytes.is_some(),
+                // A peer reports no pool peak.
+                self.peak_bytes.is_some() || self.is_peer(),
             ];
             if measured.contains(&false) {
                 return Err("an ok row lacks one of its measurements".into());
@@ -383,6 +406,8 @@ mod tests {
             prompt_target_len: len,
             status: status.into(),
             features: "none; KILN_QMV_WIDE=0".into(),
+            repetition: 1,
+            engine: "kiln".into(),
             ..Row::default()
         }
     }
@@ -394,7 +419,7 @@ mod tests {
             "model,model_path,prompt_tokens,generated_tokens,prefill_ms,prefill_tok_s,decode_ms,decode_tok_s,\
              peak_bytes,max_rss_bytes,date,host,device,backend,kiln_version,commit,features,max_tokens,\
              warmup_tokens,attention,prefill_chunk,kv_dtype,memory_limit_bytes,threads,prompt,\
-             prompt_target_len,status"
+             prompt_target_len,status,repetition,engine,engine_version,reason,disturbed"
         );
         let mut w = csv::Writer::from_writer(Vec::new());
         w.serialize(row("m", Some(1), "ok")).unwrap();
@@ -434,11 +459,14 @@ mod tests {
         let path = dir.path().join("x.csv");
         let header = format!("{}\n", HEADER.join(","));
         let ok = line(&row("a", Some(1), "ok"));
-        let backstop = line(&row("b", Some(2), "SKIP:oom_backstop"));
-        // `ok` cut to `o`, and a status cut to exactly `SKIP:oom`: neither is finished.
-        let cut_ok = ok.trim_end().strip_suffix('k').unwrap().to_string();
-        let cut_skip = backstop.trim_end().strip_suffix("_backstop").unwrap().to_string();
-        for (tail, why) in [(&cut_ok, "cut inside `ok`"), (&cut_skip, "cut to SKIP:oom")] {
+        // A row cut inside its last field (`disturbed`, `load high` cut to `load`), and
+        // one cut after a whole field: neither is finished.
+        let mut skip = row("b", Some(2), "SKIP:oom_backstop");
+        skip.disturbed = "load high".into();
+        let backstop = line(&skip);
+        let cut_reason = backstop.trim_end().strip_suffix(" high").unwrap().to_string();
+        let cut_field = backstop.trim_end().strip_suffix("load high").unwrap().to_string();
+        for (tail, why) in [(&cut_reason, "cut inside the reason"), (&cut_field, "cut after a comma")] {
             fs::write(&path, format!("{header}{backstop}{tail}")).unwrap();
             let rows = read_rows(&path).unwrap();
             assert_eq!(rows.len(), 1, "{why}: {rows:?}");

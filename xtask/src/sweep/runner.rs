@@ -118,26 +118,12 @@ pub struct LocalRunner<'a> {
 }
 
 impl LocalRunner<'_> {
-    /// The `-m` argument: a path that exists relative to where the user typed it is
-    /// passed absolute (the engine runs in the workspace root); anything else is passed
-    /// as given, for the engine to resolve by its own rules.
     fn model_arg(&self, cell: &Cell) -> String {
-        let typed = self.user_cwd.join(&cell.model);
-        if !cell.model.is_empty() && self.user_cwd != self.workdir && typed.exists() {
-            typed.display().to_string()
-        } else {
-            cell.model.clone()
-        }
+        model_arg(&self.user_cwd, &self.workdir, &cell.model)
     }
 
     fn log_base(&self, index: usize, cell: &Cell) -> PathBuf {
-        let label: String = cell
-            .label()
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '@') { c } else { '_' })
-            .take(80)
-            .collect();
-        self.run_dir.join(format!("{:03}-{label}", index + 1))
+        log_base(&self.run_dir, index, cell)
     }
 
     /// Runs `kiln args...` with stdout and stderr in `<base>.stdout` / `<base>.stderr`.
@@ -148,35 +134,69 @@ impl LocalRunner<'_> {
         base: &Path,
         timeout: Duration,
     ) -> Result<Ran<(ChildExit, String, String)>> {
-        let out_path = base.with_extension(ext(base, "stdout"));
-        let err_path = base.with_extension(ext(base, "stderr"));
-        let stdout = File::create(&out_path).with_context(|| format!("creating {}", out_path.display()))?;
-        let stderr = File::create(&err_path).with_context(|| format!("creating {}", err_path.display()))?;
         let mut cmd = Command::new(&self.kiln);
-        cmd.args(args)
-            .current_dir(&self.workdir)
-            .envs(&cell.env)
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr);
-        let child = child::spawn(&mut cmd, Group::Own)
-            .with_context(|| format!("starting {} for cell {cell}", self.kiln.display()))?;
-        // A cell's engine holds nothing worth a grace period: it is killed at once.
-        let exit = match child.wait(self.shutdown, Some(timeout), Duration::ZERO)? {
-            Waited::Interrupted(sig) => return Ok(Ran::Interrupted(sig)),
-            Waited::TimedOut => ChildExit::TimedOut,
-            Waited::Exited(st) => child_exit(st),
-        };
-        let read = |p: &Path| fs::read(p).map(|b| String::from_utf8_lossy(&b).into_owned());
-        let out = read(&out_path).with_context(|| format!("reading {}", out_path.display()))?;
-        let err = read(&err_path).with_context(|| format!("reading {}", err_path.display()))?;
-        Ok(Ran::Done((exit, out, err)))
+        cmd.args(args).current_dir(&self.workdir).envs(&cell.env);
+        run_logged(cmd, &format!("cell {cell}"), base, timeout, self.shutdown)
     }
+}
+
+/// `<run_dir>/NNN-<label>`, the stem of cell `index`'s log files, the label reduced to
+/// characters safe in a file name.
+pub fn log_base(run_dir: &Path, index: usize, cell: &Cell) -> PathBuf {
+    let label: String = cell
+        .label()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '@' | '+' | '#') { c } else { '_' })
+        .take(80)
+        .collect();
+    run_dir.join(format!("{:03}-{label}", index + 1))
+}
+
+/// The `-m` argument: a path that exists relative to where the user typed it is passed
+/// absolute (the engine runs in the workspace root); anything else is passed as given,
+/// for the engine to resolve by its own rules.
+pub fn model_arg(user_cwd: &Path, workdir: &Path, model: &str) -> String {
+    let typed = user_cwd.join(model);
+    if !model.is_empty() && user_cwd != workdir && typed.exists() {
+        typed.display().to_string()
+    } else {
+        model.to_string()
+    }
+}
+
+/// Runs `cmd` to completion in its own process group with stdin closed and stdout and
+/// stderr in `<base>.stdout` / `<base>.stderr`, killed at `timeout` or on a signal (at
+/// once: a measured program holds nothing worth a grace period); returns its exit and
+/// both outputs. `what` names it in errors.
+pub fn run_logged(
+    mut cmd: Command,
+    what: &str,
+    base: &Path,
+    timeout: Duration,
+    shutdown: &Shutdown,
+) -> Result<Ran<(ChildExit, String, String)>> {
+    let out_path = base.with_extension(ext(base, "stdout"));
+    let err_path = base.with_extension(ext(base, "stderr"));
+    let stdout = File::create(&out_path).with_context(|| format!("creating {}", out_path.display()))?;
+    let stderr = File::create(&err_path).with_context(|| format!("creating {}", err_path.display()))?;
+    cmd.stdin(Stdio::null()).stdout(stdout).stderr(stderr);
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let child =
+        child::spawn(&mut cmd, Group::Own).with_context(|| format!("starting {program} for {what}"))?;
+    let exit = match child.wait(shutdown, Some(timeout), Duration::ZERO)? {
+        Waited::Interrupted(sig) => return Ok(Ran::Interrupted(sig)),
+        Waited::TimedOut => ChildExit::TimedOut,
+        Waited::Exited(st) => child_exit(st),
+    };
+    let read = |p: &Path| fs::read(p).map(|b| String::from_utf8_lossy(&b).into_owned());
+    let out = read(&out_path).with_context(|| format!("reading {}", out_path.display()))?;
+    let err = read(&err_path).with_context(|| format!("reading {}", err_path.display()))?;
+    Ok(Ran::Done((exit, out, err)))
 }
 
 /// `base.stdout` even when the label holds dots (`model@1.5`): the extension is appended,
 /// never substituted.
-fn ext(base: &Path, suffix: &str) -> String {
+pub fn ext(base: &Path, suffix: &str) -> String {
     match base.extension() {
         Some(e) => format!("{}.{suffix}", e.to_string_lossy()),
         None => suffix.to_string(),

@@ -22,6 +22,7 @@ use crate::child::{self as shutdown, Shutdown};
 use crate::console::usage;
 use crate::engine::{self, Backend, BackendArg, EnginePackage};
 use crate::machine::{self, Machine};
+use crate::peer::PeerRunner;
 
 /// The CSV a sweep writes, locked for the run, and the rows it already holds when resumed.
 pub struct Output {
@@ -227,6 +228,11 @@ impl Session {
     /// status.
     pub fn sweep(self, plan: &Plan, output: Output, flags: &SweepFlags) -> Result<ExitCode> {
         let slurm = flags.runner.slurm()?;
+        if slurm.is_some() && (flags.series.peer.is_some() || flags.series.require_quiet) {
+            usage!(
+                "--peer and --require-quiet apply to the local runner only: a Slurm task runs one kiln cell on whatever node it gets"
+            );
+        }
         if slurm.as_ref().is_some_and(|s| s.dry_run) {
             return self.submit_slurm(plan, output, flags, slurm.as_ref().expect("checked"));
         }
@@ -299,6 +305,20 @@ impl Session {
             source_csv: self.display(&output.path),
             model_paths: BTreeMap::new(),
             knobs: row_knobs,
+            peer: flags.series.peer.clone().map(|spec| PeerRunner {
+                spec,
+                kiln: self.kiln_bin.clone(),
+                workdir: self.root.clone(),
+                user_cwd: runner.user_cwd.clone(),
+                run_dir: runner.run_dir.clone(),
+                export_dir: self.root.join("target/peer-gguf"),
+                threads: self.engine_knobs.threads,
+                timeout: cell_timeout,
+                shutdown: &self.shutdown,
+                exported: BTreeMap::new(),
+                version: String::new(),
+            }),
+            quiet: (flags.series.limits(), flags.series.quiet_wait()),
         };
         Ok(ExitCode::from(driver.run(&mut runner, output)?))
     }
@@ -361,6 +381,7 @@ impl Session {
             kiln_env: self.kiln_env.clone(),
             kiln_version: self.kiln_version.clone(),
             memory_limit: limit,
+            busy_cpus: flags.series.limits().others_cpus,
         };
         // The CSV holds the header until `merge` replaces it; a dry run leaves none.
         drop(output.csv);
@@ -403,6 +424,11 @@ impl Session {
             "prefill_chunk": knobs.prefill_chunk,
             "attention": knobs.attention,
             "cell_timeout_s": cell_timeout.as_secs(),
+            "repeat": flags.series.repeat,
+            "require_quiet": flags.series.require_quiet,
+            "quiet_timeout_s": flags.series.quiet_timeout,
+            "busy_cpus": flags.series.busy_cpus,
+            "peer": flags.series.peer.as_ref().map(|p| format!("{}={}", p.program, p.path.display())),
         });
         let path = run_dir.join("env.json");
         fs::write(&path, serde_json::to_string_pretty(&env)? + "\n")

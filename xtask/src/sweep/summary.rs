@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::classify::Status;
-use super::plan::{Cell, CellKey, Plan};
+use super::plan::{Cell, CellKey, Engine, Plan};
 use super::rows::Row;
 
 /// A cell and its row, when it has one.
@@ -39,9 +39,11 @@ pub fn render(plan: &Plan, finished: &[Finished<'_>], interrupted: Option<&str>)
     let _ = writeln!(s, "| model | {} |", columns.join(" | "));
     let _ = writeln!(s, "|---|{}", "---:|".repeat(columns.len()));
     for model in &plan.models {
+        // One column per prompt: the first repetition of kiln's run (the statistics over
+        // repetitions and engines follow in their own section).
         let cells: Vec<String> = finished
             .iter()
-            .filter(|f| &f.cell.model == model)
+            .filter(|f| &f.cell.model == model && f.cell.repetition == 1 && f.cell.engine == Engine::Kiln)
             .map(|f| match f.row {
                 None => "not run".to_string(),
                 Some(r) if r.status == Status::Ok.as_str() => {
@@ -77,6 +79,18 @@ pub fn render(plan: &Plan, finished: &[Finished<'_>], interrupted: Option<&str>)
     };
     let skipped = list(&|st| st.is_skip());
     let _ = writeln!(s, "skipped {} of {total} cells: {}", skipped.len(), none_or(&skipped));
+    let disturbed: Vec<String> = finished
+        .iter()
+        .filter_map(|f| f.row.filter(|r| !r.disturbed.is_empty()).map(|_| f.cell.label()))
+        .collect();
+    if !disturbed.is_empty() {
+        let _ = writeln!(
+            s,
+            "disturbed {} of {total} cells (other processes were busy while they ran; see the disturbed column): {}",
+            disturbed.len(),
+            disturbed.join(", ")
+        );
+    }
     let failed = list(&|st| st.is_failure());
     if !failed.is_empty() {
         let _ = writeln!(s, "failed {} of {total} cells: {}", failed.len(), failed.join(", "));
@@ -178,7 +192,8 @@ mod tests {
     #[test]
     fn the_summary_shows_rates_statuses_and_the_tally() {
         let p = plan(DEFAULTS);
-        let r = rows(&p, &["ok", "SKIP:oom", "SKIP:context", ""]);
+        let mut r = rows(&p, &["ok", "SKIP:oom", "SKIP:context", ""]);
+        r.get_mut(&p.cells[0].key()).unwrap().disturbed = "other processes used 1.20 CPUs".into();
         let text = render(&p, &pair(&p, &r), Some("SIGINT"));
         assert!(text.contains("| model | 512 | 2048 |"), "{text}");
         assert!(text.contains("| a | 12.3 / 1234 | SKIP:oom |"), "{text}");
@@ -186,5 +201,7 @@ mod tests {
         assert!(text.contains("4 cells: 1 ok, 1 SKIP:oom, 1 SKIP:context, 1 not run"), "{text}");
         assert!(text.contains("skipped 2 of 4 cells: a@2048 (SKIP:oom), b@512 (SKIP:context)"), "{text}");
         assert!(text.contains("interrupted by SIGINT after 3 of 4 cells"), "{text}");
+        assert!(text.contains("disturbed 1 of 4 cells (other processes were busy"), "{text}");
+        assert!(text.contains("see the disturbed column): a@512\n"), "{text}");
     }
 }

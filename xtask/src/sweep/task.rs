@@ -85,6 +85,8 @@ pub struct TaskSpec {
     pub kiln_version: String,
     /// `--memory-limit` or `KILN_MEMORY_LIMIT`, for the device name.
     pub memory_limit: Option<String>,
+    /// `--busy-cpus`: other processes' CPU above which a cell is marked disturbed.
+    pub busy_cpus: f64,
 }
 
 impl TaskSpec {
@@ -257,6 +259,10 @@ impl SweepTask {
             source_csv: spec.source_csv.clone(),
             model_paths: BTreeMap::new(),
             knobs: spec.row_knobs.clone(),
+            // `--peer` is refused with `--runner slurm`; a node never waits for quiet,
+            // it marks a cell measured beside other work as disturbed.
+            peer: None,
+            quiet: (crate::quiet::Limits { others_cpus: spec.busy_cpus }, None),
         };
         // The backstop of a sweep spread over tasks: the rows of this model's cells that
         // ran before this one (its array runs them one at a time, shortest first).
@@ -272,7 +278,8 @@ impl SweepTask {
         // for this task follows within a moment, so a cancelled cell is never a
         // `FAIL:bench`.
         let mut cancelled = None;
-        let ran = driver.cell(&mut runner, self.index, total, cell, &mut |row| {
+        let probe = crate::quiet::Probe::around_children();
+        let ran = driver.cell(&mut runner, self.index, total, cell, probe.as_ref(), &mut |row| {
             let failed = classify::Status::parse(&row.status).is_none_or(|s| s.is_failure());
             if failed && let Some(sig) = signal_within(&shutdown, SIGNAL_GRACE) {
                 cancelled = Some(sig);

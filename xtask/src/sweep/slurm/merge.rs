@@ -13,10 +13,10 @@ use serde::{Deserialize, Serialize};
 
 use super::super::classify::Status;
 use super::super::driver::now;
-use super::super::plan::Cell;
+use super::super::plan::{Cell, Engine};
 use super::super::rows::{CsvOut, Knobs, Row};
-use super::super::summary;
 use super::super::task::{self, TaskSpec};
+use super::super::{series, summary};
 use crate::child;
 use crate::console::{self, usage};
 
@@ -207,7 +207,7 @@ pub fn task_log(run_dir: &Path, spec: &TaskSpec, jobs: &Jobs, index: usize) -> O
 
 /// The row of a cell whose task ended without writing one: every column that describes
 /// the cell as a row of this sweep would, no measurement, and the status for `state`.
-pub fn lost_row(spec: &TaskSpec, cell: &Cell, state: &str) -> Row {
+pub fn lost_row(spec: &TaskSpec, cell: &Cell, state: &TaskState, task_id: &str) -> Row {
     let meta = spec.row_meta(String::new());
     let mut row = Row {
         model: cell.model.clone(),
@@ -219,7 +219,11 @@ pub fn lost_row(spec: &TaskSpec, cell: &Cell, state: &str) -> Row {
         features: meta.features_column(&cell.env),
         prompt: cell.prompt_text().to_string(),
         prompt_target_len: cell.prompt_target_len(),
-        status: lost_status(state).as_str().to_string(),
+        status: lost_status(&state.state).as_str().to_string(),
+        reason: format!("Slurm task {task_id} ended {} without a row ({})", state.state, state.reason),
+        repetition: cell.repetition,
+        engine: Engine::KILN.into(),
+        engine_version: spec.kiln_version.clone(),
         ..Row::default()
     };
     row.set_knobs(&Knobs {
@@ -262,7 +266,7 @@ pub fn merge_rows(
                 state: "UNKNOWN".into(),
                 reason: "the task wrote no row and Slurm no longer knows it".into(),
             });
-        out.push(MergedCell { row: lost_row(spec, cell, &st.state), lost: Some((id, st)) });
+        out.push(MergedCell { row: lost_row(spec, cell, &st, &id), lost: Some((id, st)) });
     }
     Ok(out)
 }
@@ -333,7 +337,10 @@ pub fn merge_run(
     }
     let by_key: BTreeMap<_, _> = rows.iter().map(|r| (r.key(), r.clone())).collect();
     let finished = summary::pair(&spec.plan, &by_key);
-    let text = summary::render(&spec.plan, &finished, interrupted.map(child::signal_name));
+    let mut text = summary::render(&spec.plan, &finished, interrupted.map(child::signal_name));
+    if series::applies(&spec.plan) {
+        text = format!("{text}\n{}", series::render(&spec.plan, &finished));
+    }
     console::out(&format!("\n{text}"))?;
     eprintln!("merged {total} rows into {}", path.display());
     if let Some(sig) = interrupted {
@@ -400,6 +407,7 @@ mod tests {
             kiln_env: [("KILN_BENCH_FAKE_OOM".to_string(), "a:16".to_string())].into(),
             kiln_version: "0.1.0".into(),
             memory_limit: None,
+            busy_cpus: 0.5,
         }
     }
 

@@ -8,9 +8,13 @@
 //! rope pairs adjacent elements, Hugging Face's pairs the two halves of a head) is undone
 //! on the way; the tokenizer is rebuilt from the metadata (`tokenizer.rs`).
 
+mod export;
 mod header;
 mod tensors;
 mod tokenizer;
+mod writer;
+
+pub use export::{ExportReport, export};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
