@@ -154,3 +154,51 @@ fn score_writes_header_and_one_record_per_scored_position() {
     let run = run.expect_code(2);
     assert!(run.stderr().contains("KILN_ACT_PRECISION"), "{}", run.describe());
 }
+
+#[test]
+fn export_gguf_writes_a_file_kiln_runs_and_refuses_what_it_cannot_write() {
+    let dir = Dir::new();
+    let out = dir.path().join("qwen.gguf");
+    let out = out.to_str().unwrap();
+    let run = dir.run(&["export-gguf", "synthetic:tiny-qwen@4bit-g32", out]).expect_code(0);
+    assert!(run.stdout().contains("matrices as Q4_1, 0 as Q8_0, 0 as F32"), "{}", run.describe());
+    // The file runs, and scores a text exactly as the synthetic model does: the same
+    // tokens (the byte vocabulary) through the same weights.
+    dir.run(&["generate", "-m", out, "-p", "kiln", "-n", "4"]).expect_code(0);
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, "the kiln fires the same bytes twice, and the logits agree. ".repeat(3)).unwrap();
+    let score = |m: &str, file: &str| {
+        let o = dir.path().join(file);
+        let args = [
+            "score",
+            "-m",
+            m,
+            "--text-file",
+            text.to_str().unwrap(),
+            "--window",
+            "32",
+            "--first-scored",
+            "16",
+        ];
+        let run = dir.run(&[&args[..], &["--output", o.to_str().unwrap()]].concat()).expect_code(0);
+        let nll = run.json()["mean_nll"].as_f64().unwrap();
+        (nll, std::fs::read(o).unwrap())
+    };
+    let (a, fa) = score("synthetic:tiny-qwen@4bit-g32", "a.logprobs");
+    let (b, fb) = score(out, "b.logprobs");
+    assert_eq!(a, b, "mean negative log-likelihood");
+    // The records after each file's header (magic, length, JSON naming the model).
+    let body = |f: &[u8]| f[12 + u32::from_le_bytes(f[8..12].try_into().unwrap()) as usize..].to_vec();
+    assert!(body(&fa) == body(&fb), "the log-probabilities differ");
+    // A GGUF model is exported again with its own tokenizer metadata.
+    let again = dir.path().join("again.gguf");
+    let again = again.to_str().unwrap();
+    let fx = fixture();
+    dir.run(&["export-gguf", fx.to_str().unwrap(), again]).expect_code(0);
+    dir.run(&["generate", "-m", again, "-p", "hello", "-n", "4"]).expect_code(0);
+    // Llama 3.1 rope scaling has no form kiln reads back: exit 2, naming it, no file.
+    let refused = dir.path().join("tiny.gguf");
+    let run = dir.run(&["export-gguf", "synthetic:tiny", refused.to_str().unwrap()]).expect_code(2);
+    assert!(run.stderr().contains("accepted rope scalings are none and linear"), "{}", run.describe());
+    assert!(!refused.exists());
+}

@@ -15,7 +15,7 @@
 //!
 //! The tokenizer: a synthetic model's byte tokenizer becomes a SentencePiece vocabulary
 //! of byte tokens (`<0x00>`..`<0xFF>`, the space as `▁`, then `<s>`, `</s>` and unused
-//! fillers), which both kiln's loader and llama.cpp encode byte for byte; a model loaded from a GGUF file keeps
+//! control fillers), which both kiln's loader and llama.cpp encode byte for byte; a model loaded from a GGUF file keeps
 //! that file's tokenizer metadata; a checkpoint's byte-level BPE `tokenizer.json` becomes
 //! a `gpt2` vocabulary with its merges. Any other tokenizer is refused by name.
 //!
@@ -265,7 +265,9 @@ fn byte_vocab(c: &ModelConfig) -> Vec<(String, MetaValue)> {
             0..=255 => (format!("<0x{i:02X}>"), 6),
             _ if i == ByteTokenizer::BOS as usize => ("<s>".to_string(), 3),
             _ if i == ByteTokenizer::EOS as usize => ("</s>".to_string(), 3),
-            _ => (format!("<unused_{i}>"), 5),
+            // Control tokens, so text from them is skipped as the byte tokenizer skips
+            // ids past its vocabulary.
+            _ => (format!("<unused_{i}>"), 3),
         };
         tokens.push(t);
         types.push(ty);
@@ -277,7 +279,8 @@ fn byte_vocab(c: &ModelConfig) -> Vec<(String, MetaValue)> {
         ("tokenizer.ggml.token_type".into(), MetaValue::I32s(types)),
         ("tokenizer.ggml.bos_token_id".into(), MetaValue::U32(ByteTokenizer::BOS)),
         ("tokenizer.ggml.eos_token_id".into(), MetaValue::U32(ByteTokenizer::EOS)),
-        ("tokenizer.ggml.add_bos_token".into(), MetaValue::Bool(c.architecture == Architecture::Llama)),
+        // The byte tokenizer puts BOS first whatever the architecture.
+        ("tokenizer.ggml.add_bos_token".into(), MetaValue::Bool(true)),
         ("tokenizer.ggml.add_space_prefix".into(), MetaValue::Bool(false)),
     ]
 }
