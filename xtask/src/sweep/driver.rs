@@ -59,6 +59,33 @@ impl RowMeta {
         }
     }
 
+    /// A kiln cell's row before anything is known of its run: the cell's coordinates and
+    /// knobs (`knobs` with the cell's token counts) and where the row comes from; the
+    /// model path is the model as named, the device and the measurements empty.
+    pub(super) fn cell_row(&self, cell: &plan::Cell, knobs: &Knobs) -> Row {
+        let mut row = Row {
+            model: cell.model.clone(),
+            model_path: cell.model.clone(),
+            date: now(),
+            host: self.host.clone(),
+            backend: self.backend.clone(),
+            kiln_version: self.kiln_version.clone(),
+            commit: self.commit.clone(),
+            features: self.features_column(&cell.env),
+            prompt: cell.prompt_text().to_string(),
+            prompt_target_len: cell.prompt_target_len(),
+            repetition: cell.repetition,
+            engine: Engine::KILN.into(),
+            ..Row::default()
+        };
+        row.set_knobs(&Knobs {
+            max_tokens: cell.max_tokens,
+            warmup_tokens: cell.warmup_tokens,
+            ..knobs.clone()
+        });
+        row
+    }
+
     pub(super) fn display(&self, p: &Path) -> String {
         p.strip_prefix(&self.root).unwrap_or(p).display().to_string()
     }
@@ -281,29 +308,11 @@ impl Driver<'_> {
     }
 
     fn row(&mut self, runner: &mut dyn CellRunner, cell: &plan::Cell, result: &CellResult) -> Row {
-        let s = &self.meta;
-        let model_path = self.model_paths.get(&cell.model).cloned().unwrap_or_else(|| cell.model.clone());
-        let mut row = Row {
-            model: cell.model.clone(),
-            model_path,
-            date: now(),
-            host: s.host.clone(),
-            device: runner.device().to_string(),
-            backend: s.backend.clone(),
-            kiln_version: s.kiln_version.clone(),
-            commit: s.commit.clone(),
-            features: s.features_column(&cell.env),
-            prompt: cell.prompt_text().to_string(),
-            prompt_target_len: cell.prompt_target_len(),
-            repetition: cell.repetition,
-            engine: Engine::KILN.into(),
-            ..Row::default()
-        };
-        row.set_knobs(&Knobs {
-            max_tokens: cell.max_tokens,
-            warmup_tokens: cell.warmup_tokens,
-            ..self.knobs.clone()
-        });
+        let mut row = self.meta.cell_row(cell, &self.knobs);
+        row.device = runner.device().to_string();
+        if let Some(path) = self.model_paths.get(&cell.model) {
+            row.model_path = path.clone();
+        }
         match result {
             CellResult::Skipped(skip) => {
                 row.status = skip.status.as_str().into();

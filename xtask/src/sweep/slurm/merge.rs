@@ -12,9 +12,8 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use super::super::classify::Status;
-use super::super::driver::now;
-use super::super::plan::{Cell, Engine};
-use super::super::rows::{CsvOut, Knobs, Row};
+use super::super::plan::Cell;
+use super::super::rows::{CsvOut, Row};
 use super::super::task::{self, TaskSpec};
 use super::super::{series, summary};
 use crate::child;
@@ -208,29 +207,10 @@ pub fn task_log(run_dir: &Path, spec: &TaskSpec, jobs: &Jobs, index: usize) -> O
 /// The row of a cell whose task ended without writing one: every column that describes
 /// the cell as a row of this sweep would, no measurement, and the status for `state`.
 pub fn lost_row(spec: &TaskSpec, cell: &Cell, state: &TaskState, task_id: &str) -> Row {
-    let meta = spec.row_meta(String::new());
-    let mut row = Row {
-        model: cell.model.clone(),
-        model_path: cell.model.clone(),
-        date: now(),
-        backend: spec.backend.clone(),
-        kiln_version: spec.kiln_version.clone(),
-        commit: spec.commit.clone(),
-        features: meta.features_column(&cell.env),
-        prompt: cell.prompt_text().to_string(),
-        prompt_target_len: cell.prompt_target_len(),
-        status: lost_status(&state.state).as_str().to_string(),
-        reason: format!("Slurm task {task_id} ended {} without a row ({})", state.state, state.reason),
-        repetition: cell.repetition,
-        engine: Engine::KILN.into(),
-        engine_version: spec.kiln_version.clone(),
-        ..Row::default()
-    };
-    row.set_knobs(&Knobs {
-        max_tokens: cell.max_tokens,
-        warmup_tokens: cell.warmup_tokens,
-        ..spec.row_knobs.clone()
-    });
+    let mut row = spec.row_meta(String::new()).cell_row(cell, &spec.row_knobs);
+    row.status = lost_status(&state.state).as_str().to_string();
+    row.reason = format!("Slurm task {task_id} ended {} without a row ({})", state.state, state.reason);
+    row.engine_version = spec.kiln_version.clone();
     row
 }
 
@@ -374,7 +354,7 @@ impl Merge {
 #[cfg(test)]
 mod tests {
     use super::super::super::plan::{CellTemplate, Named, Plan, Prompt};
-    use super::super::super::rows::{HEADER, read_rows};
+    use super::super::super::rows::{HEADER, Knobs, read_rows};
     use super::super::super::runner::EngineKnobs;
     use super::super::script;
     use super::*;
