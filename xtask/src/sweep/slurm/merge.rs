@@ -134,12 +134,16 @@ pub fn query(job_ids: &[String]) -> Result<BTreeMap<String, TaskState>> {
         return Ok(BTreeMap::new());
     }
     let ids = job_ids.join(",");
-    let sacct =
-        Command::new("sacct").args(["-n", "-P", "-X", "-j", &ids, "-o", "JobID,State,Reason"]).output();
-    let mut states = match sacct {
-        Ok(o) if o.status.success() => parse_states(&String::from_utf8_lossy(&o.stdout)),
-        _ => BTreeMap::new(),
+    // Without a `Reason` field where this sacct does not know it.
+    let sacct = |fields: &str| {
+        Command::new("sacct")
+            .args(["-n", "-P", "-X", "-j", &ids, "-o", fields])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| parse_states(&String::from_utf8_lossy(&o.stdout)))
     };
+    let mut states = sacct("JobID,State,Reason").or_else(|| sacct("JobID,State")).unwrap_or_default();
     let squeue = Command::new("squeue")
         .args(["-h", "-r", "-t", "all", "-j", &ids, "-o", "%i|%T|%r"])
         .output()
