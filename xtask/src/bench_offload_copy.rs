@@ -315,6 +315,7 @@ impl BenchOffloadCopy {
             oom_record: self.oom_record.clone(),
             runs_dir: self.runs_dir.clone(),
             series: SeriesFlags::default(),
+            runner: Default::default(),
         };
         let (_, memory_limit_bytes) = flags.engine_knobs()?;
         let session = Session::prepare(&sh.current_dir(), "offload-copy", &flags, harness_env)?;

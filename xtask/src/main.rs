@@ -54,6 +54,11 @@ enum Task {
     ServeBench(serve_bench::ServeBench),
     /// Price the qmv_wide narrow pin with interleaved (ABBA) boots of kiln serve.
     QmvPinTax(pin_tax::QmvPinTax),
+    /// Join the rows of a `--runner slurm` sweep into its CSV and print the summary.
+    Merge(sweep::slurm::merge::Merge),
+    /// Run one cell of a planned sweep (what each Slurm task calls).
+    #[command(hide = true)]
+    SweepTask(sweep::task::SweepTask),
 }
 
 fn main() -> ExitCode {
@@ -81,6 +86,8 @@ fn main() -> ExitCode {
         Task::OomRecord(t) => t.run(&sh),
         Task::ServeBench(t) => t.run(&sh),
         Task::QmvPinTax(t) => t.run(&sh),
+        Task::Merge(t) => t.run(),
+        Task::SweepTask(t) => t.run(),
     };
     match result {
         Ok(code) => code,

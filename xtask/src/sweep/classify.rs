@@ -69,11 +69,23 @@ pub enum Status {
     /// The `--peer` engine could not measure the cell (missing, failed, unparsable
     /// output, no model file); the row's reason says which.
     Peer,
+    /// `--runner slurm`: the cell's task was cancelled (`scancel`) before it wrote a row.
+    SlurmCancelled,
+    /// `--runner slurm`: the cell's task hit its Slurm time limit before it wrote a row.
+    SlurmTimeout,
+    /// `--runner slurm`: the cell's node failed before the task wrote a row.
+    SlurmNodeFail,
+    /// `--runner slurm`: Slurm killed the task for its job's memory limit before it wrote
+    /// a row (not the engine's out of memory: nothing the harness saw).
+    SlurmOom,
+    /// `--runner slurm`: the cell's task ended without a row for another reason (or Slurm
+    /// no longer knows it).
+    SlurmLost,
 }
 
 impl Status {
     /// Every status, in the order the documentation lists them.
-    pub const ALL: [Status; 15] = [
+    pub const ALL: [Status; 20] = [
         Status::Ok,
         Status::OomEstimate,
         Status::Oom,
@@ -89,6 +101,11 @@ impl Status {
         Status::Killed,
         Status::Abort,
         Status::Peer,
+        Status::SlurmCancelled,
+        Status::SlurmTimeout,
+        Status::SlurmNodeFail,
+        Status::SlurmOom,
+        Status::SlurmLost,
     ];
 
     /// The text written in the `status` column.
@@ -109,6 +126,11 @@ impl Status {
             Status::Killed => "FAIL:killed",
             Status::Abort => "FAIL:abort",
             Status::Peer => "FAIL:peer",
+            Status::SlurmCancelled => "FAIL:slurm_cancelled",
+            Status::SlurmTimeout => "FAIL:slurm_timeout",
+            Status::SlurmNodeFail => "FAIL:slurm_node_fail",
+            Status::SlurmOom => "FAIL:slurm_oom",
+            Status::SlurmLost => "FAIL:slurm",
         }
     }
 
@@ -134,6 +156,11 @@ impl Status {
                 | Status::Killed
                 | Status::Abort
                 | Status::Peer
+                | Status::SlurmCancelled
+                | Status::SlurmTimeout
+                | Status::SlurmNodeFail
+                | Status::SlurmOom
+                | Status::SlurmLost
         )
     }
 

@@ -60,6 +60,33 @@ impl RowMeta {
         }
     }
 
+    /// A kiln cell's row before anything is known of its run: the cell's coordinates and
+    /// knobs (`knobs` with the cell's token counts) and where the row comes from; the
+    /// model path is the model as named, the device and the measurements empty.
+    pub(super) fn cell_row(&self, cell: &plan::Cell, knobs: &Knobs) -> Row {
+        let mut row = Row {
+            model: cell.model.clone(),
+            model_path: cell.model.clone(),
+            date: now(),
+            host: self.host.clone(),
+            backend: self.backend.clone(),
+            kiln_version: self.kiln_version.clone(),
+            commit: self.commit.clone(),
+            features: self.features_column(&cell.env),
+            prompt: cell.prompt_text().to_string(),
+            prompt_target_len: cell.prompt_target_len(),
+            repetition: cell.repetition,
+            engine: Engine::KILN.into(),
+            ..Row::default()
+        };
+        row.set_knobs(&Knobs {
+            max_tokens: cell.max_tokens,
+            warmup_tokens: cell.warmup_tokens,
+            ..knobs.clone()
+        });
+        row
+    }
+
     pub(crate) fn display(&self, p: &Path) -> String {
         p.strip_prefix(&self.root).unwrap_or(p).display().to_string()
     }
@@ -102,11 +129,7 @@ impl Driver<'_> {
         if let Some(existing) = output.resumed {
             let wanted: BTreeMap<CellKey, ()> = self.plan.cells.iter().map(|c| (c.key(), ())).collect();
             for row in existing.into_iter().filter(|r| wanted.contains_key(&r.key())) {
-                // A resumed sweep is the same sweep: its earlier OOMs still backstop.
-                if row.status == Status::Oom.as_str() {
-                    let len = row.prompt_target_len.unwrap_or(0);
-                    self.layers.backstop.note_oom(&row.model, len);
-                }
+                self.note_earlier(&row);
                 rows.insert(row.key(), row);
             }
             eprintln!(
@@ -164,42 +187,13 @@ impl Driver<'_> {
                 rows.insert(cell.key(), row);
                 continue;
             }
-            let result = match self.one_cell(runner, i, cell)? {
-                Ran::Done(r) => r,
+            match self.cell(runner, i, total, cell, probe.as_ref(), &mut |row| csv.write(row))? {
+                Ran::Done(row) => rows.insert(cell.key(), row),
                 Ran::Interrupted(sig) => {
                     interrupted = Some(sig);
                     break;
                 }
             };
-            let mut row = self.row(runner, cell, &result);
-            if let CellResult::Ran(_) = result {
-                row.disturbed = self.disturbed(probe.as_ref());
-            }
-            let status = Status::parse(&row.status).unwrap_or(Status::Bench);
-            csv.write(&row)?;
-            self.print_cell(i, total, cell, &row, &result);
-            let device = match &result {
-                CellResult::Ran(o) => o.device.clone(),
-                CellResult::Skipped(_) => runner.device().to_string(),
-            };
-            let appended = self.layers.observe(cell, status, || RecordLine {
-                model: cell.model.clone(),
-                prompt_target_len: cell.layer_len(),
-                date: row.date.clone(),
-                commit: row.commit.clone(),
-                peak_bytes: row.peak_bytes,
-                source_csv: self.source_csv.clone(),
-                device: Some(device),
-            })?;
-            if appended {
-                eprintln!(
-                    "    recorded {}@{} in {}",
-                    cell.model,
-                    cell.layer_len(),
-                    self.meta.display(self.layers.record.file().path())
-                );
-            }
-            rows.insert(cell.key(), row);
         }
         if let Some(sig) = interrupted {
             eprintln!(
@@ -223,6 +217,64 @@ impl Driver<'_> {
         }
         eprintln!("results: {} ({:.0} s)", self.source_csv, started.elapsed().as_secs_f64());
         Ok(code)
+    }
+
+    /// A row of this sweep written before this cell (a resumed file's, or an earlier
+    /// Slurm task's): a resumed sweep is the same sweep, so its earlier OOMs still backstop.
+    pub(super) fn note_earlier(&mut self, row: &Row) {
+        if row.status == Status::Oom.as_str() {
+            let len = row.prompt_target_len.unwrap_or(0);
+            self.layers.backstop.note_oom(&row.model, len);
+        }
+    }
+
+    /// One kiln cell, the whole way: the layers, the runner, its row (marked disturbed
+    /// when `probe` saw other work beside it) handed to `write` (before
+    /// anything else happens, so it is never lost), the line on stderr, and the outcome
+    /// fed back to the backstop and the record. The local loop and a Slurm task
+    /// (`sweep-task`) both run a cell through here.
+    pub(super) fn cell(
+        &mut self,
+        runner: &mut dyn CellRunner,
+        i: usize,
+        total: usize,
+        cell: &plan::Cell,
+        probe: Option<&quiet::Probe>,
+        write: &mut dyn FnMut(&Row) -> Result<()>,
+    ) -> Result<Ran<Row>> {
+        let result = match self.one_cell(runner, i, cell)? {
+            Ran::Done(r) => r,
+            Ran::Interrupted(sig) => return Ok(Ran::Interrupted(sig)),
+        };
+        let mut row = self.row(runner, cell, &result);
+        if let CellResult::Ran(_) = result {
+            row.disturbed = self.disturbed(probe);
+        }
+        let status = Status::parse(&row.status).unwrap_or(Status::Bench);
+        write(&row)?;
+        self.print_cell(i, total, cell, &row, &result);
+        let device = match &result {
+            CellResult::Ran(o) => o.device.clone(),
+            CellResult::Skipped(_) => runner.device().to_string(),
+        };
+        let appended = self.layers.observe(cell, status, || RecordLine {
+            model: cell.model.clone(),
+            prompt_target_len: cell.layer_len(),
+            date: row.date.clone(),
+            commit: row.commit.clone(),
+            peak_bytes: row.peak_bytes,
+            source_csv: self.source_csv.clone(),
+            device: Some(device),
+        })?;
+        if appended {
+            eprintln!(
+                "    recorded {}@{} in {}",
+                cell.model,
+                cell.layer_len(),
+                self.meta.display(self.layers.record.file().path())
+            );
+        }
+        Ok(Ran::Done(row))
     }
 
     /// The layers in order, then the runner.
@@ -257,29 +309,11 @@ impl Driver<'_> {
     }
 
     fn row(&mut self, runner: &mut dyn CellRunner, cell: &plan::Cell, result: &CellResult) -> Row {
-        let s = &self.meta;
-        let model_path = self.model_paths.get(&cell.model).cloned().unwrap_or_else(|| cell.model.clone());
-        let mut row = Row {
-            model: cell.model.clone(),
-            model_path,
-            date: now(),
-            host: s.host.clone(),
-            device: runner.device().to_string(),
-            backend: s.backend.clone(),
-            kiln_version: s.kiln_version.clone(),
-            commit: s.commit.clone(),
-            features: s.features_column(&cell.env),
-            prompt: cell.prompt_text().to_string(),
-            prompt_target_len: cell.prompt_target_len(),
-            repetition: cell.repetition,
-            engine: Engine::KILN.into(),
-            ..Row::default()
-        };
-        row.set_knobs(&Knobs {
-            max_tokens: cell.max_tokens,
-            warmup_tokens: cell.warmup_tokens,
-            ..self.knobs.clone()
-        });
+        let mut row = self.meta.cell_row(cell, &self.knobs);
+        row.device = runner.device().to_string();
+        if let Some(path) = self.model_paths.get(&cell.model) {
+            row.model_path = path.clone();
+        }
         match result {
             CellResult::Skipped(skip) => {
                 row.status = skip.status.as_str().into();

@@ -80,6 +80,9 @@ pub struct SweepFlags {
     pub runs_dir: Option<PathBuf>,
     #[command(flatten)]
     pub series: super::series::SeriesFlags,
+    /// `--runner` and the Slurm options.
+    #[command(flatten)]
+    pub runner: super::slurm::RunnerFlags,
 }
 
 impl SweepFlags {

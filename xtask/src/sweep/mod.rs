@@ -17,7 +17,9 @@ pub mod rows;
 pub mod runner;
 pub mod series;
 pub mod session;
+pub mod slurm;
 pub mod summary;
+pub mod task;
 
 pub use flags::{HarnessEnv, SweepFlags, user_path};
 pub use session::Session;

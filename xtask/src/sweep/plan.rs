@@ -4,10 +4,12 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
+
 use super::classify::Status;
 
 /// How a cell's prompt is given to the engine.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Prompt {
     /// `--prompt-tokens N`: the engine builds a prompt of N tokens.
     Tokens(u64),
@@ -16,7 +18,7 @@ pub enum Prompt {
 }
 
 /// One measurement: a model at a prompt, with everything the engine is told.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cell {
     /// The model as the user or the defaults named it.
     pub model: String,
@@ -39,7 +41,7 @@ pub struct Cell {
 }
 
 /// The engine a cell measures.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Engine {
     /// kiln, through the layers and the runner.
     #[default]
@@ -147,7 +149,7 @@ pub struct CellKey {
 }
 
 /// The cells of a sweep in the order they run.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Plan {
     /// Cells, model-major, length-minor.
     pub cells: Vec<Cell>,
@@ -158,7 +160,7 @@ pub struct Plan {
 }
 
 /// Which parts of a plan the user named.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Named {
     /// `--models` was given.
     pub models: bool,

@@ -121,7 +121,7 @@ pub struct Row {
 }
 
 /// Every setting that changes what a cell measures: a resumed sweep must use the same.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Knobs {
     /// `--max-tokens`.
     pub max_tokens: u64,

@@ -57,7 +57,7 @@ pub trait CellRunner {
 }
 
 /// Knobs passed through to every engine call.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EngineKnobs {
     /// `--memory-limit`.
     pub memory_limit: Option<String>,

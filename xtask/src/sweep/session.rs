@@ -68,6 +68,7 @@ impl Session {
         harness_env: HarnessEnv,
     ) -> Result<Session> {
         let (engine_knobs, memory_limit_bytes) = flags.engine_knobs()?;
+        flags.runner.slurm()?;
         let shutdown = Shutdown::install()?;
         let machine = Machine::probe();
         let prebuilt = match flags.kiln_bin.clone().or_else(|| harness_env.kiln_bin.clone()) {
@@ -231,6 +232,21 @@ impl Session {
     /// Builds the engine when asked, then runs `plan` into `output` and returns the exit
     /// status.
     pub fn sweep(self, plan: &Plan, output: Output, flags: &SweepFlags) -> Result<ExitCode> {
+        let slurm = flags.runner.slurm()?;
+        if slurm.is_some() && (flags.series.peer.is_some() || flags.series.require_quiet) {
+            usage!(
+                "--peer and --require-quiet apply to the local runner only: a Slurm task runs one kiln cell on whatever node it gets"
+            );
+        }
+        if let Some(slurm) = &slurm {
+            // A dry run prints the batch scripts only: nothing to build.
+            if !slurm.dry_run {
+                if let Some(code) = self.build_engine()? {
+                    return Ok(code);
+                }
+            }
+            return self.submit_slurm(plan, output, flags, slurm);
+        }
         eprintln!("sweep: {} cells", plan.cells.len());
         let started = match self.start(&output.path, flags)? {
             Ok(s) => s,
@@ -252,18 +268,27 @@ impl Session {
         Ok(ExitCode::from(driver.run(runner, output)?))
     }
 
-    /// Builds the engine when asked, creates the run directory with its env.json, and
-    /// hands over what any sweep needs to run cells: the runner's settings, the OOM
-    /// layers and the rows' fingerprint. `Err(code)` when a signal ended the build.
-    pub fn start(self, output: &Path, flags: &SweepFlags) -> Result<Result<Started, ExitCode>> {
+    /// Builds the engine when the session was asked to; `Some(code)` when a signal ended
+    /// the build.
+    fn build_engine(&self) -> Result<Option<ExitCode>> {
         if self.build {
             if let Some(sig) = engine::build_release(&self.root, self.backend, &self.shutdown)? {
                 eprintln!("interrupted by {} during the build", shutdown::signal_name(sig));
-                return Ok(Err(ExitCode::from(shutdown::exit_code_for(sig))));
+                return Ok(Some(ExitCode::from(shutdown::exit_code_for(sig))));
             }
             if !self.kiln_bin.is_file() {
                 anyhow::bail!("the build left no kiln binary at {}", self.kiln_bin.display());
             }
+        }
+        Ok(None)
+    }
+
+    /// Builds the engine when asked, creates the run directory with its env.json, and
+    /// hands over what any sweep needs to run cells: the runner's settings, the OOM
+    /// layers and the rows' fingerprint. `Err(code)` when a signal ended the build.
+    pub fn start(self, output: &Path, flags: &SweepFlags) -> Result<Result<Started, ExitCode>> {
+        if let Some(code) = self.build_engine()? {
+            return Ok(Err(code));
         }
         let cell_timeout = flags.cell_timeout.map(Duration::from_secs).unwrap_or(self.defaults.cell_timeout);
         let knobs = self.engine_knobs.clone();
@@ -293,6 +318,75 @@ impl Session {
             cell_timeout,
             session: self,
         }))
+    }
+
+    /// `--runner slurm`: the run directory under the shared one (not created in a dry
+    /// run), env.json, the spec every task reads, and the submission. The OOM record
+    /// defaults to `<shared-dir>/.oom-record`, where every node sees it.
+    fn submit_slurm(
+        &self,
+        plan: &Plan,
+        output: Output,
+        flags: &SweepFlags,
+        slurm: &super::slurm::SlurmOptions,
+    ) -> Result<ExitCode> {
+        if output.resumed.is_some() {
+            usage!(
+                "--resume applies to the local runner only: `cargo xtask merge RUN_DIR` joins a Slurm run's rows"
+            );
+        }
+        let record = match &flags.oom_record {
+            Some(_) => self.record_path.clone(),
+            None => slurm.shared_dir.join(".oom-record"),
+        };
+        let cell_timeout = flags.cell_timeout.map(Duration::from_secs).unwrap_or(self.defaults.cell_timeout);
+        let run_dir = if slurm.dry_run {
+            let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
+            slurm.shared_dir.join(format!("{stamp}-{}", self.command))
+        } else {
+            let dir = crate::runs::create_run_dir(&slurm.shared_dir, &self.command)?;
+            self.write_env_json(&dir, &output.path, &record, &self.engine_knobs, cell_timeout, flags)?;
+            eprintln!(
+                "sweep: {} cells on Slurm; kiln {} ({}); run directory {}",
+                plan.cells.len(),
+                self.display(&self.kiln_bin),
+                self.backend.as_str(),
+                dir.display()
+            );
+            dir
+        };
+        let limit = flags.memory_limit.clone().or_else(|| self.kiln_env.get("KILN_MEMORY_LIMIT").cloned());
+        let spec = super::task::TaskSpec {
+            command: self.command.clone(),
+            plan: plan.clone(),
+            arrays: Vec::new(),
+            kiln: self.kiln_bin.clone(),
+            workdir: self.root.clone(),
+            user_cwd: std::env::current_dir().context("reading the current directory")?,
+            knobs: self.engine_knobs.clone(),
+            row_knobs: self.engine_row_knobs(),
+            cell_timeout_s: cell_timeout.as_secs(),
+            estimate_on: !flags.no_estimate,
+            record,
+            ignore_record: self.harness_env.ignore_record,
+            fake_oom: self.harness_env.fake_oom.clone(),
+            source_csv: self.display(&output.path),
+            output: output.path.clone(),
+            backend: self.backend.as_str().to_string(),
+            commit: self.commit.clone(),
+            features: self.features.clone(),
+            kiln_env: self.kiln_env.clone(),
+            kiln_version: self.kiln_version.clone(),
+            memory_limit: limit,
+            busy_cpus: flags.series.limits().others_cpus,
+        };
+        // The CSV holds the header until `merge` replaces it; a dry run leaves none.
+        drop(output.csv);
+        if slurm.dry_run {
+            let _ = fs::remove_file(&output.path);
+        }
+        let code = super::slurm::submit(&run_dir, spec, slurm, &self.shutdown)?;
+        Ok(ExitCode::from(code))
     }
 
     fn write_env_json(
