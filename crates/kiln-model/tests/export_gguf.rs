@@ -17,14 +17,15 @@ fn opts(pool: &MemoryPool) -> LoadOptions {
 fn matrices(w: &ModelWeights) -> Vec<&LinearWeight> {
     let mut m = vec![&w.embed_tokens];
     for l in &w.layers {
+        let mlp = l.mlp.dense().expect("the exported models are dense");
         m.extend([
             &l.q_proj.weight,
             &l.k_proj.weight,
             &l.v_proj.weight,
             &l.o_proj.weight,
-            &l.gate_proj.weight,
-            &l.up_proj.weight,
-            &l.down_proj.weight,
+            &mlp.gate_proj.weight,
+            &mlp.up_proj.weight,
+            &mlp.down_proj.weight,
         ]);
     }
     m.extend(w.lm_head.as_ref().map(|h| &h.weight));

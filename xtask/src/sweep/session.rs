@@ -240,10 +240,10 @@ impl Session {
         }
         if let Some(slurm) = &slurm {
             // A dry run prints the batch scripts only: nothing to build.
-            if !slurm.dry_run {
-                if let Some(code) = self.build_engine()? {
-                    return Ok(code);
-                }
+            if !slurm.dry_run
+                && let Some(code) = self.build_engine()?
+            {
+                return Ok(code);
             }
             return self.submit_slurm(plan, output, flags, slurm);
         }

@@ -409,9 +409,12 @@ fn tensors<'a>(c: &ModelConfig, w: &'a ModelWeights) -> Vec<(String, Source<'a>)
             }
         }
         t.push((b("ffn_norm.weight"), Source::Vector(&l.post_attention_layernorm.weight, Rows::Same)));
-        t.push((b("ffn_gate.weight"), Source::Matrix(&l.gate_proj.weight, Rows::Same)));
-        t.push((b("ffn_up.weight"), Source::Matrix(&l.up_proj.weight, Rows::Same)));
-        t.push((b("ffn_down.weight"), Source::Matrix(&l.down_proj.weight, Rows::Same)));
+        // Only dense architectures get this far: `arch_name` refuses the MoE ones by name.
+        if let Some(mlp) = l.mlp.dense() {
+            t.push((b("ffn_gate.weight"), Source::Matrix(&mlp.gate_proj.weight, Rows::Same)));
+            t.push((b("ffn_up.weight"), Source::Matrix(&mlp.up_proj.weight, Rows::Same)));
+            t.push((b("ffn_down.weight"), Source::Matrix(&mlp.down_proj.weight, Rows::Same)));
+        }
     }
     t.push(("output_norm.weight".to_string(), Source::Vector(&w.norm.weight, Rows::Same)));
     if let Some(head) = &w.lm_head {
