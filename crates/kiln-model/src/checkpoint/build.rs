@@ -14,7 +14,8 @@ use super::plan::{LinearPlan, MatrixPlan, Plan, Step, chunk_rows};
 use super::tensor::TensorReader;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::weights::{DenseMlp, Layer, Linear, LinearWeight, Mlp, ModelWeights, RmsNorm};
+use crate::experts::{Expert, ExpertStore};
+use crate::weights::{DenseMlp, Layer, Linear, LinearWeight, Mlp, ModelWeights, MoeMlp, RmsNorm};
 
 /// Loads every step of `plan` and assembles the decoder.
 pub(crate) fn build(plan: Plan, config: &ModelConfig, reader: &TensorReader<'_>) -> Result<ModelWeights> {
@@ -27,6 +28,7 @@ pub(crate) fn build(plan: Plan, config: &ModelConfig, reader: &TensorReader<'_>)
     }
     let embed_tokens = next.linear()?.weight;
     let mut layers = Vec::with_capacity(config.num_hidden_layers);
+    let mut experts = Vec::new();
     for _ in 0..config.num_hidden_layers {
         layers.push(Layer {
             input_layernorm: next.norm()?,
@@ -34,19 +36,42 @@ pub(crate) fn build(plan: Plan, config: &ModelConfig, reader: &TensorReader<'_>)
             k_proj: next.linear()?,
             v_proj: next.linear()?,
             o_proj: next.linear()?,
-            q_norm: None,
-            k_norm: None,
+            q_norm: if config.qk_norm { Some(next.norm()?) } else { None },
+            k_norm: if config.qk_norm { Some(next.norm()?) } else { None },
             post_attention_layernorm: next.norm()?,
-            mlp: Mlp::Dense(DenseMlp {
-                gate_proj: next.linear()?,
-                up_proj: next.linear()?,
-                down_proj: next.linear()?,
-            }),
+            mlp: match &config.moe {
+                None => Mlp::Dense(next.dense_mlp()?),
+                Some(moe) => {
+                    let mlp = MoeMlp {
+                        router: next.linear()?,
+                        shared_expert: match moe.shared_expert_intermediate_size {
+                            Some(_) => Some(next.dense_mlp()?),
+                            None => None,
+                        },
+                        shared_expert_gate: match moe.shared_expert_intermediate_size {
+                            Some(_) => Some(next.linear()?),
+                            None => None,
+                        },
+                    };
+                    for _ in 0..moe.experts {
+                        experts.push(Expert {
+                            gate_proj: next.quantized()?,
+                            up_proj: next.quantized()?,
+                            down_proj: next.quantized()?,
+                        });
+                    }
+                    Mlp::Moe(mlp)
+                }
+            },
         });
     }
     let norm = next.norm()?;
     let lm_head = if config.tie_word_embeddings { None } else { Some(next.linear()?) };
-    Ok(ModelWeights { embed_tokens, layers, norm, lm_head, experts: None })
+    let experts = match &config.moe {
+        Some(moe) => Some(ExpertStore::new(config.num_hidden_layers, moe.experts, moe.top_k, experts)?),
+        None => None,
+    };
+    Ok(ModelWeights { embed_tokens, layers, norm, lm_head, experts })
 }
 
 /// Hands out built layers and norm weights in plan order; running short would be a bug in
@@ -68,6 +93,18 @@ impl Assembler {
 
     fn linear(&mut self) -> Result<Linear> {
         self.linears.pop_front().ok_or_else(Self::out_of_order)
+    }
+
+    fn dense_mlp(&mut self) -> Result<DenseMlp> {
+        Ok(DenseMlp { gate_proj: self.linear()?, up_proj: self.linear()?, down_proj: self.linear()? })
+    }
+
+    /// A routed expert's matrix, which the plan only ever makes quantized.
+    fn quantized(&mut self) -> Result<QuantizedMatrix> {
+        match self.linear()? {
+            Linear { weight: LinearWeight::Quantized(q), bias: None } => Ok(q),
+            _ => Err(Self::out_of_order()),
+        }
     }
 
     fn norm(&mut self) -> Result<RmsNorm> {

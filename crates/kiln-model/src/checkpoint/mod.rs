@@ -5,12 +5,16 @@
 //! Loading is planned first (`plan.rs`): every tensor the decoder needs is found, its
 //! dtype and shape checked against the config, and its cost in the pool computed from the
 //! safetensors headers alone. [`inspect`] returns that cost; [`load`] then reads the
-//! tensors in the plan's order (`build.rs`). llama.cpp's single-file GGUF checkpoints
-//! load through [`gguf`].
+//! tensors in the plan's order (`build.rs`). Mixture-of-experts checkpoints (`qwen2_moe`,
+//! `qwen3_moe`, `mixtral`) add their routers, shared experts and routed experts to the
+//! plan (`moe.rs`), in MLX's stacked layout or Hugging Face's per-expert one; the routed
+//! experts become the model's [`crate::experts::ExpertStore`]. llama.cpp's single-file
+//! GGUF checkpoints load through [`gguf`].
 
 mod build;
 pub mod gguf;
 mod mmap;
+mod moe;
 mod plan;
 mod safetensors;
 mod tensor;
@@ -41,7 +45,6 @@ pub const QUANTIZE_BITS: [u32; 2] = [4, 8];
 /// count their bytes too), so it bounds the pool's peak during and after loading.
 pub fn inspect(dir: &Path, opts: &LoadOptions) -> Result<ModelInfo> {
     let config = read_config(dir)?;
-    refuse_moe(dir, &config)?;
     let ck = Checkpoint::open(dir)?;
     let plan = Plan::new(&config, &ck, quantize_spec(opts, &config)?)?;
     Ok(ModelInfo { source: ModelSource::Dir(dir.to_path_buf()), config, weight_bytes: plan.peak_bytes() })
@@ -53,7 +56,6 @@ pub fn inspect(dir: &Path, opts: &LoadOptions) -> Result<ModelInfo> {
 /// tokenizer and chat template from the same directory.
 pub fn load(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let config = read_config(dir)?;
-    refuse_moe(dir, &config)?;
     let ck = Checkpoint::open(dir)?;
     let plan = Plan::new(&config, &ck, quantize_spec(opts, &config)?)?;
     // Tokenizer and template first: they are cheap and their errors are common.
@@ -61,24 +63,6 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let chat_template = ChatTemplate::from_dir(dir)?;
     let weights = build::build(plan, &config, &TensorReader { ck: &ck, pool: &opts.pool })?;
     Ok(LoadedModel { source: ModelSource::Dir(dir.to_path_buf()), config, weights, tokenizer, chat_template })
-}
-
-/// MoE configurations parse (so their errors are the config's own), but their expert
-/// tensors are not read from checkpoints yet: refused by name, pointing at the synthetic
-/// profiles of the same shapes.
-fn refuse_moe(dir: &Path, config: &ModelConfig) -> Result<()> {
-    if config.moe.is_some() {
-        return Err(ModelError::Checkpoint {
-            path: dir.join("config.json"),
-            message: format!(
-                "model_type {} is a mixture of experts, whose checkpoints kiln does not load yet: accepted \
-                 checkpoints are llama, qwen2 and mistral; MoE models run as synthetic profiles \
-                 (synthetic:tiny-moe, synthetic:qwen3-30b-a3b, synthetic:mixtral-8x7b)",
-                config.architecture.as_str()
-            ),
-        });
-    }
-    Ok(())
 }
 
 /// The spec to quantize float matrices to on load, if any.

@@ -79,8 +79,10 @@ pub(crate) enum Step {
 }
 
 /// Every step of loading a checkpoint, in order: embedding; per layer the input norm,
-/// q, k, v, o, the post-attention norm, gate, up, down; the final norm; the LM head when
-/// it is not tied to the embedding.
+/// q, k, v, o, the q and k norms (Qwen3-MoE), the post-attention norm, then the dense
+/// MLP's gate, up, down, or a mixture of experts' steps (`moe.rs`: the router, the shared
+/// expert and its gate, and every routed expert's gate, up, down); the final norm; the
+/// LM head when it is not tied to the embedding.
 #[derive(Debug)]
 pub(crate) struct Plan {
     /// The steps.
@@ -110,10 +112,21 @@ impl Plan {
                 q_dim,
                 config.o_proj_bias,
             )?));
+            if config.qk_norm {
+                let why = "head_dim in config.json";
+                let hd = config.head_dim;
+                steps.push(Step::Vector(p.vector_of(&format!("{l}.self_attn.q_norm.weight"), hd, why)?));
+                steps.push(Step::Vector(p.vector_of(&format!("{l}.self_attn.k_norm.weight"), hd, why)?));
+            }
             steps.push(Step::Vector(p.vector(&format!("{l}.post_attention_layernorm.weight"), h)?));
-            steps.push(Step::Linear(p.linear(&format!("{l}.mlp.gate_proj"), inter, h, mlp_bias)?));
-            steps.push(Step::Linear(p.linear(&format!("{l}.mlp.up_proj"), inter, h, mlp_bias)?));
-            steps.push(Step::Linear(p.linear(&format!("{l}.mlp.down_proj"), h, inter, mlp_bias)?));
+            match &config.moe {
+                Some(moe) => super::moe::plan_layer(&p, &l, moe, &mut steps)?,
+                None => {
+                    steps.push(Step::Linear(p.linear(&format!("{l}.mlp.gate_proj"), inter, h, mlp_bias)?));
+                    steps.push(Step::Linear(p.linear(&format!("{l}.mlp.up_proj"), inter, h, mlp_bias)?));
+                    steps.push(Step::Linear(p.linear(&format!("{l}.mlp.down_proj"), h, inter, mlp_bias)?));
+                }
+            }
         }
         steps.push(Step::Vector(p.vector("model.norm.weight", h)?));
         if !config.tie_word_embeddings {
@@ -189,18 +202,19 @@ pub(crate) fn scale_dtype_of(d: Dtype) -> Option<ScaleDtype> {
     }
 }
 
-struct Planner<'a> {
-    config: &'a ModelConfig,
-    ck: &'a Checkpoint,
-    quantize: Option<QuantSpec>,
+/// Finds and checks the tensors of each step.
+pub(crate) struct Planner<'a> {
+    pub(crate) config: &'a ModelConfig,
+    pub(crate) ck: &'a Checkpoint,
+    pub(crate) quantize: Option<QuantSpec>,
 }
 
 impl Planner<'_> {
-    fn error(&self, t: &TensorRef, message: String) -> ModelError {
+    pub(crate) fn error(&self, t: &TensorRef, message: String) -> ModelError {
         ModelError::Checkpoint { path: self.ck.path(t).to_path_buf(), message }
     }
 
-    fn require(&self, name: &str, what: &str) -> Result<TensorRef> {
+    pub(crate) fn require(&self, name: &str, what: &str) -> Result<TensorRef> {
         self.ck.get(name).cloned().ok_or_else(|| ModelError::Checkpoint {
             path: self.ck.origin().to_path_buf(),
             message: format!(
@@ -210,7 +224,7 @@ impl Planner<'_> {
         })
     }
 
-    fn expect_shape(&self, name: &str, t: &TensorRef, want: &[usize], why: &str) -> Result<()> {
+    pub(crate) fn expect_shape(&self, name: &str, t: &TensorRef, want: &[usize], why: &str) -> Result<()> {
         if t.shape != want {
             return Err(
                 self.error(t, format!("tensor {name} has shape {:?}, expected {want:?} ({why})", t.shape))
@@ -230,55 +244,22 @@ impl Planner<'_> {
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<VectorPlan> {
-        let tensor = self.require(name, &format!("a vector of hidden_size = {len}"))?;
+        self.vector_of(name, len, "hidden_size in config.json")
+    }
+
+    /// A norm weight of `len` elements, `why` naming the config field that sets `len`.
+    fn vector_of(&self, name: &str, len: usize, why: &str) -> Result<VectorPlan> {
+        let tensor = self.require(name, &format!("a vector of {len} ({why})"))?;
         self.expect_float(name, &tensor, "")?;
-        self.expect_shape(name, &tensor, &[len], "hidden_size in config.json")?;
+        self.expect_shape(name, &tensor, &[len], why)?;
         Ok(VectorPlan { name: name.to_string(), tensor })
     }
 
-    fn linear(&self, module: &str, n: usize, k: usize, has_bias: bool) -> Result<LinearPlan> {
+    pub(crate) fn linear(&self, module: &str, n: usize, k: usize, has_bias: bool) -> Result<LinearPlan> {
         let weight_name = format!("{module}.weight");
         let weight = self.require(&weight_name, &format!("a [{n}, {k}] matrix"))?;
-        let matrix = match &self.config.quantization {
-            Some(q) => {
-                let stored_quantized = self.ck.contains(&format!("{module}.scales"));
-                match q.spec_for(module) {
-                    // mlx-lm quantizes a module when config.json gives it a spec and the
-                    // checkpoint holds its scales; a module its quantization predicate
-                    // skipped is recorded nowhere and simply has no scales.
-                    Some(spec) if stored_quantized => self.quantized(module, n, k, spec, weight)?,
-                    Some(_) => self.dense(
-                        &weight_name,
-                        n,
-                        k,
-                        weight,
-                        ", or a packed U32 weight with .scales and .biases",
-                    )?,
-                    None => {
-                        let hint =
-                            format!("; config.json's quantization sets {module} to false (left unquantized)");
-                        self.dense(&weight_name, n, k, weight, &hint)?
-                    }
-                }
-            }
-            None => {
-                let hint = if weight.dtype == Dtype::U32 {
-                    "; a U32 weight is MLX-packed, but config.json has no quantization block"
-                } else {
-                    ""
-                };
-                let dense = self.dense(&weight_name, n, k, weight, hint)?;
-                match (self.quantize, dense) {
-                    // As mlx-lm's quantizer, a matrix whose K is not a whole number of
-                    // groups stays unquantized.
-                    (Some(spec), MatrixPlan::Dense { weight }) if k.is_multiple_of(spec.group_size()) => {
-                        let scale_dtype = scale_dtype_of(weight.dtype).unwrap_or(ScaleDtype::F32);
-                        MatrixPlan::QuantizeOnLoad { weight, spec, scale_dtype }
-                    }
-                    (_, dense) => dense,
-                }
-            }
-        };
+        let quant = |suffix: &str| self.ck.get(&format!("{module}.{suffix}")).cloned();
+        let matrix = self.matrix(module, n, k, weight, quant("scales"), quant("biases"))?;
         let bias_name = format!("{module}.bias");
         let bias = if has_bias {
             let b = self.require(&bias_name, &format!("a bias of length {n}"))?;
@@ -300,12 +281,63 @@ impl Planner<'_> {
         Ok(LinearPlan { module: module.to_string(), n, k, matrix, bias })
     }
 
+    /// How the `[n, k]` matrix of `module` is stored and what kiln makes of it: `weight`,
+    /// with the `scales` and `biases` stored beside it, if any.
+    pub(crate) fn matrix(
+        &self,
+        module: &str,
+        n: usize,
+        k: usize,
+        weight: TensorRef,
+        scales: Option<TensorRef>,
+        biases: Option<TensorRef>,
+    ) -> Result<MatrixPlan> {
+        let weight_name = format!("{module}.weight");
+        Ok(match &self.config.quantization {
+            Some(q) => match (q.spec_for(module), scales) {
+                // mlx-lm quantizes a module when config.json gives it a spec and the
+                // checkpoint holds its scales; a module its quantization predicate
+                // skipped is recorded nowhere and simply has no scales.
+                (Some(spec), Some(scales)) => self.quantized(module, n, k, spec, weight, scales, biases)?,
+                (Some(_), None) => self.dense(
+                    &weight_name,
+                    n,
+                    k,
+                    weight,
+                    ", or a packed U32 weight with .scales and .biases",
+                )?,
+                (None, _) => {
+                    let hint =
+                        format!("; config.json's quantization sets {module} to false (left unquantized)");
+                    self.dense(&weight_name, n, k, weight, &hint)?
+                }
+            },
+            None => {
+                let hint = if weight.dtype == Dtype::U32 {
+                    "; a U32 weight is MLX-packed, but config.json has no quantization block"
+                } else {
+                    ""
+                };
+                match (self.quantize, self.dense(&weight_name, n, k, weight, hint)?) {
+                    // As mlx-lm's quantizer, a matrix whose K is not a whole number of
+                    // groups stays unquantized.
+                    (Some(spec), MatrixPlan::Dense { weight }) if k.is_multiple_of(spec.group_size()) => {
+                        let scale_dtype = scale_dtype_of(weight.dtype).unwrap_or(ScaleDtype::F32);
+                        MatrixPlan::QuantizeOnLoad { weight, spec, scale_dtype }
+                    }
+                    (_, dense) => dense,
+                }
+            }
+        })
+    }
+
     fn dense(&self, name: &str, n: usize, k: usize, weight: TensorRef, hint: &str) -> Result<MatrixPlan> {
         self.expect_float(name, &weight, hint)?;
         self.expect_shape(name, &weight, &[n, k], "from config.json")?;
         Ok(MatrixPlan::Dense { weight })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn quantized(
         &self,
         module: &str,
@@ -313,6 +345,8 @@ impl Planner<'_> {
         k: usize,
         spec: QuantSpec,
         weight: TensorRef,
+        scales: TensorRef,
+        biases: Option<TensorRef>,
     ) -> Result<MatrixPlan> {
         validate_geometry(n, k, spec).map_err(|cause| ModelError::Geometry {
             tensor: format!("{module} ({spec} per config.json's quantization)"),
@@ -337,8 +371,10 @@ impl Planner<'_> {
         let why = format!("one per group of {} in a [{n}, {k}] matrix", spec.group_size());
         let scales_name = format!("{module}.scales");
         let biases_name = format!("{module}.biases");
-        let scales = self.require(&scales_name, "per-group scales")?;
-        let biases = self.require(&biases_name, "per-group biases")?;
+        let biases = match biases {
+            Some(b) => b,
+            None => self.require(&biases_name, "per-group biases")?,
+        };
         for (name, t) in [(&scales_name, &scales), (&biases_name, &biases)] {
             self.expect_float(name, t, "")?;
             self.expect_shape(name, t, &groups, &why)?;

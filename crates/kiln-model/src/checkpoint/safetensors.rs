@@ -43,6 +43,20 @@ impl TensorRef {
     pub fn byte_len(&self) -> usize {
         self.end - self.start
     }
+
+    /// Entry `i` along the first axis of a tensor of `shape[0]` equal entries (one
+    /// expert of a stack), as a tensor of its own over the same bytes: no byte is read.
+    pub fn entry(&self, i: usize) -> TensorRef {
+        let count = self.shape[0];
+        let per = self.byte_len() / count;
+        TensorRef {
+            file: self.file,
+            dtype: self.dtype,
+            shape: self.shape[1..].to_vec(),
+            start: self.start + i * per,
+            end: self.start + (i + 1) * per,
+        }
+    }
 }
 
 /// The mapped files of a checkpoint and the tensors they hold.
