@@ -32,8 +32,8 @@ const LOGIT_FACTOR: f32 = 2.0;
 /// The same for a step's top-2 margin, which decides the near ties.
 const MARGIN_FACTOR: f32 = 2.0;
 
-/// Absolute slack for f32 arithmetic in another order than mlx's (logits here reach about
-/// 30; the dense fixtures meet mlx's f32 path within 4e-5).
+/// Absolute slack for f32 arithmetic in another order than mlx's (logits here reach 59 to
+/// 68; kiln's f32-activation path meets mlx within 6e-5 on these fixtures).
 const F32_FLOOR: f32 = 5e-4;
 
 fn fixtures() -> PathBuf {
