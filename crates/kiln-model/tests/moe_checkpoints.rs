@@ -6,95 +6,32 @@
 //! decode, the same decode through an expert cache of top-k slots, and the errors of
 //! broken checkpoints.
 //!
-//! Tolerances come from the fixture, derived as in tests/reference_logits.rs: the script
-//! records how far mlx's own forward moves when it rounds what kiln rounds (the KV cache
-//! to f16; activations entering 4- and 8-bit matmuls as the integer codes of kiln's
-//! activation scheme, `int16_act_*` for the default `int16`, `int_act_*` for `int8`), and
-//! kiln may move a logit [`LOGIT_FACTOR`] times as far, plus [`F32_FLOOR`] for f32 sums in
-//! another order. The script also picked each model's seed so that no router's k-th and
-//! (k+1)-th logits come within 4 times their largest move under those roundings: kiln's
-//! rounding cannot swap an expert, which would move logits by whole units.
+//! Tolerances come from the fixture, derived as tests/mlx_reference/mod.rs describes: the
+//! script records how far mlx's own forward moves when it rounds what kiln rounds (the KV
+//! cache to f16; activations entering 4- and 8-bit matmuls as the integer codes of kiln's
+//! activation scheme, `int16_act_*` for the default `int16`, `int_act_*` for `int8`). The
+//! script also picked each model's seed so that no router's k-th and (k+1)-th logits come
+//! within 4 times their largest move under those roundings: kiln's rounding cannot swap an
+//! expert, which would move logits by whole units.
 
-use std::collections::{BTreeMap, HashMap};
+mod mlx_reference;
+
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use kiln_core::act_precision::{ActScheme, act_scheme};
 use kiln_core::{MemoryPool, ScaleData};
-use kiln_model::ops::argmax;
 use kiln_model::{EngineOptions, KvDtype, LoadOptions, LoadedModel, Session, checkpoint};
+use mlx_reference::{Reference, greedy_agreement, max_deviation};
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
-
-/// kiln's rounding against the simulated one: another draw of the same noise
-/// (tests/reference_logits.rs measured ratios of 0.9 to 1.25 on the dense fixtures).
-const LOGIT_FACTOR: f32 = 2.0;
-
-/// The same for a step's top-2 margin, which decides the near ties.
-const MARGIN_FACTOR: f32 = 2.0;
-
-/// Absolute slack for f32 arithmetic in another order than mlx's (logits here reach 59 to
-/// 68; kiln's f32-activation path meets mlx within 6e-5 on these fixtures).
-const F32_FLOOR: f32 = 5e-4;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/moe")
 }
 
-struct Reference {
-    name: String,
-    prompt_ids: Vec<u32>,
-    /// `[8, vocab]`, the last prompt positions.
-    prompt_logits: Vec<f32>,
-    greedy_ids: Vec<u32>,
-    /// `[steps, vocab]`: step 0 is the last prompt position's logits.
-    step_logits: Vec<f32>,
-    margins: Vec<f32>,
-    meta: HashMap<String, String>,
-}
-
 fn reference(name: &str) -> Reference {
-    let bytes = std::fs::read(fixtures().join(format!("references/{name}.safetensors"))).unwrap();
-    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let words = |t: &str| -> Vec<[u8; 4]> {
-        st.tensor(t).unwrap().data().chunks_exact(4).map(|c| [c[0], c[1], c[2], c[3]]).collect()
-    };
-    let u32s = |t: &str| words(t).into_iter().map(u32::from_le_bytes).collect::<Vec<_>>();
-    let f32s = |t: &str| words(t).into_iter().map(f32::from_le_bytes).collect::<Vec<_>>();
-    Reference {
-        name: name.to_string(),
-        prompt_ids: u32s("prompt_ids"),
-        prompt_logits: f32s("prompt_logits"),
-        greedy_ids: u32s("greedy_ids"),
-        step_logits: f32s("step_logits"),
-        margins: f32s("margins"),
-        meta: meta.metadata().clone().unwrap_or_default(),
-    }
-}
-
-/// Tolerances for one rounding configuration.
-#[derive(Clone, Copy, Debug)]
-struct Tolerance {
-    logit: f32,
-    near_tie: f32,
-    /// The fixture promises no near tie (and no router swap) in the whole run.
-    clear: bool,
-}
-
-impl Reference {
-    fn recorded(&self, key: &str) -> f32 {
-        let v = self.meta.get(key).unwrap_or_else(|| panic!("{} lacks {key}", self.name));
-        v.parse().unwrap_or_else(|e| panic!("{}: {key} = {v:?}: {e}", self.name))
-    }
-
-    fn tolerance(&self, config: &str) -> Tolerance {
-        let clear = self.meta.get("greedy_safe").is_some_and(|s| s.split(',').any(|c| c == config));
-        Tolerance {
-            logit: LOGIT_FACTOR * self.recorded(&format!("logit/{config}")) + F32_FLOOR,
-            near_tie: MARGIN_FACTOR * self.recorded(&format!("margin/{config}")) + 2.0 * F32_FLOOR,
-            clear,
-        }
-    }
+    mlx_reference::reference(&fixtures(), name)
 }
 
 /// The fixture's name for what kiln rounds in this process (every matrix of these
@@ -117,63 +54,6 @@ fn load(dir: &str, quantize: Option<u32>) -> (LoadedModel, MemoryPool) {
     let m = checkpoint::load(&fixtures().join(dir), &LoadOptions { pool: pool.clone(), quantize })
         .unwrap_or_else(|e| panic!("loading {dir}: {e}"));
     (m, pool)
-}
-
-/// The largest |kiln - reference| over the recorded logits, with the reference's tokens
-/// fed; each step's argmax must be the reference's unless the step is a near tie.
-fn max_deviation(
-    model: &LoadedModel,
-    pool: &MemoryPool,
-    r: &Reference,
-    opts: EngineOptions,
-    tol: Tolerance,
-) -> f32 {
-    let vocab = model.config.vocab_size;
-    let mut s = Session::new(model, pool, opts).unwrap();
-    let all = s.prefill_all_logits(&r.prompt_ids).unwrap();
-    let p = r.prompt_ids.len();
-    let recorded = r.prompt_logits.len() / vocab;
-    let mut dev = 0f32;
-    for (a, b) in all[(p - recorded) * vocab..].iter().zip(&r.prompt_logits) {
-        dev = dev.max((a - b).abs());
-    }
-    let mut row = all[(p - 1) * vocab..].to_vec();
-    for (i, want) in r.step_logits.chunks_exact(vocab).enumerate() {
-        for (a, b) in row.iter().zip(want) {
-            dev = dev.max((a - b).abs());
-        }
-        if r.margins[i] > tol.near_tie {
-            assert_eq!(argmax(&row) as u32, r.greedy_ids[i], "{}: step {i}, margin {}", r.name, r.margins[i]);
-        }
-        if i + 1 < r.greedy_ids.len() {
-            row = s.decode_step(r.greedy_ids[i]).unwrap().to_vec();
-        }
-    }
-    dev
-}
-
-/// kiln's own greedy decode: the steps equal to the reference's before the first near
-/// tie (every step when the run is clear).
-fn greedy_agreement(
-    model: &LoadedModel,
-    pool: &MemoryPool,
-    r: &Reference,
-    opts: EngineOptions,
-    tol: Tolerance,
-) -> usize {
-    let mut s = Session::new(model, pool, opts).unwrap();
-    let ours = s.generate_greedy(&r.prompt_ids, r.greedy_ids.len()).unwrap();
-    for (i, (a, b)) in ours.iter().zip(&r.greedy_ids).enumerate() {
-        if r.margins[i] <= tol.near_tie {
-            return i;
-        }
-        assert_eq!(
-            a, b,
-            "{}: greedy step {i} (margin {}): {ours:?} vs {:?}",
-            r.name, r.margins[i], r.greedy_ids
-        );
-    }
-    ours.len()
 }
 
 /// Runs `dir` against reference `name` under both KV caches, with every expert resident
