@@ -383,3 +383,48 @@ fn float_experts_without_quantize_are_refused_naming_the_flag() {
         ],
     );
 }
+
+/// The experts of `model`, every matrix's codes, scales and biases, in store order.
+fn expert_contents(model: &LoadedModel) -> Vec<(Vec<u32>, Vec<f32>, Vec<f32>)> {
+    let store = model.weights.experts.as_ref().unwrap();
+    (0..store.total())
+        .flat_map(|id| store.by_id(id).parts())
+        .map(|m| (m.packed().to_vec(), scale_bits(m.scales()), scale_bits(m.biases())))
+        .collect()
+}
+
+#[test]
+fn qwen_per_expert_tensors_load_as_their_stacks_do() {
+    // mlx-lm's Qwen sanitizers accept experts stored one by one, quantized or not: the
+    // Hugging Face names with MLX triples. Split each stack into them.
+    for dir in ["qwen2-moe-tiny-4bit", "qwen3-moe-tiny-4bit"] {
+        let split = rewritten(dir, |t, _| {
+            let stacked: Vec<String> = t.keys().filter(|n| n.contains(".switch_mlp.")).cloned().collect();
+            for name in stacked {
+                let mut stack = t.remove(&name).unwrap();
+                let experts = stack.shape[0];
+                let per = stack.data.len() / experts;
+                let shape = stack.shape.split_off(1);
+                for e in 0..experts {
+                    let data = stack.data[e * per..(e + 1) * per].to_vec();
+                    let stored = Stored { dtype: stack.dtype, shape: shape.clone(), data };
+                    t.insert(name.replace(".switch_mlp.", &format!(".experts.{e}.")), stored);
+                }
+            }
+        });
+        let pool = MemoryPool::unlimited();
+        let per_expert =
+            checkpoint::load(split.path(), &LoadOptions { pool: pool.clone(), quantize: None }).unwrap();
+        let (stacked, _) = load(dir, None);
+        assert_eq!(expert_contents(&per_expert), expert_contents(&stacked), "{dir}");
+        let r = reference(dir);
+        let opts = EngineOptions::default();
+        let mut a = Session::new(&per_expert, &pool, opts).unwrap();
+        let mut b = Session::new(&stacked, &pool, opts).unwrap();
+        assert_eq!(
+            a.prefill_all_logits(&r.prompt_ids).unwrap(),
+            b.prefill_all_logits(&r.prompt_ids).unwrap(),
+            "{dir}: per-expert and stacked logits differ"
+        );
+    }
+}
