@@ -428,3 +428,40 @@ fn qwen_per_expert_tensors_load_as_their_stacks_do() {
         );
     }
 }
+
+#[test]
+fn a_float_stack_quantizes_on_load_one_expert_at_a_time_as_mlx_does() {
+    // What mlx-lm saves for Mixtral without quantizing: each matrix of every expert
+    // stacked, in the source dtype.
+    let stacked = rewritten("mixtral-moe-tiny", |t, _| {
+        for l in 0..2 {
+            for (hf, mlx) in [("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")] {
+                let block = format!("model.layers.{l}.block_sparse_moe");
+                let parts: Vec<Stored> =
+                    (0..4).map(|e| t.remove(&format!("{block}.experts.{e}.{hf}.weight")).unwrap()).collect();
+                let mut shape = vec![parts.len()];
+                shape.extend_from_slice(&parts[0].shape);
+                let data = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
+                t.insert(
+                    format!("{block}.switch_mlp.{mlx}.weight"),
+                    Stored { dtype: parts[0].dtype, shape, data },
+                );
+            }
+        }
+    });
+    let pool = MemoryPool::unlimited();
+    let opts = LoadOptions { pool: pool.clone(), quantize: Some(4) };
+    let model = checkpoint::load(stacked.path(), &opts).unwrap();
+    assert_eq!(pool.stats().peak_bytes, checkpoint::inspect(stacked.path(), &opts).unwrap().weight_bytes);
+    let (mlx, _) = load("mixtral-moe-tiny-4bit-g64", None);
+    assert_eq!(expert_contents(&model), expert_contents(&mlx), "mlx's 4-bit group-64 experts, bit for bit");
+    let e =
+        checkpoint::inspect(stacked.path(), &LoadOptions { pool, quantize: None }).map(|_| ()).unwrap_err();
+    assert_names(
+        &e.to_string(),
+        &[
+            "tensor model.layers.0.block_sparse_moe.switch_mlp.gate_proj.weight is a float routed expert",
+            "--quantize 4",
+        ],
+    );
+}
