@@ -1,5 +1,5 @@
 //! `kiln serve` as a user runs it: the real binary on an ephemeral port with a synthetic
-//! model. The contracted log lines, greedy text equal to `kiln generate`'s, a second
+//! model (and one MoE checkpoint). The contracted log lines, greedy text equal to `kiln generate`'s, a second
 //! server on a taken port, SIGTERM during streams, JSON logs, and a model that does not
 //! load. A failure prints the server's whole stderr.
 
@@ -305,4 +305,27 @@ fn streams_still_running_when_the_grace_ends_get_an_error_event_and_the_server_e
     let error: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
     assert_eq!(error["error"]["code"], "shutting_down", "{}", reply.body);
     assert_eq!(s.wait_exit(Duration::from_secs(30)).code(), Some(0), "{}", s.stderr());
+}
+
+#[test]
+fn a_moe_checkpoint_with_an_expert_cache_serves_the_greedy_text_of_generate() {
+    // kiln-model's Qwen3-MoE fixture, stacked 4-bit experts; tests/moe_checkpoints.rs ties
+    // `kiln generate` on it to mlx-lm's greedy tokens.
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../kiln-model/tests/fixtures/moe/qwen3-moe-tiny-4bit");
+    let s = Serve::start(&["-m", model, "--expert-slots", "2", "--threads", "1"]);
+    let prompt = "The kiln held eight experts";
+    let body = json!({"model": model, "prompt": prompt, "max_tokens": 24, "temperature": 0});
+    let r = post(s.addr, "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}{}", r.body, s.stderr());
+    let server_text = r.json()["choices"][0]["text"].as_str().unwrap().to_string();
+    let run = Dir::new().run(&["generate", "-m", model, "-p", prompt, "-n", "24", "--no-chat-template"]);
+    assert!(run.output.status.success(), "{}", run.describe());
+    let generated = run.stdout();
+    let generated = generated.strip_suffix('\n').unwrap_or(&generated);
+    assert_eq!(
+        server_text.trim_end_matches('\u{fffd}'),
+        generated.trim_end_matches('\u{fffd}'),
+        "{}",
+        s.stderr()
+    );
 }
