@@ -85,59 +85,41 @@ pub(super) fn qmv_row<const BITS: u32, const G: usize, const D: u8, const TWO_LE
         acc = lanes_step::<BITS>(acc, tot, sv, bv, XGroups::at(xt, c * 8));
     }
     if !gpr.is_multiple_of(8) {
-        acc = qmv_row_tail::<BITS, G, D, TWO_LEVEL>(acc, w, s, b, xt, gpr);
+        let g0 = full * 8;
+        let ng = gpr - g0;
+        prefetch_ahead::<TWO_LEVEL>(w, full * cw, ng * gb);
+        let (wt, xr) = (&w[full * cw..full * cw + ng * gb], full * cx..(full + 1) * cx);
+        // SAFETY: this function is compiled for AVX2.
+        let tot = unsafe {
+            if BITS == 4 && xt.split() {
+                chunk8_split::<G>(wt, &xt.blocks[xr.clone()], &xt.lo[xr], ng)
+            } else {
+                chunk8::<BITS, G>(wt, &xt.blocks[xr], ng)
+            }
+        };
+        let st = &s[full * cs..];
+        let (sv, bv) = if st.len() >= cs {
+            // Zero the lanes that hold the next row's scales, so even a non-finite
+            // neighbour cannot reach this output.
+            let keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                _mm256_set1_epi32(ng as i32),
+                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+            ));
+            (
+                _mm256_and_ps(load_scales8::<D>(&st[..cs]), keep),
+                _mm256_and_ps(load_scales8::<D>(&b[full * cs..full * cs + cs]), keep),
+            )
+        } else {
+            // The matrix's last row: a zero-padded copy.
+            let (mut sp, mut bp) = ([0u8; 32], [0u8; 32]);
+            let n = ng * scale_size(D);
+            sp[..n].copy_from_slice(&st[..n]);
+            bp[..n].copy_from_slice(&b[full * cs..full * cs + n]);
+            (load_scales8::<D>(&sp[..cs]), load_scales8::<D>(&bp[..cs]))
+        };
+        acc = lanes_step::<BITS>(acc, tot, sv, bv, XGroups::at(xt, g0));
     }
     hsum(acc)
-}
-
-/// The last, partial step of eight groups of a row whose group count is not a multiple
-/// of eight.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn qmv_row_tail<const BITS: u32, const G: usize, const D: u8, const TWO_LEVEL: bool>(
-    acc: __m256,
-    w: &[u8],
-    s: &[u8],
-    b: &[u8],
-    xt: &XTile,
-    gpr: usize,
-) -> __m256 {
-    let gb = G * BITS as usize / 8;
-    let (cw, cx, cs) = (8 * gb, 8 * gb / 32, 8 * scale_size(D));
-    let full = gpr / 8;
-    let g0 = full * 8;
-    let ng = gpr - g0;
-    prefetch_ahead::<TWO_LEVEL>(w, full * cw, ng * gb);
-    let (wt, xr) = (&w[full * cw..full * cw + ng * gb], full * cx..(full + 1) * cx);
-    // SAFETY: this function is compiled for AVX2.
-    let tot = unsafe {
-        if BITS == 4 && xt.split() {
-            chunk8_split::<G>(wt, &xt.blocks[xr.clone()], &xt.lo[xr], ng)
-        } else {
-            chunk8::<BITS, G>(wt, &xt.blocks[xr], ng)
-        }
-    };
-    let st = &s[full * cs..];
-    let (sv, bv) = if st.len() >= cs {
-        // Zero the lanes that hold the next row's scales, so even a non-finite
-        // neighbour cannot reach this output.
-        let keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-            _mm256_set1_epi32(ng as i32),
-            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-        ));
-        (
-            _mm256_and_ps(load_scales8::<D>(&st[..cs]), keep),
-            _mm256_and_ps(load_scales8::<D>(&b[full * cs..full * cs + cs]), keep),
-        )
-    } else {
-        // The matrix's last row: a zero-padded copy.
-        let (mut sp, mut bp) = ([0u8; 32], [0u8; 32]);
-        let n = ng * scale_size(D);
-        sp[..n].copy_from_slice(&st[..n]);
-        bp[..n].copy_from_slice(&b[full * cs..full * cs + n]);
-        (load_scales8::<D>(&sp[..cs]), load_scales8::<D>(&bp[..cs]))
-    };
-    lanes_step::<BITS>(acc, tot, sv, bv, XGroups::at(xt, g0))
 }
 
 /// The integer dots of `ng <= 8` consecutive groups (`w` their `ng` groups of packed bytes,
