@@ -5,7 +5,10 @@
 //!   16-bit activation codes for every integer width: per weight group, codes in
 //!   `[-32512, 32512]` for 4-bit weights (`127 * 256`, so AVX2 splits each code exactly
 //!   into two 8-bit planes for `maddubs`) and `[-32767, 32767]` for 8-bit weights. Exact
-//!   integer sums; `qmv`, `qmv_wide` and `qmm` bit-identical row for row.
+//!   integer sums; `qmv`, `qmv_wide` and `qmm` bit-identical row for row. On AVX2 the
+//!   second plane doubles the `maddubs` and the i16 partials to reduce for 4-bit weights:
+//!   at least 1.5 times `int8`'s instructions, about a fifth more decode CPU per token on
+//!   a compute-bound host (docs/benchmarks.md, "What `int16` costs").
 //! - `int8` (also accepted as `int`): the same, but 4-bit weights meet 8-bit codes in
 //!   `[-127, 127]` (one `maddubs` plane: cheaper, and 256 times the rounding). 8-bit
 //!   weights keep 16-bit codes.

@@ -9,8 +9,9 @@
 //!   activations with `maddubs` (u4 * i8 pairs cannot saturate), the two i16 results
 //!   added (at most 8 products of 15 * 128 per lane over a 128-group) and widened with
 //!   `madd` by ones. Under `int16` the activation codes come as two 8-bit planes
-//!   (`xq = 256 * hi + lo`): each group's dot is reduced for both planes from the same
-//!   unpacked weights and combined as `(hi_dot << 8) + lo_dot`, exact in i32.
+//!   (`xq = 256 * hi + lo`): every path unpacks each weight block once for both planes,
+//!   folds the planes' i16 partials apart (their lanes cannot hold `256 * hi`), and joins
+//!   them where they widen, `madd` by 256 plus `madd` by 1, exact in i32.
 //! - 8-bit: `cvtepu8_epi16` widens 16 codes, `madd` multiplies them against 16-bit
 //!   activations into i32 pairs (u8 * i16 products, which `maddubs` would saturate).
 //! - The eight partials of eight groups (or of eight rows) are reduced at once by a

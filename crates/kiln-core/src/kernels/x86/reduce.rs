@@ -37,26 +37,20 @@ pub(super) fn widen_planes(h: __m256i, l: __m256i) -> __m256i {
     _mm256_add_epi32(_mm256_madd_epi16(h, _mm256_set1_epi16(256)), _mm256_madd_epi16(l, _mm256_set1_epi16(1)))
 }
 
-/// [`reduce8`] of 4-bit partials for both planes of split codes, joined by
-/// [`widen_planes`] where the i16 sums widen: `(lo, hi)` as `reduce8` returns them.
+/// Four 4-bit groups' partials against both planes of split codes (`h[t]`, `l[t]` of group
+/// `t`) to i32 lanes `[g0, g1, g2, g3 | g0, g1, g2, g3]`, each the exact dot of its group's
+/// low or high 128 bits with the codes: the planes are folded in i16 as [`reduce8`] folds
+/// one plane, then joined by [`widen_planes`] where they widen.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn reduce8_split<const G: usize>(h: [__m256i; 8], l: [__m256i; 8]) -> (__m256i, __m256i) {
-    let f =
-        |v: [__m256i; 8]| (fold16(v[0], v[1]), fold16(v[2], v[3]), fold16(v[4], v[5]), fold16(v[6], v[7]));
-    let ((h01, h23, h45, h67), (l01, l23, l45, l67)) = (f(h), f(l));
-    let (q0, q1) = if G <= 64 {
-        (
-            widen_planes(fold16b(h01, h23), fold16b(l01, l23)),
-            widen_planes(fold16b(h45, h67), fold16b(l45, l67)),
-        )
+pub(super) fn quad_split<const G: usize>(h: [__m256i; 4], l: [__m256i; 4]) -> __m256i {
+    let (h01, h23, l01, l23) =
+        (fold16(h[0], h[1]), fold16(h[2], h[3]), fold16(l[0], l[1]), fold16(l[2], l[3]));
+    if G <= 64 {
+        widen_planes(fold16b(h01, h23), fold16b(l01, l23))
     } else {
-        (
-            fold32b(widen_planes(h01, l01), widen_planes(h23, l23)),
-            fold32b(widen_planes(h45, l45), widen_planes(h67, l67)),
-        )
-    };
-    (_mm256_permute2x128_si256::<0x20>(q0, q1), _mm256_permute2x128_si256::<0x31>(q0, q1))
+        fold32b(widen_planes(h01, l01), widen_planes(h23, l23))
+    }
 }
 
 /// Reduces eight partial vectors (i16 lanes for 4-bit codes, i32 for 8-bit) to
@@ -87,15 +81,6 @@ pub(super) fn reduce8<const BITS: u32, const G: usize>(v: [__m256i; 8]) -> (__m2
     };
     // q0 = [v0 lo, v1 lo, v2 lo, v3 lo | v0 hi, v1 hi, v2 hi, v3 hi], q1 likewise for v4..v7.
     (_mm256_permute2x128_si256::<0x20>(q0, q1), _mm256_permute2x128_si256::<0x31>(q0, q1))
-}
-
-/// The exact dot of split codes from the dots of their planes: `(hi << 8) + lo`
-/// ([`crate::kernels::act::split_code`]; at most 128 * 15 * 32512 in magnitude, inside
-/// i32).
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn join_planes(hi: __m256i, lo: __m256i) -> __m256i {
-    _mm256_add_epi32(_mm256_slli_epi32::<8>(hi), lo)
 }
 
 /// One fold of i16 partials of two vectors: per 128 bits `[a a b b a a b b]`, each lane the
@@ -146,10 +131,7 @@ pub(super) fn q4_dot16_split(wv: __m256i, xh: &Block, xl: &Block) -> (__m256i, _
     let mask = _mm256_set1_epi8(0x0F);
     let lo = _mm256_and_si256(wv, mask);
     let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(wv), mask);
-    let d = |x: &Block| {
-        _mm256_add_epi16(_mm256_maddubs_epi16(lo, load_lo(x)), _mm256_maddubs_epi16(hi, load_hi(x)))
-    };
-    (d(xh), d(xl))
+    (nib_dot(lo, hi, xh), nib_dot(lo, hi, xl))
 }
 
 /// Integer partials of one 4-bit group (g64 or g128) against both planes of split codes
@@ -167,6 +149,39 @@ pub(super) fn q4_group_partials_split<const G: usize>(
         (ah, al) = (_mm256_add_epi16(ah, dh), _mm256_add_epi16(al, dl));
     }
     (ah, al)
+}
+
+/// [`group_partials`] of one 4-bit group (g32: of a pair, or of a last lone group when `w`
+/// is 16 bytes) against both planes of split codes of `T` activation rows, the nibbles
+/// unpacked once: `(high, low)` i16 partials per row. `xh[blk * T + r]` and
+/// `xl[blk * T + r]` are block `blk` of row `r`'s planes.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn q4_group_partials_rows<const G: usize, const T: usize>(
+    w: &[u8],
+    xh: &[Block],
+    xl: &[Block],
+) -> ([__m256i; T], [__m256i; T]) {
+    let (mut ah, mut al) = ([_mm256_setzero_si256(); T], [_mm256_setzero_si256(); T]);
+    for blk in 0..(G / 2).div_ceil(32) {
+        let wv = if w.len() == 16 { load16z(w) } else { load32(&w[blk * 32..blk * 32 + 32]) };
+        let mask = _mm256_set1_epi8(0x0F);
+        let lo = _mm256_and_si256(wv, mask);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(wv), mask);
+        for r in 0..T {
+            let (dh, dl) = (nib_dot(lo, hi, &xh[blk * T + r]), nib_dot(lo, hi, &xl[blk * T + r]));
+            (ah[r], al[r]) = (_mm256_add_epi16(ah[r], dh), _mm256_add_epi16(al[r], dl));
+        }
+    }
+    (ah, al)
+}
+
+/// One activation block's i16 partials against a weight block's even (`lo`) and odd
+/// (`hi`) nibbles, 4 products per lane.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn nib_dot(lo: __m256i, hi: __m256i, x: &Block) -> __m256i {
+    _mm256_add_epi16(_mm256_maddubs_epi16(lo, load_lo(x)), _mm256_maddubs_epi16(hi, load_hi(x)))
 }
 
 /// Integer partials of one group (4-bit g32: of a pair of groups, or of a last lone group

@@ -9,7 +9,7 @@ use super::loads::{load16z, load32};
 use super::prefetch::{Prefetch, SCALE_PREFETCH_ROWS, prefetch_ahead, prefetch_line};
 use super::reduce::{
     group_partials, pairs_to_groups, pairs_to_groups_split, q4_dot16, q4_dot16_split,
-    q4_group_partials_split, reduce8, reduce8_split,
+    q4_group_partials_split, quad_split, reduce8,
 };
 use super::scales::{load_scales8, packed_bytes, scale_bytes, scale_size};
 use crate::kernels::tile::{Block, XTile};
@@ -22,7 +22,8 @@ pub(super) fn qmv_rows<const BITS: u32, const G: usize, const D: u8>(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    // The scheme is a type parameter of the row loop, so no branch on it runs per step.
+    // The prefetch scheme is a type parameter of the row loop, so no branch on it runs per
+    // step.
     match Prefetch::for_qmv(w.k(), BITS) {
         Prefetch::L1 => qmv_rows_by::<BITS, G, D, false>(w, xt, rows, out),
         Prefetch::TwoLevel => qmv_rows_by::<BITS, G, D, true>(w, xt, rows, out),
@@ -71,10 +72,13 @@ pub(super) fn qmv_row<const BITS: u32, const G: usize, const D: u8, const TWO_LE
     for c in 0..full {
         prefetch_ahead::<TWO_LEVEL>(w, c * cw, cw);
         let (wc, xr) = (&w[c * cw..(c + 1) * cw], c * cx..(c + 1) * cx);
-        let tot = if BITS == 4 && xt.split() {
-            chunk8_split::<G>(wc, &xt.blocks[xr.clone()], &xt.lo[xr], 8)
-        } else {
-            chunk8::<BITS, G>(wc, &xt.blocks[xr], 8)
+        // SAFETY: this function is compiled for AVX2.
+        let tot = unsafe {
+            if BITS == 4 && xt.split() {
+                chunk8_split::<G>(wc, &xt.blocks[xr.clone()], &xt.lo[xr], 8)
+            } else {
+                chunk8::<BITS, G>(wc, &xt.blocks[xr], 8)
+            }
         };
         let (sv, bv) =
             (load_scales8::<D>(&s[c * cs..(c + 1) * cs]), load_scales8::<D>(&b[c * cs..(c + 1) * cs]));
@@ -85,10 +89,13 @@ pub(super) fn qmv_row<const BITS: u32, const G: usize, const D: u8, const TWO_LE
         let ng = gpr - g0;
         prefetch_ahead::<TWO_LEVEL>(w, full * cw, ng * gb);
         let (wt, xr) = (&w[full * cw..full * cw + ng * gb], full * cx..(full + 1) * cx);
-        let tot = if BITS == 4 && xt.split() {
-            chunk8_split::<G>(wt, &xt.blocks[xr.clone()], &xt.lo[xr], ng)
-        } else {
-            chunk8::<BITS, G>(wt, &xt.blocks[xr], ng)
+        // SAFETY: this function is compiled for AVX2.
+        let tot = unsafe {
+            if BITS == 4 && xt.split() {
+                chunk8_split::<G>(wt, &xt.blocks[xr.clone()], &xt.lo[xr], ng)
+            } else {
+                chunk8::<BITS, G>(wt, &xt.blocks[xr], ng)
+            }
         };
         let st = &s[full * cs..];
         let (sv, bv) = if st.len() >= cs {
@@ -117,73 +124,99 @@ pub(super) fn qmv_row<const BITS: u32, const G: usize, const D: u8, const TWO_LE
 
 /// The integer dots of `ng <= 8` consecutive groups (`w` their `ng` groups of packed bytes,
 /// `x` the activation blocks of eight groups): lane `j` = group `j`, zero from `ng` on.
-/// Straight-line code, so the partials stay in registers; a whole step passes `ng = 8` as a
-/// constant and its guards fold away.
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn chunk8<const BITS: u32, const G: usize>(w: &[u8], x: &[Block], ng: usize) -> __m256i {
-    let gb = G * BITS as usize / 8;
-    let bpg = gb.div_ceil(32);
-    assert!(ng <= 8 && w.len() == ng * gb && x.len() == 8 * gb / 32);
-    let zero = _mm256_setzero_si256();
-    if BITS == 4 && G == 32 {
-        // Block `i` holds groups 2i and 2i + 1; a last lone group is a half block.
-        let p = |i: usize| {
-            if 2 * i + 1 < ng {
-                q4_dot16(load32(&w[32 * i..32 * i + 32]), &x[i])
-            } else if 2 * i < ng {
-                q4_dot16(load16z(&w[32 * i..32 * i + 16]), &x[i])
-            } else {
-                zero
+/// Plain loops of constant trip count and no closures, and `inline(always)` (which a
+/// `#[target_feature]` function cannot be), so the step compiles into the AVX2 row loop
+/// with its partials in registers; a whole step passes `ng = 8` as a constant and its
+/// guards fold away.
+///
+/// # Safety
+/// AVX2 must be available.
+#[inline(always)]
+pub(super) unsafe fn chunk8<const BITS: u32, const G: usize>(w: &[u8], x: &[Block], ng: usize) -> __m256i {
+    // SAFETY: the caller guarantees AVX2; every load is of a checked slice.
+    unsafe {
+        let gb = G * BITS as usize / 8;
+        let bpg = gb.div_ceil(32);
+        assert!(ng <= 8 && w.len() == ng * gb && x.len() == 8 * gb / 32);
+        let zero = _mm256_setzero_si256();
+        if BITS == 4 && G == 32 {
+            // Block `i` holds groups 2i and 2i + 1; a last lone group is a half block.
+            let mut p = [zero; 4];
+            for (i, pi) in p.iter_mut().enumerate() {
+                if 2 * i + 1 < ng {
+                    *pi = q4_dot16(load32(&w[32 * i..32 * i + 32]), &x[i]);
+                } else if 2 * i < ng {
+                    *pi = q4_dot16(load16z(&w[32 * i..32 * i + 16]), &x[i]);
+                }
             }
-        };
-        pairs_to_groups([p(0), p(1), p(2), p(3)])
-    } else {
-        let g = |j: usize| {
-            if j < ng {
-                group_partials::<BITS, G, 1>(&w[j * gb..(j + 1) * gb], &x[j * bpg..(j + 1) * bpg])[0]
-            } else {
-                zero
+            pairs_to_groups(p)
+        } else {
+            let mut v = [zero; 8];
+            for (j, vj) in v.iter_mut().enumerate() {
+                if j < ng {
+                    *vj =
+                        group_partials::<BITS, G, 1>(&w[j * gb..(j + 1) * gb], &x[j * bpg..(j + 1) * bpg])[0];
+                }
             }
-        };
-        let (lo, hi) = reduce8::<BITS, G>([g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7)]);
-        _mm256_add_epi32(lo, hi)
+            let (lo, hi) = reduce8::<BITS, G>(v);
+            _mm256_add_epi32(lo, hi)
+        }
     }
 }
 
 /// [`chunk8`] for 4-bit weights against split codes (`xh` the high planes, `xl` the low
 /// ones): each weight block is unpacked once for both planes, and the planes' i16 sums
-/// are joined exactly where they widen to i32, so one reduction serves both.
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn chunk8_split<const G: usize>(w: &[u8], xh: &[Block], xl: &[Block], ng: usize) -> __m256i {
-    let gb = G / 2;
-    let bpg = gb.div_ceil(32);
-    assert!(ng <= 8 && w.len() == ng * gb && xh.len() == 8 * gb / 32 && xl.len() == xh.len());
-    let zero = _mm256_setzero_si256();
-    if G == 32 {
-        let p = |i: usize| {
-            if 2 * i + 1 < ng {
-                q4_dot16_split(load32(&w[32 * i..32 * i + 32]), &xh[i], &xl[i])
-            } else if 2 * i < ng {
-                q4_dot16_split(load16z(&w[32 * i..32 * i + 16]), &xh[i], &xl[i])
-            } else {
-                (zero, zero)
+/// are joined exactly where they widen to i32, so one widening serves both. Groups are
+/// folded four at a time as they are computed, so few partials are live at once.
+/// `inline(always)` as [`chunk8`] is.
+///
+/// # Safety
+/// AVX2 must be available.
+#[inline(always)]
+pub(super) unsafe fn chunk8_split<const G: usize>(
+    w: &[u8],
+    xh: &[Block],
+    xl: &[Block],
+    ng: usize,
+) -> __m256i {
+    // SAFETY: the caller guarantees AVX2; every load is of a checked slice.
+    unsafe {
+        let gb = G / 2;
+        let bpg = gb.div_ceil(32);
+        assert!(ng <= 8 && w.len() == ng * gb && xh.len() == 8 * gb / 32 && xl.len() == xh.len());
+        let zero = _mm256_setzero_si256();
+        if G == 32 {
+            let (mut h, mut l) = ([zero; 4], [zero; 4]);
+            for i in 0..4 {
+                if 2 * i + 1 < ng {
+                    (h[i], l[i]) = q4_dot16_split(load32(&w[32 * i..32 * i + 32]), &xh[i], &xl[i]);
+                } else if 2 * i < ng {
+                    (h[i], l[i]) = q4_dot16_split(load16z(&w[32 * i..32 * i + 16]), &xh[i], &xl[i]);
+                }
             }
-        };
-        let (p0, p1, p2, p3) = (p(0), p(1), p(2), p(3));
-        pairs_to_groups_split([p0.0, p1.0, p2.0, p3.0], [p0.1, p1.1, p2.1, p3.1])
-    } else {
-        let g = |j: usize| {
-            if j < ng {
-                let span = j * bpg..(j + 1) * bpg;
-                q4_group_partials_split::<G>(&w[j * gb..(j + 1) * gb], &xh[span.clone()], &xl[span])
-            } else {
-                (zero, zero)
+            pairs_to_groups_split(h, l)
+        } else {
+            let mut q = [zero; 2];
+            for (half, qh) in q.iter_mut().enumerate() {
+                let (mut h, mut l) = ([zero; 4], [zero; 4]);
+                for t in 0..4 {
+                    let j = 4 * half + t;
+                    if j < ng {
+                        let span = j * bpg..(j + 1) * bpg;
+                        (h[t], l[t]) = q4_group_partials_split::<G>(
+                            &w[j * gb..(j + 1) * gb],
+                            &xh[span.clone()],
+                            &xl[span],
+                        );
+                    }
+                }
+                *qh = quad_split::<G>(h, l);
             }
-        };
-        let v = [g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7)];
-        let (lo, hi) = reduce8_split::<G>(v.map(|p| p.0), v.map(|p| p.1));
-        _mm256_add_epi32(lo, hi)
+            // q[0] = [g0..g3 of the low 128 bits | g0..g3 of the high], q[1] likewise g4..g7.
+            _mm256_add_epi32(
+                _mm256_permute2x128_si256::<0x20>(q[0], q[1]),
+                _mm256_permute2x128_si256::<0x31>(q[0], q[1]),
+            )
+        }
     }
 }

@@ -4,7 +4,7 @@ use std::arch::x86_64::*;
 
 use super::lanes::{center_of, times_center};
 use super::loads::{load_hi, load_lo};
-use super::reduce::{fold16, fold16b, fold32b, join_planes, reduce8};
+use super::reduce::{fold16, fold16b, fold32b, nib_dot, quad_split, reduce8};
 use crate::kernels::act::TILE_ROWS;
 use crate::kernels::tile::{Block, XTile};
 
@@ -107,11 +107,12 @@ pub(super) unsafe fn wide_row_raw<const BITS: u32, const G: usize, const T: usiz
                 } else {
                     _mm256_zextsi128_si256(_mm_loadu_si128(a.w.add(32 * p).cast()))
                 };
-                let (mut ta, mut tb) = q4_tile_tot::<32, T>(wv, _mm256_setzero_si256(), a.x.add(p * T), 0);
-                if split {
-                    let (la, lb) = q4_tile_tot::<32, T>(wv, _mm256_setzero_si256(), a.xlo.add(p * T), 0);
-                    (ta, tb) = (join_planes(ta, la), join_planes(tb, lb));
-                }
+                let zero = _mm256_setzero_si256();
+                let (ta, tb) = if split {
+                    q4_tile_tot_split::<32, T>(wv, zero, a.x.add(p * T), a.xlo.add(p * T), 0)
+                } else {
+                    q4_tile_tot::<32, T>(wv, zero, a.x.add(p * T), 0)
+                };
                 step(&mut acc[g % 8], ta, g);
                 if g + 1 < a.gpr {
                     step(&mut acc[(g + 1) % 8], tb, g + 1);
@@ -126,14 +127,12 @@ pub(super) unsafe fn wide_row_raw<const BITS: u32, const G: usize, const T: usiz
                     let w1 =
                         if G == 128 { _mm256_loadu_si256(wg.add(32).cast()) } else { _mm256_setzero_si256() };
                     let w0 = _mm256_loadu_si256(wg.cast());
-                    let (lo, hi) = q4_tile_tot::<G, T>(w0, w1, xg, T);
-                    let t = _mm256_add_epi32(lo, hi);
-                    if split {
-                        let (lo, hi) = q4_tile_tot::<G, T>(w0, w1, a.xlo.add(g * bpg * T), T);
-                        join_planes(t, _mm256_add_epi32(lo, hi))
+                    let (lo, hi) = if split {
+                        q4_tile_tot_split::<G, T>(w0, w1, xg, a.xlo.add(g * bpg * T), T)
                     } else {
-                        t
-                    }
+                        q4_tile_tot::<G, T>(w0, w1, xg, T)
+                    };
+                    _mm256_add_epi32(lo, hi)
                 } else {
                     q8_tile_tot::<T>(wg, xg, bpg)
                 }
@@ -218,6 +217,51 @@ pub(super) unsafe fn q4_tile_tot<const G: usize, const T: usize>(
         (q0, q1)
     };
     (_mm256_permute2x128_si256::<0x20>(q0, q1), _mm256_permute2x128_si256::<0x31>(q0, q1))
+}
+
+/// [`q4_tile_tot`] against both planes of split codes (`xh` the high planes, `xl` the low
+/// ones, laid out as `x` is there): each weight block is unpacked once for both planes, and
+/// the planes' i16 partials are folded apart and joined exactly where they widen to i32
+/// ([`widen_planes`]), so one widening and one permute serve both. Returns the exact dots
+/// with the codes, `(lo, hi)` halves as [`q4_tile_tot`] does.
+///
+/// # Safety
+/// AVX2 is available and `xh` and `xl` are each readable for `T` blocks (`stride + T` at
+/// g128).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn q4_tile_tot_split<const G: usize, const T: usize>(
+    w0: __m256i,
+    w1: __m256i,
+    xh: *const Block,
+    xl: *const Block,
+    stride: usize,
+) -> (__m256i, __m256i) {
+    let mask = _mm256_set1_epi8(0x0F);
+    let (lo0, hi0) = (_mm256_and_si256(w0, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(w0), mask));
+    let (lo1, hi1) = (_mm256_and_si256(w1, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(w1), mask));
+    let zero = _mm256_setzero_si256();
+    let mut q = [zero; 2];
+    for (half, qh) in q.iter_mut().enumerate().take(T.div_ceil(4)) {
+        let (mut h, mut l) = ([zero; 4], [zero; 4]);
+        for t in 0..4 {
+            let r = 4 * half + t;
+            if r < T {
+                // SAFETY: row `r < T` reads blocks `r` (and at g128 `stride + r`) of `xh`
+                // and `xl`, inside this function's contract.
+                let (bh, bl) = unsafe { (&*xh.add(r), &*xl.add(r)) };
+                (h[t], l[t]) = (nib_dot(lo0, hi0, bh), nib_dot(lo0, hi0, bl));
+                if G == 128 {
+                    // SAFETY: as above.
+                    let (bh, bl) = unsafe { (&*xh.add(stride + r), &*xl.add(stride + r)) };
+                    h[t] = _mm256_add_epi16(h[t], nib_dot(lo1, hi1, bh));
+                    l[t] = _mm256_add_epi16(l[t], nib_dot(lo1, hi1, bl));
+                }
+            }
+        }
+        *qh = quad_split::<G>(h, l);
+    }
+    (_mm256_permute2x128_si256::<0x20>(q[0], q[1]), _mm256_permute2x128_si256::<0x31>(q[0], q[1]))
 }
 
 /// Row totals (lane `r`) of one 8-bit group of `bpg` blocks for `T` activation rows;

@@ -8,7 +8,10 @@ use super::Order;
 use super::lanes::{XGroups, hsum, lanes_step};
 use super::loads::{load8f, store8f};
 use super::prefetch::{Prefetch, prefetch_ahead, prefetch_burst};
-use super::reduce::{fold16, fold16b, fold32, fold32b, group_partials, join_planes, pairs_to_groups};
+use super::reduce::{
+    fold16, fold16b, fold32, fold32b, group_partials, pairs_to_groups, pairs_to_groups_split,
+    q4_group_partials_rows, quad_split,
+};
 use super::scales::{RowScales, packed_bytes};
 use super::tile8::wide_row;
 use crate::kernels::act::TILE_ROWS;
@@ -101,13 +104,11 @@ pub(super) fn group_lanes_row<const BITS: u32, const G: usize, const T: usize, c
         // Spread over the row as `qmv` does: a burst at the start of each row leaves these
         // memory-bound small tiles waiting on memory.
         prefetch_ahead::<TWO_LEVEL>(wrow, g0 * gb, ng * gb);
-        let mut tots = chunk_rows::<BITS, G, T>(wrow, &xt.blocks, g0, ng);
-        if xt.split() {
-            let lo = chunk_rows::<BITS, G, T>(wrow, &xt.lo, g0, ng);
-            for (t, l) in tots.iter_mut().zip(lo) {
-                *t = join_planes(*t, l);
-            }
-        }
+        let tots = if BITS == 4 && xt.split() {
+            chunk_rows_split::<G, T>(wrow, &xt.blocks, &xt.lo, g0, ng)
+        } else {
+            chunk_rows::<BITS, G, T>(wrow, &xt.blocks, g0, ng)
+        };
         // `s` and `b` run on past the row (RowScales pads the last row with eight zeros):
         // zero the lanes past the row's groups, so even a non-finite neighbour cannot
         // reach this output.
@@ -201,6 +202,71 @@ pub(super) fn chunk_rows<const BITS: u32, const G: usize, const T: usize>(
     }
     for (r, o) in out.iter_mut().enumerate() {
         let (q0, q1) = (halves[0][r], halves[1][r]);
+        *o = _mm256_add_epi32(
+            _mm256_permute2x128_si256::<0x20>(q0, q1),
+            _mm256_permute2x128_si256::<0x31>(q0, q1),
+        );
+    }
+    out
+}
+
+/// [`chunk_rows`] for 4-bit weights against split codes (`xh` the high planes, `xl` the
+/// low ones): each group's codes are unpacked once for both planes and all `T` rows, and
+/// the planes are joined where their i16 sums widen, so each row takes one reduction.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn chunk_rows_split<const G: usize, const T: usize>(
+    wrow: &[u8],
+    xh: &[Block],
+    xl: &[Block],
+    g0: usize,
+    ng: usize,
+) -> [__m256i; T] {
+    let zero = _mm256_setzero_si256();
+    let mut out = [zero; T];
+    if G == 32 {
+        // Block `p` holds groups 2p and 2p + 1.
+        let (mut vh, mut vl) = ([[zero; 4]; T], [[zero; 4]; T]);
+        for i in 0..4 {
+            let g = g0 + 2 * i;
+            if g < g0 + ng {
+                let p = g / 2;
+                let wb = &wrow[32 * p..(32 * p + 32).min(wrow.len())];
+                let (h, l) =
+                    q4_group_partials_rows::<32, T>(wb, &xh[p * T..p * T + T], &xl[p * T..p * T + T]);
+                for r in 0..T {
+                    (vh[r][i], vl[r][i]) = (h[r], l[r]);
+                }
+            }
+        }
+        for r in 0..T {
+            out[r] = pairs_to_groups_split(vh[r], vl[r]);
+        }
+        return out;
+    }
+    let gb = G / 2;
+    let bpg = gb / 32;
+    let mut q = [[zero; T]; 2];
+    for (half, qh) in q.iter_mut().enumerate() {
+        let (mut vh, mut vl) = ([[zero; 4]; T], [[zero; 4]; T]);
+        for t in 0..4 {
+            let j = 4 * half + t;
+            if j < ng {
+                let g = g0 + j;
+                let span = g * bpg * T..(g + 1) * bpg * T;
+                let (h, l) =
+                    q4_group_partials_rows::<G, T>(&wrow[g * gb..(g + 1) * gb], &xh[span.clone()], &xl[span]);
+                for r in 0..T {
+                    (vh[r][t], vl[r][t]) = (h[r], l[r]);
+                }
+            }
+        }
+        for r in 0..T {
+            qh[r] = quad_split::<G>(vh[r], vl[r]);
+        }
+    }
+    for (r, o) in out.iter_mut().enumerate() {
+        let (q0, q1) = (q[0][r], q[1][r]);
         *o = _mm256_add_epi32(
             _mm256_permute2x128_si256::<0x20>(q0, q1),
             _mm256_permute2x128_si256::<0x31>(q0, q1),
