@@ -1,33 +1,46 @@
-"""Per-position log-probabilities of a GGUF llama model with mlx-lm, in the format of
-`kiln score`, so `cargo xtask bench-quality --compare NAME=FILE` can measure mlx-lm's
-arithmetic against kiln's f32 reference on the same weights and the same windows.
+"""Per-position log-probabilities of a GGUF llama model under mlx-lm, in the format of
+`kiln score`, so `cargo xtask bench-quality --compare NAME=FILE` measures mlx-lm's 4-bit
+weights against kiln's f32 reference on the same file, token ids and windows.
 
-mlx reads the GGUF's Q4_0/Q4_1/Q8_0 tensors as MLX affine groups of 32 (the same exact
-mapping kiln uses); llama.cpp's permutation of the Q and K rows is undone as kiln undoes
-it; the windows, BOS and scored positions are copied from kiln's reference file, and the
-token ids come from `kiln score --ids-only` on the same text, so both engines score
-exactly the same positions.
+Two weight schemes (`--weights`):
+- `gguf`: the GGUF's Q4_0/Q4_1/Q8_0 tensors as mlx affine groups of 32, exactly as mlx
+  reads them (Q4_1 is `w = d*q + m`: lossless), the f16 scales, biases and norms widened
+  to f32 (exact);
+- `mlx-q4g64`: those weights dequantized to f32, then quantized by mlx-lm's own default
+  (`mlx_lm.utils.quantize_model`: affine, 4 bits, groups of 64, every linear layer and the
+  embedding), as `mlx_lm.convert -q` would store them.
+llama.cpp's permutation of the Q and K rows is undone as kiln undoes it; the windows, BOS
+and scored positions are copied from kiln's reference file and the token ids come from
+`kiln score --ids-only`, so both engines score the same positions. Each window is one
+forward of mlx-lm's llama model, activations in f32.
+
+`--kernels` picks how the 4-bit layers multiply. `mlx` runs mlx's quantized matmul; on
+the CPU (mlx-cpu wheel) that is a scalar loop, about a second per 512x576x1536 product
+here, so a 512-token window of SmolLM2-135M takes minutes and the corpus hours. `dense`
+(the default) dequantizes each layer once (`mx.dequantize`, exact in f32) and multiplies
+in f32 by mlx's matmul, which calls BLAS: the same products on the same weights, summed
+in another order (f32 rounding only; `--kernels mlx` on a window checks it). The wheel
+links netlib's reference BLAS; preload an optimized one for speed, e.g.
+`LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0` (Debian libopenblas0-pthread).
 
 Usage (pinned packages of scripts/fixtures/requirements.txt):
     kiln score -m MODEL.gguf --text-file CORPUS --ids-only > ids.json
-    .venv/bin/python scripts/quality/mlx_logprobs.py --gguf MODEL.gguf --ids ids.json \
-        --reference DIR/m0-reference.lp --output DIR/mlx.lp [--dtype f32|f16]
-
-`--dtype f32` (the default) widens the f16 scales, biases and norms to f32 (exact), so
-mlx-lm runs its 4-bit kernels with f32 activations; `--dtype f16` keeps them as stored,
-as mlx-lm runs the file by default.
+    LD_PRELOAD=.../libopenblas.so.0 .venv/bin/python scripts/quality/mlx_logprobs.py \
+        --gguf MODEL.gguf --ids ids.json --reference DIR/m0-reference.lp \
+        --output DIR/mlx.lp [--weights gguf|mlx-q4g64] [--kernels dense|mlx] [--max-windows N]
 """
 
 import argparse
 import json
-import struct
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx_lm.models import llama
+from mlx_lm.utils import quantize_model
 
-MAGIC = b"KILNLP01"
+from kiln_lp import Writer, read_header, windows
+
 NAMES = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -55,7 +68,8 @@ def unpermute(a, heads):
     return mx.array(x).astype(a.dtype)
 
 
-def load(path, dtype):
+def load_gguf(path):
+    """mlx-lm's llama model with the GGUF's weights as stored (groups of 32), floats in f32."""
     w, meta = mx.load(path, return_metadata=True)
     arch = meta["general.architecture"]
     if arch != "llama":
@@ -93,7 +107,7 @@ def load(path, dtype):
         else:
             raise SystemExit(f"unexpected tensor {name}")
         if a.dtype in (mx.float16, mx.bfloat16, mx.float32):
-            a = a.astype(mx.float32 if dtype == "f32" else a.dtype)
+            a = a.astype(mx.float32)
         weights[hf] = a
     model = llama.Model(args)
 
@@ -110,43 +124,54 @@ def load(path, dtype):
     return model, args
 
 
+def dense(model, args):
+    """The same model with every quantized layer dequantized to f32 (exact)."""
+    weights = dict(nn.utils.tree_flatten(model.parameters()))
+    for path, m in model.named_modules():
+        if hasattr(m, "group_size") and hasattr(m, "scales"):
+            for field in ("scales", "biases"):
+                weights.pop(f"{path}.{field}", None)
+            weights[f"{path}.weight"] = mx.dequantize(
+                m.weight, m.scales, m.biases, group_size=m.group_size, bits=m.bits
+            ).astype(mx.float32)
+    out = llama.Model(args)
+    out.load_weights(list(weights.items()), strict=True)
+    mx.eval(out.parameters())
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gguf", required=True)
     ap.add_argument("--ids", required=True, help="JSON list of token ids (kiln score --ids-only)")
     ap.add_argument("--reference", required=True, help="kiln's reference .lp (windows, BOS, positions)")
     ap.add_argument("--output", required=True)
-    ap.add_argument("--dtype", choices=["f32", "f16"], default="f32")
+    ap.add_argument("--weights", choices=["gguf", "mlx-q4g64"], default="gguf")
+    ap.add_argument("--kernels", choices=["dense", "mlx"], default="dense")
+    ap.add_argument("--max-windows", type=int, help="score only the first N windows")
     a = ap.parse_args()
-    with open(a.reference, "rb") as f:
-        if f.read(8) != MAGIC:
-            raise SystemExit(f"invalid --reference {a.reference}: not a kiln score file")
-        (n,) = struct.unpack("<I", f.read(4))
-        header = json.loads(f.read(n))
-    ids = json.load(open(a.ids))
-    model, args = load(a.gguf, a.dtype)
-    window, first, windows, bos = header["window"], header["first_scored"], header["windows"], header["bos"]
-    body = window - (bos is not None)
-    out_header = dict(header, model=f"mlx-lm ({a.dtype}) {a.gguf}", act_precision=f"mlx-lm-{a.dtype}")
-    blob = json.dumps(out_header).encode()
-    nll, count = 0.0, 0
-    with open(a.output, "wb") as out:
-        out.write(MAGIC + struct.pack("<I", len(blob)) + blob)
-        for wi in range(windows):
-            seq = ([bos] if bos is not None else []) + ids[wi * body : (wi + 1) * body]
-            logits = model(mx.array(seq)[None])[0].astype(mx.float32)
-            mx.eval(logits)
-            lg = np.array(logits, dtype=np.float64)
-            for pos in range(first, window - 1):
-                row = lg[pos]
-                lse = row.max() + np.log(np.exp(row - row.max()).sum())
-                lp = (row - lse).astype(np.float32)
-                target = seq[pos + 1]
-                nll -= float(lp[target])
-                count += 1
-                out.write(struct.pack("<I", target))
-                out.write(lp.tobytes())
-    print(json.dumps({"positions": count, "perplexity": float(np.exp(nll / count))}))
+    header = read_header(a.reference)
+    if a.max_windows is not None:
+        if a.max_windows < 1 or a.max_windows > header["windows"]:
+            raise SystemExit(f"invalid --max-windows {a.max_windows}: accepted 1 to {header['windows']}")
+        per_window = header["window"] - 1 - header["first_scored"]
+        header = dict(header, windows=a.max_windows, positions=a.max_windows * per_window)
+    with open(a.ids) as f:
+        ids = json.load(f)
+    model, args = load_gguf(a.gguf)
+    if a.weights == "mlx-q4g64":
+        model = dense(model, args)
+        quantize_model(model, {}, None, None)
+        mx.eval(model.parameters())
+    if a.kernels == "dense":
+        model = dense(model, args)
+    scheme = f"mlx-lm-{a.weights}-{a.kernels}"
+    out = Writer(a.output, header, f"mlx-lm ({a.weights}, {a.kernels} kernels) {a.gguf}", scheme)
+    for seq in windows(header, ids):
+        logits = model(mx.array(seq)[None])[0].astype(mx.float32)
+        mx.eval(logits)
+        out.window(seq, np.array(logits))
+    print(json.dumps(out.close()))
 
 
 if __name__ == "__main__":

@@ -64,8 +64,8 @@ pub struct BenchQuality {
     #[arg(long, value_name = "FILE")]
     reference: Option<PathBuf>,
     /// Also compare a log-probability file another engine wrote for the first model
-    /// (`NAME=FILE`, repeatable; scripts/quality/mlx_logprobs.py writes one for mlx-lm),
-    /// as a row whose scheme is NAME.
+    /// (`NAME=FILE`, repeatable; scripts/quality/mlx_logprobs.py and llama_cpp_logprobs.py
+    /// write them for mlx-lm and llama.cpp), as a row whose scheme is NAME.
     #[arg(long, value_name = "NAME=FILE")]
     compare: Vec<String>,
     /// Directory for the CSV, the markdown table and the log-probability files

@@ -1,7 +1,8 @@
 //! `kiln` on GGUF files: every subcommand takes `-m FILE.gguf`, a malformed file
 //! (truncated, a tensor's data offset out of range, an unknown tensor type, an
-//! architecture kiln does not run) exits 2 naming the tensor or key, and `kiln score`
-//! writes the documented log-probability file.
+//! architecture kiln does not run) exits 2 naming the tensor or key, `kiln score`
+//! writes the documented log-probability file, and a qwen2 file runs while a qwen2 file
+//! holding a block type kiln refuses exits 2 naming the tensor and type.
 
 mod util;
 
@@ -39,6 +40,21 @@ fn generate_estimate_and_bench_decode_take_a_gguf_file() {
     let est = dir.run(&["estimate", "-m", m, "--prompt-tokens", "8"]).expect_code(0);
     assert!(est.json()["weights_bytes"].as_u64().unwrap() > 0, "{}", est.describe());
     dir.run(&["bench-decode", "-m", m, "--prompt-tokens", "8", "-n", "2"]).expect_code(0);
+}
+
+#[test]
+fn a_qwen2_gguf_file_generates_and_its_unsupported_block_type_exits_2_by_name() {
+    let dir = Dir::new();
+    let gguf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kiln-model/tests/fixtures/gguf");
+    let m = gguf.join("qwen2-tiny.gguf");
+    let m = m.to_str().unwrap();
+    dir.run(&["generate", "-m", m, "-p", "hello", "-n", "4"]).expect_code(0);
+    dir.run(&["bench-decode", "-m", m, "--prompt-tokens", "8", "-n", "2"]).expect_code(0);
+    let bad = gguf.join("qwen2-tiny-q5_0.gguf");
+    let run = dir.run(&["generate", "-m", bad.to_str().unwrap(), "-p", "hi", "-n", "1"]).expect_code(2);
+    for n in ["blk.1.ffn_down.weight", "Q5_0", "accepted types"] {
+        assert!(run.stderr().contains(n), "stderr lacks {n:?}{}", run.describe());
+    }
 }
 
 /// A change to a file's bytes.
