@@ -1,6 +1,7 @@
 //! What every run directory holds and how it is made: a fresh
 //! `benchmarks/runs/<stamp>-<command>` claimed atomically, the machine fingerprint
-//! every `env.json` carries, and the `kiln` binary a server-driving task boots.
+//! every `env.json` carries, and the `kiln` binary a server-driving task boots (with
+//! [`BootArgs`], the flags that choose it and the run directory).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,39 @@ use serde_json::{Value, json};
 use crate::child::Shutdown;
 use crate::engine::{self, Backend, BackendArg, EnginePackage};
 use crate::machine::{self, Machine};
+
+/// The flags every task that boots `kiln serve` takes: extra server arguments, the
+/// binary, and where run directories go.
+#[derive(clap::Args, Debug)]
+pub struct BootArgs {
+    /// An extra argument for every kiln serve boot (repeatable), e.g. --serve-arg=--prefill-chunk=512.
+    #[arg(long = "serve-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub serve_args: Vec<String>,
+    /// The kiln binary to boot instead of building one (also KILN_BENCH_KILN_BIN).
+    #[arg(long, value_name = "PATH")]
+    pub kiln_bin: Option<PathBuf>,
+    /// Do not build kiln; boot the release binary already built.
+    #[arg(long)]
+    pub no_build: bool,
+    /// Where run directories go [default: benchmarks/runs].
+    #[arg(long, value_name = "DIR")]
+    runs_dir: Option<PathBuf>,
+}
+
+impl BootArgs {
+    /// The kiln binary to boot, as [`engine`] finds or builds it.
+    pub fn engine(&self, root: &Path, shutdown: &Shutdown) -> Result<Result<Engine, i32>> {
+        engine(root, self.kiln_bin.as_deref(), self.no_build, shutdown)
+    }
+
+    /// `--runs-dir`, or `benchmarks/runs` under `root`.
+    pub fn runs_dir(&self, root: &Path) -> Result<PathBuf> {
+        match &self.runs_dir {
+            Some(d) => crate::sweep::user_path(d),
+            None => Ok(root.join("benchmarks/runs")),
+        }
+    }
+}
 
 /// Claims `runs_dir/<UTC stamp>-<command>[-N]`. `create_dir` claims the name atomically,
 /// so two runs started in the same second get two directories.

@@ -50,6 +50,14 @@ fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     a
 }
 
+/// `args(plan)` on the cluster: `--runner slurm --shared-dir DIR`, then `extra`.
+fn slurm_args<'a>(plan: &[&'a str], dir: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = args(plan);
+    a.extend(["--runner", "slurm", "--shared-dir", dir]);
+    a.extend_from_slice(extra);
+    a
+}
+
 fn shared(sb: &Sandbox) -> String {
     let dir = sb.path("shared");
     fs::create_dir_all(&dir).unwrap();
@@ -134,8 +142,7 @@ fn a_slurm_sweep_backstops_across_tasks_and_merges_what_a_local_run_writes() {
     let fake = [("KILN_BENCH_FAKE_OOM", "synthetic:tiny:16")];
     let sb = Sandbox::new();
     let dir = shared(&sb);
-    let mut a = args(&plan);
-    a.extend(["--runner", "slurm", "--shared-dir", &dir, "--wait"]);
+    let a = slurm_args(&plan, &dir, &["--wait"]);
     let run = sb.run_with("bench-longprompt", &a, &fake);
     run.expect_code(0)
         .expect_stderr("submitted synthetic:tiny as job ")
@@ -182,19 +189,11 @@ fn a_cancelled_task_becomes_a_fail_row_with_slurms_state() {
     let dir = shared(&sb);
     // One model at a time: tiny's array waits on tiny-qwen's, so its first task is still
     // queued when it is cancelled.
-    let a = args(&[
-        "--models",
-        "synthetic:tiny-qwen,synthetic:tiny",
-        "--lengths",
-        "16 32",
-        "--runner",
-        "slurm",
-        "--shared-dir",
+    let a = slurm_args(
+        &["--models", "synthetic:tiny-qwen,synthetic:tiny", "--lengths", "16 32"],
         &dir,
-        "--max-parallel",
-        "1",
-        "--wait",
-    ]);
+        &["--max-parallel", "1", "--wait"],
+    );
     let (line, child) = sb.spawn("bench-longprompt", &a, &[]);
     let run_dir = run_dir_with(&sb, "jobs.json", Duration::from_secs(60));
     let ids = job_ids(&run_dir);
@@ -239,20 +238,11 @@ fn an_interrupt_while_waiting_cancels_the_arrays_and_merges_what_finished() {
     // comes.
     let kiln = util::fake_kiln(&sb, "kiln-slow", "exit 1", "sleep 120");
     let kiln = kiln.display().to_string();
-    let a = args(&[
-        "--models",
-        "synthetic:tiny",
-        "--lengths",
-        "16 32",
-        "--no-estimate",
-        "--kiln-bin",
-        &kiln,
-        "--runner",
-        "slurm",
-        "--shared-dir",
+    let a = slurm_args(
+        &["--models", "synthetic:tiny", "--lengths", "16 32", "--no-estimate", "--kiln-bin", &kiln],
         &dir,
-        "--wait",
-    ]);
+        &["--wait"],
+    );
     let (line, child) = sb.spawn("bench-longprompt", &a, &[]);
     let run_dir = run_dir_with(&sb, "jobs.json", Duration::from_secs(60));
     // Wait until the first task's engine is running (its log exists), then interrupt.
@@ -288,24 +278,20 @@ fn a_dry_run_prints_the_scripts_and_submits_nothing() {
     let dir = shared(&sb);
     let run = sb.run(
         "bench-longprompt",
-        &args(&[
-            "--models",
-            "synthetic:tiny synthetic:tiny-qwen",
-            "--lengths",
-            "32 16",
-            "--runner",
-            "slurm",
-            "--shared-dir",
+        &slurm_args(
+            &["--models", "synthetic:tiny synthetic:tiny-qwen", "--lengths", "32 16"],
             &dir,
-            "--max-parallel",
-            "1",
-            "--partition",
-            "gpu",
-            "--gres",
-            "gpu:1",
-            "--sbatch-arg=--mem=4G",
-            "--dry-run",
-        ]),
+            &[
+                "--max-parallel",
+                "1",
+                "--partition",
+                "gpu",
+                "--gres",
+                "gpu:1",
+                "--sbatch-arg=--mem=4G",
+                "--dry-run",
+            ],
+        ),
     );
     run.expect_code(0)
         .expect_stdout("#SBATCH --array=0-1%1\n")
@@ -344,17 +330,11 @@ fn bench_decode_runs_on_slurm_too() {
     let dir = shared(&sb);
     let run = sb.run(
         "bench-decode",
-        &args(&[
-            "--models",
-            "synthetic:tiny,synthetic:tiny-qwen",
-            "--prompt-tokens",
-            "16",
-            "--runner",
-            "slurm",
-            "--shared-dir",
+        &slurm_args(
+            &["--models", "synthetic:tiny,synthetic:tiny-qwen", "--prompt-tokens", "16"],
             &dir,
-            "--wait",
-        ]),
+            &["--wait"],
+        ),
     );
     run.expect_code(0).expect_stdout("2 cells: 2 ok");
     let rows = sb.rows(&sb.csv());

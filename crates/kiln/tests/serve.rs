@@ -7,106 +7,16 @@
 mod client;
 // Shared with the other binary tests; not every helper is used here.
 #[allow(dead_code)]
+mod common;
+#[allow(dead_code)]
 mod util;
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Stdio};
-use std::sync::mpsc::{Receiver, channel};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use client::{get, post, send, stream_text};
+use common::Serve;
 use serde_json::{Value, json};
 use util::Dir;
-
-const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
-
-/// A running `kiln serve`; killed when dropped.
-struct Serve {
-    child: Child,
-    addr: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
-    lines: Receiver<String>,
-    _dir: Dir,
-}
-
-impl Serve {
-    fn start(args: &[&str]) -> Serve {
-        Self::start_env(args, &[])
-    }
-
-    fn start_env(args: &[&str], env: &[(&str, &str)]) -> Serve {
-        let dir = Dir::new();
-        let mut all = vec!["serve", "--port", "0"];
-        all.extend_from_slice(args);
-        let mut cmd = dir.command(&all);
-        cmd.envs(env.iter().copied()).stdout(Stdio::null()).stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("starting kiln serve");
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, lines) = channel();
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line.clone());
-                let _ = tx.send(line);
-            }
-        });
-        let mut s = Serve { child, addr: "0.0.0.0:0".parse().unwrap(), log, lines, _dir: dir };
-        let line = s.wait_for("listening on http://");
-        let at = line.find("http://").unwrap() + "http://".len();
-        let addr = line[at..].split(|c: char| c.is_whitespace() || c == '"').next().unwrap();
-        s.addr = addr.parse().unwrap_or_else(|e| panic!("bad address {addr:?}: {e}{}", s.stderr()));
-        let t = Instant::now();
-        while get(s.addr, "/health").status != 200 {
-            assert!(t.elapsed() < BOOT_TIMEOUT, "the model did not load{}", s.stderr());
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        s
-    }
-
-    /// Waits for a stderr line containing `needle`.
-    fn wait_for(&self, needle: &str) -> String {
-        let deadline = Instant::now() + BOOT_TIMEOUT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) if l.contains(needle) => return l,
-                Ok(_) => {}
-                Err(_) => panic!("no stderr line with {needle:?}{}", self.stderr()),
-            }
-        }
-    }
-
-    fn stderr(&self) -> String {
-        format!("\n---- kiln serve stderr ----\n{}\n", self.log.lock().unwrap().join("\n"))
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) with the pid of a child this test started and still owns.
-        let r = unsafe { libc::kill(self.child.id() as i32, sig) };
-        assert_eq!(r, 0, "kill failed");
-    }
-
-    fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
-        let t = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(t.elapsed() < within, "kiln serve did not exit within {within:?}{}", self.stderr());
-            std::thread::sleep(Duration::from_millis(25));
-        }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn greedy(prompt: &str, n: usize) -> Value {
     json!({"model": "synthetic:tiny", "prompt": prompt, "max_tokens": n, "temperature": 0})
@@ -115,7 +25,7 @@ fn greedy(prompt: &str, n: usize) -> Value {
 #[test]
 fn logs_the_kernel_configuration_then_serves_the_same_greedy_text_as_generate() {
     let s = Serve::start(&["-m", "synthetic:tiny", "--threads", "1"]);
-    let log = s.log.lock().unwrap().clone();
+    let log = s.log();
     let kernel = log.iter().position(|l| l.contains("kernel configuration: isa=")).expect("kernel line");
     let listening = log.iter().position(|l| l.contains("listening on http://")).unwrap();
     assert!(kernel < listening, "the kernel line must come before binding{}", s.stderr());
@@ -136,9 +46,9 @@ fn logs_the_kernel_configuration_then_serves_the_same_greedy_text_as_generate() 
     assert_eq!(server_text.trim_end_matches('\u{fffd}'), generated.trim_end_matches('\u{fffd}'));
 
     // Idle, the server sleeps: over a second it uses a small fraction of a CPU.
-    if let Some(before) = cpu_ticks(s.child.id()) {
+    if let Some(before) = cpu_ticks(s.pid()) {
         std::thread::sleep(Duration::from_secs(1));
-        let used = cpu_ticks(s.child.id()).unwrap() - before;
+        let used = cpu_ticks(s.pid()).unwrap() - before;
         assert!(used <= 20, "{used} CPU ticks (1/100 s) in one idle second: the server is polling");
     }
 }
@@ -183,7 +93,7 @@ fn cpu_ticks(pid: u32) -> Option<u64> {
 #[test]
 fn the_qmv_wide_pin_shows_in_the_kernel_line_and_json_logs_carry_the_messages() {
     let s = Serve::start_env(&["-m", "synthetic:tiny", "--log-format", "json"], &[("KILN_QMV_WIDE", "0")]);
-    let log = s.log.lock().unwrap().clone();
+    let log = s.log();
     let messages: Vec<String> = log
         .iter()
         .map(|l| {

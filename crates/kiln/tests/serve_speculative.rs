@@ -7,116 +7,60 @@
 mod client;
 // Shared with the other binary tests; not every helper is used here.
 #[allow(dead_code)]
+mod common;
+#[allow(dead_code)]
 mod util;
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use client::{get, post, stream_text};
+use common::Serve;
 use serde_json::{Value, json};
 use util::Dir;
 
 /// Extra environment variables of one server.
 type Env<'a> = &'a [(&'a str, &'a str)];
 
-const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
-
 /// A prompt the model must repeat: prompt lookup finds its continuations.
 const PROMPT: &str = "kiln kiln fire clay kiln kiln fire clay kiln kiln fire clay kiln kiln fire clay";
 
-/// A running `kiln serve`; killed when dropped.
-struct Serve {
-    child: Child,
-    addr: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
-    _dir: Dir,
+/// `kiln serve -m synthetic:tiny --threads 1 ARGS` with extra environment variables.
+fn start(args: &[&str], env: Env) -> Serve {
+    let mut all = vec!["-m", "synthetic:tiny", "--threads", "1"];
+    all.extend_from_slice(args);
+    Serve::start_env(&all, env)
 }
 
-impl Serve {
-    fn start(args: &[&str], env: &[(&str, &str)]) -> Serve {
-        let dir = Dir::new();
-        let mut all = vec!["serve", "--port", "0", "-m", "synthetic:tiny", "--threads", "1"];
-        all.extend_from_slice(args);
-        let mut cmd = dir.command(&all);
-        cmd.envs(env.iter().copied()).stdout(Stdio::null()).stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("starting kiln serve");
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        let mut s = Serve { child, addr: "0.0.0.0:0".parse().unwrap(), log, _dir: dir };
-        let line = s.wait_for("listening on http://");
-        let at = line.find("http://").unwrap() + "http://".len();
-        let addr = line[at..].split(|c: char| c.is_whitespace() || c == '"').next().unwrap();
-        s.addr = addr.parse().unwrap_or_else(|e| panic!("bad address {addr:?}: {e}{}", s.stderr()));
-        let t = Instant::now();
-        while get(s.addr, "/health").status != 200 {
-            assert!(t.elapsed() < BOOT_TIMEOUT, "the model did not load{}", s.stderr());
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        s
+/// A greedy completion of [`PROMPT`]; returns its text and usage.
+fn complete(s: &Serve, speculative: Option<bool>, stream: bool) -> (String, Value) {
+    let mut body = json!({"model": "synthetic:tiny", "prompt": PROMPT, "max_tokens": 40,
+        "temperature": 0, "ignore_eos": true});
+    if let Some(on) = speculative {
+        body["speculative"] = json!(on);
     }
-
-    /// Waits (bounded) for a log line containing `needle`.
-    fn wait_for(&self, needle: &str) -> String {
-        let t = Instant::now();
-        loop {
-            if let Some(l) = self.log.lock().unwrap().iter().find(|l| l.contains(needle)) {
-                return l.clone();
-            }
-            assert!(t.elapsed() < BOOT_TIMEOUT, "no stderr line with {needle:?}{}", self.stderr());
-            std::thread::sleep(Duration::from_millis(20));
-        }
+    if stream {
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
     }
-
-    fn stderr(&self) -> String {
-        format!("\n---- kiln serve stderr ----\n{}\n", self.log.lock().unwrap().join("\n"))
-    }
-
-    /// A greedy completion; returns its text and usage.
-    fn complete(&self, speculative: Option<bool>, stream: bool) -> (String, Value) {
-        let mut body = json!({"model": "synthetic:tiny", "prompt": PROMPT, "max_tokens": 40,
-            "temperature": 0, "ignore_eos": true});
-        if let Some(s) = speculative {
-            body["speculative"] = json!(s);
-        }
-        if stream {
-            body["stream"] = json!(true);
-            body["stream_options"] = json!({"include_usage": true});
-        }
-        let r = post(self.addr, "/v1/completions", &body);
-        assert_eq!(r.status, 200, "{}{}", r.body, self.stderr());
-        if stream {
-            let (text, usage) = stream_text(&r);
-            (text, usage.unwrap_or_else(|| panic!("no usage chunk: {}{}", r.body, self.stderr())))
-        } else {
-            let j = r.json();
-            (j["choices"][0]["text"].as_str().unwrap().to_string(), j["usage"].clone())
-        }
-    }
-
-    fn metric(&self, name: &str) -> u64 {
-        let m = get(self.addr, "/metrics");
-        m.body
-            .lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{}", m.body))
+    let r = post(s.addr, "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}{}", r.body, s.stderr());
+    if stream {
+        let (text, usage) = stream_text(&r);
+        (text, usage.unwrap_or_else(|| panic!("no usage chunk: {}{}", r.body, s.stderr())))
+    } else {
+        let j = r.json();
+        (j["choices"][0]["text"].as_str().unwrap().to_string(), j["usage"].clone())
     }
 }
 
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The value of counter or gauge `name` in /metrics.
+fn metric(s: &Serve, name: &str) -> u64 {
+    let m = get(s.addr, "/metrics");
+    m.body
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{}", m.body))
 }
 
 fn counts(usage: &Value) -> Option<(u64, u64)> {
@@ -126,12 +70,12 @@ fn counts(usage: &Value) -> Option<(u64, u64)> {
 
 #[test]
 fn speculative_requests_return_the_classic_text_and_report_acceptance() {
-    let s = Serve::start(&["--parallel", "4", "--spec-slots", "1"], &[]);
-    let (classic, usage) = s.complete(None, false);
+    let s = start(&["--parallel", "4", "--spec-slots", "1"], &[]);
+    let (classic, usage) = complete(&s, None, false);
     assert!(counts(&usage).is_none(), "a classic request has no speculative usage: {usage}");
     assert_eq!(usage["completion_tokens"], 40);
     for stream in [false, true] {
-        let (text, usage) = s.complete(Some(true), stream);
+        let (text, usage) = complete(&s, Some(true), stream);
         assert_eq!(text, classic, "stream={stream}{}", s.stderr());
         let (drafted, accepted) = counts(&usage).unwrap_or_else(|| panic!("no usage.speculative: {usage}"));
         assert!(drafted > 0 && accepted > 0 && accepted <= drafted, "{usage}");
@@ -146,22 +90,22 @@ fn speculative_requests_return_the_classic_text_and_report_acceptance() {
     // Four at once with one speculative slot: the slot's holder verifies on its own,
     // the others decode in the joint forward; every text is the classic one.
     let texts: Vec<(String, Value)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..4).map(|_| scope.spawn(|| s.complete(Some(true), false))).collect();
+        let handles: Vec<_> = (0..4).map(|_| scope.spawn(|| complete(&s, Some(true), false))).collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert!(texts.iter().all(|(t, _)| *t == classic), "{texts:?}{}", s.stderr());
     assert!(texts.iter().any(|(_, u)| counts(u).is_some_and(|(d, _)| d > 0)), "{texts:?}");
 
-    assert!(s.metric("kiln_spec_drafted_tokens_total") > 0);
-    assert!(s.metric("kiln_spec_accepted_tokens_total") > 0);
-    assert!(s.metric("kiln_spec_verifies_total") > 0);
+    assert!(metric(&s, "kiln_spec_drafted_tokens_total") > 0);
+    assert!(metric(&s, "kiln_spec_accepted_tokens_total") > 0);
+    assert!(metric(&s, "kiln_spec_verifies_total") > 0);
     // The gauges are published just after the last token is sent: wait (bounded).
     let t = Instant::now();
-    while s.metric("kiln_spec_active_slots") + s.metric("kiln_active_slots") > 0 {
+    while metric(&s, "kiln_spec_active_slots") + metric(&s, "kiln_active_slots") > 0 {
         assert!(t.elapsed() < Duration::from_secs(10), "slots still held{}", s.stderr());
         std::thread::sleep(Duration::from_millis(20));
     }
-    let lines = s.log.lock().unwrap().iter().filter(|l| l.contains("speculative gate outcome=")).count();
+    let lines = s.log().iter().filter(|l| l.contains("speculative gate outcome=")).count();
     assert_eq!(lines, 1, "one gate decision per key{}", s.stderr());
 }
 
@@ -169,14 +113,14 @@ fn speculative_requests_return_the_classic_text_and_report_acceptance() {
 /// as in `kiln generate` (the pin alone declines; the default drops qmv_wide).
 #[test]
 fn the_gate_recipes_reach_the_server_log() {
-    let classic = Serve::start(&[], &[]).complete(Some(false), false).0;
+    let classic = complete(&start(&[], &[]), Some(false), false).0;
     let cases: [(Env, &str, bool); 2] = [
         (&[("KILN_SPEC_TEST_INEXACT", "wide")], "WARN", true),
         (&[("KILN_SPEC_TEST_INEXACT", "wide"), ("KILN_QMV_WIDE", "1")], "WARN", false),
     ];
     for (env, level, speculates) in cases {
-        let s = Serve::start(&["--speculative"], env);
-        let (text, usage) = s.complete(None, false);
+        let s = start(&["--speculative"], env);
+        let (text, usage) = complete(&s, None, false);
         assert_eq!(text, classic, "{env:?}{}", s.stderr());
         let line = s.wait_for("speculative gate outcome=");
         let want = if speculates {

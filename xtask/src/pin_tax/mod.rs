@@ -130,18 +130,9 @@ pub struct QmvPinTax {
     /// Seconds before one request fails as timed out.
     #[arg(long, value_name = "SECS", default_value_t = 300)]
     request_timeout: u64,
-    /// An extra argument for every kiln serve boot (repeatable), e.g. --serve-arg=--prefill-chunk=512.
-    #[arg(long = "serve-arg", value_name = "ARG", allow_hyphen_values = true)]
-    serve_args: Vec<String>,
-    /// Use this kiln binary instead of building one (also KILN_BENCH_KILN_BIN).
-    #[arg(long, value_name = "PATH")]
-    kiln_bin: Option<PathBuf>,
-    /// Do not build kiln; use the release binary already built.
-    #[arg(long)]
-    no_build: bool,
-    /// Where run directories go [default: benchmarks/runs].
-    #[arg(long, value_name = "DIR")]
-    runs_dir: Option<PathBuf>,
+    /// Booting kiln serve, and where run directories go.
+    #[command(flatten)]
+    boot: crate::runs::BootArgs,
     /// Where the dated record goes [default: docs/benchmark_results].
     #[arg(long, value_name = "DIR")]
     record_dir: Option<PathBuf>,
@@ -186,16 +177,13 @@ impl QmvPinTax {
         if !positive(self.trust_limit) || !(positive(self.busy_cpus) || self.busy_cpus == 0.0) {
             usage!("--trust-limit and --busy-cpus: expected positive numbers");
         }
-        let runs_dir = match &self.runs_dir {
-            Some(d) => crate::sweep::user_path(d)?,
-            None => root.join("benchmarks/runs"),
-        };
+        let runs_dir = self.boot.runs_dir(&root)?;
         let record_dir = match &self.record_dir {
             Some(d) => crate::sweep::user_path(d)?,
             None => root.join("docs/benchmark_results"),
         };
         let shutdown = Shutdown::install()?;
-        let engine = match crate::runs::engine(&root, self.kiln_bin.as_deref(), self.no_build, &shutdown)? {
+        let engine = match self.boot.engine(&root, &shutdown)? {
             Ok(e) => e,
             Err(sig) => {
                 eprintln!("interrupted by {} during the build", child::signal_name(sig));
@@ -257,7 +245,7 @@ impl QmvPinTax {
             "sizes": format!("{mode:?}"),
             "port": self.port,
             "cells": mode.cells().iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
-            "serve_args": self.serve_args,
+            "serve_args": self.boot.serve_args,
             "cooldown_s": self.cooldown,
             "require_quiet": self.require_quiet,
             "busy_cpus": self.busy_cpus,
@@ -280,7 +268,7 @@ impl QmvPinTax {
             port: self.port,
             model: self.model.clone(),
             kiln_bin: engine.bin.clone(),
-            serve_args: self.serve_args.clone(),
+            serve_args: self.boot.serve_args.clone(),
             boot_timeout: Duration::from_secs(self.boot_timeout),
             grace: Duration::from_secs(self.grace),
             cooldown: Duration::from_secs(self.cooldown),

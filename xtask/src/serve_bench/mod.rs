@@ -10,7 +10,7 @@ pub mod stats;
 
 use std::ffi::OsString;
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -76,18 +76,9 @@ pub struct ServeBench {
     /// Booting: seconds to wait for /health.
     #[arg(long, value_name = "SECS", default_value_t = 600)]
     boot_timeout: u64,
-    /// Booting: an extra argument for kiln serve (repeatable), e.g. --serve-arg=--prefill-chunk=256.
-    #[arg(long = "serve-arg", value_name = "ARG", allow_hyphen_values = true)]
-    serve_args: Vec<String>,
-    /// Booting: use this kiln binary instead of building one (also KILN_BENCH_KILN_BIN).
-    #[arg(long, value_name = "PATH")]
-    kiln_bin: Option<PathBuf>,
-    /// Booting: do not build kiln; use the release binary already built.
-    #[arg(long)]
-    no_build: bool,
-    /// Where run directories go [default: benchmarks/runs].
-    #[arg(long, value_name = "DIR")]
-    runs_dir: Option<PathBuf>,
+    /// Booting kiln serve, and where run directories go.
+    #[command(flatten)]
+    boot: crate::runs::BootArgs,
 }
 
 /// A list of positive integers.
@@ -152,15 +143,13 @@ impl ServeBench {
         };
         let shutdown = Shutdown::install()?;
         let engine = match &self.model {
-            Some(_) => {
-                match crate::runs::engine(&root, self.kiln_bin.as_deref(), self.no_build, &shutdown)? {
-                    Ok(e) => Some(e),
-                    Err(sig) => {
-                        eprintln!("interrupted by {} during the build", child::signal_name(sig));
-                        return Ok(ExitCode::from(child::exit_code_for(sig)));
-                    }
+            Some(_) => match self.boot.engine(&root, &shutdown)? {
+                Ok(e) => Some(e),
+                Err(sig) => {
+                    eprintln!("interrupted by {} during the build", child::signal_name(sig));
+                    return Ok(ExitCode::from(child::exit_code_for(sig)));
                 }
-            }
+            },
             None => None,
         };
         if engine.is_some() && self.port != 0 && server::port_answers(self.port) {
@@ -169,10 +158,7 @@ impl ServeBench {
                 self.port
             );
         }
-        let runs_dir = match &self.runs_dir {
-            Some(d) => crate::sweep::user_path(d)?,
-            None => root.join("benchmarks/runs"),
-        };
+        let runs_dir = self.boot.runs_dir(&root)?;
         let run_dir = crate::runs::create_run_dir(&runs_dir, "serve-bench")?;
         let (mut env, _) = crate::runs::fingerprint(&root, engine.as_ref());
         let levels = self.levels();
@@ -203,12 +189,12 @@ impl ServeBench {
                     "--port".into(),
                     self.port.to_string().into(),
                 ];
-                if !self.serve_args.iter().any(|a| a.starts_with("--parallel")) {
+                if !self.boot.serve_args.iter().any(|a| a.starts_with("--parallel")) {
                     // One slot per stream of the widest level: C streams decode together.
                     let widest = self.concurrency.0.iter().copied().max().unwrap_or(1);
                     args.extend(["--parallel".into(), widest.to_string().into()]);
                 }
-                args.extend(self.serve_args.iter().map(OsString::from));
+                args.extend(self.boot.serve_args.iter().map(OsString::from));
                 let spec = ServerSpec {
                     bin: e.bin.clone(),
                     args,

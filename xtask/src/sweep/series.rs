@@ -39,7 +39,12 @@ impl Default for SeriesFlags {
     /// One run of each cell, no peer, disturbed cells marked but not waited out: what the
     /// flags' defaults give, for sweeps that build their flags in code.
     fn default() -> Self {
-        SeriesFlags { repeat: 1, peer: None, require_quiet: false, quiet_timeout: 300, busy_cpus: 0.5 }
+        use clap::{Args, FromArgMatches};
+        // The clap attributes above are the one statement of the defaults.
+        let matches = SeriesFlags::augment_args(clap::Command::new("series"))
+            .try_get_matches_from(["series"])
+            .expect("the series flags parse from no arguments");
+        SeriesFlags::from_arg_matches(&matches).expect("the series flags parse from no arguments")
     }
 }
 
@@ -224,6 +229,14 @@ mod tests {
             &[Prompt::Tokens(8)],
             &CellTemplate { max_tokens: 4, warmup_tokens: 0, named: Named { models: true, prompts: true } },
         )
+    }
+
+    #[test]
+    fn the_default_is_what_no_flags_give() {
+        let d = SeriesFlags::default();
+        assert_eq!((d.repeat, d.require_quiet, d.quiet_timeout, d.busy_cpus), (1, false, 300, 0.5));
+        assert!(d.peer.is_none());
+        assert_eq!(d.quiet_wait(), None);
     }
 
     #[test]
