@@ -14,6 +14,9 @@
 //! magnitudes.
 
 mod generate;
+pub mod host_tier;
+
+use std::path::PathBuf;
 
 use kiln_core::{MemoryPool, QuantSpec};
 
@@ -22,6 +25,30 @@ use crate::error::{ModelError, Result};
 use crate::model::{LoadOptions, LoadedModel, ModelInfo};
 use crate::source::ModelSource;
 use crate::tokenizer::{ByteTokenizer, Tokenizer};
+
+/// The environment variable naming the directory of file-backed host tiers.
+pub const EXPERT_DIR_ENV: &str = "KILN_SYNTHETIC_EXPERT_DIR";
+
+/// Where a synthetic MoE model keeps its routed experts (the backing store an expert
+/// cache copies from).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostTier {
+    /// In the weights arena, counted by the memory pool (the default).
+    Memory,
+    /// In a file in this directory, written once per name and seed ([`host_tier`]) and
+    /// mapped read-only: in the page cache, not counted by the pool.
+    File(PathBuf),
+}
+
+impl HostTier {
+    /// [`EXPERT_DIR_ENV`]'s choice: a directory when set and not empty, else memory.
+    pub fn from_env() -> HostTier {
+        match std::env::var_os(EXPERT_DIR_ENV) {
+            Some(dir) if !dir.is_empty() => HostTier::File(PathBuf::from(dir)),
+            _ => HostTier::Memory,
+        }
+    }
+}
 
 /// The seed [`load`] uses.
 pub const DEFAULT_SEED: u64 = 0x6b69_6c6e_5eed_0001;
@@ -519,25 +546,49 @@ pub fn parse(name: &str) -> Result<SyntheticSpec> {
     Ok(SyntheticSpec { profile, quant })
 }
 
-/// Configuration and weight bytes of a synthetic model, without generating it.
+/// Configuration and weight bytes of a synthetic model, without generating it, with its
+/// experts where [`HostTier::from_env`] puts them.
 pub fn inspect(name: &str) -> Result<ModelInfo> {
+    inspect_in(name, &HostTier::from_env())
+}
+
+/// [`inspect`] with the experts in `tier`: a file-backed tier's experts are not counted.
+pub fn inspect_in(name: &str, tier: &HostTier) -> Result<ModelInfo> {
     let spec = parse(name)?;
     let config = spec.profile.config(spec.quant);
-    let weight_bytes = weight_bytes(&config, spec.quant);
+    let mut weight_bytes = weight_bytes(&config, spec.quant);
+    if matches!(tier, HostTier::File(_)) {
+        weight_bytes -= generate::expert_bytes(&config, spec.quant);
+    }
     Ok(ModelInfo { source: ModelSource::Synthetic(name.to_string()), config, weight_bytes })
 }
 
-/// Builds a synthetic model with [`DEFAULT_SEED`].
+/// Builds a synthetic model with [`DEFAULT_SEED`], its experts where
+/// [`HostTier::from_env`] puts them.
 pub fn load(name: &str, opts: &LoadOptions) -> Result<LoadedModel> {
-    load_with_seed(name, DEFAULT_SEED, &opts.pool)
+    load_in(name, DEFAULT_SEED, &opts.pool, &HostTier::from_env())
 }
 
 /// Builds a synthetic model from `seed`; the same name and seed give the same weights on
 /// every machine. Every byte is counted in `pool` under [`kiln_core::Tag::Weights`].
 pub fn load_with_seed(name: &str, seed: u64, pool: &MemoryPool) -> Result<LoadedModel> {
+    load_in(name, seed, pool, &HostTier::Memory)
+}
+
+/// Builds a synthetic model from `seed` with its routed experts in `tier` (a dense model
+/// has none, and ignores it). The bytes are the same in either tier; only a
+/// [`HostTier::Memory`] model's experts are counted in `pool`.
+pub fn load_in(name: &str, seed: u64, pool: &MemoryPool, tier: &HostTier) -> Result<LoadedModel> {
     let spec = parse(name)?;
     let config = spec.profile.config(spec.quant);
-    let weights = generate::generate(&config, spec.quant, seed, pool)?;
+    let tier = if config.moe.is_some() { tier } else { &HostTier::Memory };
+    let key = format!(
+        "{}@{}bit-g{}-seed{seed:016x}",
+        spec.profile.name,
+        spec.quant.bits(),
+        spec.quant.group_size()
+    );
+    let weights = generate::generate(&config, spec.quant, seed, pool, tier, &key)?;
     Ok(LoadedModel {
         source: ModelSource::Synthetic(name.to_string()),
         config,
@@ -547,8 +598,8 @@ pub fn load_with_seed(name: &str, seed: u64, pool: &MemoryPool) -> Result<Loaded
     })
 }
 
-/// Bytes [`load_with_seed`] counts under the weights tag for `config`: every tensor,
-/// each aligned to a cache line in one arena.
+/// Bytes [`load_with_seed`] counts under the weights tag for `config` with its experts
+/// in memory: every tensor, each aligned to a cache line in one arena.
 pub fn weight_bytes(config: &ModelConfig, quant: QuantSpec) -> u64 {
     generate::arena_bytes(config, quant)
 }
