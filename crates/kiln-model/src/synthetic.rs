@@ -50,6 +50,29 @@ impl HostTier {
     }
 }
 
+/// The environment variable setting the synthetic routers' skew.
+pub const ROUTER_SKEW_ENV: &str = "KILN_SYNTHETIC_ROUTER_SKEW";
+
+/// The largest router skew accepted.
+pub const MAX_ROUTER_SKEW: f32 = 8.0;
+
+/// [`ROUTER_SKEW_ENV`]'s router skew: the half spread of each MoE router's per-expert
+/// logit bias, from 0 (no bias: random router weights alone, nearly uniform routing) to
+/// [`MAX_ROUTER_SKEW`]; unset or empty gives [`generate::ROUTER_SKEW`].
+pub fn router_skew_from_env() -> Result<f32> {
+    let raw = match std::env::var(ROUTER_SKEW_ENV) {
+        Ok(v) if !v.trim().is_empty() => v,
+        Ok(_) | Err(std::env::VarError::NotPresent) => return Ok(generate::ROUTER_SKEW),
+        Err(std::env::VarError::NotUnicode(v)) => v.to_string_lossy().into_owned(),
+    };
+    raw.trim().parse::<f32>().ok().filter(|s| (0.0..=MAX_ROUTER_SKEW).contains(s)).ok_or_else(|| {
+        ModelError::InvalidArgument {
+            what: format!("{ROUTER_SKEW_ENV}={raw}"),
+            message: format!("accepted values are numbers from 0 to {MAX_ROUTER_SKEW}"),
+        }
+    })
+}
+
 /// The seed [`load`] uses.
 pub const DEFAULT_SEED: u64 = 0x6b69_6c6e_5eed_0001;
 
@@ -566,7 +589,7 @@ pub fn inspect_in(name: &str, tier: &HostTier) -> Result<ModelInfo> {
 /// Builds a synthetic model with [`DEFAULT_SEED`], its experts where
 /// [`HostTier::from_env`] puts them.
 pub fn load(name: &str, opts: &LoadOptions) -> Result<LoadedModel> {
-    load_in(name, DEFAULT_SEED, &opts.pool, &HostTier::from_env())
+    load_with(name, DEFAULT_SEED, &opts.pool, &HostTier::from_env(), router_skew_from_env()?)
 }
 
 /// Builds a synthetic model from `seed`; the same name and seed give the same weights on
@@ -579,6 +602,17 @@ pub fn load_with_seed(name: &str, seed: u64, pool: &MemoryPool) -> Result<Loaded
 /// has none, and ignores it). The bytes are the same in either tier; only a
 /// [`HostTier::Memory`] model's experts are counted in `pool`.
 pub fn load_in(name: &str, seed: u64, pool: &MemoryPool, tier: &HostTier) -> Result<LoadedModel> {
+    load_with(name, seed, pool, tier, generate::ROUTER_SKEW)
+}
+
+/// [`load_in`] with MoE routers biased by `router_skew` (see [`router_skew_from_env`]).
+pub fn load_with(
+    name: &str,
+    seed: u64,
+    pool: &MemoryPool,
+    tier: &HostTier,
+    router_skew: f32,
+) -> Result<LoadedModel> {
     let spec = parse(name)?;
     let config = spec.profile.config(spec.quant);
     let tier = if config.moe.is_some() { tier } else { &HostTier::Memory };
@@ -588,7 +622,7 @@ pub fn load_in(name: &str, seed: u64, pool: &MemoryPool, tier: &HostTier) -> Res
         spec.quant.bits(),
         spec.quant.group_size()
     );
-    let weights = generate::generate(&config, spec.quant, seed, pool, tier, &key)?;
+    let weights = generate::generate(&config, spec.quant, seed, pool, tier, &key, router_skew)?;
     Ok(LoadedModel {
         source: ModelSource::Synthetic(name.to_string()),
         config,
@@ -608,6 +642,24 @@ pub fn weight_bytes(config: &ModelConfig, quant: QuantSpec) -> u64 {
 mod tests {
     use super::*;
     use crate::weights::LinearWeight;
+
+    /// The skew moves routing: with no bias the tiny MoE's routes differ from the
+    /// default's, and the experts' bytes do not.
+    #[test]
+    fn the_router_skew_changes_the_routers_only() {
+        let pool = MemoryPool::unlimited();
+        let a = load_with("tiny-moe", 2, &pool, &HostTier::Memory, generate::ROUTER_SKEW).unwrap();
+        let b = load_with("tiny-moe", 2, &pool, &HostTier::Memory, 0.0).unwrap();
+        let (ea, eb) = (a.weights.experts.as_ref().unwrap(), b.weights.experts.as_ref().unwrap());
+        assert!((0..ea.total()).all(|i| ea.by_id(i).gate_proj.packed() == eb.by_id(i).gate_proj.packed()));
+        let bias = |m: &LoadedModel| {
+            let crate::weights::Mlp::Moe(moe) = &m.weights.layers[0].mlp else { panic!("a MoE layer") };
+            moe.router.bias.as_ref().unwrap().iter().copied().collect::<Vec<f32>>()
+        };
+        let (ba, bb) = (bias(&a), bias(&b));
+        assert!(ba.iter().all(|v| v.abs() <= generate::ROUTER_SKEW) && ba.iter().any(|v| v.abs() > 0.5));
+        assert!(bb.iter().all(|&v| v == 0.0), "{bb:?}");
+    }
 
     #[test]
     fn names_parse_with_and_without_suffix() {

@@ -34,9 +34,10 @@ const CHUNK_WORDS: usize = 1 << 13;
 /// Segment alignment in words: one cache line.
 const ALIGN_WORDS: usize = 8;
 
-/// Half the spread of a synthetic router's per-expert logit bias (uniform in
-/// `[-ROUTER_SKEW, ROUTER_SKEW)`): the most favoured expert's logit sits up to
-/// `2 * ROUTER_SKEW` above the least favoured one's, on top of logits of unit order.
+/// The default half spread of a synthetic router's per-expert logit bias (uniform in
+/// `[-skew, skew)`): the most favoured expert's logit sits up to `2 * skew` above the
+/// least favoured one's, on top of logits of unit order. `KILN_SYNTHETIC_ROUTER_SKEW`
+/// sets another.
 pub const ROUTER_SKEW: f32 = 1.5;
 
 /// Which tensor a seed belongs to; mixed with the layer index and the model seed.
@@ -80,7 +81,7 @@ enum Tensor {
 }
 
 /// Every tensor of `config`'s model, in assembly order.
-fn tensors(config: &ModelConfig, seed: u64) -> Vec<Tensor> {
+fn tensors(config: &ModelConfig, seed: u64, skew: f32) -> Vec<Tensor> {
     let (h, i, q, kv) = (config.hidden_size, config.intermediate_size, config.q_dim(), config.kv_dim());
     let s = |layer: usize, slot: Slot| tensor_seed(seed, layer, slot);
     let matrix = |n, k, layer, slot| Tensor::Matrix { n, k, seed: s(layer, slot) };
@@ -115,8 +116,8 @@ fn tensors(config: &ModelConfig, seed: u64) -> Vec<Tensor> {
                 // trained router's are (uniform routing would make every cache look bad).
                 out.push(Tensor::Vector {
                     n: moe.experts,
-                    lo: -ROUTER_SKEW,
-                    width: 2.0 * ROUTER_SKEW,
+                    lo: -skew,
+                    width: 2.0 * skew,
                     seed: s(l, Slot::RouterBias),
                 });
                 if let Some(si) = moe.shared_expert_intermediate_size {
@@ -215,12 +216,12 @@ fn pack_bf16(v: [bf16; 4]) -> u64 {
 }
 
 /// The segments of every tensor, in order.
-fn segments(config: &ModelConfig, quant: QuantSpec, seed: u64) -> Vec<Segment> {
+fn segments(config: &ModelConfig, quant: QuantSpec, seed: u64, skew: f32) -> Vec<Segment> {
     let max_code = quant.max_code() as f32;
     // Codes are uniform on [0, max_code]: mean max_code / 2, variance ((max+1)^2 - 1) / 12.
     let code_std = (((max_code + 1.0) * (max_code + 1.0) - 1.0) / 12.0).sqrt();
     let mut out = Vec::new();
-    for t in tensors(config, seed) {
+    for t in tensors(config, seed, skew) {
         match t {
             Tensor::Matrix { n, k, seed } => {
                 let base = 1.0 / (code_std * (k as f32).sqrt());
@@ -243,7 +244,7 @@ fn segments(config: &ModelConfig, quant: QuantSpec, seed: u64) -> Vec<Segment> {
 
 /// Bytes the arena of `config`'s model takes (tensors plus alignment padding).
 pub fn arena_bytes(config: &ModelConfig, quant: QuantSpec) -> u64 {
-    segments(config, quant, 0).iter().map(|s| s.words() as u64 * 8).sum()
+    segments(config, quant, 0, ROUTER_SKEW).iter().map(|s| s.words() as u64 * 8).sum()
 }
 
 /// The arena: generated words, counted by the pool for as long as any view lives.
@@ -258,8 +259,9 @@ impl SharedBytes for Arena {
     }
 }
 
-/// Generates the weights of `config`'s model from `seed`, the routed experts (if any) in
-/// `tier`: in the same pool-counted arena as the rest, or in a file mapped read-only.
+/// Generates the weights of `config`'s model from `seed` with routers biased by
+/// `router_skew`, the routed experts (if any) in `tier`: in the same pool-counted arena
+/// as the rest, or in a file mapped read-only.
 pub fn generate(
     config: &ModelConfig,
     quant: QuantSpec,
@@ -267,8 +269,10 @@ pub fn generate(
     pool: &MemoryPool,
     tier: &HostTier,
     key: &str,
+    router_skew: f32,
 ) -> Result<ModelWeights> {
-    let mut segs = segments(config, quant, seed);
+    // The skew changes only the router biases, never the experts a file tier holds.
+    let mut segs = segments(config, quant, seed, router_skew);
     let mut sources = Vec::with_capacity(2);
     match tier {
         HostTier::Memory => sources.push((arena(&segs, pool)?, segs)),
@@ -292,7 +296,7 @@ fn expert_segments(config: &ModelConfig) -> usize {
 /// Bytes the routed experts take at the end of the arena (with their padding): what a
 /// file-backed host tier holds instead.
 pub fn expert_bytes(config: &ModelConfig, quant: QuantSpec) -> u64 {
-    let segs = segments(config, quant, 0);
+    let segs = segments(config, quant, 0, ROUTER_SKEW);
     segs[segs.len() - expert_segments(config)..].iter().map(|s| s.words() as u64 * 8).sum()
 }
 
