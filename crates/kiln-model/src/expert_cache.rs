@@ -13,13 +13,13 @@
 //! takes an empty slot while there is one, else the slot with the oldest stamp. A miss
 //! copies the expert's packed weights, scales and biases (the three matrices, each part
 //! 64-byte aligned in the slot) and rebuilds the slot's views; hits, misses, bytes
-//! copied and copy time are counted ([`CacheStats`]).
+//! copied and copy time are counted ([`CacheStats`]). The bytes in a slot are the
+//! backing store's bytes, so the cache changes speed, never a result.
 //!
 //! **Copying.** A miss's nine parts are copied as one job by [`kiln_core::copy`]: all
-//! the bytes split evenly into one run per worker thread, written with non-temporal
+//! the bytes split evenly into four runs per worker thread, written with non-temporal
 //! stores on x86-64 when the slot is 1 MiB or more. Every page of every slot is written
-//! when the cache is built, so no miss pays a first-touch page fault. The bytes in a slot are the
-//! backing store's bytes, so the cache changes speed, never a result.
+//! when the cache is built, so no miss pays a first-touch page fault.
 
 use std::fmt;
 use std::sync::Arc;
