@@ -10,6 +10,7 @@
 pub mod act_precision;
 pub mod bandwidth;
 pub mod buffer;
+pub mod copy;
 pub mod dense;
 pub mod format;
 pub mod kernels;

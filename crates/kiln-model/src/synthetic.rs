@@ -14,6 +14,9 @@
 //! magnitudes.
 
 mod generate;
+pub mod host_tier;
+
+use std::path::PathBuf;
 
 use kiln_core::{MemoryPool, QuantSpec};
 
@@ -22,6 +25,53 @@ use crate::error::{ModelError, Result};
 use crate::model::{LoadOptions, LoadedModel, ModelInfo};
 use crate::source::ModelSource;
 use crate::tokenizer::{ByteTokenizer, Tokenizer};
+
+/// The environment variable naming the directory of file-backed host tiers.
+pub const EXPERT_DIR_ENV: &str = "KILN_SYNTHETIC_EXPERT_DIR";
+
+/// Where a synthetic MoE model keeps its routed experts (the backing store an expert
+/// cache copies from).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostTier {
+    /// In the weights arena, counted by the memory pool (the default).
+    Memory,
+    /// In a file in this directory, written once per name and seed ([`host_tier`]) and
+    /// mapped read-only: in the page cache, not counted by the pool.
+    File(PathBuf),
+}
+
+impl HostTier {
+    /// [`EXPERT_DIR_ENV`]'s choice: a directory when set and not empty, else memory.
+    pub fn from_env() -> HostTier {
+        match std::env::var_os(EXPERT_DIR_ENV) {
+            Some(dir) if !dir.is_empty() => HostTier::File(PathBuf::from(dir)),
+            _ => HostTier::Memory,
+        }
+    }
+}
+
+/// The environment variable setting the synthetic routers' skew.
+pub const ROUTER_SKEW_ENV: &str = "KILN_SYNTHETIC_ROUTER_SKEW";
+
+/// The largest router skew accepted.
+pub const MAX_ROUTER_SKEW: f32 = 8.0;
+
+/// [`ROUTER_SKEW_ENV`]'s router skew: the half spread of each MoE router's per-expert
+/// logit bias, from 0 (no bias: random router weights alone, nearly uniform routing) to
+/// [`MAX_ROUTER_SKEW`]; unset or empty gives [`generate::ROUTER_SKEW`].
+pub fn router_skew_from_env() -> Result<f32> {
+    let raw = match std::env::var(ROUTER_SKEW_ENV) {
+        Ok(v) if !v.trim().is_empty() => v,
+        Ok(_) | Err(std::env::VarError::NotPresent) => return Ok(generate::ROUTER_SKEW),
+        Err(std::env::VarError::NotUnicode(v)) => v.to_string_lossy().into_owned(),
+    };
+    raw.trim().parse::<f32>().ok().filter(|s| (0.0..=MAX_ROUTER_SKEW).contains(s)).ok_or_else(|| {
+        ModelError::InvalidArgument {
+            what: format!("{ROUTER_SKEW_ENV}={raw}"),
+            message: format!("accepted values are numbers from 0 to {MAX_ROUTER_SKEW}"),
+        }
+    })
+}
 
 /// The seed [`load`] uses.
 pub const DEFAULT_SEED: u64 = 0x6b69_6c6e_5eed_0001;
@@ -519,25 +569,60 @@ pub fn parse(name: &str) -> Result<SyntheticSpec> {
     Ok(SyntheticSpec { profile, quant })
 }
 
-/// Configuration and weight bytes of a synthetic model, without generating it.
+/// Configuration and weight bytes of a synthetic model, without generating it, with its
+/// experts where [`HostTier::from_env`] puts them.
 pub fn inspect(name: &str) -> Result<ModelInfo> {
+    inspect_in(name, &HostTier::from_env())
+}
+
+/// [`inspect`] with the experts in `tier`: a file-backed tier's experts are not counted.
+pub fn inspect_in(name: &str, tier: &HostTier) -> Result<ModelInfo> {
     let spec = parse(name)?;
     let config = spec.profile.config(spec.quant);
-    let weight_bytes = weight_bytes(&config, spec.quant);
+    let mut weight_bytes = weight_bytes(&config, spec.quant);
+    if matches!(tier, HostTier::File(_)) {
+        weight_bytes -= generate::expert_bytes(&config, spec.quant);
+    }
     Ok(ModelInfo { source: ModelSource::Synthetic(name.to_string()), config, weight_bytes })
 }
 
-/// Builds a synthetic model with [`DEFAULT_SEED`].
+/// Builds a synthetic model with [`DEFAULT_SEED`], its experts where
+/// [`HostTier::from_env`] puts them.
 pub fn load(name: &str, opts: &LoadOptions) -> Result<LoadedModel> {
-    load_with_seed(name, DEFAULT_SEED, &opts.pool)
+    load_with(name, DEFAULT_SEED, &opts.pool, &HostTier::from_env(), router_skew_from_env()?)
 }
 
 /// Builds a synthetic model from `seed`; the same name and seed give the same weights on
 /// every machine. Every byte is counted in `pool` under [`kiln_core::Tag::Weights`].
 pub fn load_with_seed(name: &str, seed: u64, pool: &MemoryPool) -> Result<LoadedModel> {
+    load_in(name, seed, pool, &HostTier::Memory)
+}
+
+/// Builds a synthetic model from `seed` with its routed experts in `tier` (a dense model
+/// has none, and ignores it). The bytes are the same in either tier; only a
+/// [`HostTier::Memory`] model's experts are counted in `pool`.
+pub fn load_in(name: &str, seed: u64, pool: &MemoryPool, tier: &HostTier) -> Result<LoadedModel> {
+    load_with(name, seed, pool, tier, generate::ROUTER_SKEW)
+}
+
+/// [`load_in`] with MoE routers biased by `router_skew` (see [`router_skew_from_env`]).
+pub fn load_with(
+    name: &str,
+    seed: u64,
+    pool: &MemoryPool,
+    tier: &HostTier,
+    router_skew: f32,
+) -> Result<LoadedModel> {
     let spec = parse(name)?;
     let config = spec.profile.config(spec.quant);
-    let weights = generate::generate(&config, spec.quant, seed, pool)?;
+    let tier = if config.moe.is_some() { tier } else { &HostTier::Memory };
+    let key = format!(
+        "{}@{}bit-g{}-seed{seed:016x}",
+        spec.profile.name,
+        spec.quant.bits(),
+        spec.quant.group_size()
+    );
+    let weights = generate::generate(&config, spec.quant, seed, pool, tier, &key, router_skew)?;
     Ok(LoadedModel {
         source: ModelSource::Synthetic(name.to_string()),
         config,
@@ -547,8 +632,8 @@ pub fn load_with_seed(name: &str, seed: u64, pool: &MemoryPool) -> Result<Loaded
     })
 }
 
-/// Bytes [`load_with_seed`] counts under the weights tag for `config`: every tensor,
-/// each aligned to a cache line in one arena.
+/// Bytes [`load_with_seed`] counts under the weights tag for `config` with its experts
+/// in memory: every tensor, each aligned to a cache line in one arena.
 pub fn weight_bytes(config: &ModelConfig, quant: QuantSpec) -> u64 {
     generate::arena_bytes(config, quant)
 }
@@ -557,6 +642,24 @@ pub fn weight_bytes(config: &ModelConfig, quant: QuantSpec) -> u64 {
 mod tests {
     use super::*;
     use crate::weights::LinearWeight;
+
+    /// The skew moves routing: with no bias the tiny MoE's routes differ from the
+    /// default's, and the experts' bytes do not.
+    #[test]
+    fn the_router_skew_changes_the_routers_only() {
+        let pool = MemoryPool::unlimited();
+        let a = load_with("tiny-moe", 2, &pool, &HostTier::Memory, generate::ROUTER_SKEW).unwrap();
+        let b = load_with("tiny-moe", 2, &pool, &HostTier::Memory, 0.0).unwrap();
+        let (ea, eb) = (a.weights.experts.as_ref().unwrap(), b.weights.experts.as_ref().unwrap());
+        assert!((0..ea.total()).all(|i| ea.by_id(i).gate_proj.packed() == eb.by_id(i).gate_proj.packed()));
+        let bias = |m: &LoadedModel| {
+            let crate::weights::Mlp::Moe(moe) = &m.weights.layers[0].mlp else { panic!("a MoE layer") };
+            moe.router.bias.as_ref().unwrap().iter().copied().collect::<Vec<f32>>()
+        };
+        let (ba, bb) = (bias(&a), bias(&b));
+        assert!(ba.iter().all(|v| v.abs() <= generate::ROUTER_SKEW) && ba.iter().any(|v| v.abs() > 0.5));
+        assert!(bb.iter().all(|&v| v == 0.0), "{bb:?}");
+    }
 
     #[test]
     fn names_parse_with_and_without_suffix() {
