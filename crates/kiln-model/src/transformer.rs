@@ -29,7 +29,8 @@ use crate::plan::attn_shape;
 use crate::rope::Rope;
 use crate::weights::{Linear, LinearWeight, Mlp, ModelWeights, RmsNorm};
 use crate::workspace::Workspace;
-use kiln_core::{QmvPart, Tag, qmv_many};
+use kiln_core::Tag;
+use kiln_core::kernels::{QmvPart, qmv_many};
 
 /// New tokens of one sequence in a forward, and its cache.
 pub struct SeqChunk<'a> {
