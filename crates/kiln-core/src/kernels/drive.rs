@@ -60,12 +60,15 @@ pub(crate) fn rows_multi(
 }
 
 /// Bytes of weights one task of [`parts`] reads at least (unless the products are smaller
-/// than one task per thread). Waking a sleeping worker and joining it costs a few
-/// microseconds, about what one thread takes to stream 32 KiB at 10 GB/s: a task smaller
-/// than that costs as much to hand over as it saves. (The per-product split,
-/// [`rows_per_task`], cuts smollm-135m's 576x576 projections into 16 tasks of 13 KiB.)
+/// than one task per thread). The wake-up of a sleeping worker is paid once per region,
+/// whatever its task count; each further task costs a steal, well under a microsecond,
+/// about what one thread takes to stream 16 KiB at 20 GB/s. So the region keeps
+/// [`TASKS_PER_THREAD`] tasks per thread, which lets a thread that is descheduled on a
+/// loaded machine hold up only a small task, down to this floor. (The per-product split,
+/// [`rows_per_task`], cuts smollm-135m's 576x576 projections into 16 tasks of 13 KiB; in
+/// one region with k and v they become 16 tasks of 22 KiB.)
 #[cfg(any(target_arch = "x86_64", test))]
-const MIN_TASK_BYTES: usize = 32 << 10;
+const MIN_TASK_BYTES: usize = 16 << 10;
 
 /// Tasks for a region reading `bytes` of weights on `threads` threads: as many as
 /// [`TASK_BYTES`] asks for, at most [`TASKS_PER_THREAD`] per thread, none under
@@ -144,8 +147,9 @@ mod tests {
 
     #[test]
     fn regions_split_into_whole_rounds_of_affordable_tasks() {
-        // smollm-135m's q|k|v at 2 threads: 960 rows of 360 bytes.
-        assert_eq!(region_tasks(960 * 360, 2), 10);
+        // smollm-135m's q|k|v at 2 threads: 960 rows of 360 bytes; o_proj alone.
+        assert_eq!(region_tasks(960 * 360, 2), 16);
+        assert_eq!(region_tasks(576 * 360, 2), 12);
         // Tiny products still give every thread a task.
         assert_eq!(region_tasks(1000, 2), 2);
         assert_eq!(region_tasks(1000, 3), 3);
