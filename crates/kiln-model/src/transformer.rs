@@ -9,6 +9,10 @@
 //! `qmv_wide` and prefill reaches `qmm`), attention runs per sequence over its own cache.
 //! Every row is computed by the same operations whatever else shares the forward, so a
 //! sequence decoded in a batch matches it decoded alone up to the kernels' own rounding.
+//! A one-row forward (a decode step) runs the projections that read the same input (q|k|v,
+//! gate|up) as one `qmv_many` region, and o_proj, down_proj and the head through it too,
+//! for its task sizes and its one-thread path; the logits are the same bits as one product
+//! at a time ([`Transformer::set_fused_decode`] turns it off for comparisons).
 
 use std::sync::Mutex;
 
@@ -26,6 +30,7 @@ use crate::rope::Rope;
 use crate::weights::{Linear, LinearWeight, Mlp, ModelWeights, RmsNorm};
 use crate::workspace::Workspace;
 use kiln_core::Tag;
+use kiln_core::kernels::{QmvPart, qmv_many};
 
 /// New tokens of one sequence in a forward, and its cache.
 pub struct SeqChunk<'a> {
@@ -56,6 +61,9 @@ pub struct Transformer<'m> {
     /// The expert cache of a MoE model run with `--expert-slots`; `None` reads every
     /// expert from its backing store. Locked once per forward.
     experts: Option<Mutex<ExpertCache>>,
+    /// Whether a one-row forward runs the projections that share an input in one region
+    /// ([`Transformer::set_fused_decode`]).
+    fused: bool,
 }
 
 impl<'m> Transformer<'m> {
@@ -69,7 +77,16 @@ impl<'m> Transformer<'m> {
             shape: attn_shape(config),
             attention,
             experts: None,
+            fused: true,
         })
+    }
+
+    /// Whether a one-row forward (a decode step) runs q, k and v, and gate and up, each as
+    /// one parallel region with the activations quantized once (the default), or every
+    /// projection on its own. The logits are bit-identical either way; the switch exists so
+    /// tests and benchmarks can compare the two.
+    pub fn set_fused_decode(&mut self, fused: bool) {
+        self.fused = fused;
     }
 
     /// Reads the routed experts through `cache` from now on.
@@ -194,9 +211,11 @@ impl<'m> Transformer<'m> {
 
         for (l, layer) in self.weights.layers.iter().enumerate() {
             norm(&layer.input_layernorm, x, xn);
-            layer.q_proj.forward(xn, rows, q);
-            layer.k_proj.forward(xn, rows, k);
-            layer.v_proj.forward(xn, rows, v);
+            self.project(
+                xn,
+                rows,
+                [(&layer.q_proj, &mut *q), (&layer.k_proj, &mut *k), (&layer.v_proj, &mut *v)],
+            );
             if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
                 head_norm(qn, q);
                 head_norm(kn, k);
@@ -213,15 +232,14 @@ impl<'m> Transformer<'m> {
                 }
             }
             self.attend(l, seqs, q, tmp, scores.as_deref_mut());
-            layer.o_proj.forward(q, rows, proj);
+            self.project(q, rows, [(&layer.o_proj, &mut *proj)]);
             add_in_place(x, proj);
             norm(&layer.post_attention_layernorm, x, xn);
             match &layer.mlp {
                 Mlp::Dense(mlp) => {
-                    mlp.gate_proj.forward(xn, rows, gate);
-                    mlp.up_proj.forward(xn, rows, up);
+                    self.project(xn, rows, [(&mlp.gate_proj, &mut *gate), (&mlp.up_proj, &mut *up)]);
                     silu_mul(gate, up);
-                    mlp.down_proj.forward(gate, rows, proj);
+                    self.project(gate, rows, [(&mlp.down_proj, &mut *proj)]);
                 }
                 Mlp::Moe(mlp) => {
                     let (Some(cfg), Some(store)) = (&c.moe, &self.weights.experts) else {
@@ -265,11 +283,32 @@ impl<'m> Transformer<'m> {
             }
         }
         let out = &mut b.logits[..logit_rows * c.vocab_size];
-        match &self.weights.lm_head {
-            Some(head) => head.forward(selected, logit_rows, out),
-            None => self.weights.embed_tokens.matmul(selected, logit_rows, out),
+        match (&self.weights.lm_head, &self.weights.embed_tokens) {
+            (Some(head), _) => self.project(selected, logit_rows, [(head, out)]),
+            (None, LinearWeight::Quantized(w)) if self.fused && logit_rows == 1 => {
+                qmv_many(selected, &mut [QmvPart { w, y: &mut *out, bias: None }])
+            }
+            (None, embed) => embed.matmul(selected, logit_rows, out),
         }
         Ok(out)
+    }
+
+    /// `y_i = x W_i^T + b_i` for linears that read the same `rows` rows `x`. A single row
+    /// of a fused transformer (a decode step) runs them as one [`qmv_many`] region when
+    /// every matrix is quantized; otherwise each runs on its own. Both give the same bits.
+    fn project<const N: usize>(&self, x: &[f32], rows: usize, outs: [(&Linear, &mut [f32]); N]) {
+        let all_quantized = outs.iter().all(|(l, _)| matches!(l.weight, LinearWeight::Quantized(_)));
+        if !(self.fused && rows == 1 && all_quantized) {
+            for (l, y) in outs {
+                l.forward(x, rows, y);
+            }
+            return;
+        }
+        let mut parts = outs.map(|(l, y)| {
+            let LinearWeight::Quantized(w) = &l.weight else { unreachable!("checked above") };
+            QmvPart { w, y, bias: l.bias.as_deref() }
+        });
+        qmv_many(x, &mut parts);
     }
 
     fn apply_rope(&self, x: &mut [f32], width: usize, cos: &[f32], sin: &[f32]) {

@@ -274,6 +274,72 @@ pub fn qmv_scheme_on(isa: Isa, scheme: ActScheme, x: &[f32], w: &QuantizedMatrix
     }
 }
 
+/// One product of a [`qmv_many`] call: `y = W x + bias`.
+pub struct QmvPart<'a> {
+    /// The weights `[n, k]`.
+    pub w: &'a QuantizedMatrix,
+    /// The output, `n` values.
+    pub y: &'a mut [f32],
+    /// Added to `y` (`n` values) by the task that computes each row.
+    pub bias: Option<&'a [f32]>,
+}
+
+/// Several `qmv`s of one activation row, in one parallel region: the decode step's q, k
+/// and v (or gate and up) read the same normed row, so the row is quantized once and the
+/// weight rows of every matrix are split across the pool together, which wakes the
+/// threads once instead of once per matrix (see `drive::parts` for the task sizes).
+///
+/// Each output is bit-identical to [`qmv`] followed by `y[i] += bias[i]`: every row is
+/// computed by the same kernel from the same codes, and a row's value does not depend on
+/// the task it falls in.
+///
+/// # Panics
+/// When a part's shapes do not match `x` or its bias.
+pub fn qmv_many(x: &[f32], parts: &mut [QmvPart<'_>]) {
+    qmv_many_on(Isa::detected(), x, parts)
+}
+
+/// [`qmv_many`] on a chosen path.
+///
+/// # Panics
+/// When `isa` is not available on this CPU, or the shapes do not match.
+pub fn qmv_many_on(isa: Isa, x: &[f32], parts: &mut [QmvPart<'_>]) {
+    check_isa("qmv_many", isa);
+    for p in parts.iter() {
+        check_shapes("qmv_many", x, 1, p.w, p.y);
+        if let Some(b) = p.bias {
+            assert_eq!(b.len(), p.w.n(), "qmv_many: the bias must hold N = {} values", p.w.n());
+        }
+    }
+    let scheme = act_scheme();
+    let Some(first) = parts.first() else { return };
+    let (codes, group) = (integer_codes(first.w, scheme), first.w.spec().group_size());
+    let shared =
+        parts.iter().all(|p| integer_codes(p.w, scheme) == codes && p.w.spec().group_size() == group);
+    match (isa, codes, shared) {
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, Some(codes), true) => {
+            // SAFETY: `check_isa` confirmed AVX2, FMA and F16C at run time.
+            unsafe { x86::qmv_many(x, parts, codes) }
+        }
+        _ => {
+            for p in parts.iter_mut() {
+                qmv_scheme_on(isa, scheme, x, p.w, p.y);
+                add_bias(p.bias, 0..p.w.n(), p.y);
+            }
+        }
+    }
+}
+
+/// `out[i] += bias[rows][i]`, when there is a bias: the epilogue of [`qmv_many`].
+fn add_bias(bias: Option<&[f32]>, rows: std::ops::Range<usize>, out: &mut [f32]) {
+    if let Some(b) = bias {
+        for (o, &bv) in out.iter_mut().zip(&b[rows]) {
+            *o += bv;
+        }
+    }
+}
+
 /// [`qmv_wide`] on a chosen path.
 ///
 /// # Panics

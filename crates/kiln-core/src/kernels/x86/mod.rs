@@ -73,6 +73,23 @@ pub(super) unsafe fn qmv(x: &[f32], w: &QuantizedMatrix, y: &mut [f32], codes: A
     });
 }
 
+/// Several `qmv`s of one activation row (every part of the same group size and codes) in
+/// one parallel region, each task adding its rows' bias.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+pub(super) unsafe fn qmv_many(x: &[f32], parts: &mut [super::QmvPart<'_>], codes: ActCodes) {
+    let Some(first) = parts.first() else { return };
+    // SAFETY: this function's caller guarantees AVX2, FMA and F16C.
+    let xt = unsafe { quantize_vector(x, first.w.spec().group_size(), codes) };
+    drive::parts(parts, |w, bias, rows, out| {
+        // SAFETY: this function's caller guarantees AVX2, FMA and F16C; every core rayon
+        // runs this closure on is the same CPU.
+        unsafe { qmv_rows_any(w, &xt, rows.clone(), out) };
+        super::add_bias(bias, rows, out);
+    });
+}
+
 /// `y[m, n] = x[m, k] W^T` with each weight row read once for every activation row.
 ///
 /// # Safety
