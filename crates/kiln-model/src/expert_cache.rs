@@ -34,7 +34,7 @@ use crate::experts::{Expert, ExpertStore};
 use crate::weights::ModelWeights;
 
 /// Alignment of every part inside a slot, in bytes: one cache line.
-const PART_ALIGN: usize = 64;
+pub(crate) const PART_ALIGN: usize = 64;
 
 /// The most slots a backend can hold, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -173,16 +173,25 @@ pub fn slot_bytes_for(config: &ModelConfig) -> Option<u64> {
     Some(slot_bytes(config.hidden_size, moe, spec.bits() as usize, spec.group_size(), 2))
 }
 
-/// The CPU backend's checked geometry of `slots` slots for `config`'s model, whose
-/// weights take `weight_bytes` of a pool limited to `memory_limit`.
+/// Bytes of one slot holding `store`'s experts as they are loaded (each part of each
+/// matrix aligned as a slot aligns it).
+pub fn slot_bytes_of(store: &ExpertStore) -> u64 {
+    Layout::of(store.by_id(0)).bytes as u64
+}
+
+/// The CPU backend's checked geometry of `slots` slots of `slot_bytes` (as
+/// [`ModelInfo::expert_slot_bytes`](crate::ModelInfo) or [`slot_bytes_of`] give them;
+/// `None` when the experts are not quantized) for `config`'s model, whose weights take
+/// `weight_bytes` of a pool limited to `memory_limit`.
 pub fn cpu_geometry(
     model: &str,
     config: &ModelConfig,
+    slot_bytes: Option<u64>,
     slots: usize,
     weight_bytes: u64,
     memory_limit: u64,
 ) -> Result<CacheGeometry> {
-    let (Some(moe), Some(slot)) = (config.moe.as_ref(), slot_bytes_for(config)) else {
+    let (Some(moe), Some(slot)) = (config.moe.as_ref(), slot_bytes) else {
         return Err(ModelError::InvalidArgument {
             what: format!("--expert-slots {slots}"),
             message: format!(
@@ -205,8 +214,10 @@ pub fn build(
     pool: &MemoryPool,
 ) -> Result<ExpertCache> {
     let resident = pool.stats().live_bytes;
-    let geometry = cpu_geometry("the model", config, slots, resident, pool.limit())?;
-    let store = weights.experts.as_ref().ok_or_else(|| ModelError::InvalidArgument {
+    let store = weights.experts.as_ref();
+    let geometry =
+        cpu_geometry("the model", config, store.map(slot_bytes_of), slots, resident, pool.limit())?;
+    let store = store.ok_or_else(|| ModelError::InvalidArgument {
         what: format!("--expert-slots {slots}"),
         message: "the model has no routed experts".into(),
     })?;

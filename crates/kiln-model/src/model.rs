@@ -30,6 +30,9 @@ pub struct ModelInfo {
     pub config: ModelConfig,
     /// Bytes loading will count under the weights tag.
     pub weight_bytes: u64,
+    /// Bytes of one expert cache slot for the routed experts as they will load; `None`
+    /// for a dense model or experts no slot can hold.
+    pub expert_slot_bytes: Option<u64>,
 }
 
 /// A model ready to run.

@@ -583,7 +583,13 @@ pub fn inspect_in(name: &str, tier: &HostTier) -> Result<ModelInfo> {
     if matches!(tier, HostTier::File(_)) {
         weight_bytes -= generate::expert_bytes(&config, spec.quant);
     }
-    Ok(ModelInfo { source: ModelSource::Synthetic(name.to_string()), config, weight_bytes })
+    let expert_slot_bytes = crate::expert_cache::slot_bytes_for(&config);
+    Ok(ModelInfo {
+        source: ModelSource::Synthetic(name.to_string()),
+        config,
+        weight_bytes,
+        expert_slot_bytes,
+    })
 }
 
 /// Builds a synthetic model with [`DEFAULT_SEED`], its experts where

@@ -80,7 +80,9 @@ fn the_cpu_cap_is_the_slots_that_fit_in_the_limit_after_the_weights() {
 #[test]
 fn a_dense_model_refuses_expert_slots() {
     let info = synthetic::inspect("tiny").unwrap();
-    let e = expert_cache::cpu_geometry("synthetic:tiny", &info.config, 4, 0, u64::MAX).unwrap_err();
+    let e =
+        expert_cache::cpu_geometry("synthetic:tiny", &info.config, info.expert_slot_bytes, 4, 0, u64::MAX)
+            .unwrap_err();
     assert!(e.to_string().contains("synthetic:tiny") && e.to_string().contains("qwen3_moe"), "{e}");
 }
 
@@ -90,7 +92,9 @@ fn the_cache_takes_exactly_its_planned_slots_and_evicts_the_least_recently_used(
     let model = synthetic::load_with_seed("tiny-moe", 3, &pool).unwrap();
     let store = model.weights.experts.as_ref().unwrap();
     let slot = slot_bytes_for(&model.config).unwrap();
-    let geometry = expert_cache::cpu_geometry("tiny-moe", &model.config, 3, 0, u64::MAX).unwrap();
+    // The plan's slot size (from the config) is the loaded store's.
+    assert_eq!(expert_cache::slot_bytes_of(store), slot);
+    let geometry = expert_cache::cpu_geometry("tiny-moe", &model.config, Some(slot), 3, 0, u64::MAX).unwrap();
     let mut cache = ExpertCache::new(store, geometry, &pool).unwrap();
     assert_eq!(pool.stats().by_tag[Tag::Experts.as_str()].live, 3 * slot);
 

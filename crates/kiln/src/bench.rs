@@ -90,7 +90,8 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
     runtime::warn_ignored_quantize(&args.run, &info.config);
     // A text prompt is at least one token: `-n` alone can already be beyond the context.
     check_context(args.prompt_tokens.unwrap_or(1), args.prompt_tokens.is_none())?;
-    let geometry = runtime::expert_geometry(&args.run, &info.config, info.weight_bytes, &pool)?;
+    let geometry =
+        runtime::expert_geometry(&args.run, &info.config, info.expert_slot_bytes, info.weight_bytes, &pool)?;
     let model =
         kiln_model::load(model_name, &load_opts).with_context(|| format!("loading model {model_name}"))?;
     let ids = match (&args.prompt, args.prompt_tokens) {

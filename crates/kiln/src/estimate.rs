@@ -36,7 +36,8 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
         attention: options.attention,
         kv_dtype: options.kv_dtype,
     };
-    let geometry = runtime::expert_geometry(&args.run, &info.config, info.weight_bytes, &pool)?;
+    let geometry =
+        runtime::expert_geometry(&args.run, &info.config, info.expert_slot_bytes, info.weight_bytes, &pool)?;
     let plan = kiln_model::plan(&info.config, info.weight_bytes, &shape)
         .and_then(|p| p.with_expert_cache(geometry.as_ref().map_or(0, |g| g.cache_bytes())))
         .with_context(|| {
@@ -67,7 +68,7 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
         moe_layers: info.config.moe.map(|_| info.config.num_hidden_layers as u64),
         moe_experts: info.config.moe.map(|m| m.experts as u64),
         moe_top_k: info.config.moe.map(|m| m.top_k as u64),
-        expert_slot_bytes: kiln_model::expert_cache::slot_bytes_for(&info.config),
+        expert_slot_bytes: info.expert_slot_bytes,
     };
     let out = std::io::stdout().lock();
     match args.format {

@@ -59,8 +59,9 @@ fn measure(args: ExpertCopyArgs, threads: usize) -> anyhow::Result<()> {
     let load_opts = runtime::load_options(&args.run, &pool);
     let info = kiln_model::inspect(name, &load_opts).with_context(|| format!("reading model {name}"))?;
     // The rules, before anything is allocated.
-    let geometry = runtime::expert_geometry(&args.run, &info.config, info.weight_bytes, &pool)?
-        .expect("--expert-slots is set");
+    let geometry =
+        runtime::expert_geometry(&args.run, &info.config, info.expert_slot_bytes, info.weight_bytes, &pool)?
+            .expect("--expert-slots is set");
     let model = kiln_model::load(name, &load_opts).with_context(|| format!("loading model {name}"))?;
     let store = model.weights.experts.as_ref().context("a MoE model has an expert store")?;
 

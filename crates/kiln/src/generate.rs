@@ -33,7 +33,8 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         .with_context(|| format!("loading model {name}"))?;
     runtime::warn_ignored_quantize(&args.run, &model.config);
     // The weights are in the pool now: what is live counts against the slots' room.
-    runtime::expert_geometry(&args.run, &model.config, pool.stats().live_bytes, &pool)?;
+    let slot_bytes = model.weights.experts.as_ref().map(kiln_model::expert_cache::slot_bytes_of);
+    runtime::expert_geometry(&args.run, &model.config, slot_bytes, pool.stats().live_bytes, &pool)?;
     let ids = encode_prompt(&model, &args.prompt, !args.no_chat_template)?;
     let limit = model.config.max_position_embeddings;
     let requested = runtime::sequence_tokens(ids.len(), false, args.max_tokens)?;

@@ -110,16 +110,24 @@ pub fn engine_options(args: &RunArgs) -> EngineOptions {
 }
 
 /// Checks `--expert-slots` against the CPU backend's geometry rules for `config`, whose
-/// weights take `weight_bytes` of `pool`'s limit, before anything is allocated for it;
-/// `None` without the flag.
+/// experts take `slot_bytes` a slot and whose weights take `weight_bytes` of `pool`'s
+/// limit, before anything is allocated for it; `None` without the flag.
 pub fn expert_geometry(
     args: &RunArgs,
     config: &kiln_model::ModelConfig,
+    slot_bytes: Option<u64>,
     weight_bytes: u64,
     pool: &MemoryPool,
 ) -> anyhow::Result<Option<kiln_model::CacheGeometry>> {
     let Some(slots) = args.expert_slots else { return Ok(None) };
-    let g = kiln_model::expert_cache::cpu_geometry(&args.model, config, slots, weight_bytes, pool.limit())?;
+    let g = kiln_model::expert_cache::cpu_geometry(
+        &args.model,
+        config,
+        slot_bytes,
+        slots,
+        weight_bytes,
+        pool.limit(),
+    )?;
     Ok(Some(g))
 }
 

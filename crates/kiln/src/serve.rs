@@ -158,7 +158,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         // The geometry is checked, naming the model, before anything is loaded.
         let info = kiln_model::inspect(&run_args.model, &runtime::load_options(&run_args, &pool))
             .with_context(|| format!("reading model {}", run_args.model))?;
-        runtime::expert_geometry(&run_args, &info.config, info.weight_bytes, &pool)?;
+        runtime::expert_geometry(&run_args, &info.config, info.expert_slot_bytes, info.weight_bytes, &pool)?;
     }
     let api_key = args.api_key.clone().or_else(|| std::env::var(API_KEY_ENV).ok()).filter(|k| !k.is_empty());
     let config = ServerConfig {

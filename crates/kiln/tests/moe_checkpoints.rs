@@ -64,7 +64,12 @@ fn generate_on_hugging_face_per_expert_weights_quantized_on_load_writes_mlx_gree
     let model = fixture("mixtral-moe-tiny");
     let run = generate(&dir, model.to_str().unwrap(), &["--quantize", "4"]);
     // mlx_lm.convert of the same weights to 4-bit group 64 made the reference.
-    assert_eq!(run.stdout(), greedy_text("mixtral-moe-tiny-4bit-g64"), "{}", run.describe());
+    let want = greedy_text("mixtral-moe-tiny-4bit-g64");
+    assert_eq!(run.stdout(), want, "{}", run.describe());
+    // The cache's slots are sized from the experts as loaded (quantized here, with the
+    // checkpoint's bf16 as their scale dtype), not from a config without a quantization block.
+    let cached = generate(&dir, model.to_str().unwrap(), &["--quantize", "4", "--expert-slots", "2"]);
+    assert_eq!(cached.stdout(), want, "--expert-slots 2 changed the text{}", cached.describe());
 }
 
 #[test]
@@ -110,6 +115,7 @@ fn estimate_prices_moe_checkpoints_at_bench_decodes_peak() {
         (stacked, &["--expert-slots", "2"]),
         (stacked, &["--expert-slots", "16"]),
         (per_expert, &["--quantize", "4"]),
+        (per_expert, &["--quantize", "4", "--expert-slots", "3"]),
     ];
     for &(model, extra) in cases {
         let mut est = vec!["estimate", "-m", model, "--prompt-tokens", "20", "-n", "6"];
@@ -129,8 +135,8 @@ fn estimate_prices_moe_checkpoints_at_bench_decodes_peak() {
         } else {
             assert_eq!(total, peak, "{both}");
         }
-        if extra.first() == Some(&"--expert-slots") {
-            let slots: u64 = extra[1].parse().unwrap();
+        if let Some(at) = extra.iter().position(|&a| a == "--expert-slots") {
+            let slots: u64 = extra[at + 1].parse().unwrap();
             assert_eq!(field(&est, "expert_slots"), slots, "{both}");
             assert_eq!(field(&est, "experts_bytes"), slots * field(&est, "expert_slot_bytes"), "{both}");
         }

@@ -47,7 +47,12 @@ pub fn inspect(dir: &Path, opts: &LoadOptions) -> Result<ModelInfo> {
     let config = read_config(dir)?;
     let ck = Checkpoint::open(dir)?;
     let plan = Plan::new(&config, &ck, quantize_spec(opts, &config)?)?;
-    Ok(ModelInfo { source: ModelSource::Dir(dir.to_path_buf()), config, weight_bytes: plan.peak_bytes() })
+    Ok(ModelInfo {
+        source: ModelSource::Dir(dir.to_path_buf()),
+        config,
+        weight_bytes: plan.peak_bytes(),
+        expert_slot_bytes: plan.expert_slot_bytes,
+    })
 }
 
 /// Loads a checkpoint: weights viewed in place in the mapped files where their dtype and

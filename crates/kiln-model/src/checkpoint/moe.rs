@@ -51,7 +51,13 @@ const STACKED: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 
 /// Plans the MoE MLP of `layer` (`model.layers.N`) onto `steps`: the router, the shared
 /// expert and its gate when the config has one, then each routed expert's gate, up, down.
-pub(crate) fn plan_layer(p: &Planner<'_>, layer: &str, moe: &MoeConfig, steps: &mut Vec<Step>) -> Result<()> {
+/// Returns the bytes of an expert cache slot for the layer's first expert, as loaded.
+pub(crate) fn plan_layer(
+    p: &Planner<'_>,
+    layer: &str,
+    moe: &MoeConfig,
+    steps: &mut Vec<Step>,
+) -> Result<Option<u64>> {
     let names = Names::of(p, layer);
     let (h, e_count, inter) = (p.config.hidden_size, moe.experts, moe.expert_intermediate_size);
     steps.push(Step::Linear(p.linear(&format!("{}.gate", names.block), e_count, h, false)?));
@@ -62,6 +68,7 @@ pub(crate) fn plan_layer(p: &Planner<'_>, layer: &str, moe: &MoeConfig, steps: &
         steps.push(Step::Linear(p.linear(&format!("{shared}.down_proj"), h, s, false)?));
         steps.push(Step::Linear(p.linear(&format!("{}.shared_expert_gate", names.block), 1, h, false)?));
     }
+    let first_routed = steps.len();
     // gate and up are [inter, hidden], down is [hidden, inter].
     let shapes = [(inter, h), (inter, h), (h, inter)];
     let stack = |i: usize| format!("{}.switch_mlp.{}", names.block, STACKED[i]);
@@ -106,7 +113,14 @@ pub(crate) fn plan_layer(p: &Planner<'_>, layer: &str, moe: &MoeConfig, steps: &
             ),
         });
     }
-    Ok(())
+    let slot = steps[first_routed..first_routed + 3]
+        .iter()
+        .map(|s| match s {
+            Step::Linear(l) => l.slot_bytes(crate::expert_cache::PART_ALIGN),
+            Step::Vector(_) => None,
+        })
+        .sum::<Option<u64>>();
+    Ok(slot)
 }
 
 /// One stacked matrix of every expert of a layer: `.weight`, and `.scales` and `.biases`

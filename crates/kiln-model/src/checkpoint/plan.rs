@@ -87,6 +87,10 @@ pub(crate) enum Step {
 pub(crate) struct Plan {
     /// The steps.
     pub steps: Vec<Step>,
+    /// Bytes of one expert cache slot for the routed experts as they will load (packed
+    /// words, scales and biases of gate, up and down, each part aligned as a slot aligns
+    /// it); `None` for a dense model.
+    pub expert_slot_bytes: Option<u64>,
 }
 
 impl Plan {
@@ -97,6 +101,7 @@ impl Plan {
         let (h, q_dim, kv_dim, inter) =
             (config.hidden_size, config.q_dim(), config.kv_dim(), config.intermediate_size);
         let mut steps = Vec::with_capacity(2 + config.num_hidden_layers * 9 + 1);
+        let mut expert_slot_bytes = None;
         steps.push(Step::Linear(p.linear("model.embed_tokens", config.vocab_size, h, false)?));
         for i in 0..config.num_hidden_layers {
             let l = format!("model.layers.{i}");
@@ -120,7 +125,10 @@ impl Plan {
             }
             steps.push(Step::Vector(p.vector(&format!("{l}.post_attention_layernorm.weight"), h)?));
             match &config.moe {
-                Some(moe) => super::moe::plan_layer(&p, &l, moe, &mut steps)?,
+                Some(moe) => {
+                    let slot = super::moe::plan_layer(&p, &l, moe, &mut steps)?;
+                    expert_slot_bytes = expert_slot_bytes.or(slot);
+                }
                 None => {
                     steps.push(Step::Linear(p.linear(&format!("{l}.mlp.gate_proj"), inter, h, mlp_bias)?));
                     steps.push(Step::Linear(p.linear(&format!("{l}.mlp.up_proj"), inter, h, mlp_bias)?));
@@ -132,7 +140,7 @@ impl Plan {
         if !config.tie_word_embeddings {
             steps.push(Step::Linear(p.linear("lm_head", config.vocab_size, h, false)?));
         }
-        Ok(Plan { steps })
+        Ok(Plan { steps, expert_slot_bytes })
     }
 
     /// The most bytes loading holds under the weights tag at once: what each step keeps,
@@ -145,6 +153,24 @@ impl Plan {
             held += s.kept_bytes();
         }
         peak
+    }
+}
+
+impl LinearPlan {
+    /// Bytes an expert cache slot holds of this matrix: its packed words, scales and
+    /// biases, each rounded up to `align`; `None` for a float matrix, which no slot holds.
+    pub(crate) fn slot_bytes(&self, align: usize) -> Option<u64> {
+        let (words, scales, biases) = match &self.matrix {
+            MatrixPlan::Quantized { weight, scales, biases, .. } => {
+                (weight.byte_len(), scales.byte_len(), biases.byte_len())
+            }
+            MatrixPlan::QuantizeOnLoad { spec, scale_dtype, .. } => {
+                let groups = self.n * spec.groups_per_row(self.k) * scale_dtype.size();
+                (self.n * spec.words_per_row(self.k) * 4, groups, groups)
+            }
+            MatrixPlan::Dense { .. } => return None,
+        };
+        Some([words, scales, biases].iter().map(|b| b.next_multiple_of(align) as u64).sum())
     }
 }
 

@@ -472,7 +472,13 @@ pub fn inspect(path: &Path, _opts: &LoadOptions) -> Result<ModelInfo> {
         };
     }
     let weight_bytes = bytes + transient;
-    Ok(ModelInfo { source: ModelSource::Gguf(path.to_path_buf()), config: g.config, weight_bytes })
+    // GGUF files of mixture-of-experts models are refused when the config is read.
+    Ok(ModelInfo {
+        source: ModelSource::Gguf(path.to_path_buf()),
+        config: g.config,
+        weight_bytes,
+        expert_slot_bytes: None,
+    })
 }
 
 /// Loads a GGUF file: weights repacked from the mapped file into pool-counted buffers,
