@@ -6,9 +6,9 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-#[cfg(any(target_arch = "x86_64", test))]
+#[cfg(target_arch = "x86_64")]
 use super::QmvPart;
-#[cfg(any(target_arch = "x86_64", test))]
+#[cfg(target_arch = "x86_64")]
 use crate::matrix::QuantizedMatrix;
 
 /// Bytes of weights one task aims to read: large enough that task overhead is noise,
@@ -85,7 +85,7 @@ fn region_tasks(bytes: usize, threads: usize) -> usize {
 /// all the matrices are cut into tasks of about the same bytes (a part's rows never share
 /// a task with another part's), so products that read the same activations wake the pool
 /// once between them. On a one-thread pool everything runs on the caller, with no tasks.
-#[cfg(any(target_arch = "x86_64", test))]
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn parts(
     parts: &mut [QmvPart<'_>],
     f: impl Fn(&QuantizedMatrix, Option<&[f32]>, Range<usize>, &mut [f32]) + Sync,
