@@ -8,10 +8,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::OnceLock;
 
-/// The debug `kiln` binary, built once for the whole test run.
+/// The debug `kiln` binary, built once for the whole test run, or the one
+/// `KILN_TEST_KILN_BIN` names. CI names the binary its `cargo test --workspace` has
+/// already built for kiln's own tests: building it again here with `-p kiln` would
+/// resolve other dependency features and recompile a dozen crates.
 pub fn kiln_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
+        if let Some(given) = std::env::var_os("KILN_TEST_KILN_BIN") {
+            let bin = PathBuf::from(given);
+            assert!(bin.is_file(), "KILN_TEST_KILN_BIN={}: no such file", bin.display());
+            return bin;
+        }
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace");
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let status = Command::new(&cargo)
