@@ -1,6 +1,6 @@
 //! `--mode mixed`: what classic streams pay for sharing a server with a speculative one.
 //! A window starts one speculative stream (`"speculative": true`, a prompt that repeats a
-//! passage, so prompt lookup drafts well) and N classic streams together; the classic
+//! passage, so prompt lookup drafts well) and, once it is decoding, N classic streams; the classic
 //! streams' decode rates are the reported quantity. The window counts only when the
 //! speculative stream decoded through at least [`MIN_OVERLAP`] of the classic streams'
 //! decode span and had drained before the next window began; each window's timeline,
@@ -279,12 +279,16 @@ impl Mode for Mixed {
             budget,
             true,
         );
-        // The speculative stream first, so it is admitted (and prefilled) no later than
-        // the classic streams; then the classic streams, all at once.
+        // The speculative stream first, and the classic streams, all at once, only when
+        // its first token is out: its longer prompt is prefilled and it is decoding, so
+        // it covers the classic span from the span's start whatever order the server
+        // admits requests in. A speculative request that fails releases them at once.
+        let (tx, rx) = tokio::sync::oneshot::channel();
         let spec_task = {
             let (t, s, start) = (target.clone(), spec, at());
-            tokio::spawn(async move { client::send(&t, &s, timeout, start).await })
+            tokio::spawn(async move { client::send_signalling(&t, &s, timeout, start, Some(tx)).await })
         };
+        let _ = tokio::time::timeout(timeout, rx).await;
         let classic_tasks: Vec<_> = (0..self.classic_streams)
             .map(|i| {
                 let r = self.request(

@@ -373,8 +373,20 @@ pub fn measure(key: &str, start_ms: f64, status: u16, st: &StreamState, e2e: Dur
 /// Sends `spec` and measures it; every failure (connect, reset, 5xx, timeout, a broken
 /// stream) comes back as a failed result, never as an error of the caller.
 pub async fn send(target: &Target, spec: &RequestSpec, timeout: Duration, start_ms: f64) -> RequestResult {
+    send_signalling(target, spec, timeout, start_ms, None).await
+}
+
+/// [`send`], firing `first` when the stream's first event with a choice arrives (the
+/// request is admitted and decoding). A request that fails first drops it unfired.
+pub async fn send_signalling(
+    target: &Target,
+    spec: &RequestSpec,
+    timeout: Duration,
+    start_ms: f64,
+    first: Option<tokio::sync::oneshot::Sender<()>>,
+) -> RequestResult {
     let began = Instant::now();
-    match tokio::time::timeout(timeout, exchange(target, spec, began)).await {
+    match tokio::time::timeout(timeout, exchange(target, spec, began, first)).await {
         Ok(Ok((status, st))) if status == StatusCode::OK.as_u16() => {
             measure(&spec.key, start_ms, status, &st, began.elapsed())
         }
@@ -391,7 +403,12 @@ pub async fn send(target: &Target, spec: &RequestSpec, timeout: Duration, start_
     }
 }
 
-async fn exchange(target: &Target, spec: &RequestSpec, began: Instant) -> Result<(u16, StreamState), String> {
+async fn exchange(
+    target: &Target,
+    spec: &RequestSpec,
+    began: Instant,
+    mut first: Option<tokio::sync::oneshot::Sender<()>>,
+) -> Result<(u16, StreamState), String> {
     let stream = TcpStream::connect(&target.authority)
         .await
         .map_err(|e| format!("connecting to {}: {e}", target.authority))?;
@@ -421,6 +438,11 @@ async fn exchange(target: &Target, spec: &RequestSpec, began: Instant) -> Result
         let frame = frame.map_err(|e| format!("reading the stream: {e}"))?;
         if let Some(data) = frame.data_ref() {
             st.feed(data, began.elapsed())?;
+            if st.first_choice.is_some()
+                && let Some(tx) = first.take()
+            {
+                let _ = tx.send(());
+            }
         }
     }
     st.finish(began.elapsed())?;
