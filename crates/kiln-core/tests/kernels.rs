@@ -569,12 +569,45 @@ fn the_detected_path_is_available_and_the_best_one() {
     assert_eq!(Isa::available()[0], isa);
     assert!(Isa::available().contains(&Isa::Portable));
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2")
-        && std::is_x86_feature_detected!("fma")
-        && std::is_x86_feature_detected!("f16c")
     {
-        assert_eq!(isa, Isa::Avx2);
+        use std::is_x86_feature_detected as has;
+        let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+        let avx512 = avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl");
+        let want = if avx512 && has!("avx512vnni") {
+            Isa::Avx512Vnni
+        } else if avx512 {
+            Isa::Avx512
+        } else if avx2 {
+            Isa::Avx2
+        } else {
+            Isa::Portable
+        };
+        assert_eq!(isa, want);
     }
     #[cfg(target_arch = "aarch64")]
     assert_eq!(isa, Isa::Neon);
+}
+
+#[test]
+fn the_dispatcher_picks_the_best_path_a_feature_set_runs() {
+    use kiln_core::kernels::CpuFeatures;
+    let f = |avx2, avx512bw, avx512vnni, neon| CpuFeatures { avx2, avx512bw, avx512vnni, neon };
+    for (features, best, paths) in [
+        (
+            f(true, true, true, false),
+            Isa::Avx512Vnni,
+            &[Isa::Avx512Vnni, Isa::Avx512, Isa::Avx2, Isa::Portable][..],
+        ),
+        (f(true, true, false, false), Isa::Avx512, &[Isa::Avx512, Isa::Avx2, Isa::Portable][..]),
+        (f(true, false, true, false), Isa::Avx2, &[Isa::Avx2, Isa::Portable][..]),
+        (f(true, false, false, false), Isa::Avx2, &[Isa::Avx2, Isa::Portable][..]),
+        // AVX-512 without the AVX2 set (no such CPU, but no path may assume it).
+        (f(false, true, true, false), Isa::Portable, &[Isa::Portable][..]),
+        (f(false, false, false, true), Isa::Neon, &[Isa::Neon, Isa::Portable][..]),
+        (f(false, false, false, false), Isa::Portable, &[Isa::Portable][..]),
+    ] {
+        assert_eq!(features.best(), best, "{features:?}");
+        assert_eq!(features.paths(), paths, "{features:?}");
+    }
+    assert_eq!(CpuFeatures::detected().best(), Isa::detected());
 }

@@ -34,6 +34,9 @@ pub mod reference;
 
 mod act;
 mod drive;
+#[cfg(target_arch = "x86_64")]
+#[doc(hidden)]
+pub mod emulated;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod portable;
@@ -66,6 +69,12 @@ pub enum KernelChoice {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Isa {
+    /// x86-64 with AVX-512F, BW and VL and VNNI besides the AVX2 set: `qmv`'s integer dots
+    /// with `vpdpbusd` / `vpdpwssd`; the other kernels run their AVX2 code.
+    Avx512Vnni,
+    /// x86-64 with AVX-512F, BW and VL besides the AVX2 set (no VNNI): `qmv`'s integer dots
+    /// with 512-bit `vpmaddubsw` / `vpmaddwd`; the other kernels run their AVX2 code.
+    Avx512,
     /// x86-64 with AVX2, FMA and F16C, detected at run time.
     Avx2,
     /// aarch64 NEON (always present there).
@@ -74,56 +83,96 @@ pub enum Isa {
     Portable,
 }
 
-impl Isa {
-    /// The best path this CPU runs, detected once.
-    pub fn detected() -> Isa {
-        static DETECTED: OnceLock<Isa> = OnceLock::new();
-        *DETECTED.get_or_init(|| {
-            if Isa::Avx2.is_available() {
-                Isa::Avx2
-            } else if Isa::Neon.is_available() {
-                Isa::Neon
-            } else {
-                Isa::Portable
-            }
-        })
+/// The CPU features the paths need, as detected (or as a test states them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuFeatures {
+    /// AVX2, FMA and F16C.
+    pub avx2: bool,
+    /// AVX-512F, AVX-512BW and AVX-512VL.
+    pub avx512bw: bool,
+    /// AVX-512 VNNI.
+    pub avx512vnni: bool,
+    /// aarch64 (NEON is always there).
+    pub neon: bool,
+}
+
+impl CpuFeatures {
+    /// This CPU's features, detected once.
+    pub fn detected() -> CpuFeatures {
+        static DETECTED: OnceLock<CpuFeatures> = OnceLock::new();
+        *DETECTED.get_or_init(detect_features)
     }
 
-    /// Whether this CPU can run the path (detected once, then cached).
-    pub fn is_available(self) -> bool {
-        match self {
-            Isa::Avx2 => {
-                static AVX2: OnceLock<bool> = OnceLock::new();
-                *AVX2.get_or_init(avx2_available)
-            }
-            Isa::Neon => cfg!(target_arch = "aarch64"),
+    /// Whether a CPU with these features runs `isa`.
+    pub fn runs(self, isa: Isa) -> bool {
+        match isa {
+            Isa::Avx512Vnni => self.avx2 && self.avx512bw && self.avx512vnni,
+            Isa::Avx512 => self.avx2 && self.avx512bw,
+            Isa::Avx2 => self.avx2,
+            Isa::Neon => self.neon,
             Isa::Portable => true,
         }
     }
 
-    /// Every path this CPU can run, best first.
-    pub fn available() -> Vec<Isa> {
-        [Isa::Avx2, Isa::Neon, Isa::Portable].into_iter().filter(|i| i.is_available()).collect()
+    /// The paths a CPU with these features runs, best first.
+    pub fn paths(self) -> Vec<Isa> {
+        Isa::ALL.into_iter().filter(|&i| self.runs(i)).collect()
     }
 
-    /// The path's name in reports: `avx2`, `neon`, `portable`.
+    /// The best path a CPU with these features runs.
+    pub fn best(self) -> Isa {
+        Isa::ALL.into_iter().find(|&i| self.runs(i)).unwrap_or(Isa::Portable)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect_features() -> CpuFeatures {
+    CpuFeatures {
+        avx2: is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c"),
+        avx512bw: is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl"),
+        avx512vnni: is_x86_feature_detected!("avx512vnni"),
+        neon: false,
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect_features() -> CpuFeatures {
+    CpuFeatures { neon: cfg!(target_arch = "aarch64"), ..CpuFeatures::default() }
+}
+
+impl Isa {
+    /// Every path, best first.
+    pub const ALL: [Isa; 5] = [Isa::Avx512Vnni, Isa::Avx512, Isa::Avx2, Isa::Neon, Isa::Portable];
+
+    /// The best path this CPU runs, detected once.
+    pub fn detected() -> Isa {
+        CpuFeatures::detected().best()
+    }
+
+    /// Whether this CPU can run the path (detected once, then cached).
+    pub fn is_available(self) -> bool {
+        CpuFeatures::detected().runs(self)
+    }
+
+    /// Every path this CPU can run, best first.
+    pub fn available() -> Vec<Isa> {
+        CpuFeatures::detected().paths()
+    }
+
+    /// The path's name in reports: `avx512_vnni`, `avx512`, `avx2`, `neon`, `portable`.
     pub fn as_str(self) -> &'static str {
         match self {
+            Isa::Avx512Vnni => "avx512_vnni",
+            Isa::Avx512 => "avx512",
             Isa::Avx2 => "avx2",
             Isa::Neon => "neon",
             Isa::Portable => "portable",
         }
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn avx2_available() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn avx2_available() -> bool {
-    false
 }
 
 /// How the kernels treat activations for a weight width: what their error depends on.
@@ -264,9 +313,9 @@ pub fn qmv_scheme_on(isa: Isa, scheme: ActScheme, x: &[f32], w: &QuantizedMatrix
     check_isa("qmv", isa);
     match (isa, integer_codes(w, scheme)) {
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, Some(codes)) => {
-            // SAFETY: `check_isa` confirmed AVX2, FMA and F16C at run time.
-            unsafe { x86::qmv(x, w, y, codes) }
+        (Isa::Avx512Vnni | Isa::Avx512 | Isa::Avx2, Some(codes)) => {
+            // SAFETY: `check_isa` confirmed the path's features at run time.
+            unsafe { x86::qmv(x86::Dots::of(isa), x, w, y, codes) }
         }
         #[cfg(target_arch = "aarch64")]
         (Isa::Neon, Some(codes)) => neon::matmul(x, 1, w, y, codes),
@@ -318,9 +367,9 @@ pub fn qmv_many_on(isa: Isa, x: &[f32], parts: &mut [QmvPart<'_>]) {
         parts.iter().all(|p| integer_codes(p.w, scheme) == codes && p.w.spec().group_size() == group);
     match (isa, codes, shared) {
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, Some(codes), true) => {
-            // SAFETY: `check_isa` confirmed AVX2, FMA and F16C at run time.
-            unsafe { x86::qmv_many(x, parts, codes) }
+        (Isa::Avx512Vnni | Isa::Avx512 | Isa::Avx2, Some(codes), true) => {
+            // SAFETY: `check_isa` confirmed the path's features at run time.
+            unsafe { x86::qmv_many(x86::Dots::of(isa), x, parts, codes) }
         }
         _ => {
             for p in parts.iter_mut() {
@@ -364,8 +413,9 @@ pub fn qmv_wide_scheme_on(
     check_isa("qmv_wide", isa);
     match (isa, integer_codes(w, scheme)) {
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, Some(codes)) => {
-            // SAFETY: `check_isa` confirmed AVX2, FMA and F16C at run time.
+        (Isa::Avx512Vnni | Isa::Avx512 | Isa::Avx2, Some(codes)) => {
+            // SAFETY: `check_isa` confirmed AVX2, FMA and F16C at run time (every x86
+            // path has them).
             unsafe { x86::qmv_wide(x, m, w, y, codes) }
         }
         #[cfg(target_arch = "aarch64")]
@@ -394,8 +444,9 @@ pub fn qmm_scheme_on(isa: Isa, scheme: ActScheme, x: &[f32], m: usize, w: &Quant
     };
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
-            // SAFETY: `check_isa` confirmed AVX2, FMA and F16C at run time.
+        Isa::Avx512Vnni | Isa::Avx512 | Isa::Avx2 => {
+            // SAFETY: `check_isa` confirmed AVX2, FMA and F16C at run time (every x86
+            // path has them).
             unsafe { x86::qmm(x, m, w, y, codes) }
         }
         #[cfg(target_arch = "aarch64")]

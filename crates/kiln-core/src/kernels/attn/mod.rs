@@ -151,7 +151,7 @@ pub fn fold(isa: Isa, shape: &DecodeShape, q: &[f32], keys: KvRun<'_>, values: K
     }
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 if hd.is_multiple_of(8) => {
+        Isa::Avx512Vnni | Isa::Avx512 | Isa::Avx2 if hd.is_multiple_of(8) => {
             // SAFETY: `is_available` above confirmed AVX2, FMA and F16C, the features the
             // function is compiled for; the lengths it relies on were checked above.
             unsafe { x86::fold(shape, &q[..g * hd], keys, values, state) }

@@ -1,4 +1,5 @@
-//! AVX2 + FMA + F16C kernels for 4- and 8-bit weights at group sizes 32, 64 and 128.
+//! AVX2 + FMA + F16C kernels for 4- and 8-bit weights at group sizes 32, 64 and 128, and
+//! `qmv`'s AVX-512 paths, which replace only its integer dots (`avx512`).
 //!
 //! They follow the integer scheme (see [`super::act`]): activations quantized per group,
 //! one exact integer dot per weight group, then the float work of [`super::act::Lanes`]
@@ -22,11 +23,26 @@
 //! with `vcvtph2ps`, bf16 by a 16-bit left shift, f32 as is.
 //!
 //! This file holds the entry points and the dispatch on geometry and scale dtype; the
-//! work is in `row` (the `qmv` row loop), `tiled` (the tiled loop and tiles of up to
+//! work is in `row` (the `qmv` row loop, once per path), `avx512` (the 512-bit dots), `tiled` (the tiled loop and tiles of up to
 //! four rows), `tile8` (eight-row tiles), `reduce` (integer dots and their reductions),
 //! `lanes` (the float work per group), `scales` (scale and bias loads and widening),
 //! `prefetch` (the prefetch policy) and `loads` (checked SIMD loads and stores).
 
+macro_rules! by_geometry {
+    ($w:expr, $f:ident, ($($arg:expr),*)) => {
+        match ($w.spec().bits(), $w.spec().group_size()) {
+            (4, 32) => $f::<4, 32>($($arg),*),
+            (4, 64) => $f::<4, 64>($($arg),*),
+            (4, 128) => $f::<4, 128>($($arg),*),
+            (8, 32) => $f::<8, 32>($($arg),*),
+            (8, 64) => $f::<8, 64>($($arg),*),
+            (8, 128) => $f::<8, 128>($($arg),*),
+            (bits, g) => unreachable!("no x86 kernel for {bits}-bit g{g}: the dispatcher routes it elsewhere"),
+        }
+    };
+}
+
+mod avx512;
 mod lanes;
 mod loads;
 mod prefetch;
@@ -38,12 +54,11 @@ mod tiled;
 
 use std::ops::Range;
 
+use super::Isa;
 use super::act::ActCodes;
 use super::drive;
 use super::tile::XTile;
-use crate::matrix::{QuantizedMatrix, ScaleData};
-use row::qmv_rows;
-use scales::{BF16, F16, F32};
+use crate::matrix::QuantizedMatrix;
 use tiled::tiled_rows;
 
 /// The loop order of the tiled kernels.
@@ -57,19 +72,62 @@ enum Order {
     TileOuter,
 }
 
+/// Which integer dots `qmv` runs: the x86 path's.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Dots {
+    /// AVX2's 256-bit dots.
+    Avx2,
+    /// 512-bit `vpmaddubsw` / `vpmaddwd`.
+    Avx512,
+    /// 512-bit `vpdpbusd` / `vpdpwssd`.
+    Avx512Vnni,
+}
+
+impl Dots {
+    /// The dots of an x86 path (any other path gets AVX2's, which its caller never asks).
+    pub(super) fn of(isa: Isa) -> Dots {
+        match isa {
+            Isa::Avx512Vnni => Dots::Avx512Vnni,
+            Isa::Avx512 => Dots::Avx512,
+            _ => Dots::Avx2,
+        }
+    }
+}
+
+/// `qmv` rows of `w` against `xt` with `dots`.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C, and the features of `dots`.
+pub(crate) unsafe fn qmv_rows_with(
+    dots: Dots,
+    w: &QuantizedMatrix,
+    xt: &XTile,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        match dots {
+            Dots::Avx2 => row::avx2::qmv_rows_any(w, xt, rows, out),
+            Dots::Avx512 => row::avx512::qmv_rows_any(w, xt, rows, out),
+            Dots::Avx512Vnni => row::avx512_vnni::qmv_rows_any(w, xt, rows, out),
+        }
+    }
+}
+
 /// `y[n] = W x` for one activation row, activations quantized to `codes`.
 ///
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-pub(super) unsafe fn qmv(x: &[f32], w: &QuantizedMatrix, y: &mut [f32], codes: ActCodes) {
+/// The CPU must support AVX2, FMA and F16C, and the features of `dots`.
+pub(super) unsafe fn qmv(dots: Dots, x: &[f32], w: &QuantizedMatrix, y: &mut [f32], codes: ActCodes) {
     let spec = w.spec();
     // SAFETY: this function's caller guarantees AVX2, FMA and F16C.
     let xt = unsafe { quantize_vector(x, spec.group_size(), codes) };
     let rpt = drive::rows_per_task(w.n(), w.bytes_read() / w.n());
     drive::rows(y, rpt, |rows, out| {
-        // SAFETY: this function's caller guarantees AVX2, FMA and F16C; every core rayon
-        // runs this closure on is the same CPU.
-        unsafe { qmv_rows_any(w, &xt, rows, out) }
+        // SAFETY: this function's caller guarantees the features; every core rayon runs
+        // this closure on is the same CPU.
+        unsafe { qmv_rows_with(dots, w, &xt, rows, out) }
     });
 }
 
@@ -77,15 +135,15 @@ pub(super) unsafe fn qmv(x: &[f32], w: &QuantizedMatrix, y: &mut [f32], codes: A
 /// one parallel region, each task adding its rows' bias.
 ///
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-pub(super) unsafe fn qmv_many(x: &[f32], parts: &mut [super::QmvPart<'_>], codes: ActCodes) {
+/// The CPU must support AVX2, FMA and F16C, and the features of `dots`.
+pub(super) unsafe fn qmv_many(dots: Dots, x: &[f32], parts: &mut [super::QmvPart<'_>], codes: ActCodes) {
     let Some(first) = parts.first() else { return };
     // SAFETY: this function's caller guarantees AVX2, FMA and F16C.
     let xt = unsafe { quantize_vector(x, first.w.spec().group_size(), codes) };
     drive::parts(parts, |w, bias, rows, out| {
-        // SAFETY: this function's caller guarantees AVX2, FMA and F16C; every core rayon
-        // runs this closure on is the same CPU.
-        unsafe { qmv_rows_any(w, &xt, rows.clone(), out) };
+        // SAFETY: this function's caller guarantees the features; every core rayon runs
+        // this closure on is the same CPU.
+        unsafe { qmv_rows_with(dots, w, &xt, rows.clone(), out) };
         super::add_bias(bias, rows, out);
     });
 }
@@ -125,7 +183,7 @@ unsafe fn tiled(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32], codes: 
 
 /// The activation quantizer compiled for AVX2 (its functions are `inline(always)`).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn quantize_vector(x: &[f32], g: usize, codes: ActCodes) -> XTile {
+pub(crate) fn quantize_vector(x: &[f32], g: usize, codes: ActCodes) -> XTile {
     XTile::vector(x, g, codes)
 }
 
@@ -133,60 +191,6 @@ fn quantize_vector(x: &[f32], g: usize, codes: ActCodes) -> XTile {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn quantize_tiles(x: &[f32], m: usize, k: usize, g: usize, codes: ActCodes) -> Vec<XTile> {
     XTile::tiles(x, m, k, g, codes)
-}
-
-macro_rules! by_geometry {
-    ($w:expr, $f:ident, ($($arg:expr),*)) => {
-        match ($w.spec().bits(), $w.spec().group_size()) {
-            (4, 32) => $f::<4, 32>($($arg),*),
-            (4, 64) => $f::<4, 64>($($arg),*),
-            (4, 128) => $f::<4, 128>($($arg),*),
-            (8, 32) => $f::<8, 32>($($arg),*),
-            (8, 64) => $f::<8, 64>($($arg),*),
-            (8, 128) => $f::<8, 128>($($arg),*),
-            (bits, g) => unreachable!("no AVX2 kernel for {bits}-bit g{g}: the dispatcher routes it elsewhere"),
-        }
-    };
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-fn qmv_rows_any(w: &QuantizedMatrix, xt: &XTile, rows: Range<usize>, out: &mut [f32]) {
-    match w.scales() {
-        ScaleData::F16(_) => by_geometry!(w, qmv_rows_f16, (w, xt, rows, out)),
-        ScaleData::Bf16(_) => by_geometry!(w, qmv_rows_bf16, (w, xt, rows, out)),
-        ScaleData::F32(_) => by_geometry!(w, qmv_rows_f32, (w, xt, rows, out)),
-    }
-}
-
-// One monomorphic entry per scale dtype, so `by_geometry!` can name them.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn qmv_rows_f16<const BITS: u32, const G: usize>(
-    w: &QuantizedMatrix,
-    xt: &XTile,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    qmv_rows::<BITS, G, F16>(w, xt, rows, out)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-fn qmv_rows_bf16<const BITS: u32, const G: usize>(
-    w: &QuantizedMatrix,
-    xt: &XTile,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    qmv_rows::<BITS, G, BF16>(w, xt, rows, out)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-fn qmv_rows_f32<const BITS: u32, const G: usize>(
-    w: &QuantizedMatrix,
-    xt: &XTile,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    qmv_rows::<BITS, G, F32>(w, xt, rows, out)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

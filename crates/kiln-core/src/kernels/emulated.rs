@@ -1,0 +1,115 @@
+//! `qmv` on an x86 path this CPU may lack, prepared for an x86 emulator to run.
+//!
+//! The AVX-512 paths differ from AVX2 only in `qmv`'s row loop (see `x86::avx512`). An
+//! [`EmulatedQmv`] quantizes the activation row natively (AVX2) and leaves the row loop
+//! for one entry, [`EmulatedQmv::entry`], a C-ABI function of one pointer that computes
+//! every output row without allocating, locking or calling the system: an emulator given
+//! a copy of this process's memory can call it on a CPU model with AVX-512 and hand the
+//! outputs back (`crates/kiln-core/tests/avx512_emulated.rs` does, under Bochs). On a
+//! CPU with the path, [`EmulatedQmv::run_native`] runs the same entry directly.
+
+use std::marker::PhantomData;
+
+use super::tile::XTile;
+use super::{Isa, check_shapes, integer_codes, x86};
+use crate::act_precision::ActScheme;
+use crate::matrix::QuantizedMatrix;
+
+/// What the entry reads: plain pointers, laid out for C.
+#[repr(C)]
+struct Call {
+    dots: u32,
+    w: *const QuantizedMatrix,
+    xt: *const XTile,
+    out: *mut f32,
+    n: usize,
+}
+
+/// One `qmv` (`y = W x`) prepared for its row loop to run on `isa`.
+pub struct EmulatedQmv<'a> {
+    call: Box<Call>,
+    _xt: Box<XTile>,
+    out: Vec<f32>,
+    _w: PhantomData<&'a QuantizedMatrix>,
+}
+
+impl<'a> EmulatedQmv<'a> {
+    /// Quantizes `x` for `w` under `scheme` (natively, with AVX2) and allocates the output.
+    ///
+    /// # Panics
+    /// When this CPU lacks AVX2, `isa` is not an x86 path, `w`'s width has no integer
+    /// codes under `scheme`, or the shapes do not match.
+    pub fn new(isa: Isa, scheme: ActScheme, x: &[f32], w: &'a QuantizedMatrix) -> EmulatedQmv<'a> {
+        let mut out = vec![0.0f32; w.n()];
+        check_shapes("EmulatedQmv", x, 1, w, &out);
+        assert!(
+            Isa::Avx2.is_available(),
+            "EmulatedQmv: the activations are quantized with AVX2, which this CPU lacks"
+        );
+        let dots = match isa {
+            Isa::Avx2 => 0,
+            Isa::Avx512 => 1,
+            Isa::Avx512Vnni => 2,
+            other => panic!("EmulatedQmv: {} is not an x86 path", other.as_str()),
+        };
+        let codes = integer_codes(w, scheme).unwrap_or_else(|| {
+            panic!("EmulatedQmv: {}-bit weights have no integer codes under {scheme:?}", w.spec().bits())
+        });
+        // SAFETY: AVX2, FMA and F16C were confirmed above.
+        let xt = Box::new(unsafe { x86::quantize_vector(x, w.spec().group_size(), codes) });
+        let call = Box::new(Call { dots, w, xt: &*xt, out: out.as_mut_ptr(), n: w.n() });
+        EmulatedQmv { call, _xt: xt, out, _w: PhantomData }
+    }
+
+    /// The address of the entry: `extern "C" fn(arg)`, see [`EmulatedQmv::arg`].
+    pub fn entry() -> usize {
+        qmv_rows_entry as *const () as usize
+    }
+
+    /// The entry's one argument.
+    pub fn arg(&self) -> usize {
+        &*self.call as *const Call as usize
+    }
+
+    /// Where the outputs lie, and how many bytes they are.
+    pub fn out_bytes(&self) -> (usize, usize) {
+        (self.out.as_ptr() as usize, 4 * self.out.len())
+    }
+
+    /// The outputs as the entry left them here (zero until [`EmulatedQmv::run_native`]).
+    pub fn out(&self) -> &[f32] {
+        &self.out
+    }
+
+    /// Runs the entry on this CPU.
+    ///
+    /// # Panics
+    /// When this CPU lacks the path.
+    pub fn run_native(&mut self, isa: Isa) -> &[f32] {
+        assert!(isa.is_available(), "EmulatedQmv::run_native: this CPU lacks {}", isa.as_str());
+        self.call.out = self.out.as_mut_ptr();
+        // SAFETY: the call's pointers are this struct's own, alive; the path's features
+        // were confirmed above.
+        unsafe { qmv_rows_entry(&*self.call) };
+        &self.out
+    }
+}
+
+/// Every output row of `call`, on its dots' path.
+///
+/// # Safety
+/// `call` and its pointers must be those of a live [`EmulatedQmv`], and the CPU (or the
+/// emulated one) must have the features of the call's path.
+unsafe extern "C" fn qmv_rows_entry(call: *const Call) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        let c = &*call;
+        let dots = match c.dots {
+            0 => x86::Dots::Avx2,
+            1 => x86::Dots::Avx512,
+            _ => x86::Dots::Avx512Vnni,
+        };
+        let out = std::slice::from_raw_parts_mut(c.out, c.n);
+        x86::qmv_rows_with(dots, &*c.w, &*c.xt, 0..c.n, out);
+    }
+}

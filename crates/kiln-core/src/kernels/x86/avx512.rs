@@ -1,0 +1,213 @@
+//! `qmv`'s integer dots on AVX-512 (F, BW, VL; with VNNI where the CPU has it).
+//!
+//! They compute exactly the sums AVX2's [`super::row::chunk8`] and
+//! [`super::row::chunk8_split`] do (lane `j` = group `j`'s dot with the activation
+//! codes): integer sums are exact in any order, so the float work after them, shared
+//! with AVX2, gives bit-identical outputs.
+//!
+//! A 32-byte block of 4-bit codes is broadcast to both halves of a 512-bit register and
+//! shifted by 0 in the low half and 4 in the high one, so after `and 0x0F` it holds the
+//! even elements' codes beside the odd ones', the layout of its 64-byte activation block
+//! ([`Block`]): one multiply covers the whole block. 8-bit codes are widened 32 at a time
+//! against a block of 32 16-bit activations. Without VNNI the products are `vpmaddubsw`
+//! (u4 * i8 pairs, at most 2 * 15 * 128 per i16 lane, no saturation) widened by
+//! `vpmaddwd` with ones (or with 256 for the high plane of split codes), and `vpmaddwd`
+//! for 8-bit codes; with VNNI `vpdpbusd` and `vpdpwssd` sum four (two) products straight
+//! into i32 lanes.
+
+use std::arch::x86_64::*;
+
+use super::loads::{load16z, load32};
+use super::reduce::{fold32, fold32b, reduce8};
+use super::row::Dots;
+use crate::kernels::tile::Block;
+
+/// AVX-512's dots; `VNNI` picks `vpdpbusd` / `vpdpwssd`.
+pub(in crate::kernels) struct Avx512Dots<const VNNI: bool>;
+
+impl<const VNNI: bool> Dots for Avx512Dots<VNNI> {
+    #[inline(always)]
+    unsafe fn chunk8<const BITS: u32, const G: usize>(w: &[u8], x: &[Block], ng: usize) -> __m256i {
+        let gb = G * BITS as usize / 8;
+        let bpg = gb.div_ceil(32);
+        assert!(ng <= 8 && w.len() == ng * gb && x.len() == 8 * gb / 32);
+        // SAFETY: the caller guarantees AVX-512F/BW/VL (and VNNI when `VNNI`); every
+        // load is of a checked slice.
+        unsafe {
+            let zero = _mm512_setzero_si512();
+            if BITS == 4 && G == 32 {
+                // Block `i` holds groups 2i and 2i + 1; a last lone group is a half block.
+                let mut p = [zero; 4];
+                for (i, pi) in p.iter_mut().enumerate() {
+                    if 2 * i + 1 < ng {
+                        *pi = q4_block::<VNNI>(nibbles(load32(&w[32 * i..32 * i + 32])), &x[i]);
+                    } else if 2 * i < ng {
+                        *pi = q4_block::<VNNI>(nibbles(load16z(&w[32 * i..32 * i + 16])), &x[i]);
+                    }
+                }
+                pairs_to_groups(p)
+            } else {
+                let mut v = [zero; 8];
+                for (j, vj) in v.iter_mut().enumerate() {
+                    if j < ng {
+                        *vj =
+                            group_dot::<BITS, G, VNNI>(&w[j * gb..(j + 1) * gb], &x[j * bpg..(j + 1) * bpg]);
+                    }
+                }
+                groups_to_lanes(v)
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn chunk8_split<const G: usize>(w: &[u8], xh: &[Block], xl: &[Block], ng: usize) -> __m256i {
+        let gb = G / 2;
+        let bpg = gb.div_ceil(32);
+        assert!(ng <= 8 && w.len() == ng * gb && xh.len() == 8 * gb / 32 && xl.len() == xh.len());
+        // SAFETY: as in `chunk8`.
+        unsafe {
+            let zero = _mm512_setzero_si512();
+            if G == 32 {
+                let mut p = [zero; 4];
+                for (i, pi) in p.iter_mut().enumerate() {
+                    if 2 * i + 1 < ng {
+                        *pi =
+                            q4_block_split::<VNNI>(nibbles(load32(&w[32 * i..32 * i + 32])), &xh[i], &xl[i]);
+                    } else if 2 * i < ng {
+                        *pi =
+                            q4_block_split::<VNNI>(nibbles(load16z(&w[32 * i..32 * i + 16])), &xh[i], &xl[i]);
+                    }
+                }
+                pairs_to_groups(p)
+            } else {
+                let mut v = [zero; 8];
+                for (j, vj) in v.iter_mut().enumerate() {
+                    if j < ng {
+                        let wg = &w[j * gb..(j + 1) * gb];
+                        for blk in 0..bpg {
+                            let nib = nibbles(load32(&wg[32 * blk..32 * blk + 32]));
+                            let d = q4_block_split::<VNNI>(nib, &xh[j * bpg + blk], &xl[j * bpg + blk]);
+                            *vj = _mm512_add_epi32(*vj, d);
+                        }
+                    }
+                }
+                groups_to_lanes(v)
+            }
+        }
+    }
+}
+
+/// A block's 64 4-bit codes in its activation block's order: the even elements' codes
+/// (low nibbles) in bytes `0..32`, the odd ones' (high nibbles) in bytes `32..64`.
+#[inline(always)]
+unsafe fn nibbles(wv: __m256i) -> __m512i {
+    // SAFETY: the caller guarantees AVX-512F/BW.
+    unsafe {
+        let both = _mm512_broadcast_i64x4(wv);
+        let shifts = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4));
+        _mm512_and_si512(_mm512_srlv_epi16(both, shifts), _mm512_set1_epi8(0x0F))
+    }
+}
+
+/// The activation block as one register.
+#[inline(always)]
+unsafe fn load_block(b: &Block) -> __m512i {
+    // SAFETY: a `Block` is 64 bytes aligned to 64; the caller guarantees AVX-512F.
+    unsafe { _mm512_load_si512(b.0.as_ptr().cast()) }
+}
+
+/// u4 codes times i8 activations, every four neighbouring products summed into an i32
+/// lane.
+#[inline(always)]
+unsafe fn dot_u4_i8<const VNNI: bool>(acc: __m512i, nib: __m512i, x: __m512i) -> __m512i {
+    // SAFETY: the caller guarantees AVX-512BW, and VNNI when `VNNI`.
+    unsafe {
+        if VNNI {
+            _mm512_dpbusd_epi32(acc, nib, x)
+        } else {
+            _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(nib, x), _mm512_set1_epi16(1)))
+        }
+    }
+}
+
+/// One 4-bit block against its 8-bit activation block: i32 lanes whose 128-bit quarter
+/// `q` sums to the dot of the block's bytes `16 * (q % 2)..` with the activations (g32:
+/// quarters 0 and 2 are the block's first group, 1 and 3 its second).
+#[inline(always)]
+unsafe fn q4_block<const VNNI: bool>(nib: __m512i, x: &Block) -> __m512i {
+    // SAFETY: forwarded from the caller.
+    unsafe { dot_u4_i8::<VNNI>(_mm512_setzero_si512(), nib, load_block(x)) }
+}
+
+/// [`q4_block`] against both planes of split codes, joined exactly as `256 * high + low`.
+#[inline(always)]
+unsafe fn q4_block_split<const VNNI: bool>(nib: __m512i, xh: &Block, xl: &Block) -> __m512i {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if VNNI {
+            let h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nib, load_block(xh));
+            let l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nib, load_block(xl));
+            _mm512_add_epi32(_mm512_slli_epi32::<8>(h), l)
+        } else {
+            let h = _mm512_maddubs_epi16(nib, load_block(xh));
+            let l = _mm512_maddubs_epi16(nib, load_block(xl));
+            _mm512_add_epi32(
+                _mm512_madd_epi16(h, _mm512_set1_epi16(256)),
+                _mm512_madd_epi16(l, _mm512_set1_epi16(1)),
+            )
+        }
+    }
+}
+
+/// One group (4-bit g64 or g128, or 8-bit) against its activation blocks: i32 lanes
+/// summing to the group's dot.
+#[inline(always)]
+unsafe fn group_dot<const BITS: u32, const G: usize, const VNNI: bool>(w: &[u8], x: &[Block]) -> __m512i {
+    // SAFETY: forwarded from the caller; every load is of a checked slice.
+    unsafe {
+        let mut acc = _mm512_setzero_si512();
+        for (blk, xb) in x.iter().enumerate() {
+            let wb = load32(&w[32 * blk..32 * blk + 32]);
+            acc = if BITS == 4 {
+                dot_u4_i8::<VNNI>(acc, nibbles(wb), load_block(xb))
+            } else {
+                // u8 codes times i16 activations, pairs summed into i32 (at most
+                // 2 * 255 * 32767).
+                let w16 = _mm512_cvtepu8_epi16(wb);
+                if VNNI {
+                    _mm512_dpwssd_epi32(acc, w16, load_block(xb))
+                } else {
+                    _mm512_add_epi32(acc, _mm512_madd_epi16(w16, load_block(xb)))
+                }
+            };
+        }
+        acc
+    }
+}
+
+/// Four g32 block results ([`q4_block`]) to the eight groups' sums in order.
+#[inline(always)]
+unsafe fn pairs_to_groups(p: [__m512i; 4]) -> __m256i {
+    // SAFETY: the caller guarantees AVX-512F (and with it AVX2).
+    unsafe {
+        // Quarters 0 + 2 and 1 + 3: [first group | second group], four i32 partials each.
+        let t = p.map(|v| {
+            let s = _mm512_add_epi32(v, _mm512_shuffle_i64x2::<0b01_00_11_10>(v, v));
+            _mm512_castsi512_si256(s)
+        });
+        // Per 128 bits: [g0, g2, g4, g6 | g1, g3, g5, g7].
+        let q = fold32b(fold32(t[0], t[1]), fold32(t[2], t[3]));
+        _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    }
+}
+
+/// Eight groups' i32 partial vectors to their sums, lane = group.
+#[inline(always)]
+unsafe fn groups_to_lanes(v: [__m512i; 8]) -> __m256i {
+    // SAFETY: the caller guarantees AVX-512F (and with it AVX2).
+    unsafe {
+        let y = v.map(|g| _mm256_add_epi32(_mm512_castsi512_si256(g), _mm512_extracti64x4_epi64::<1>(g)));
+        let (lo, hi) = reduce8::<8, 32>(y);
+        _mm256_add_epi32(lo, hi)
+    }
+}

@@ -1,0 +1,229 @@
+//! The AVX-512 `qmv` paths, bit for bit against AVX2 and `reference::qmv_int`, on every
+//! geometry, scale dtype and integer scheme.
+//!
+//! On a CPU with AVX-512 the paths run natively (and `kernels.rs` runs them beside every
+//! other path). On one without, the row loop runs under an emulator: the inputs are
+//! prepared natively ([`EmulatedQmv`]), this process's readable memory is written out, and
+//! `scripts/emulate/bochs_call.py` calls the AVX-512 row loop on Bochs's CPU model
+//! (AVX-512F/BW/VL, no VNNI), giving back the outputs. `KILN_TEST_BOCHS_PYTHON` names a
+//! Python with `bochscpu-python` (scripts/emulate/requirements.txt); CI sets it. Without
+//! it, and without AVX-512, this test says so and checks nothing. The VNNI path needs a
+//! CPU (or model) with VNNI.
+
+#![cfg(target_arch = "x86_64")]
+
+mod common;
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kiln_core::Buffer;
+use kiln_core::act_precision::ActScheme;
+use kiln_core::format::{QuantSpec, write_code};
+use kiln_core::kernels::emulated::EmulatedQmv;
+use kiln_core::kernels::{Isa, qmv_scheme_on, reference};
+use kiln_core::matrix::{QuantizedMatrix, ScaleData, ScaleDtype};
+
+use common::Rng;
+
+struct Case {
+    label: String,
+    w: QuantizedMatrix,
+    x: Vec<f32>,
+    act: ActScheme,
+}
+
+fn matrix(
+    n: usize,
+    k: usize,
+    bits: u32,
+    g: usize,
+    dtype: ScaleDtype,
+    rng: &mut Rng,
+    extreme: bool,
+) -> QuantizedMatrix {
+    let spec = QuantSpec::new(bits, g).unwrap();
+    let mut packed = vec![0u32; n * spec.words_per_row(k)];
+    for row in packed.chunks_exact_mut(spec.words_per_row(k)) {
+        for j in 0..k {
+            let c =
+                if extreme { spec.max_code() } else { (rng.next() % u64::from(spec.max_code() + 1)) as u32 };
+            write_code(row, j, bits, c);
+        }
+    }
+    let gpr = k / g;
+    let scales: Vec<f32> = (0..n * gpr).map(|_| rng.sym(0.05) + 0.001f32.copysign(rng.sym(1.0))).collect();
+    let biases: Vec<f32> = (0..n * gpr).map(|_| rng.sym(0.6)).collect();
+    QuantizedMatrix::new(
+        n,
+        k,
+        spec,
+        Buffer::from(packed),
+        ScaleData::from_f32(&scales, dtype),
+        ScaleData::from_f32(&biases, dtype),
+    )
+    .unwrap()
+}
+
+/// Every geometry, dtype and scheme, at a K with whole steps of eight groups and at one
+/// with a partial last step (for g32 an odd number of groups: a lone half block), and
+/// codes at their extremes against activations whose low plane is -128.
+fn cases() -> Vec<Case> {
+    let mut rng = Rng(0xa512);
+    let mut out = Vec::new();
+    for bits in [4u32, 8] {
+        let acts: &[ActScheme] =
+            if bits == 4 { &[ActScheme::Int16, ActScheme::Int8] } else { &[ActScheme::Int16] };
+        for g in [32usize, 64, 128] {
+            for dtype in [ScaleDtype::F16, ScaleDtype::Bf16, ScaleDtype::F32] {
+                for &act in acts {
+                    for (groups, extreme) in [(16, false), (13, false), (5, true)] {
+                        let (n, k) = (19, groups * g);
+                        let w = matrix(n, k, bits, g, dtype, &mut rng, extreme);
+                        let x: Vec<f32> = if extreme {
+                            (0..k).map(|j| if j % g == 0 { 3.0 } else { 3.0 * 32384.0 / 32512.0 }).collect()
+                        } else {
+                            (0..k).map(|i| if i % 97 == 5 { rng.sym(8.0) } else { rng.sym(1.0) }).collect()
+                        };
+                        let label = format!(
+                            "{bits}-bit g{g} {dtype:?} {act:?} k={k}{}",
+                            if extreme { " extreme" } else { "" }
+                        );
+                        out.push(Case { label, w, x, act });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
+/// The AVX2 outputs, checked against the reference's bits: what every path must give.
+fn expected(case: &Case) -> Vec<f32> {
+    let mut y = vec![0f32; case.w.n()];
+    qmv_scheme_on(Isa::Avx2, case.act, &case.x, &case.w, &mut y);
+    let want = reference::qmv_int(&case.x, 1, &case.w, case.act).unwrap();
+    assert_eq!(bits(&y), bits(&want), "{}: AVX2 against the reference", case.label);
+    y
+}
+
+#[test]
+fn avx512_qmv_matches_avx2_bit_for_bit() {
+    assert!(Isa::Avx2.is_available(), "kiln's x86 tests need AVX2");
+    let cases = cases();
+    let native: Vec<Isa> = [Isa::Avx512, Isa::Avx512Vnni].into_iter().filter(|i| i.is_available()).collect();
+    if !native.is_empty() {
+        for case in &cases {
+            let want = expected(case);
+            for &isa in &native {
+                let mut q = EmulatedQmv::new(isa, case.act, &case.x, &case.w);
+                assert_eq!(bits(q.run_native(isa)), bits(&want), "{} on {}", case.label, isa.as_str());
+            }
+        }
+        eprintln!("avx512_emulated: {} cases natively on {:?}", cases.len(), native);
+        return;
+    }
+    let Some(python) = std::env::var_os("KILN_TEST_BOCHS_PYTHON") else {
+        eprintln!(
+            "avx512_emulated: this CPU lacks AVX-512 and KILN_TEST_BOCHS_PYTHON is unset: nothing checked \
+             (see scripts/emulate/requirements.txt)"
+        );
+        return;
+    };
+    let prepared: Vec<EmulatedQmv<'_>> =
+        cases.iter().map(|c| EmulatedQmv::new(Isa::Avx512, c.act, &c.x, &c.w)).collect();
+    let dir = tempfile::tempdir().unwrap();
+    snapshot(dir.path(), &prepared);
+    let mut cmd = Command::new(&python);
+    cmd.arg(script()).arg(dir.path());
+    if let Some(shim) = glibc_shim(dir.path()) {
+        cmd.env("LD_PRELOAD", shim);
+    }
+    let out = cmd.output().expect("running the emulator's Python");
+    assert!(
+        out.status.success(),
+        "the emulator failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (i, (case, q)) in cases.iter().zip(&prepared).enumerate() {
+        let got = std::fs::read(dir.path().join(format!("out-{i}.bin"))).unwrap();
+        let got: Vec<u32> = got.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+        assert_eq!(got.len(), q.out().len());
+        assert_eq!(got, bits(&expected(case)), "{} on emulated avx512", case.label);
+        // The native copy was never written: the outputs came from the emulator.
+        assert!(q.out().iter().all(|&v| v == 0.0));
+    }
+    eprintln!("avx512_emulated: {} cases on the emulated CPU", cases.len());
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/emulate/bochs_call.py")
+}
+
+/// This process's readable memory (`mem.bin`) and the calls (`snapshot.json`).
+fn snapshot(dir: &Path, calls: &[EmulatedQmv<'_>]) {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let mut mem = std::fs::File::open("/proc/self/mem").unwrap();
+    let mut bin = std::io::BufWriter::new(std::fs::File::create(dir.join("mem.bin")).unwrap());
+    let (mut regions, mut offset) = (Vec::new(), 0u64);
+    let mut buf = Vec::new();
+    for line in maps.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (range, perms, name) = (f[0], f[1], f.get(5).copied().unwrap_or(""));
+        if !perms.starts_with('r') || matches!(name, "[vvar]" | "[vvar_vclock]" | "[vsyscall]") {
+            continue;
+        }
+        let (a, b) = range.split_once('-').unwrap();
+        let (start, end) = (u64::from_str_radix(a, 16).unwrap(), u64::from_str_radix(b, 16).unwrap());
+        buf.resize((end - start) as usize, 0);
+        if mem.seek(SeekFrom::Start(start)).is_err() || mem.read_exact(&mut buf).is_err() {
+            continue;
+        }
+        bin.write_all(&buf).unwrap();
+        regions.push(serde_json::json!({
+            "start": start, "len": end - start, "offset": offset, "exec": perms.as_bytes()[2] == b'x',
+        }));
+        offset += end - start;
+    }
+    bin.flush().unwrap();
+    let calls: Vec<_> = calls
+        .iter()
+        .map(|q| {
+            let (out, out_len) = q.out_bytes();
+            serde_json::json!({ "entry": EmulatedQmv::entry(), "arg": q.arg(), "out": out, "out_len": out_len })
+        })
+        .collect();
+    let meta = serde_json::json!({ "regions": regions, "fs_base": fs_base(), "calls": calls });
+    std::fs::write(dir.join("snapshot.json"), meta.to_string()).unwrap();
+}
+
+/// The thread pointer (`fs:0` holds it on x86-64 Linux).
+fn fs_base() -> u64 {
+    let v: u64;
+    // SAFETY: reads the thread control block's self pointer, always mapped.
+    unsafe { std::arch::asm!("mov {}, fs:0", out(reg) v, options(nostack, readonly, preserves_flags)) };
+    v
+}
+
+/// `bochscpu-python`'s wheel needs two glibc 2.38 symbols; on an older glibc a preloaded
+/// shim gives them (built with the system's `cc`).
+fn glibc_shim(dir: &Path) -> Option<PathBuf> {
+    let src = dir.join("shim.c");
+    std::fs::write(
+        &src,
+        "#include <stdlib.h>\n#include <stdio.h>\n#include <stdarg.h>\n\
+         unsigned long long __isoc23_strtoull(const char *s, char **e, int b) { return strtoull(s, e, b); }\n\
+         int __isoc23_sscanf(const char *s, const char *f, ...) { va_list a; va_start(a, f); int r = vsscanf(s, f, a); va_end(a); return r; }\n",
+    )
+    .unwrap();
+    let so = dir.join("libshim.so");
+    let ok = Command::new("cc").args(["-shared", "-fPIC", "-O2", "-o"]).arg(&so).arg(&src).status();
+    ok.is_ok_and(|s| s.success()).then_some(so)
+}
