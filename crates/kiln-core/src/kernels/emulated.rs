@@ -18,7 +18,7 @@ use crate::matrix::QuantizedMatrix;
 /// What the entry reads: plain pointers, laid out for C.
 #[repr(C)]
 struct Call {
-    dots: u32,
+    dots: x86::Dots,
     w: *const QuantizedMatrix,
     xt: *const XTile,
     out: *mut f32,
@@ -27,6 +27,7 @@ struct Call {
 
 /// One `qmv` (`y = W x`) prepared for its row loop to run on `isa`.
 pub struct EmulatedQmv<'a> {
+    isa: Isa,
     call: Box<Call>,
     _xt: Box<XTile>,
     out: Vec<f32>,
@@ -46,19 +47,19 @@ impl<'a> EmulatedQmv<'a> {
             Isa::Avx2.is_available(),
             "EmulatedQmv: the activations are quantized with AVX2, which this CPU lacks"
         );
-        let dots = match isa {
-            Isa::Avx2 => 0,
-            Isa::Avx512 => 1,
-            Isa::Avx512Vnni => 2,
-            other => panic!("EmulatedQmv: {} is not an x86 path", other.as_str()),
-        };
+        assert!(
+            matches!(isa, Isa::Avx512Vnni | Isa::Avx512 | Isa::Avx2),
+            "EmulatedQmv: {} is not an x86 path",
+            isa.as_str()
+        );
+        let dots = x86::Dots::of(isa);
         let codes = integer_codes(w, scheme).unwrap_or_else(|| {
             panic!("EmulatedQmv: {}-bit weights have no integer codes under {scheme:?}", w.spec().bits())
         });
         // SAFETY: AVX2, FMA and F16C were confirmed above.
         let xt = Box::new(unsafe { x86::quantize_vector(x, w.spec().group_size(), codes) });
         let call = Box::new(Call { dots, w, xt: &*xt, out: out.as_mut_ptr(), n: w.n() });
-        EmulatedQmv { call, _xt: xt, out, _w: PhantomData }
+        EmulatedQmv { isa, call, _xt: xt, out, _w: PhantomData }
     }
 
     /// The address of the entry: `extern "C" fn(arg)`, see [`EmulatedQmv::arg`].
@@ -84,10 +85,10 @@ impl<'a> EmulatedQmv<'a> {
     /// Runs the entry on this CPU.
     ///
     /// # Panics
-    /// When this CPU lacks the path.
-    pub fn run_native(&mut self, isa: Isa) -> &[f32] {
+    /// When this CPU lacks the path it was prepared for.
+    pub fn run_native(&mut self) -> &[f32] {
+        let isa = self.isa;
         assert!(isa.is_available(), "EmulatedQmv::run_native: this CPU lacks {}", isa.as_str());
-        self.call.out = self.out.as_mut_ptr();
         // SAFETY: the call's pointers are this struct's own, alive; the path's features
         // were confirmed above.
         unsafe { qmv_rows_entry(&*self.call) };
@@ -104,12 +105,7 @@ unsafe extern "C" fn qmv_rows_entry(call: *const Call) {
     // SAFETY: forwarded from this function's contract.
     unsafe {
         let c = &*call;
-        let dots = match c.dots {
-            0 => x86::Dots::Avx2,
-            1 => x86::Dots::Avx512,
-            _ => x86::Dots::Avx512Vnni,
-        };
         let out = std::slice::from_raw_parts_mut(c.out, c.n);
-        x86::qmv_rows_with(dots, &*c.w, &*c.xt, 0..c.n, out);
+        x86::qmv_rows_with(c.dots, &*c.w, &*c.xt, 0..c.n, out);
     }
 }

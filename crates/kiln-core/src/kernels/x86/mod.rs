@@ -74,6 +74,7 @@ enum Order {
 
 /// Which integer dots `qmv` runs: the x86 path's.
 #[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
 pub(super) enum Dots {
     /// AVX2's 256-bit dots.
     Avx2,
