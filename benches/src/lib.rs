@@ -3,6 +3,8 @@
 //! copies of each to defeat the last-level cache, and the benchmark naming scheme that
 //! `cargo xtask bench-kernels` parses.
 
+#![deny(missing_docs)]
+
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
 use kiln_core::bandwidth::{DEFAULT_BYTES, ReadBuffer};
 use kiln_core::format::QuantSpec;
