@@ -14,12 +14,15 @@ use kiln_core::size::parse_size;
 use kiln_core::wide::{qmv_wide_enabled, qmv_wide_pinned_by_operator};
 use kiln_serve::{SchedulerOptions, Server, ServerConfig, Shared, ThinkTags};
 
-use crate::cli::{Attention, KvType, RunArgs};
+use crate::cli::{Attention, KvType, RunArgs, SecondsRange};
 use crate::exit::usage;
 use crate::runtime;
 
 /// The environment variable holding the API key when `--api-key` is not given.
 pub const API_KEY_ENV: &str = "KILN_API_KEY";
+
+/// `--shutdown-grace`: 0 (cancel at once) to a day.
+const GRACE: SecondsRange = SecondsRange { min: 0.0, min_included: true, max: 86_400.0 };
 
 /// Log line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -61,9 +64,10 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on /v1/*; default: KILN_API_KEY when set.
     #[arg(long, value_name = "KEY")]
     pub api_key: Option<String>,
-    /// Seconds in-flight requests get to finish after SIGINT or SIGTERM.
-    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
-    pub shutdown_grace: f64,
+    /// Seconds in-flight requests get to finish after SIGINT or SIGTERM, 0 to 86400.
+    #[arg(long, value_name = "SECONDS", default_value = "30", allow_hyphen_values = true,
+          value_parser = |s: &str| GRACE.parse(s))]
+    pub shutdown_grace: Duration,
     /// Log line format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -130,12 +134,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.max_queue == 0 {
         return Err(usage("invalid --max-queue 0: accepted values are 1 or more"));
     }
-    if !(args.shutdown_grace.is_finite() && args.shutdown_grace >= 0.0) {
-        return Err(usage(format!(
-            "invalid --shutdown-grace {}: accepted values are seconds, 0 or more",
-            args.shutdown_grace
-        )));
-    }
     if args.think_open.is_empty() || args.think_close.is_empty() {
         return Err(usage("invalid --think-open/--think-close: the tags must not be empty"));
     }
@@ -160,7 +158,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("reading model {}", run_args.model))?;
         runtime::expert_geometry(&run_args, &info.config, info.expert_slot_bytes, info.weight_bytes, &pool)?;
     }
-    let api_key = args.api_key.clone().or_else(|| std::env::var(API_KEY_ENV).ok()).filter(|k| !k.is_empty());
+    let api_key = api_key(args.api_key.as_deref(), std::env::var_os(API_KEY_ENV))?;
     let config = ServerConfig {
         model: args.model.clone(),
         model_id: args.served_model_name.clone().unwrap_or_else(|| args.model.clone()),
@@ -200,8 +198,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the HTTP runtime")?;
-    let grace = Duration::from_secs_f64(args.shutdown_grace);
-    let server = rt.block_on(serve(&args.host, args.port, config, workers, grace))?;
+    let server = rt.block_on(serve(&args.host, args.port, config, workers, args.shutdown_grace))?;
     server.stop();
     tracing::info!("stopped");
     Ok(())
@@ -221,8 +218,15 @@ async fn serve(
     listener.set_nonblocking(true).context("configuring the listener")?;
     let listener = tokio::net::TcpListener::from_std(listener).context("configuring the listener")?;
     let local = listener.local_addr().context("reading the bound address")?;
+    let keyless = config.api_key.is_none();
     let server = Server::start(config, Some(workers)).context("starting the scheduler thread")?;
     tracing::info!("listening on http://{local}");
+    if keyless && !local.ip().is_loopback() {
+        tracing::warn!(
+            "serving {local} without an API key: anyone who can reach this address can use the server; \
+             set --api-key or {API_KEY_ENV}, or bind a loopback address such as 127.0.0.1"
+        );
+    }
     let shared = server.shared();
     let app = kiln_serve::app(shared.clone());
     let serving = axum::serve(listener, app).with_graceful_shutdown(shutdown(shared, grace));
@@ -231,6 +235,39 @@ async fn serve(
         e = server.failed() => return Err(anyhow::Error::new(e)),
     }
     Ok(server)
+}
+
+/// The API key from `--api-key`, else from `KILN_API_KEY`; `None` when neither is set.
+/// An empty key would silently turn authentication off, and one with surrounding
+/// whitespace or control characters could never be sent in a header, so both are usage
+/// errors naming where the key came from.
+fn api_key(flag: Option<&str>, env: Option<std::ffi::OsString>) -> anyhow::Result<Option<String>> {
+    let (key, source) = match (flag, env) {
+        (Some(k), _) => (k.to_string(), "--api-key".to_string()),
+        (None, Some(v)) => match v.into_string() {
+            Ok(k) => (k, API_KEY_ENV.to_string()),
+            Err(_) => return Err(usage(format!("invalid {API_KEY_ENV}: the key is not valid UTF-8"))),
+        },
+        (None, None) => return Ok(None),
+    };
+    let unset = if source == API_KEY_ENV {
+        format!("unset {API_KEY_ENV}")
+    } else {
+        "leave --api-key out".to_string()
+    };
+    if key.is_empty() {
+        return Err(usage(format!(
+            "invalid {source}: the key is empty, which would turn authentication off; give a non-empty key, \
+             or {unset} to serve without one"
+        )));
+    }
+    if key.trim() != key || key.chars().any(char::is_control) {
+        return Err(usage(format!(
+            "invalid {source}: the key has leading or trailing whitespace or a control character, which no \
+             client can send in an Authorization header; accepted is a key of printable characters"
+        )));
+    }
+    Ok(Some(key))
 }
 
 /// Resolves on SIGINT or SIGTERM once the requests already taken are done, or once
