@@ -45,7 +45,7 @@ impl ApiError {
     /// The OpenAI error type for the status.
     pub fn kind(&self) -> &'static str {
         match self.status.as_u16() {
-            400 | 404 | 413 => "invalid_request_error",
+            400 | 404 | 405 | 408 | 413 => "invalid_request_error",
             401 => "authentication_error",
             429 => "rate_limit_error",
             503 => "service_unavailable",
@@ -76,7 +76,7 @@ impl IntoResponse for ApiError {
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// The address could not be bound (in use, not permitted, not local).
-    #[error("cannot listen on {addr}: {source}; choose another --port or --host, or stop what holds it")]
+    #[error("cannot listen on {addr}; choose another --port or --host, or stop what holds it")]
     Bind {
         /// The address asked for.
         addr: String,
@@ -84,8 +84,9 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
-    /// The model could not be loaded or prepared.
-    #[error("loading model {model}: {source}")]
+    /// The model could not be loaded or prepared. The reason is the source, not part of
+    /// this message, so a report that prints the chain says it once.
+    #[error("loading model {model}")]
     Load {
         /// The model asked for.
         model: String,

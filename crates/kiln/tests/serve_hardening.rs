@@ -132,3 +132,49 @@ fn the_longest_grace_still_drains_on_sigterm_and_exits_0() {
     assert_eq!(status.code(), Some(0), "{}", s.stderr());
     assert!(s.log().iter().any(|l| l.contains("stopped")), "{}", s.stderr());
 }
+
+#[test]
+fn slots_no_workspace_can_hold_are_exit_2_naming_parallel() {
+    // The reason is said once (a load error's reason was printed twice).
+    let args = ["serve", "-m", "synthetic:tiny", "--port", "0", "--parallel", "100000000000"];
+    let (out, killed) = run_bounded(&args, &[], QUICK);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("invalid --parallel").count(), 1, "{}", describe(&args, &out, killed));
+
+    // 2^64 - 1 slots overflowed the workspace's size and exited 3 "out of memory for
+    // scratch" without naming the flag.
+    expect_usage(
+        &["serve", "-m", "synthetic:tiny", "--port", "0", "--parallel", "18446744073709551615"],
+        &[],
+        &["invalid --parallel", "18446744073709551615 slots", "accepted values are 1 to"],
+    );
+    expect_usage(
+        &["serve", "-m", "synthetic:tiny", "--port", "0", "--memory-limit", "64MiB", "--parallel", "1000000"],
+        &[],
+        &["invalid --parallel", "--prefill-chunk 512", "accepted values are 1 to"],
+    );
+}
+
+fn completion(model: &str) -> serde_json::Value {
+    serde_json::json!({"model": model, "prompt": "ids", "max_tokens": 2, "temperature": 0})
+}
+
+#[test]
+fn sampling_fields_are_refused_by_their_own_names() {
+    let s = Serve::start(&["-m", "synthetic:tiny"]);
+    // 1e-50 passes a double-precision range check but is 0 in the sampler's single
+    // precision; it was reported as `param: temperature`.
+    for (field, value) in [
+        ("top_p", serde_json::json!(1e-50)),
+        ("top_p", serde_json::json!(0)),
+        ("temperature", serde_json::json!(-1)),
+    ] {
+        let mut body = completion("synthetic:tiny");
+        body[field] = value.clone();
+        let r = client::post(s.addr, "/v1/completions", &body);
+        assert_eq!(r.status, 400, "{field}={value}: {}", r.body);
+        let e = &r.json()["error"];
+        assert_eq!(e["param"], field, "{field}={value}: {}", r.body);
+        assert!(e["message"].as_str().unwrap().starts_with(field), "{}", r.body);
+    }
+}
