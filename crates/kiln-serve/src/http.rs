@@ -20,11 +20,11 @@ use kiln_model::LoadedModel;
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use crate::Shared;
 use crate::api::{self, Endpoint, GenerationRequest};
 use crate::error::ApiError;
 use crate::scheduler::{Command, Event, FinishReason, Job};
 use crate::text::{Channel, Detokenizer, Emitter, Piece};
+use crate::{Shared, system_fingerprint};
 
 /// The app: `/health`, `/metrics`, `/v1/models`, `/v1/chat/completions` and
 /// `/v1/completions`, serving from `shared`.
@@ -40,6 +40,8 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/metrics", get(metrics))
         .merge(v1)
         .fallback(not_found)
+        // After every route: it applies to the routes present when it is called.
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(shared)
 }
@@ -73,6 +75,22 @@ async fn not_found(req: Request) -> Response {
         StatusCode::NOT_FOUND,
         "not_found",
         format!("no route for {} {}", req.method(), req.uri().path()),
+    )
+    .into_response()
+}
+
+/// A known path with the wrong method: 405 with an OpenAI error body naming the method
+/// each path accepts (axum adds the `Allow` header).
+async fn method_not_allowed(req: Request) -> Response {
+    let path = req.uri().path();
+    let accepted = match path {
+        "/v1/chat/completions" | "/v1/completions" => "POST",
+        _ => "GET",
+    };
+    ApiError::status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("method {} is not allowed on {path}: accepted is {accepted}", req.method()),
     )
     .into_response()
 }
@@ -189,7 +207,7 @@ async fn start(
     match rx.recv().await {
         Some(Event::Started { cached_tokens }) => Ok(Started {
             endpoint,
-            id: format!("{}-{}", if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" }, s.next_id()),
+            id: s.response_id(if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" }),
             model_id: s.config.model_id.clone(),
             model,
             request,
@@ -309,12 +327,14 @@ async fn collect(mut st: Started) -> Response {
             }
             json!({
                 "id": st.id, "object": "chat.completion", "created": created, "model": st.model_id,
+                "system_fingerprint": system_fingerprint(),
                 "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
                 "usage": p.usage(&st),
             })
         }
         Endpoint::Completions => json!({
             "id": st.id, "object": "text_completion", "created": created, "model": st.model_id,
+            "system_fingerprint": system_fingerprint(),
             "choices": [{"index": 0, "text": content, "logprobs": null, "finish_reason": finish}],
             "usage": p.usage(&st),
         }),
@@ -342,7 +362,7 @@ impl StreamState {
         };
         let mut c = json!({
             "id": self.st.id, "object": self.object(), "created": self.created, "model": self.st.model_id,
-            "choices": [choice],
+            "system_fingerprint": system_fingerprint(), "choices": [choice],
         });
         if self.st.request.include_usage {
             c["usage"] = Value::Null;
@@ -375,7 +395,7 @@ impl StreamState {
         if self.st.request.include_usage {
             let u = json!({
                 "id": self.st.id, "object": self.object(), "created": self.created, "model": self.st.model_id,
-                "choices": [], "usage": self.progress.usage(&self.st),
+                "system_fingerprint": system_fingerprint(), "choices": [], "usage": self.progress.usage(&self.st),
             });
             self.queue.push_back(u.to_string());
         }

@@ -60,6 +60,8 @@ pub struct Shared {
     pub metrics: Arc<metrics::Metrics>,
     commands: Mutex<Sender<scheduler::Command>>,
     draining: AtomicBool,
+    /// Random per boot, so response ids differ across boots and servers.
+    boot_id: u64,
     next_id: AtomicU64,
     fatal: watch::Sender<Option<Arc<ServeError>>>,
 }
@@ -96,6 +98,12 @@ impl Shared {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// A new response id, `<prefix>-<boot>-<n>`: the boot part is random per boot and `n`
+    /// counts this boot's responses, so no two responses of any boots share an id.
+    pub fn response_id(&self, prefix: &str) -> String {
+        format!("{prefix}-{:016x}-{}", self.boot_id, self.next_id())
+    }
+
     /// Hands a command to the scheduler; false when it is gone.
     pub(crate) fn send(&self, c: scheduler::Command) -> bool {
         self.commands.lock().unwrap_or_else(|e| e.into_inner()).send(c).is_ok()
@@ -121,6 +129,7 @@ impl Server {
             metrics: Arc::default(),
             commands: Mutex::new(tx),
             draining: AtomicBool::new(false),
+            boot_id: random_u64(),
             next_id: AtomicU64::new(1),
             fatal,
         });
@@ -163,6 +172,25 @@ impl Server {
             let _ = t.join();
         }
     }
+}
+
+/// The `system_fingerprint` of every completion and chunk: kiln's version, the commit it
+/// was built from (`unknown` outside a git checkout) and the backend, as
+/// `kiln-<version>-<commit>-<backend>`.
+pub fn system_fingerprint() -> &'static str {
+    concat!("kiln-", env!("CARGO_PKG_VERSION"), "-", env!("BUILD_COMMIT"), "-cpu")
+}
+
+/// 64 random bits from the standard library's OS-seeded hasher keys, mixed with the time
+/// and the process id.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    h.write_u128(nanos);
+    h.write_u32(std::process::id());
+    h.finish()
 }
 
 fn load_and_run(

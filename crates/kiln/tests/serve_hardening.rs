@@ -178,3 +178,69 @@ fn sampling_fields_are_refused_by_their_own_names() {
         assert!(e["message"].as_str().unwrap().starts_with(field), "{}", r.body);
     }
 }
+
+#[test]
+fn a_wrong_method_gets_an_openai_error_body_with_405() {
+    let s = Serve::start(&["-m", "synthetic:tiny"]);
+    for (method, path, accepted) in [
+        ("POST", "/v1/models", "GET"),
+        ("GET", "/v1/completions", "POST"),
+        ("DELETE", "/v1/chat/completions", "POST"),
+        ("POST", "/health", "GET"),
+    ] {
+        let r = client::request(s.addr, method, path, b"", &[]);
+        assert_eq!(r.status, 405, "{method} {path}: {}", r.body);
+        let e = &r.json()["error"];
+        assert_eq!(e["type"], "invalid_request_error", "{}", r.body);
+        assert_eq!(e["code"], "method_not_allowed", "{}", r.body);
+        let message = e["message"].as_str().unwrap();
+        assert!(
+            message.contains(method) && message.contains(&format!("accepted is {accepted}")),
+            "{message}"
+        );
+        assert!(r.header("allow").is_some_and(|a| a.contains(accepted)), "{:?}", r.headers);
+    }
+}
+
+/// The commit the binary under test was built from, as the fingerprint writes it.
+fn built_commit() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+#[test]
+fn response_ids_differ_across_boots_and_carry_a_system_fingerprint() {
+    let fingerprint = format!("kiln-{}-{}-cpu", env!("CARGO_PKG_VERSION"), built_commit());
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let s = Serve::start(&["-m", "synthetic:tiny"]);
+        let r = client::post(s.addr, "/v1/completions", &completion("synthetic:tiny"));
+        assert_eq!(r.status, 200, "{}{}", r.body, s.stderr());
+        assert_eq!(r.json()["system_fingerprint"], fingerprint.as_str(), "{}", r.body);
+        ids.push(r.json()["id"].as_str().unwrap().to_string());
+        let chat = serde_json::json!({
+            "model": "synthetic:tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "stream": true, "stream_options": {"include_usage": true},
+        });
+        let r = client::post(s.addr, "/v1/chat/completions", &chat);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let chunks: Vec<serde_json::Value> =
+            r.events().iter().filter(|e| *e != "[DONE]").map(|e| serde_json::from_str(e).unwrap()).collect();
+        assert!(chunks.len() >= 3, "{}", r.body);
+        for c in &chunks {
+            assert_eq!(c["system_fingerprint"], fingerprint.as_str(), "{c}");
+            assert_eq!(c["id"], chunks[0]["id"], "one id per stream: {}", r.body);
+        }
+        ids.push(chunks[0]["id"].as_str().unwrap().to_string());
+    }
+    // Both boots count from 1; the ids must still differ.
+    let unique: std::collections::BTreeSet<_> = ids.iter().collect();
+    assert_eq!(unique.len(), ids.len(), "{ids:?}");
+    assert!(ids[0].starts_with("cmpl-") && ids[1].starts_with("chatcmpl-"), "{ids:?}");
+}
