@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::api::{self, Endpoint, GenerationRequest};
+use crate::body;
 use crate::error::ApiError;
 use crate::scheduler::{Command, Event, FinishReason, Job};
 use crate::text::{Channel, Detokenizer, Emitter, Piece};
@@ -42,6 +43,8 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .fallback(not_found)
         // After every route: it applies to the routes present when it is called.
         .method_not_allowed_fallback(method_not_allowed)
+        // Bodies are read, within their bounds, before any handler runs.
+        .layer(middleware::from_fn_with_state(shared.clone(), body::read_body))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(shared)
 }

@@ -2,10 +2,13 @@
 //! the engine and every cache and batches all decoding requests into one forward per
 //! step ([`scheduler`]); an axum app ([`http::app`]) checks requests, hands them to the
 //! scheduler over a channel and streams the tokens back. `kiln serve` is the binary's
-//! front end; tests build the same [`Server`] and bind port 0.
+//! front end; tests build the same [`Server`] and bind port 0. [`conn::serve`] is the
+//! connection loop the binary runs the app on (header, keep-alive and connection bounds).
 #![deny(missing_docs)]
 
 pub mod api;
+mod body;
+pub mod conn;
 pub mod error;
 pub mod http;
 pub mod metrics;
@@ -20,6 +23,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use kiln_model::{Engine, EngineOptions, LoadOptions, LoadedModel};
 use tokio::sync::watch;
 
+pub use conn::ConnLimits;
 pub use error::{ApiError, ServeError};
 pub use http::app;
 pub use scheduler::SchedulerOptions;
@@ -44,6 +48,8 @@ pub struct ServerConfig {
     pub max_queue: usize,
     /// Largest request body; larger ones get 413.
     pub max_body_bytes: usize,
+    /// How long a request's body may take to arrive after its headers; later ones get 408.
+    pub body_timeout: std::time::Duration,
     /// When set, `/v1/*` requires `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
     /// Reasoning is the text between these tags on the chat endpoint.

@@ -12,7 +12,7 @@ use clap::{Args, ValueEnum};
 use kiln_core::kernels::Isa;
 use kiln_core::size::parse_size;
 use kiln_core::wide::{qmv_wide_enabled, qmv_wide_pinned_by_operator};
-use kiln_serve::{SchedulerOptions, Server, ServerConfig, Shared, ThinkTags};
+use kiln_serve::{ConnLimits, SchedulerOptions, Server, ServerConfig, Shared, ThinkTags};
 
 use crate::cli::{Attention, KvType, RunArgs, SecondsRange};
 use crate::exit::usage;
@@ -23,6 +23,15 @@ pub const API_KEY_ENV: &str = "KILN_API_KEY";
 
 /// `--shutdown-grace`: 0 (cancel at once) to a day.
 const GRACE: SecondsRange = SecondsRange { min: 0.0, min_included: true, max: 86_400.0 };
+/// `--header-timeout`, `--body-timeout`: above 0, to an hour.
+const TIMEOUT: SecondsRange = SecondsRange { min: 0.0, min_included: false, max: 3_600.0 };
+/// `--keep-alive-timeout`: 0 (no keep-alive) to an hour.
+const KEEP_ALIVE: SecondsRange = SecondsRange { min: 0.0, min_included: true, max: 3_600.0 };
+/// `--max-connections` when not given (or the open-file limit allows fewer).
+const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// Descriptors kept for the server's own files (stdio, the listener, the runtime's,
+/// model files, /proc) beside its connections.
+const FD_RESERVE: u64 = 64;
 
 /// Log line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -61,6 +70,25 @@ pub struct ServeArgs {
     /// Largest request body (`1MiB`, bytes); larger ones get 413.
     #[arg(long, value_name = "SIZE", default_value = "4MiB")]
     pub max_body_bytes: String,
+    /// Seconds a request's headers may take to arrive, from the connection opening or the
+    /// previous response ending; the connection is closed after that. Above 0, to 3600.
+    #[arg(long, value_name = "SECONDS", default_value = "10", allow_hyphen_values = true,
+          value_parser = |s: &str| TIMEOUT.parse(s))]
+    pub header_timeout: Duration,
+    /// Seconds a request's body may take to arrive after its headers; later ones get 408.
+    /// Above 0, to 3600.
+    #[arg(long, value_name = "SECONDS", default_value = "30", allow_hyphen_values = true,
+          value_parser = |s: &str| TIMEOUT.parse(s))]
+    pub body_timeout: Duration,
+    /// Seconds an idle keep-alive connection stays open; 0 closes every connection after
+    /// its response. 0 to 3600.
+    #[arg(long, value_name = "SECONDS", default_value = "5", allow_hyphen_values = true,
+          value_parser = |s: &str| KEEP_ALIVE.parse(s))]
+    pub keep_alive_timeout: Duration,
+    /// Connections open at once; at the limit a new one closes the oldest without a
+    /// request in flight. Default: 1024, or the open-file limit less 64 when lower.
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
     /// Require `Authorization: Bearer KEY` on /v1/*; default: KILN_API_KEY when set.
     #[arg(long, value_name = "KEY")]
     pub api_key: Option<String>,
@@ -141,6 +169,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(|e| usage(format!("invalid --prompt-cache-bytes: {e}")))?;
     let max_body_bytes =
         parse_size(&args.max_body_bytes).map_err(|e| usage(format!("invalid --max-body-bytes: {e}")))?;
+    let limits = ConnLimits {
+        header_timeout: args.header_timeout,
+        keep_alive: (!args.keep_alive_timeout.is_zero()).then_some(args.keep_alive_timeout),
+        max_connections: max_connections(args.max_connections, open_file_limit())?,
+    };
     let run_args = RunArgs {
         model: args.model.clone(),
         memory_limit: args.memory_limit.clone(),
@@ -175,6 +208,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         model_draft: args.model_draft.clone(),
         max_queue: args.max_queue,
         max_body_bytes: usize::try_from(max_body_bytes).unwrap_or(usize::MAX),
+        body_timeout: args.body_timeout,
         api_key,
         think_tags: ThinkTags { open: args.think_open.clone(), close: args.think_close.clone() },
     };
@@ -198,7 +232,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the HTTP runtime")?;
-    let server = rt.block_on(serve(&args.host, args.port, config, workers, args.shutdown_grace))?;
+    let server = rt.block_on(serve(&args.host, args.port, config, limits, workers, args.shutdown_grace))?;
     server.stop();
     tracing::info!("stopped");
     Ok(())
@@ -208,6 +242,7 @@ async fn serve(
     host: &str,
     port: u16,
     config: ServerConfig,
+    limits: ConnLimits,
     workers: Arc<rayon::ThreadPool>,
     grace: Duration,
 ) -> anyhow::Result<Server> {
@@ -229,12 +264,46 @@ async fn serve(
     }
     let shared = server.shared();
     let app = kiln_serve::app(shared.clone());
-    let serving = axum::serve(listener, app).with_graceful_shutdown(shutdown(shared, grace));
+    let serving = kiln_serve::conn::serve(listener, app, limits, shutdown(shared, grace));
     tokio::select! {
-        r = serving => r.context("serving HTTP")?,
+        () = serving => {}
         e = server.failed() => return Err(anyhow::Error::new(e)),
     }
     Ok(server)
+}
+
+/// The process's soft open-file limit (`ulimit -n`); `None` when unlimited or unknown.
+fn open_file_limit() -> Option<u64> {
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one `rlimit` through a pointer to this live local.
+    let r = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) };
+    (r == 0 && rl.rlim_cur != libc::RLIM_INFINITY).then_some(rl.rlim_cur as u64)
+}
+
+/// `--max-connections`, checked against the open-file limit `nofile` less
+/// [`FD_RESERVE`]: more connections than descriptors would make accepting fail (and
+/// `/health` stop answering) before the limit is reached.
+fn max_connections(flag: Option<usize>, nofile: Option<u64>) -> anyhow::Result<usize> {
+    let room = nofile.map(|n| usize::try_from(n.saturating_sub(FD_RESERVE)).unwrap_or(usize::MAX));
+    let why = |n: u64| {
+        format!("the open-file limit (ulimit -n) of {n} less {FD_RESERVE} kept for the server's own files")
+    };
+    match (flag, room, nofile) {
+        (Some(0), _, _) => Err(usage(format!(
+            "invalid --max-connections 0: accepted values are 1 to {}",
+            room.map_or_else(|| "any count".to_string(), |r| r.to_string())
+        ))),
+        (Some(n), Some(r), Some(limit)) if n > r => Err(usage(format!(
+            "invalid --max-connections {n}: accepted values are 1 to {r}, {}; lower it or raise the limit",
+            why(limit)
+        ))),
+        (Some(n), _, _) => Ok(n),
+        (None, Some(0), Some(limit)) => {
+            Err(usage(format!("{} leaves no room for connections: raise the limit (ulimit -n)", why(limit))))
+        }
+        (None, Some(r), _) => Ok(r.min(DEFAULT_MAX_CONNECTIONS)),
+        (None, None, _) => Ok(DEFAULT_MAX_CONNECTIONS),
+    }
 }
 
 /// The API key from `--api-key`, else from `KILN_API_KEY`; `None` when neither is set.

@@ -1,6 +1,6 @@
 //! `kiln serve` against bad input and hostile clients, through the real binary: empty API
 //! keys, binding beyond loopback without a key, duration flags out of range, slots no
-//! workspace can hold, request logs, response ids across boots, wrong methods, and slow or
+//! workspace can hold, response ids across boots, wrong methods, and slow or
 //! oversized requests under a lowered open-file limit. A failure prints the server's
 //! stderr.
 
@@ -243,4 +243,172 @@ fn response_ids_differ_across_boots_and_carry_a_system_fingerprint() {
     let unique: std::collections::BTreeSet<_> = ids.iter().collect();
     assert_eq!(unique.len(), ids.len(), "{ids:?}");
     assert!(ids[0].starts_with("cmpl-") && ids[1].starts_with("chatcmpl-"), "{ids:?}");
+}
+
+/// Opens a connection and writes `bytes` (a request or part of one) to it.
+fn raw(addr: std::net::SocketAddr, bytes: &[u8]) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut c = std::net::TcpStream::connect(addr).expect("connecting to the server");
+    c.write_all(bytes).unwrap();
+    c
+}
+
+/// Reads from `c` until the server closes it or `within` passes; returns what came and
+/// whether the server closed the connection.
+fn read_until_closed(c: &mut std::net::TcpStream, within: Duration) -> (String, bool) {
+    use std::io::Read;
+    c.set_read_timeout(Some(within)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) => return (String::from_utf8_lossy(&got).into_owned(), true),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            // A reset is the server closing too.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return (String::from_utf8_lossy(&got).into_owned(), true);
+            }
+            Err(_) => return (String::from_utf8_lossy(&got).into_owned(), false),
+        }
+    }
+}
+
+/// `GET /health` on a fresh connection, answered within `within`: its status, or `None`.
+fn health_within(addr: std::net::SocketAddr, within: Duration) -> Option<u16> {
+    let mut c = raw(addr, b"GET /health HTTP/1.1\r\nHost: kiln\r\nConnection: close\r\n\r\n");
+    let (reply, _) = read_until_closed(&mut c, within);
+    reply.split_whitespace().nth(1).and_then(|s| s.parse().ok())
+}
+
+#[test]
+fn slow_clients_under_a_low_open_file_limit_do_not_starve_health() {
+    // 96 descriptors: the default --max-connections becomes 96 - 64 = 32. The header
+    // timeout is long so that the connection cap, not the timeout, is what is tested.
+    let s = Serve::start_with(&["-m", "synthetic:tiny", "--header-timeout", "600"], &[], Some(96));
+    // 100 clients that send part of their headers and then nothing: without a cap they
+    // took every descriptor and /health stopped answering.
+    let mut slow: Vec<_> = (0..100).map(|_| raw(s.addr, b"GET /health HTTP/1.1\r\nHost: kiln\r\n")).collect();
+    for i in 0..5 {
+        assert_eq!(
+            health_within(s.addr, Duration::from_secs(20)),
+            Some(200),
+            "health check {i}{}",
+            s.stderr()
+        );
+    }
+    // A completion still runs, on a connection of its own.
+    let r = client::post(s.addr, "/v1/completions", &completion("synthetic:tiny"));
+    assert_eq!(r.status, 200, "{}{}", r.body, s.stderr());
+    // The oldest slow clients were the ones closed to make room.
+    let (_, closed) = read_until_closed(&mut slow[0], Duration::from_secs(20));
+    assert!(closed, "the oldest slow connection is still open{}", s.stderr());
+    if let Ok(fds) = std::fs::read_dir(format!("/proc/{}/fd", s.pid())) {
+        assert!(fds.count() <= 96, "{}", s.stderr());
+    }
+}
+
+#[test]
+fn an_oversized_content_length_is_refused_with_413_before_the_body() {
+    let s = Serve::start(&["-m", "synthetic:tiny", "--max-body-bytes", "1MiB"]);
+    // A billion bytes announced, none sent: the answer must not wait for them.
+    let mut c = raw(
+        s.addr,
+        b"POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\n\
+          Content-Length: 1000000000\r\n\r\n",
+    );
+    let (reply, _) = read_until_closed(&mut c, Duration::from_secs(20));
+    assert!(reply.starts_with("HTTP/1.1 413"), "{reply:?}{}", s.stderr());
+    assert!(reply.contains("\"code\":\"body_too_large\"") && reply.contains("--max-body-bytes"), "{reply}");
+}
+
+#[test]
+fn slow_bodies_headers_and_idle_connections_are_bounded() {
+    let s = Serve::start(&[
+        "-m",
+        "synthetic:tiny",
+        "--body-timeout",
+        "1",
+        "--header-timeout",
+        "1",
+        "--keep-alive-timeout",
+        "1",
+    ]);
+    // A body announced as 100 bytes of which 10 come: 408 once --body-timeout passes.
+    let mut c =
+        raw(s.addr, b"POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Length: 100\r\n\r\n{\"model\":");
+    let (reply, _) = read_until_closed(&mut c, Duration::from_secs(20));
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply:?}{}", s.stderr());
+    assert!(reply.contains("\"code\":\"body_timeout\"") && reply.contains("--body-timeout"), "{reply}");
+    // Headers that never finish: the connection is closed once --header-timeout passes.
+    let mut c = raw(s.addr, b"GET /health HTTP/1.1\r\nHost: kiln\r\n");
+    let (reply, closed) = read_until_closed(&mut c, Duration::from_secs(20));
+    assert!(closed, "a connection with unfinished headers stayed open: {reply:?}{}", s.stderr());
+    // A keep-alive connection: answered, then closed once idle past --keep-alive-timeout.
+    let mut c = raw(s.addr, b"GET /health HTTP/1.1\r\nHost: kiln\r\n\r\n");
+    let (reply, closed) = read_until_closed(&mut c, Duration::from_secs(20));
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}{}", s.stderr());
+    assert!(closed, "an idle keep-alive connection stayed open{}", s.stderr());
+    drop(s);
+    // Without keep-alive every response closes its connection.
+    let s = Serve::start(&["-m", "synthetic:tiny", "--keep-alive-timeout", "0"]);
+    let mut c = raw(s.addr, b"GET /health HTTP/1.1\r\nHost: kiln\r\n\r\n");
+    let (reply, closed) = read_until_closed(&mut c, Duration::from_secs(20));
+    assert!(reply.starts_with("HTTP/1.1 200") && closed, "{reply:?}{}", s.stderr());
+}
+
+#[test]
+fn connection_flags_are_range_checked() {
+    for (flag, bad, range) in [
+        ("--header-timeout", "0", "accepted values are seconds above 0 to 3600"),
+        ("--header-timeout", "1e9", "accepted values are seconds above 0 to 3600"),
+        ("--body-timeout", "-1", "accepted values are seconds above 0 to 3600"),
+        ("--keep-alive-timeout", "nan", "accepted values are seconds from 0 to 3600"),
+    ] {
+        expect_usage(&["serve", "-m", "synthetic:tiny", "--port", "0", flag, bad], &[], &[flag, range]);
+    }
+    expect_usage(
+        &["serve", "-m", "synthetic:tiny", "--port", "0", "--max-connections", "0"],
+        &[],
+        &["invalid --max-connections 0", "accepted values are 1 to"],
+    );
+    // More connections than descriptors: refused, naming the limit.
+    let args = ["serve", "-m", "synthetic:tiny", "--port", "0", "--max-connections", "200"];
+    let (out, killed) = run_limited(&args, 128, QUICK);
+    let d = describe(&args, &out, killed);
+    assert_eq!(out.status.code(), Some(2), "{d}");
+    assert!(
+        d.contains("invalid --max-connections 200: accepted values are 1 to 64") && d.contains("128"),
+        "{d}"
+    );
+}
+
+/// [`run_bounded`] with the open-file limit lowered to `nofile`.
+fn run_limited(args: &[&str], nofile: u64, within: Duration) -> (Output, bool) {
+    use std::os::unix::process::CommandExt;
+    let dir = Dir::new();
+    let mut cmd = dir.command(args);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let limit = libc::rlimit { rlim_cur: nofile as libc::rlim_t, rlim_max: nofile as libc::rlim_t };
+    // SAFETY: the closure runs in the forked child before exec and calls only setrlimit,
+    // which is async-signal-safe, on a value copied into it.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("starting kiln");
+    let t = Instant::now();
+    let mut killed = false;
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > within {
+            let _ = child.kill();
+            killed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    (child.wait_with_output().unwrap(), killed)
 }
