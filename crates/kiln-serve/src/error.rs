@@ -68,7 +68,10 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut response = (self.status, Json(self.body())).into_response();
+        // For the request's log line.
+        response.extensions_mut().insert(crate::access_log::ErrorMessage(self.message));
+        response
     }
 }
 

@@ -6,6 +6,7 @@
 //! connection loop the binary runs the app on (header, keep-alive and connection bounds).
 #![deny(missing_docs)]
 
+pub mod access_log;
 pub mod api;
 mod body;
 pub mod conn;

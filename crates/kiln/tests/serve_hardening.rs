@@ -1,6 +1,6 @@
 //! `kiln serve` against bad input and hostile clients, through the real binary: empty API
 //! keys, binding beyond loopback without a key, duration flags out of range, slots no
-//! workspace can hold, response ids across boots, wrong methods, and slow or
+//! workspace can hold, request logs, response ids across boots, wrong methods, and slow or
 //! oversized requests under a lowered open-file limit. A failure prints the server's
 //! stderr.
 
@@ -411,4 +411,90 @@ fn run_limited(args: &[&str], nofile: u64, within: Duration) -> (Output, bool) {
         std::thread::sleep(Duration::from_millis(25));
     }
     (child.wait_with_output().unwrap(), killed)
+}
+
+/// The request lines among `lines` (text format).
+fn request_lines(s: &Serve, path: &str, status: u16) -> Vec<String> {
+    let needle = format!("method=POST path={path} status={status}");
+    s.log().into_iter().filter(|l| l.contains(" request ") && l.contains(&needle)).collect()
+}
+
+/// Waits (bounded) for a log line `pick` finds.
+fn wait_line(s: &Serve, pick: impl Fn(&Serve) -> Option<String>) -> String {
+    let t = Instant::now();
+    loop {
+        if let Some(l) = pick(s) {
+            return l;
+        }
+        assert!(t.elapsed() < QUICK, "no such request line{}", s.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn every_request_is_logged_once_with_its_status_tokens_and_error() {
+    let s = Serve::start(&["-m", "synthetic:tiny"]);
+    let r = client::post(s.addr, "/v1/completions", &completion("synthetic:tiny"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let prompt = r.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    let line = wait_line(&s, |s| request_lines(s, "/v1/completions", 200).pop());
+    assert!(line.contains(" INFO "), "{line}");
+    assert!(line.contains("latency_ms="), "{line}");
+    assert!(line.contains(&format!("prompt_tokens={prompt} completion_tokens=2")), "{line}");
+    assert!(!line.contains("error="), "{line}");
+
+    let mut bad = completion("synthetic:tiny");
+    bad["top_p"] = serde_json::json!(2);
+    assert_eq!(client::post(s.addr, "/v1/completions", &bad).status, 400);
+    let line = wait_line(&s, |s| request_lines(s, "/v1/completions", 400).pop());
+    assert!(line.contains("error=\"top_p 2 is out of range"), "{line}");
+
+    let r = client::request(s.addr, "POST", "/v1/nowhere", b"{}", &[]);
+    assert_eq!(r.status, 404);
+    let line = wait_line(&s, |s| request_lines(s, "/v1/nowhere", 404).pop());
+    assert!(line.contains("error=\"no route for POST /v1/nowhere\""), "{line}");
+
+    // A stream is logged when it ends, once, with what it sent.
+    let mut body = completion("synthetic:tiny");
+    body["max_tokens"] = serde_json::json!(5);
+    body["ignore_eos"] = serde_json::json!(true);
+    body["stream"] = serde_json::json!(true);
+    body["prompt"] = serde_json::json!("a stream");
+    let r = client::post(s.addr, "/v1/completions", &body);
+    assert_eq!(r.events().last().map(String::as_str), Some("[DONE]"), "{}", r.body);
+    let line = wait_line(&s, |s| {
+        request_lines(s, "/v1/completions", 200).into_iter().find(|l| l.contains("completion_tokens=5"))
+    });
+    assert!(!line.contains("error="), "{line}");
+    assert_eq!(request_lines(&s, "/v1/completions", 200).len(), 2, "{}", s.stderr());
+}
+
+#[test]
+fn request_lines_in_json_logs_carry_the_same_fields() {
+    let s = Serve::start(&["-m", "synthetic:tiny", "--log-format", "json"]);
+    let mut bad = completion("synthetic:tiny");
+    bad["model"] = serde_json::json!("nonesuch");
+    let r = client::post(s.addr, "/v1/completions", &bad);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(client::post(s.addr, "/v1/completions", &completion("synthetic:tiny")).status, 200);
+    let fields = |status: u64| {
+        move |s: &Serve| {
+            s.log().iter().find_map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).ok()?;
+                let f = &v["fields"];
+                (f["message"] == "request" && f["path"] == "/v1/completions" && f["status"] == status)
+                    .then(|| l.clone())
+            })
+        }
+    };
+    let line: serde_json::Value = serde_json::from_str(&wait_line(&s, fields(400))).unwrap();
+    let f = &line["fields"];
+    assert_eq!(f["method"], "POST", "{line}");
+    assert!(f["latency_ms"].as_f64().is_some(), "{line}");
+    assert!(f["error"].as_str().unwrap().contains("unknown model \"nonesuch\""), "{line}");
+    let line: serde_json::Value = serde_json::from_str(&wait_line(&s, fields(200))).unwrap();
+    let f = &line["fields"];
+    assert_eq!(f["completion_tokens"], 2, "{line}");
+    assert!(f["prompt_tokens"].as_u64().is_some_and(|n| n > 0), "{line}");
+    assert!(f.get("error").is_none(), "{line}");
 }
