@@ -277,7 +277,10 @@ fn open_file_limit() -> Option<u64> {
     let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes one `rlimit` through a pointer to this live local.
     let r = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) };
-    (r == 0 && rl.rlim_cur != libc::RLIM_INFINITY).then_some(rl.rlim_cur as u64)
+    // rlim_t is u64 on Linux, not on every Unix.
+    #[allow(clippy::unnecessary_cast)]
+    let soft = rl.rlim_cur as u64;
+    (r == 0 && rl.rlim_cur != libc::RLIM_INFINITY).then_some(soft)
 }
 
 /// `--max-connections`, checked against the open-file limit `nofile` less
