@@ -27,7 +27,8 @@ const GRACE: SecondsRange = SecondsRange { min: 0.0, min_included: true, max: 86
 const TIMEOUT: SecondsRange = SecondsRange { min: 0.0, min_included: false, max: 3_600.0 };
 /// `--keep-alive-timeout`: 0 (no keep-alive) to an hour.
 const KEEP_ALIVE: SecondsRange = SecondsRange { min: 0.0, min_included: true, max: 3_600.0 };
-/// `--max-connections` when not given (or the open-file limit allows fewer).
+/// `--max-connections` when not given, unless `--parallel` plus `--max-queue` (plus 64)
+/// is more, or the open-file limit allows fewer.
 const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// Descriptors kept for the server's own files (stdio, the listener, the runtime's,
 /// model files, /proc) beside its connections.
@@ -86,7 +87,8 @@ pub struct ServeArgs {
           value_parser = |s: &str| KEEP_ALIVE.parse(s))]
     pub keep_alive_timeout: Duration,
     /// Connections open at once; at the limit a new one closes the oldest without a
-    /// request in flight. Default: 1024, or the open-file limit less 64 when lower.
+    /// request in flight. Default: 1024, or --parallel + --max-queue + 64 when more, at
+    /// most the open-file limit (raised to its hard limit at start) less 64.
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
     /// Require `Authorization: Bearer KEY` on /v1/*; default: KILN_API_KEY when set.
@@ -172,7 +174,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let limits = ConnLimits {
         header_timeout: args.header_timeout,
         keep_alive: (!args.keep_alive_timeout.is_zero()).then_some(args.keep_alive_timeout),
-        max_connections: max_connections(args.max_connections, open_file_limit())?,
+        max_connections: max_connections(
+            args.max_connections,
+            raise_open_file_limit(),
+            DEFAULT_MAX_CONNECTIONS.max(args.parallel.saturating_add(args.max_queue).saturating_add(64)),
+        )?,
     };
     let run_args = RunArgs {
         model: args.model.clone(),
@@ -254,8 +260,16 @@ async fn serve(
     let listener = tokio::net::TcpListener::from_std(listener).context("configuring the listener")?;
     let local = listener.local_addr().context("reading the bound address")?;
     let keyless = config.api_key.is_none();
+    let body_timeout = config.body_timeout;
     let server = Server::start(config, Some(workers)).context("starting the scheduler thread")?;
     tracing::info!("listening on http://{local}");
+    tracing::info!(
+        "connection limits: max_connections={} header_timeout={:?} body_timeout={:?} keep_alive={}",
+        limits.max_connections,
+        limits.header_timeout,
+        body_timeout,
+        limits.keep_alive.map_or_else(|| "off".to_string(), |d| format!("{d:?}")),
+    );
     if keyless && !local.ip().is_loopback() {
         tracing::warn!(
             "serving {local} without an API key: anyone who can reach this address can use the server; \
@@ -272,21 +286,33 @@ async fn serve(
     Ok(server)
 }
 
-/// The process's soft open-file limit (`ulimit -n`); `None` when unlimited or unknown.
-fn open_file_limit() -> Option<u64> {
+/// Raises the process's soft open-file limit (`ulimit -n`) to its hard limit, as servers
+/// commonly do, and returns the soft limit then in force; `None` when unlimited or
+/// unknown. Every connection holds a descriptor.
+fn raise_open_file_limit() -> Option<u64> {
     let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes one `rlimit` through a pointer to this live local.
-    let r = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
+        return None;
+    }
+    if rl.rlim_cur < rl.rlim_max {
+        let raised = libc::rlimit { rlim_cur: rl.rlim_max, rlim_max: rl.rlim_max };
+        // SAFETY: setrlimit reads one `rlimit` through a pointer to this live local.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            rl = raised;
+        }
+    }
     // rlim_t is u64 on Linux, not on every Unix.
     #[allow(clippy::unnecessary_cast)]
     let soft = rl.rlim_cur as u64;
-    (r == 0 && rl.rlim_cur != libc::RLIM_INFINITY).then_some(soft)
+    (rl.rlim_cur != libc::RLIM_INFINITY).then_some(soft)
 }
 
 /// `--max-connections`, checked against the open-file limit `nofile` less
 /// [`FD_RESERVE`]: more connections than descriptors would make accepting fail (and
 /// `/health` stop answering) before the limit is reached.
-fn max_connections(flag: Option<usize>, nofile: Option<u64>) -> anyhow::Result<usize> {
+/// `wanted` is the default when the limit allows it.
+fn max_connections(flag: Option<usize>, nofile: Option<u64>, wanted: usize) -> anyhow::Result<usize> {
     let room = nofile.map(|n| usize::try_from(n.saturating_sub(FD_RESERVE)).unwrap_or(usize::MAX));
     let why = |n: u64| {
         format!("the open-file limit (ulimit -n) of {n} less {FD_RESERVE} kept for the server's own files")
@@ -304,8 +330,8 @@ fn max_connections(flag: Option<usize>, nofile: Option<u64>) -> anyhow::Result<u
         (None, Some(0), Some(limit)) => {
             Err(usage(format!("{} leaves no room for connections: raise the limit (ulimit -n)", why(limit))))
         }
-        (None, Some(r), _) => Ok(r.min(DEFAULT_MAX_CONNECTIONS)),
-        (None, None, _) => Ok(DEFAULT_MAX_CONNECTIONS),
+        (None, Some(r), _) => Ok(r.min(wanted)),
+        (None, None, _) => Ok(wanted),
     }
 }
 

@@ -284,7 +284,7 @@ fn health_within(addr: std::net::SocketAddr, within: Duration) -> Option<u16> {
 fn slow_clients_under_a_low_open_file_limit_do_not_starve_health() {
     // 96 descriptors: the default --max-connections becomes 96 - 64 = 32. The header
     // timeout is long so that the connection cap, not the timeout, is what is tested.
-    let s = Serve::start_with(&["-m", "synthetic:tiny", "--header-timeout", "600"], &[], Some(96));
+    let s = Serve::start_with(&["-m", "synthetic:tiny", "--header-timeout", "600"], &[], Some((96, 96)));
     // 100 clients that send part of their headers and then nothing: without a cap they
     // took every descriptor and /health stopped answering.
     let mut slow: Vec<_> = (0..100).map(|_| raw(s.addr, b"GET /health HTTP/1.1\r\nHost: kiln\r\n")).collect();
@@ -380,6 +380,26 @@ fn connection_flags_are_range_checked() {
         d.contains("invalid --max-connections 200: accepted values are 1 to 64") && d.contains("128"),
         "{d}"
     );
+}
+
+#[test]
+fn the_soft_open_file_limit_is_raised_to_the_hard_one_for_connections() {
+    // A soft limit of 100 leaves room for 36 connections; the hard limit of 400 for 336.
+    let s = Serve::start_with(&["-m", "synthetic:tiny", "--max-connections", "300"], &[], Some((100, 400)));
+    let line = s.wait_for("connection limits: ");
+    assert!(line.contains("max_connections=300 header_timeout=10s body_timeout=30s keep_alive=5s"), "{line}");
+    if let Ok(limits) = std::fs::read_to_string(format!("/proc/{}/limits", s.pid())) {
+        let open = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+        assert_eq!(open.split_whitespace().collect::<Vec<_>>()[3..5], ["400", "400"], "{open}");
+    }
+    drop(s);
+    // Without the flag the default grows with --parallel and --max-queue.
+    let s = Serve::start_with(
+        &["-m", "synthetic:tiny", "--parallel", "4", "--max-queue", "2000"],
+        &[],
+        Some((4096, 4096)),
+    );
+    assert!(s.wait_for("connection limits: ").contains("max_connections=2068 "), "{}", s.stderr());
 }
 
 /// [`run_bounded`] with the open-file limit lowered to `nofile`.

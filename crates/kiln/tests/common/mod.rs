@@ -40,17 +40,17 @@ impl Serve {
     }
 
     /// `kiln serve --port 0 ARGS` with extra environment variables and, when given, its
-    /// open-file limit (RLIMIT_NOFILE, soft and hard) lowered to `nofile`, once /health
-    /// answers 200.
-    pub fn start_with(args: &[&str], env: &[(&str, &str)], nofile: Option<u64>) -> Serve {
+    /// open-file limit (RLIMIT_NOFILE) set to `nofile` (soft, hard), once /health answers
+    /// 200.
+    pub fn start_with(args: &[&str], env: &[(&str, &str)], nofile: Option<(u64, u64)>) -> Serve {
         let dir = Dir::new();
         let mut all = vec!["serve", "--port", "0"];
         all.extend_from_slice(args);
         let mut cmd = dir.command(&all);
         cmd.envs(env.iter().copied()).stdout(Stdio::null()).stderr(Stdio::piped());
-        if let Some(n) = nofile {
+        if let Some((soft, hard)) = nofile {
             use std::os::unix::process::CommandExt;
-            let limit = libc::rlimit { rlim_cur: n as libc::rlim_t, rlim_max: n as libc::rlim_t };
+            let limit = libc::rlimit { rlim_cur: soft as libc::rlim_t, rlim_max: hard as libc::rlim_t };
             // SAFETY: the closure runs in the forked child before exec and calls only
             // setrlimit, which is async-signal-safe, on a value copied into it.
             unsafe {
