@@ -4,7 +4,7 @@
 //! penalties), which clients send by default.
 
 use kiln_model::chat_template::ChatMessage;
-use kiln_model::{LoadedModel, SamplingParams};
+use kiln_model::{LoadedModel, ModelError, SamplingParams};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -164,10 +164,16 @@ pub fn parse(
         ));
     }
     let top_p = opt_f64(&obj, "top_p")?.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
+    // The sampler works in single precision: a positive top_p below its smallest
+    // positive value would become 0 there.
+    if !(top_p > 0.0 && top_p <= 1.0 && top_p as f32 > 0.0) {
         return Err(ApiError::invalid(
             "top_p",
-            format!("top_p {top_p} is out of range: accepted values are in (0, 1]"),
+            format!(
+                "top_p {top_p} is out of range: accepted values are in (0, 1] and at least {:e} \
+                 (the smallest positive single-precision number)",
+                f32::from_bits(1)
+            ),
         ));
     }
     let top_k = match opt_i64(&obj, "top_k")? {
@@ -243,6 +249,7 @@ pub fn parse(
         return Err(ApiError::invalid("user", "user must be a string"));
     }
     let sampling = SamplingParams { temperature: temperature as f32, top_k, top_p: top_p as f32, seed };
+    sampling.validate().map_err(sampling_error)?;
     Ok(GenerationRequest {
         prompt,
         max_tokens,
@@ -253,6 +260,18 @@ pub fn parse(
         include_usage,
         speculative,
     })
+}
+
+/// A sampler's refusal as a 400 naming the request field it is about (`top_p` for the
+/// sampler's `top-p`), not a fixed one.
+pub fn sampling_error(e: ModelError) -> ApiError {
+    match e {
+        ModelError::InvalidArgument { what, message } => {
+            let field = what.replace('-', "_");
+            ApiError::invalid(field.clone(), format!("{field} {message}"))
+        }
+        other => ApiError::bad_request("invalid_sampling", other.to_string()),
+    }
 }
 
 /// A seed for a request that names none: different per request, as OpenAI's are.

@@ -45,7 +45,7 @@ impl ApiError {
     /// The OpenAI error type for the status.
     pub fn kind(&self) -> &'static str {
         match self.status.as_u16() {
-            400 | 404 | 413 => "invalid_request_error",
+            400 | 404 | 405 | 408 | 413 => "invalid_request_error",
             401 => "authentication_error",
             429 => "rate_limit_error",
             503 => "service_unavailable",
@@ -68,7 +68,10 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut response = (self.status, Json(self.body())).into_response();
+        // For the request's log line.
+        response.extensions_mut().insert(crate::access_log::ErrorMessage(self.message));
+        response
     }
 }
 
@@ -76,7 +79,7 @@ impl IntoResponse for ApiError {
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// The address could not be bound (in use, not permitted, not local).
-    #[error("cannot listen on {addr}: {source}; choose another --port or --host, or stop what holds it")]
+    #[error("cannot listen on {addr}; choose another --port or --host, or stop what holds it")]
     Bind {
         /// The address asked for.
         addr: String,
@@ -84,8 +87,9 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
-    /// The model could not be loaded or prepared.
-    #[error("loading model {model}: {source}")]
+    /// The model could not be loaded or prepared. The reason is the source, not part of
+    /// this message, so a report that prints the chain says it once.
+    #[error("loading model {model}")]
     Load {
         /// The model asked for.
         model: String,

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, Extension, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -20,11 +20,13 @@ use kiln_model::LoadedModel;
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use crate::Shared;
+use crate::access_log::{self, RequestStats};
 use crate::api::{self, Endpoint, GenerationRequest};
+use crate::body;
 use crate::error::ApiError;
 use crate::scheduler::{Command, Event, FinishReason, Job};
 use crate::text::{Channel, Detokenizer, Emitter, Piece};
+use crate::{Shared, system_fingerprint};
 
 /// The app: `/health`, `/metrics`, `/v1/models`, `/v1/chat/completions` and
 /// `/v1/completions`, serving from `shared`.
@@ -40,7 +42,12 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/metrics", get(metrics))
         .merge(v1)
         .fallback(not_found)
+        // After every route: it applies to the routes present when it is called.
+        .method_not_allowed_fallback(method_not_allowed)
+        // Outermost last: the log sees every answer, bodies are read before any handler.
+        .layer(middleware::from_fn_with_state(shared.clone(), body::read_body))
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn(access_log::log_requests))
         .with_state(shared)
 }
 
@@ -77,6 +84,22 @@ async fn not_found(req: Request) -> Response {
     .into_response()
 }
 
+/// A known path with the wrong method: 405 with an OpenAI error body naming the method
+/// each path accepts (axum adds the `Allow` header).
+async fn method_not_allowed(req: Request) -> Response {
+    let path = req.uri().path();
+    let accepted = match path {
+        "/v1/chat/completions" | "/v1/completions" => "POST",
+        _ => "GET",
+    };
+    ApiError::status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("method {} is not allowed on {path}: accepted is {accepted}", req.method()),
+    )
+    .into_response()
+}
+
 /// Requires `Authorization: Bearer <key>` when a key is configured, compared in
 /// constant time.
 async fn authorize(State(s): State<Arc<Shared>>, headers: HeaderMap, req: Request, next: Next) -> Response {
@@ -107,16 +130,29 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-async fn chat(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>) -> Response {
-    generate(Endpoint::Chat, s, body).await
+async fn chat(
+    State(s): State<Arc<Shared>>,
+    Extension(stats): Extension<Arc<RequestStats>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate(Endpoint::Chat, s, stats, body).await
 }
 
-async fn completions(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>) -> Response {
-    generate(Endpoint::Completions, s, body).await
+async fn completions(
+    State(s): State<Arc<Shared>>,
+    Extension(stats): Extension<Arc<RequestStats>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate(Endpoint::Completions, s, stats, body).await
 }
 
-async fn generate(endpoint: Endpoint, s: Arc<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
-    let response = match start(endpoint, &s, body).await {
+async fn generate(
+    endpoint: Endpoint,
+    s: Arc<Shared>,
+    stats: Arc<RequestStats>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let response = match start(endpoint, &s, stats, body).await {
         Ok(started) if started.request.stream => stream_response(started).into_response(),
         Ok(started) => collect(started).await,
         Err(e) => e.into_response(),
@@ -136,11 +172,14 @@ struct Started {
     events: UnboundedReceiver<Event>,
     reasoning: bool,
     shared: Arc<Shared>,
+    /// For the request's log line.
+    stats: Arc<RequestStats>,
 }
 
 async fn start(
     endpoint: Endpoint,
     s: &Arc<Shared>,
+    stats: Arc<RequestStats>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Started, ApiError> {
     let body = body.map_err(|r| {
@@ -172,6 +211,7 @@ async fn start(
         ));
     };
     let request = api::parse(endpoint, &body, &s.config.model_id, &model)?;
+    stats.set_prompt_tokens(request.prompt.len());
     let depth = s.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
     if depth >= s.config.max_queue as u64 {
         s.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
@@ -189,7 +229,7 @@ async fn start(
     match rx.recv().await {
         Some(Event::Started { cached_tokens }) => Ok(Started {
             endpoint,
-            id: format!("{}-{}", if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" }, s.next_id()),
+            id: s.response_id(if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" }),
             model_id: s.config.model_id.clone(),
             model,
             request,
@@ -197,6 +237,7 @@ async fn start(
             events: rx,
             reasoning: endpoint == Endpoint::Chat,
             shared: s.clone(),
+            stats,
         }),
         Some(Event::Failed(e)) => Err(e),
         Some(_) | None => Err(gone()),
@@ -285,7 +326,9 @@ async fn collect(mut st: Started) -> Response {
     let (mut content, mut reasoning) = (String::new(), String::new());
     while p.finish.is_none() {
         let event = st.events.recv().await;
-        match p.on(&st.model, event) {
+        let event = p.on(&st.model, event);
+        st.stats.set_completion_tokens(p.completion_tokens);
+        match event {
             Ok(pieces) => {
                 for piece in pieces {
                     match piece.channel {
@@ -309,12 +352,14 @@ async fn collect(mut st: Started) -> Response {
             }
             json!({
                 "id": st.id, "object": "chat.completion", "created": created, "model": st.model_id,
+                "system_fingerprint": system_fingerprint(),
                 "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
                 "usage": p.usage(&st),
             })
         }
         Endpoint::Completions => json!({
             "id": st.id, "object": "text_completion", "created": created, "model": st.model_id,
+            "system_fingerprint": system_fingerprint(),
             "choices": [{"index": 0, "text": content, "logprobs": null, "finish_reason": finish}],
             "usage": p.usage(&st),
         }),
@@ -342,7 +387,7 @@ impl StreamState {
         };
         let mut c = json!({
             "id": self.st.id, "object": self.object(), "created": self.created, "model": self.st.model_id,
-            "choices": [choice],
+            "system_fingerprint": system_fingerprint(), "choices": [choice],
         });
         if self.st.request.include_usage {
             c["usage"] = Value::Null;
@@ -375,12 +420,13 @@ impl StreamState {
         if self.st.request.include_usage {
             let u = json!({
                 "id": self.st.id, "object": self.object(), "created": self.created, "model": self.st.model_id,
-                "choices": [], "usage": self.progress.usage(&self.st),
+                "system_fingerprint": system_fingerprint(), "choices": [], "usage": self.progress.usage(&self.st),
             });
             self.queue.push_back(u.to_string());
         }
         self.queue.push_back("[DONE]".into());
         self.ended = true;
+        self.st.stats.end_stream();
         self.st.events.close();
     }
 }
@@ -405,7 +451,9 @@ fn stream_response(st: Started) -> Sse<impl Stream<Item = Result<SseEvent, Infal
             }
             let event = state.st.events.recv().await;
             let token = matches!(event, Some(Event::Token(_)));
-            match state.progress.on(&state.st.model, event) {
+            let event = state.progress.on(&state.st.model, event);
+            state.st.stats.set_completion_tokens(state.progress.completion_tokens);
+            match event {
                 Ok(pieces) => {
                     if token && pieces.is_empty() && state.progress.finish.is_none() {
                         // One chunk per sampled token even while its text is held back
@@ -421,6 +469,8 @@ fn stream_response(st: Started) -> Sse<impl Stream<Item = Result<SseEvent, Infal
                 }
                 Err(e) => {
                     // The request failed mid-stream: an error event ends this stream only.
+                    state.st.stats.set_error(&e.message);
+                    state.st.stats.end_stream();
                     state.queue.push_back(e.body().to_string());
                     state.queue.push_back("[DONE]".into());
                     state.ended = true;

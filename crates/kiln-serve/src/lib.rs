@@ -2,10 +2,14 @@
 //! the engine and every cache and batches all decoding requests into one forward per
 //! step ([`scheduler`]); an axum app ([`http::app`]) checks requests, hands them to the
 //! scheduler over a channel and streams the tokens back. `kiln serve` is the binary's
-//! front end; tests build the same [`Server`] and bind port 0.
+//! front end; tests build the same [`Server`] and bind port 0. [`conn::serve`] is the
+//! connection loop the binary runs the app on (header, keep-alive and connection bounds).
 #![deny(missing_docs)]
 
+pub mod access_log;
 pub mod api;
+mod body;
+pub mod conn;
 pub mod error;
 pub mod http;
 pub mod metrics;
@@ -20,6 +24,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use kiln_model::{Engine, EngineOptions, LoadOptions, LoadedModel};
 use tokio::sync::watch;
 
+pub use conn::ConnLimits;
 pub use error::{ApiError, ServeError};
 pub use http::app;
 pub use scheduler::SchedulerOptions;
@@ -44,6 +49,8 @@ pub struct ServerConfig {
     pub max_queue: usize,
     /// Largest request body; larger ones get 413.
     pub max_body_bytes: usize,
+    /// How long a request's body may take to arrive after its headers; later ones get 408.
+    pub body_timeout: std::time::Duration,
     /// When set, `/v1/*` requires `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
     /// Reasoning is the text between these tags on the chat endpoint.
@@ -60,6 +67,8 @@ pub struct Shared {
     pub metrics: Arc<metrics::Metrics>,
     commands: Mutex<Sender<scheduler::Command>>,
     draining: AtomicBool,
+    /// Random per boot, so response ids differ across boots and servers.
+    boot_id: u64,
     next_id: AtomicU64,
     fatal: watch::Sender<Option<Arc<ServeError>>>,
 }
@@ -96,6 +105,12 @@ impl Shared {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// A new response id, `<prefix>-<boot>-<n>`: the boot part is random per boot and `n`
+    /// counts this boot's responses, so no two responses of any boots share an id.
+    pub fn response_id(&self, prefix: &str) -> String {
+        format!("{prefix}-{:016x}-{}", self.boot_id, self.next_id())
+    }
+
     /// Hands a command to the scheduler; false when it is gone.
     pub(crate) fn send(&self, c: scheduler::Command) -> bool {
         self.commands.lock().unwrap_or_else(|e| e.into_inner()).send(c).is_ok()
@@ -121,6 +136,7 @@ impl Server {
             metrics: Arc::default(),
             commands: Mutex::new(tx),
             draining: AtomicBool::new(false),
+            boot_id: random_u64(),
             next_id: AtomicU64::new(1),
             fatal,
         });
@@ -163,6 +179,25 @@ impl Server {
             let _ = t.join();
         }
     }
+}
+
+/// The `system_fingerprint` of every completion and chunk: kiln's version, the commit it
+/// was built from (`unknown` outside a git checkout) and the backend, as
+/// `kiln-<version>-<commit>-<backend>`.
+pub fn system_fingerprint() -> &'static str {
+    concat!("kiln-", env!("CARGO_PKG_VERSION"), "-", env!("BUILD_COMMIT"), "-cpu")
+}
+
+/// 64 random bits from the standard library's OS-seeded hasher keys, mixed with the time
+/// and the process id.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    h.write_u128(nanos);
+    h.write_u32(std::process::id());
+    h.finish()
 }
 
 fn load_and_run(

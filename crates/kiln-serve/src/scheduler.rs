@@ -152,6 +152,47 @@ impl Slot<'_> {
     }
 }
 
+/// The workspace a step of `parallel` decoding slots plus a prefill chunk of `chunk`
+/// tokens needs (or a verify of `verify` positions); `None` when it overflows.
+fn workspace_shape(parallel: usize, chunk: usize, verify: usize) -> Option<WorkspaceShape> {
+    Some(WorkspaceShape { rows: parallel.checked_add(chunk)?.max(verify), logit_rows: parallel.max(verify) })
+}
+
+/// The refusal of a `--parallel` whose workspace does not fit in `room` bytes (what the
+/// memory limit leaves beside the weights), naming the flag and the slots that would fit.
+fn too_many_slots(
+    config: &kiln_model::ModelConfig,
+    parallel: usize,
+    chunk: usize,
+    verify: usize,
+    room: u64,
+) -> kiln_model::ModelError {
+    let fits = |p: usize| {
+        workspace_shape(p, chunk, verify).and_then(|s| s.checked_bytes(config)).is_some_and(|b| b <= room)
+    };
+    // The workspace grows by one activation row and one logit row per slot.
+    let per_slot = 4 * (WorkspaceShape::values_per_row(config) as u64 + config.vocab_size as u64);
+    let mut most = usize::try_from(room / per_slot.max(1)).unwrap_or(usize::MAX).min(parallel);
+    while most > 0 && !fits(most) {
+        most -= 1;
+    }
+    let need = workspace_shape(parallel, chunk, verify)
+        .and_then(|s| s.checked_bytes(config))
+        .map_or_else(|| "more than 2^64".to_string(), |b| b.to_string());
+    let accepted = if most == 0 {
+        "not even 1 slot fits: lower --prefill-chunk or raise --memory-limit".to_string()
+    } else {
+        format!("accepted values are 1 to {most} here (or lower --prefill-chunk, or raise --memory-limit)")
+    };
+    kiln_model::ModelError::InvalidArgument {
+        what: "--parallel".into(),
+        message: format!(
+            "{parallel} slots with --prefill-chunk {chunk} need a workspace of {need} bytes, past the {room} \
+             bytes the memory limit leaves beside the weights: {accepted}"
+        ),
+    }
+}
+
 /// What one slot contributes to a forward.
 #[derive(Clone, Copy)]
 enum Part {
@@ -191,10 +232,11 @@ impl<'m> Scheduler<'m> {
     ) -> kiln_model::Result<Self> {
         let parallel = options.parallel.max(1);
         let verify = options.draft_tokens + 1;
-        engine.reserve_workspace(WorkspaceShape {
-            rows: (parallel + options.prefill_chunk).max(verify),
-            logit_rows: parallel.max(verify),
-        })?;
+        let room = pool.limit().saturating_sub(pool.stats().live_bytes);
+        let shape = workspace_shape(parallel, options.prefill_chunk, verify)
+            .filter(|s| s.checked_bytes(&model.config).is_some_and(|b| b <= room))
+            .ok_or_else(|| too_many_slots(&model.config, parallel, options.prefill_chunk, verify, room))?;
+        engine.reserve_workspace(shape)?;
         if let Some(d) = draft {
             kiln_model::speculative::check_vocabulary(d, model.config.vocab_size)?;
         }
@@ -378,7 +420,7 @@ impl<'m> Scheduler<'m> {
         let sampler = match Sampler::new(job.request.sampling, self.model.config.vocab_size) {
             Ok(s) => s,
             Err(e) => {
-                let _ = job.events.send(Event::Failed(ApiError::invalid("temperature", e.to_string())));
+                let _ = job.events.send(Event::Failed(crate::api::sampling_error(e)));
                 return;
             }
         };

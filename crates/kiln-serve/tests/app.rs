@@ -52,6 +52,7 @@ fn config() -> ServerConfig {
         model_draft: None,
         max_queue: 256,
         max_body_bytes: 64 << 10,
+        body_timeout: Duration::from_secs(30),
         api_key: None,
         think_tags: ThinkTags::default(),
     }
@@ -64,7 +65,13 @@ fn boot(config: ServerConfig) -> TestServer {
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
     let addr = listener.local_addr().unwrap();
     let app = kiln_serve::app(shared.clone());
-    rt.spawn(async move { axum::serve(listener, app).await });
+    // The connection loop `kiln serve` runs, with its default bounds.
+    rt.spawn(kiln_serve::conn::serve(
+        listener,
+        app,
+        kiln_serve::ConnLimits::default(),
+        std::future::pending(),
+    ));
     let t = Instant::now();
     while get(addr, "/health").status != 200 {
         assert!(t.elapsed() < Duration::from_secs(60), "the model did not load in 60 s");

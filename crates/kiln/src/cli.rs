@@ -1,6 +1,8 @@
 //! The command line, as clap parses it. Flag names and meanings are the engine protocol
 //! (docs/engine-protocol.md); docs/cli.md describes every one.
 
+use std::time::Duration;
+
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use kiln_model::{AttentionKind, KvDtype};
 
@@ -269,9 +271,10 @@ pub struct ExpertCopyArgs {
     /// Most decode steps to simulate.
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub steps: u64,
-    /// Keep simulating steps (up to --steps) until this much time has passed; at least
-    /// one step runs.
-    #[arg(long, value_name = "MS", default_value_t = 300)]
+    /// Keep simulating steps (up to --steps) until this much time has passed, 0 to
+    /// 3600000 ms; at least one step runs.
+    #[arg(long, value_name = "MS", default_value_t = 300, allow_hyphen_values = true,
+          value_parser = parse_min_time_ms)]
     pub min_time_ms: u64,
     /// Bytes of the read-bandwidth buffer, outside the pool (`1GiB`, `64MiB`).
     #[arg(long, value_name = "SIZE", default_value = "1GiB")]
@@ -306,4 +309,46 @@ pub struct ScoreArgs {
     /// Print the text's token ids as a JSON array and exit.
     #[arg(long)]
     pub ids_only: bool,
+}
+
+/// The longest `--min-time-ms` of bench-expert-copy: an hour.
+pub const MAX_MIN_TIME_MS: u64 = 3_600_000;
+
+fn parse_min_time_ms(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(ms) if ms <= MAX_MIN_TIME_MS => Ok(ms),
+        _ => Err(format!("accepted values are whole milliseconds from 0 to {MAX_MIN_TIME_MS} (an hour)")),
+    }
+}
+
+/// Which durations a seconds flag accepts: from `min` (0 included or not) to `max`.
+#[derive(Clone, Copy, Debug)]
+pub struct SecondsRange {
+    /// The lower bound.
+    pub min: f64,
+    /// Whether the lower bound itself is accepted.
+    pub min_included: bool,
+    /// The upper bound, accepted.
+    pub max: f64,
+}
+
+impl SecondsRange {
+    /// Parses `s` as seconds (a decimal number) inside the range.
+    ///
+    /// Every duration flag goes through this at parse time, so a value no `Duration` or
+    /// `Instant` can hold (`1e300`, `1e19`, NaN, a negative) is a usage error naming the
+    /// flag (clap adds it) and the range, never a panic later.
+    pub fn parse(self, s: &str) -> Result<Duration, String> {
+        let accepted = || {
+            let low =
+                if self.min_included { format!("from {}", self.min) } else { format!("above {}", self.min) };
+            format!("accepted values are seconds {low} to {}", self.max)
+        };
+        let v: f64 = s.trim().parse().map_err(|_| format!("not a number of seconds: {}", accepted()))?;
+        let above_min = if self.min_included { v >= self.min } else { v > self.min };
+        if !(v.is_finite() && above_min && v <= self.max) {
+            return Err(accepted());
+        }
+        Ok(Duration::from_secs_f64(v))
+    }
 }

@@ -12,14 +12,27 @@ use clap::{Args, ValueEnum};
 use kiln_core::kernels::Isa;
 use kiln_core::size::parse_size;
 use kiln_core::wide::{qmv_wide_enabled, qmv_wide_pinned_by_operator};
-use kiln_serve::{SchedulerOptions, Server, ServerConfig, Shared, ThinkTags};
+use kiln_serve::{ConnLimits, SchedulerOptions, Server, ServerConfig, Shared, ThinkTags};
 
-use crate::cli::{Attention, KvType, RunArgs};
+use crate::cli::{Attention, KvType, RunArgs, SecondsRange};
 use crate::exit::usage;
 use crate::runtime;
 
 /// The environment variable holding the API key when `--api-key` is not given.
 pub const API_KEY_ENV: &str = "KILN_API_KEY";
+
+/// `--shutdown-grace`: 0 (cancel at once) to a day.
+const GRACE: SecondsRange = SecondsRange { min: 0.0, min_included: true, max: 86_400.0 };
+/// `--header-timeout`, `--body-timeout`: above 0, to an hour.
+const TIMEOUT: SecondsRange = SecondsRange { min: 0.0, min_included: false, max: 3_600.0 };
+/// `--keep-alive-timeout`: 0 (no keep-alive) to an hour.
+const KEEP_ALIVE: SecondsRange = SecondsRange { min: 0.0, min_included: true, max: 3_600.0 };
+/// `--max-connections` when not given, unless `--parallel` plus `--max-queue` (plus 64)
+/// is more, or the open-file limit allows fewer.
+const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// Descriptors kept for the server's own files (stdio, the listener, the runtime's,
+/// model files, /proc) beside its connections.
+const FD_RESERVE: u64 = 64;
 
 /// Log line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -58,12 +71,33 @@ pub struct ServeArgs {
     /// Largest request body (`1MiB`, bytes); larger ones get 413.
     #[arg(long, value_name = "SIZE", default_value = "4MiB")]
     pub max_body_bytes: String,
+    /// Seconds a request's headers may take to arrive, from the connection opening or the
+    /// previous response ending; the connection is closed after that. Above 0, to 3600.
+    #[arg(long, value_name = "SECONDS", default_value = "10", allow_hyphen_values = true,
+          value_parser = |s: &str| TIMEOUT.parse(s))]
+    pub header_timeout: Duration,
+    /// Seconds a request's body may take to arrive after its headers; later ones get 408.
+    /// Above 0, to 3600.
+    #[arg(long, value_name = "SECONDS", default_value = "30", allow_hyphen_values = true,
+          value_parser = |s: &str| TIMEOUT.parse(s))]
+    pub body_timeout: Duration,
+    /// Seconds an idle keep-alive connection stays open; 0 closes every connection after
+    /// its response. 0 to 3600.
+    #[arg(long, value_name = "SECONDS", default_value = "5", allow_hyphen_values = true,
+          value_parser = |s: &str| KEEP_ALIVE.parse(s))]
+    pub keep_alive_timeout: Duration,
+    /// Connections open at once; at the limit a new one closes the oldest without a
+    /// request in flight. Default: 1024, or --parallel + --max-queue + 64 when more, at
+    /// most the open-file limit (raised to its hard limit at start) less 64.
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
     /// Require `Authorization: Bearer KEY` on /v1/*; default: KILN_API_KEY when set.
     #[arg(long, value_name = "KEY")]
     pub api_key: Option<String>,
-    /// Seconds in-flight requests get to finish after SIGINT or SIGTERM.
-    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
-    pub shutdown_grace: f64,
+    /// Seconds in-flight requests get to finish after SIGINT or SIGTERM, 0 to 86400.
+    #[arg(long, value_name = "SECONDS", default_value = "30", allow_hyphen_values = true,
+          value_parser = |s: &str| GRACE.parse(s))]
+    pub shutdown_grace: Duration,
     /// Log line format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -130,12 +164,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.max_queue == 0 {
         return Err(usage("invalid --max-queue 0: accepted values are 1 or more"));
     }
-    if !(args.shutdown_grace.is_finite() && args.shutdown_grace >= 0.0) {
-        return Err(usage(format!(
-            "invalid --shutdown-grace {}: accepted values are seconds, 0 or more",
-            args.shutdown_grace
-        )));
-    }
     if args.think_open.is_empty() || args.think_close.is_empty() {
         return Err(usage("invalid --think-open/--think-close: the tags must not be empty"));
     }
@@ -143,6 +171,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(|e| usage(format!("invalid --prompt-cache-bytes: {e}")))?;
     let max_body_bytes =
         parse_size(&args.max_body_bytes).map_err(|e| usage(format!("invalid --max-body-bytes: {e}")))?;
+    let limits = ConnLimits {
+        header_timeout: args.header_timeout,
+        keep_alive: (!args.keep_alive_timeout.is_zero()).then_some(args.keep_alive_timeout),
+        max_connections: max_connections(
+            args.max_connections,
+            raise_open_file_limit(),
+            DEFAULT_MAX_CONNECTIONS.max(args.parallel.saturating_add(args.max_queue).saturating_add(64)),
+        )?,
+    };
     let run_args = RunArgs {
         model: args.model.clone(),
         memory_limit: args.memory_limit.clone(),
@@ -160,7 +197,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("reading model {}", run_args.model))?;
         runtime::expert_geometry(&run_args, &info.config, info.expert_slot_bytes, info.weight_bytes, &pool)?;
     }
-    let api_key = args.api_key.clone().or_else(|| std::env::var(API_KEY_ENV).ok()).filter(|k| !k.is_empty());
+    let api_key = api_key(args.api_key.as_deref(), std::env::var_os(API_KEY_ENV))?;
     let config = ServerConfig {
         model: args.model.clone(),
         model_id: args.served_model_name.clone().unwrap_or_else(|| args.model.clone()),
@@ -177,6 +214,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         model_draft: args.model_draft.clone(),
         max_queue: args.max_queue,
         max_body_bytes: usize::try_from(max_body_bytes).unwrap_or(usize::MAX),
+        body_timeout: args.body_timeout,
         api_key,
         think_tags: ThinkTags { open: args.think_open.clone(), close: args.think_close.clone() },
     };
@@ -200,8 +238,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the HTTP runtime")?;
-    let grace = Duration::from_secs_f64(args.shutdown_grace);
-    let server = rt.block_on(serve(&args.host, args.port, config, workers, grace))?;
+    let server = rt.block_on(serve(&args.host, args.port, config, limits, workers, args.shutdown_grace))?;
     server.stop();
     tracing::info!("stopped");
     Ok(())
@@ -211,6 +248,7 @@ async fn serve(
     host: &str,
     port: u16,
     config: ServerConfig,
+    limits: ConnLimits,
     workers: Arc<rayon::ThreadPool>,
     grace: Duration,
 ) -> anyhow::Result<Server> {
@@ -221,16 +259,113 @@ async fn serve(
     listener.set_nonblocking(true).context("configuring the listener")?;
     let listener = tokio::net::TcpListener::from_std(listener).context("configuring the listener")?;
     let local = listener.local_addr().context("reading the bound address")?;
+    let keyless = config.api_key.is_none();
+    let body_timeout = config.body_timeout;
     let server = Server::start(config, Some(workers)).context("starting the scheduler thread")?;
     tracing::info!("listening on http://{local}");
+    tracing::info!(
+        "connection limits: max_connections={} header_timeout={:?} body_timeout={:?} keep_alive={}",
+        limits.max_connections,
+        limits.header_timeout,
+        body_timeout,
+        limits.keep_alive.map_or_else(|| "off".to_string(), |d| format!("{d:?}")),
+    );
+    if keyless && !local.ip().is_loopback() {
+        tracing::warn!(
+            "serving {local} without an API key: anyone who can reach this address can use the server; \
+             set --api-key or {API_KEY_ENV}, or bind a loopback address such as 127.0.0.1"
+        );
+    }
     let shared = server.shared();
     let app = kiln_serve::app(shared.clone());
-    let serving = axum::serve(listener, app).with_graceful_shutdown(shutdown(shared, grace));
+    let serving = kiln_serve::conn::serve(listener, app, limits, shutdown(shared, grace));
     tokio::select! {
-        r = serving => r.context("serving HTTP")?,
+        () = serving => {}
         e = server.failed() => return Err(anyhow::Error::new(e)),
     }
     Ok(server)
+}
+
+/// Raises the process's soft open-file limit (`ulimit -n`) to its hard limit, as servers
+/// commonly do, and returns the soft limit then in force; `None` when unlimited or
+/// unknown. Every connection holds a descriptor.
+fn raise_open_file_limit() -> Option<u64> {
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one `rlimit` through a pointer to this live local.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
+        return None;
+    }
+    if rl.rlim_cur < rl.rlim_max {
+        let raised = libc::rlimit { rlim_cur: rl.rlim_max, rlim_max: rl.rlim_max };
+        // SAFETY: setrlimit reads one `rlimit` through a pointer to this live local.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            rl = raised;
+        }
+    }
+    // rlim_t is u64 on Linux, not on every Unix.
+    #[allow(clippy::unnecessary_cast)]
+    let soft = rl.rlim_cur as u64;
+    (rl.rlim_cur != libc::RLIM_INFINITY).then_some(soft)
+}
+
+/// `--max-connections`, checked against the open-file limit `nofile` less
+/// [`FD_RESERVE`]: more connections than descriptors would make accepting fail (and
+/// `/health` stop answering) before the limit is reached.
+/// `wanted` is the default when the limit allows it.
+fn max_connections(flag: Option<usize>, nofile: Option<u64>, wanted: usize) -> anyhow::Result<usize> {
+    let room = nofile.map(|n| usize::try_from(n.saturating_sub(FD_RESERVE)).unwrap_or(usize::MAX));
+    let why = |n: u64| {
+        format!("the open-file limit (ulimit -n) of {n} less {FD_RESERVE} kept for the server's own files")
+    };
+    match (flag, room, nofile) {
+        (Some(0), _, _) => Err(usage(format!(
+            "invalid --max-connections 0: accepted values are 1 to {}",
+            room.map_or_else(|| "any count".to_string(), |r| r.to_string())
+        ))),
+        (Some(n), Some(r), Some(limit)) if n > r => Err(usage(format!(
+            "invalid --max-connections {n}: accepted values are 1 to {r}, {}; lower it or raise the limit",
+            why(limit)
+        ))),
+        (Some(n), _, _) => Ok(n),
+        (None, Some(0), Some(limit)) => {
+            Err(usage(format!("{} leaves no room for connections: raise the limit (ulimit -n)", why(limit))))
+        }
+        (None, Some(r), _) => Ok(r.min(wanted)),
+        (None, None, _) => Ok(wanted),
+    }
+}
+
+/// The API key from `--api-key`, else from `KILN_API_KEY`; `None` when neither is set.
+/// An empty key would silently turn authentication off, and one with surrounding
+/// whitespace or control characters could never be sent in a header, so both are usage
+/// errors naming where the key came from.
+fn api_key(flag: Option<&str>, env: Option<std::ffi::OsString>) -> anyhow::Result<Option<String>> {
+    let (key, source) = match (flag, env) {
+        (Some(k), _) => (k.to_string(), "--api-key".to_string()),
+        (None, Some(v)) => match v.into_string() {
+            Ok(k) => (k, API_KEY_ENV.to_string()),
+            Err(_) => return Err(usage(format!("invalid {API_KEY_ENV}: the key is not valid UTF-8"))),
+        },
+        (None, None) => return Ok(None),
+    };
+    let unset = if source == API_KEY_ENV {
+        format!("unset {API_KEY_ENV}")
+    } else {
+        "leave --api-key out".to_string()
+    };
+    if key.is_empty() {
+        return Err(usage(format!(
+            "invalid {source}: the key is empty, which would turn authentication off; give a non-empty key, \
+             or {unset} to serve without one"
+        )));
+    }
+    if key.trim() != key || key.chars().any(char::is_control) {
+        return Err(usage(format!(
+            "invalid {source}: the key has leading or trailing whitespace or a control character, which no \
+             client can send in an Authorization header; accepted is a key of printable characters"
+        )));
+    }
+    Ok(Some(key))
 }
 
 /// Resolves on SIGINT or SIGTERM once the requests already taken are done, or once

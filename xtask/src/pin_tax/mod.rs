@@ -127,8 +127,9 @@ pub struct QmvPinTax {
     /// Seconds between SIGTERM and SIGKILL of a server's group.
     #[arg(long, value_name = "SECS", default_value_t = 10)]
     grace: u64,
-    /// Seconds before one request fails as timed out.
-    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    /// Seconds before one request fails as timed out, 1 to 86400 (0 would fail every request at once).
+    #[arg(long, value_name = "SECS", default_value_t = 300, allow_hyphen_values = true,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
     request_timeout: u64,
     /// Booting kiln serve, and where run directories go.
     #[command(flatten)]
@@ -567,5 +568,20 @@ mod tests {
         assert_eq!(device_slug("cpu", "AMD EPYC 9R14 96-Core Processor", 2), "cpu-epyc-9r14-2cpu");
         assert_eq!(device_slug("cpu", "Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz", 8), "cpu-xeon-gold-8cpu");
         assert_eq!(device_slug("metal", "Apple M3 Ultra", 24), "metal-m3-ultra-24cpu");
+    }
+
+    #[test]
+    fn a_request_timeout_of_0_is_refused_naming_the_flag() {
+        #[derive(clap::Parser, Debug)]
+        struct Cli {
+            #[command(flatten)]
+            flags: QmvPinTax,
+        }
+        use clap::Parser;
+        for bad in ["0", "86401", "-1"] {
+            let e = Cli::try_parse_from(["qmv-pin-tax", "--request-timeout", bad]).unwrap_err();
+            assert!(e.to_string().contains("--request-timeout"), "{bad}: {e}");
+            assert_eq!(e.exit_code(), 2, "{bad}: {e}");
+        }
     }
 }

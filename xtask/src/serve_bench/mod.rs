@@ -67,8 +67,9 @@ pub struct ServeBench {
     /// The `model` field of requests [default: the -m value, else "default"].
     #[arg(long, value_name = "NAME")]
     served_model: Option<String>,
-    /// Seconds before one request is failed as timed out.
-    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    /// Seconds before one request is failed as timed out, 1 to 86400 (0 would fail every request at once).
+    #[arg(long, value_name = "SECS", default_value_t = 300, allow_hyphen_values = true,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
     request_timeout: u64,
     /// Booting: the port kiln serve binds (0: a free one, read from its log).
     #[arg(long, value_name = "PORT", default_value_t = 0)]
@@ -447,5 +448,22 @@ mod tests {
             "\"0\" is not a positive integer: expected a list such as 1,2,4,8"
         );
         assert!(list_arg(" ").is_err());
+    }
+
+    #[test]
+    fn a_request_timeout_of_0_or_past_a_day_is_refused_naming_the_flag() {
+        #[derive(clap::Parser, Debug)]
+        struct Cli {
+            #[command(flatten)]
+            flags: ServeBench,
+        }
+        use clap::Parser;
+        for bad in ["0", "86401", "-1"] {
+            let e = Cli::try_parse_from(["serve-bench", "--request-timeout", bad]).unwrap_err();
+            assert!(e.to_string().contains("--request-timeout"), "{bad}: {e}");
+            assert_eq!(e.exit_code(), 2, "{bad}: {e}");
+        }
+        let ok = Cli::try_parse_from(["serve-bench", "--request-timeout", "1"]).unwrap();
+        assert_eq!(ok.flags.request_timeout, 1);
     }
 }

@@ -36,11 +36,32 @@ impl Serve {
     /// `kiln serve --port 0 ARGS` with extra environment variables, once /health answers
     /// 200.
     pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Serve {
+        Self::start_with(args, env, None)
+    }
+
+    /// `kiln serve --port 0 ARGS` with extra environment variables and, when given, its
+    /// open-file limit (RLIMIT_NOFILE) set to `nofile` (soft, hard), once /health answers
+    /// 200.
+    pub fn start_with(args: &[&str], env: &[(&str, &str)], nofile: Option<(u64, u64)>) -> Serve {
         let dir = Dir::new();
         let mut all = vec!["serve", "--port", "0"];
         all.extend_from_slice(args);
         let mut cmd = dir.command(&all);
         cmd.envs(env.iter().copied()).stdout(Stdio::null()).stderr(Stdio::piped());
+        if let Some((soft, hard)) = nofile {
+            use std::os::unix::process::CommandExt;
+            let limit = libc::rlimit { rlim_cur: soft as libc::rlim_t, rlim_max: hard as libc::rlim_t };
+            // SAFETY: the closure runs in the forked child before exec and calls only
+            // setrlimit, which is async-signal-safe, on a value copied into it.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         let mut child = cmd.spawn().expect("starting kiln serve");
         let stderr = child.stderr.take().unwrap();
         let log = Arc::new(Mutex::new(Vec::new()));
