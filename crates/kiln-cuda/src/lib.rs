@@ -16,8 +16,12 @@ pub mod launch;
 pub mod pool;
 pub mod ptxas;
 
+#[cfg(feature = "cuda")]
+pub mod device;
 #[cfg(feature = "host-exec")]
 pub mod host;
+#[cfg(feature = "cuda")]
+pub mod modules;
 
 pub use error::CudaError;
 pub use launch::{
