@@ -1,126 +1,58 @@
-//! Every kernel of kiln-cuda run on the host (the `.cu` source through `host_shim.h`) on
-//! small shapes with tails, against kiln-core's references (`reference::matmul_f64`,
-//! `reference::qmv`, `attn::reference`, `QuantizedMatrix::dequantize_row`) or an f64
-//! evaluation of kiln-model's formula, within the named, derived bounds below. Outputs
-//! are poisoned with NaN before each launch, so an element a kernel fails to write fails.
+//! Every kernel of kiln-cuda run on the host: the `.cu` source compiled through
+//! `host_shim.h` (feature `host-exec`, on by default), through the checks in `common/`.
 #![cfg(feature = "host-exec")]
 
-use half::{bf16, f16};
-use kiln_core::kernels::attn::{DecodeShape, reference as attn_ref};
-use kiln_core::kernels::reference;
-use kiln_core::math::EXP_REL_ERROR;
-use kiln_core::matrix::ScaleData;
-use kiln_core::quantize::quantize_as;
-use kiln_core::{QuantSpec, QuantizedMatrix, ScaleDtype};
-use kiln_cuda::launch::{self, Act, Out};
-use kiln_cuda::{AttnBuffers, AttnShape, EmbedBuffers, EmbedShape, Launch, QmvBuffers, QmvShape, host};
+mod common;
 
-/// f32 unit roundoff.
-const U: f64 = 1.0 / 16_777_216.0;
-/// Half an ulp of an f16 value, relative.
-const F16_ROUND: f64 = 1.0 / 2048.0;
-/// Half an ulp of a bf16 value, relative.
-const BF16_ROUND: f64 = 1.0 / 256.0;
+use common::{Backend, Buf};
+use kiln_cuda::{Launch, host, launch};
 
-fn gamma(n: usize) -> f64 {
-    let nu = n as f64 * U;
-    nu / (1.0 - nu)
+/// Host memory for the host execution, 8-byte aligned, handed to the kernels by address.
+struct HostBuf {
+    ptr: *mut u64,
+    words: usize,
+    bytes: usize,
 }
 
-/// splitmix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+impl Buf for HostBuf {
+    fn addr(&self) -> u64 {
+        self.ptr as u64
     }
 
-    /// Uniform in [-a, a).
-    fn sym(&mut self, a: f32) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * a
+    fn read(&self) -> Vec<u8> {
+        // SAFETY: `ptr` owns `words` u64s (at least `bytes` bytes), initialised at
+        // creation; no launch is running (they are synchronous).
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.bytes) }.to_vec()
     }
 }
 
-fn addr<T>(s: &[T]) -> u64 {
-    s.as_ptr() as u64
-}
-
-fn run(l: &Launch) {
-    // SAFETY: every test sizes its buffers with the launch builders' byte counts (checked
-    // by `fits` where the builder gives one) and keeps them alive across the call.
-    unsafe { host::run(l) }.unwrap_or_else(|e| panic!("{}: {e}", l.kernel));
-}
-
-fn fits<T>(buf: &[T], bytes: usize, what: &str) {
-    assert!(size_of_val(buf) >= bytes, "{what}: {} bytes < {bytes}", size_of_val(buf));
-}
-
-/// Raw storage of scales or biases, the checkpoint's bytes.
-fn raw(d: &ScaleData) -> Vec<u8> {
-    match d {
-        ScaleData::F16(b) => b.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
-        ScaleData::Bf16(b) => b.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
-        ScaleData::F32(b) => b.iter().flat_map(|v| v.to_le_bytes()).collect(),
+impl Drop for HostBuf {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` and `words` came from `Box::into_raw` of a boxed slice of that length.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.words)) });
     }
 }
 
-/// Activations rounded to `act`: the bits the kernel reads, and their exact f32 values.
-fn activations(rng: &mut Rng, len: usize, act: Act) -> (Vec<u16>, Vec<f32>) {
-    let mut bits = Vec::with_capacity(len);
-    let mut vals = Vec::with_capacity(len);
-    for _ in 0..len {
-        let v = rng.sym(2.0);
-        let (b, f) = match act {
-            Act::F16 => {
-                let h = f16::from_f32(v);
-                (h.to_bits(), h.to_f32())
-            }
-            Act::Bf16 => {
-                let h = bf16::from_f32(v);
-                (h.to_bits(), h.to_f32())
-            }
-        };
-        bits.push(b);
-        vals.push(f);
-    }
-    (bits, vals)
-}
+struct Host;
 
-fn out_value(out: Out, bits: &[u8], i: usize) -> f64 {
-    match out {
-        Out::F32 => f32::from_le_bytes(bits[4 * i..4 * i + 4].try_into().unwrap()) as f64,
-        Out::F16 => f16::from_bits(u16::from_le_bytes([bits[2 * i], bits[2 * i + 1]])).to_f64(),
-        Out::Bf16 => bf16::from_bits(u16::from_le_bytes([bits[2 * i], bits[2 * i + 1]])).to_f64(),
-    }
-}
+impl Backend for Host {
+    type B<'a> = HostBuf;
 
-/// The storage's absolute rounding floor: half the spacing of f16's subnormals, 2^-25
-/// (bf16 and f32 have f32's range; their floor is below the tests' other terms).
-fn out_floor(out: Out) -> f64 {
-    match out {
-        Out::F16 => 1.0 / 33_554_432.0,
-        Out::F32 | Out::Bf16 => f64::from(f32::MIN_POSITIVE),
+    fn upload(&self, bytes: &[u8]) -> HostBuf {
+        let words = bytes.len().div_ceil(8).max(1);
+        let mut v = vec![0u64; words].into_boxed_slice();
+        bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..bytes.len()].copy_from_slice(bytes);
+        HostBuf { ptr: Box::into_raw(v).cast::<u64>(), words, bytes: bytes.len() }
     }
-}
 
-fn out_round(out: Out) -> f64 {
-    match out {
-        Out::F32 => 0.0,
-        Out::F16 => F16_ROUND,
-        Out::Bf16 => BF16_ROUND,
+    fn run(&self, l: &Launch) {
+        // SAFETY: the checks size every buffer with the launch builders' byte counts and
+        // keep them alive across the call; host buffers never alias one another.
+        unsafe { host::run(l) }.unwrap_or_else(|e| panic!("{}: {e}", l.kernel));
     }
-}
 
-/// An output buffer of `n` values of `out`, every value NaN.
-fn poisoned(out: Out, n: usize) -> Vec<u8> {
-    match out {
-        Out::F32 => f32::NAN.to_le_bytes().repeat(n),
-        Out::F16 => f16::NAN.to_bits().to_le_bytes().repeat(n),
-        Out::Bf16 => bf16::NAN.to_bits().to_le_bytes().repeat(n),
+    fn host_libm(&self) -> bool {
+        true
     }
 }
 
@@ -129,370 +61,32 @@ fn the_host_execution_holds_every_kernel_the_builders_name() {
     assert_eq!(host::kernels(), launch::all_kernels());
 }
 
-/// `QMV_BOUND`: how far `qmv`/`qmv_wide` may land from the exact product.
-///
-/// The kernel computes, per 32-element chunk c of a row (inside one group, scale s, bias
-/// b, centre c0 = 2^(bits-1)), `dq = sum_j (q_j - c0) x_j` (a 32-term fmaf chain; the
-/// codes minus the centre are exact), `xs = sum_j x_j`, then `acc = fma(s, dq, acc)` and
-/// `acc = fma(bc, xs, acc)` with `bc = fma(s, c0, b)` (one rounding), and the warp sums
-/// the lanes' accumulators (5 levels). Each term of the expansion
-/// `sum_c s dq_c + bc xs_c` passes through at most 32 (chunk sum) + 2 (the two fmas and
-/// bc) + C (a lane's accumulator over its C = ceil(K / 1024) chunks) + 5 (butterfly)
-/// roundings, so by the standard bound for sums of products,
-/// `|y - exact| <= gamma(C + 40) * sum_c (|s| sum_j |q_j - c0| |x_j| + |bc| sum_j |x_j|)`.
-/// The activations are exact in f32 (they are f16 or bf16), and the dequantized weights
-/// are exact in the reference, so `reference::matmul_f64` is the exact product.
-fn qmv_bound(w: &QuantizedMatrix, x: &[f32], r: usize) -> f64 {
-    let (k, g, bits) = (w.k(), w.spec().group_size(), w.spec().bits());
-    let gpr = k / g;
-    let c0 = (1u32 << (bits - 1)) as f32;
-    let lanes_chunks = (k / 32).div_ceil(32);
-    let row = w.row_words(r);
-    let mut mag = 0f64;
-    for gi in 0..gpr {
-        let (s, b) = (w.scales().get(r * gpr + gi), w.biases().get(r * gpr + gi));
-        let bc = s.mul_add(c0, b) as f64;
-        for (j, &xj) in x.iter().enumerate().skip(gi * g).take(g) {
-            let q = kiln_core::format::read_code(row, j, bits) as f64 - c0 as f64;
-            mag += (s as f64 * q).abs() * xj.abs() as f64 + bc.abs() * xj.abs() as f64;
-        }
-    }
-    gamma(lanes_chunks + 40) * mag
-}
-
-/// The reference's own bound: `reference::qmv` dequantizes exactly and sums K products in
-/// order, `gamma(K) * sum_j |w_j x_j|`.
-fn reference_bound(wd: &[f32], x: &[f32]) -> f64 {
-    gamma(x.len()) * wd.iter().zip(x).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum::<f64>()
-}
-
-fn qmv_run(shape: QmvShape, w: &QuantizedMatrix, xbits: &[u16]) -> Vec<f32> {
-    let (scales, biases) = (raw(w.scales()), raw(w.biases()));
-    let y = vec![f32::NAN; shape.m * shape.n];
-    fits(w.packed(), shape.packed_bytes(), "packed");
-    fits(&scales, shape.scale_bytes(), "scales");
-    fits(xbits, shape.x_bytes(), "x");
-    fits(&y, shape.y_bytes(), "y");
-    let l = shape
-        .launch(QmvBuffers {
-            packed: addr(w.packed()),
-            scales: addr(&scales),
-            biases: addr(&biases),
-            x: addr(xbits),
-            y: addr(&y),
-        })
-        .unwrap();
-    run(&l);
-    y
-}
-
 #[test]
 fn qmv_and_qmv_wide_match_the_reference_within_their_bound_and_each_other_bit_for_bit() {
-    let mut rng = Rng(0x5eed);
-    let n = 13; // four blocks of four rows, the last one with a single row
-    let mut worst = 0f64;
-    for bits in [4u32, 8] {
-        for (g, ks) in [(32usize, [96usize, 2112]), (64, [128, 2112]), (128, [256, 1152])] {
-            let spec = QuantSpec::new(bits, g).unwrap();
-            for sd in [ScaleDtype::F16, ScaleDtype::Bf16, ScaleDtype::F32] {
-                for act in [Act::F16, Act::Bf16] {
-                    for k in ks {
-                        let wf: Vec<f32> = (0..n * k).map(|_| rng.sym(1.0)).collect();
-                        let w = quantize_as(&wf, n, k, spec, sd).unwrap();
-                        let wd = reference::dequantize(&w);
-                        let m = 8;
-                        let (xbits, x) = activations(&mut rng, m * k, act);
-                        let exact = reference::matmul_f64(&x, m, &w);
-                        let mut refy = vec![0f32; m * n];
-                        reference::qmv_wide(&x, m, &w, &mut refy);
-                        let wide = qmv_run(QmvShape { n, k, m, spec, scales: sd, act }, &w, &xbits);
-                        let wide3 =
-                            qmv_run(QmvShape { n, k, m: 3, spec, scales: sd, act }, &w, &xbits[..3 * k]);
-                        for i in 0..m {
-                            let xi = &x[i * k..(i + 1) * k];
-                            let one = qmv_run(
-                                QmvShape { n, k, m: 1, spec, scales: sd, act },
-                                &w,
-                                &xbits[i * k..(i + 1) * k],
-                            );
-                            for r in 0..n {
-                                let at = format!("{bits}-bit g{g} {sd:?} {act:?} k {k} row {i} out {r}");
-                                let (y, e) = (wide[i * n + r], exact[i * n + r]);
-                                let bound = qmv_bound(&w, xi, r);
-                                assert!(
-                                    (y as f64 - e).abs() <= bound,
-                                    "{at}: {y} vs exact {e}, bound {bound}"
-                                );
-                                let rb = reference_bound(&wd[r * k..(r + 1) * k], xi);
-                                let rr = refy[i * n + r] as f64;
-                                assert!((y as f64 - rr).abs() <= bound + rb, "{at}: {y} vs reference {rr}");
-                                assert_eq!(
-                                    y.to_bits(),
-                                    one[r].to_bits(),
-                                    "{at}: qmv_wide (m 8) and qmv differ"
-                                );
-                                if i < 3 {
-                                    assert_eq!(
-                                        y.to_bits(),
-                                        wide3[i * n + r].to_bits(),
-                                        "{at}: m 8 and m 3 differ"
-                                    );
-                                }
-                                if bound > 0.0 {
-                                    worst = worst.max((y as f64 - e).abs() / bound);
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    eprintln!("qmv: worst error / QMV_BOUND = {worst:.3e}");
+    common::qmv_and_qmv_wide_match_the_reference_within_their_bound_and_each_other_bit_for_bit(&Host);
 }
 
 #[test]
 fn rms_norm_matches_the_f64_formula_within_its_bound() {
-    // RMS_NORM_BOUND: the sum of d squares costs gamma(d) relatively, the mean, the sqrt,
-    // the division and the two products u each, so the output is within
-    // (gamma(d) / 2 + 5u) relatively of exact in f32 (first order), plus the storage's
-    // half ulp; charged as (gamma(d) + 8u + round) |exact|.
-    let mut rng = Rng(7);
-    for d in [7usize, 256, 896, 1000] {
-        for out in [Out::F32, Out::F16, Out::Bf16] {
-            let rows = 3;
-            let x: Vec<f32> = (0..rows * d).map(|_| rng.sym(3.0)).collect();
-            let wt: Vec<f32> = (0..d).map(|_| 1.0 + rng.sym(0.5)).collect();
-            let eps = 1e-6f32;
-            let mut y = poisoned(out, rows * d);
-            let l = launch::rms_norm(rows, d, eps, out, addr(&x), addr(&wt), addr(&y)).unwrap();
-            run(&l);
-            for r in 0..rows {
-                let xr = &x[r * d..(r + 1) * d];
-                let ms = xr.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / d as f64;
-                let inv = 1.0 / (ms + eps as f64).sqrt();
-                for j in 0..d {
-                    let e = xr[j] as f64 * inv * wt[j] as f64;
-                    let got = out_value(out, &y, r * d + j);
-                    let bound = (gamma(d) + 8.0 * U + out_round(out)) * e.abs() + out_floor(out);
-                    assert!((got - e).abs() <= bound, "d {d} {out:?} row {r} [{j}]: {got} vs {e}");
-                }
-            }
-            y.clear();
-        }
-    }
+    common::rms_norm_matches_the_f64_formula_within_its_bound(&Host);
 }
 
 #[test]
 fn silu_mul_and_add_match_their_formulas() {
-    // SILU_BOUND: e^-g is off by EXP_REL_ERROR (kiln-core's charge for an f32 exp), and
-    // its share of 1 + e^-g is below 1; the sum, the division and the product add u each:
-    // (EXP_REL_ERROR + 5u) |exact| plus the storage's half ulp (and, for f16's
-    // subnormals, its absolute floor).
-    let mut rng = Rng(11);
-    let len = 1000;
-    let gate: Vec<f32> = (0..len).map(|_| rng.sym(12.0)).collect();
-    let up: Vec<f32> = (0..len).map(|_| rng.sym(2.0)).collect();
-    for out in [Out::F32, Out::F16, Out::Bf16] {
-        let y = poisoned(out, len);
-        run(&launch::silu_mul(len, out, addr(&gate), addr(&up), addr(&y)).unwrap());
-        for i in 0..len {
-            let g = gate[i] as f64;
-            let e = g / (1.0 + (-g).exp()) * up[i] as f64;
-            let got = out_value(out, &y, i);
-            let bound = (EXP_REL_ERROR + 5.0 * U + out_round(out)) * e.abs() + out_floor(out);
-            assert!((got - e).abs() <= bound, "{out:?} [{i}]: {got} vs {e}");
-        }
-    }
-    let mut x: Vec<f32> = (0..len).map(|_| rng.sym(5.0)).collect();
-    let y: Vec<f32> = (0..len).map(|_| rng.sym(5.0)).collect();
-    let want: Vec<u32> = x.iter().zip(&y).map(|(a, b)| (a + b).to_bits()).collect();
-    run(&launch::add(len, addr(&x), addr(&y)).unwrap());
-    let got: Vec<u32> = std::mem::take(&mut x).iter().map(|v| v.to_bits()).collect();
-    assert_eq!(got, want, "the residual add is one f32 addition per element");
-}
-
-/// kiln-model's `Rope::apply` for one row, from the same frequencies: f32 angle, cosine
-/// and sine in f64 rounded to f32, then `x1 c - x2 s` and `x2 c + x1 s` in f32.
-fn rope_reference(x: &mut [f32], pos: usize, inv_freq: &[f32]) {
-    let half = inv_freq.len();
-    for head in x.chunks_exact_mut(2 * half) {
-        for (i, &f) in inv_freq.iter().enumerate() {
-            let a = (pos as f32 * f) as f64;
-            let (c, s) = (a.cos() as f32, a.sin() as f32);
-            let (x1, x2) = (head[i], head[i + half]);
-            head[i] = x1 * c - x2 * s;
-            head[i + half] = x2 * c + x1 * s;
-        }
-    }
+    common::silu_mul_and_add_match_their_formulas(&Host);
 }
 
 #[test]
 fn rope_rotates_as_kiln_model_does_for_default_and_scaled_frequencies() {
-    // The kernel evaluates the same operations as kiln-model; on the host (the same C
-    // library's cos and sin) the bits agree. On a device, cos and sin in double may
-    // differ from the host's in the last place of a double, which can move the rounded
-    // f32 by one ulp: ROPE_DEVICE_BOUND = (|x1| + |x2|) * 2^-23 + 2u |out| per element.
-    let mut rng = Rng(3);
-    for head_dim in [8usize, 64, 128] {
-        let half = head_dim / 2;
-        let heads = 3;
-        let positions: Vec<i32> = vec![0, 17, 4099];
-        // Default frequencies (theta 500000), then the same divided by 8 past the middle,
-        // as llama3 and linear scaling make them: the kernel takes any table.
-        let mut inv_freq: Vec<f32> =
-            (0..half).map(|i| (1.0 / 500_000f64.powf((2 * i) as f64 / head_dim as f64)) as f32).collect();
-        for f in &mut inv_freq[half / 2..] {
-            *f /= 8.0;
-        }
-        let rows = positions.len();
-        let x0: Vec<f32> = (0..rows * heads * head_dim).map(|_| rng.sym(4.0)).collect();
-        let mut x = x0.clone();
-        run(&launch::rope(rows, heads, head_dim, addr(&x), addr(&positions), addr(&inv_freq)).unwrap());
-        let mut want = x0.clone();
-        for (r, &p) in positions.iter().enumerate() {
-            rope_reference(
-                &mut want[r * heads * head_dim..(r + 1) * heads * head_dim],
-                p as usize,
-                &inv_freq,
-            );
-        }
-        let got: Vec<u32> = std::mem::take(&mut x).iter().map(|v| v.to_bits()).collect();
-        let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
-        assert_eq!(got, want, "head_dim {head_dim}");
-    }
+    common::rope_rotates_as_kiln_model_does_for_default_and_scaled_frequencies(&Host);
 }
 
 #[test]
 fn embedding_rows_are_the_formats_dequantization_bit_for_bit() {
-    let mut rng = Rng(5);
-    for bits in [2u32, 3, 4, 5, 6, 8] {
-        for g in [32usize, 64, 128] {
-            for sd in [ScaleDtype::F16, ScaleDtype::Bf16, ScaleDtype::F32] {
-                let (vocab, d) = (11, 2 * g + g * (bits as usize % 2)); // some rows not a multiple of 256
-                let spec = QuantSpec::new(bits, g).unwrap();
-                let wf: Vec<f32> = (0..vocab * d).map(|_| rng.sym(1.0)).collect();
-                let table = quantize_as(&wf, vocab, d, spec, sd).unwrap();
-                let (scales, biases) = (raw(table.scales()), raw(table.biases()));
-                let tokens: Vec<i32> = vec![10, 0, 3, -1, 11, 3];
-                let out = vec![0f32; tokens.len() * d];
-                let shape = EmbedShape { rows: tokens.len(), vocab, d, spec, scales: sd };
-                let l = shape
-                    .launch(EmbedBuffers {
-                        packed: addr(table.packed()),
-                        scales: addr(&scales),
-                        biases: addr(&biases),
-                        tokens: addr(&tokens),
-                        out: addr(&out),
-                    })
-                    .unwrap();
-                run(&l);
-                let mut row = vec![0f32; d];
-                for (i, &t) in tokens.iter().enumerate() {
-                    let got = &out[i * d..(i + 1) * d];
-                    if !(0..vocab as i32).contains(&t) {
-                        assert!(got.iter().all(|v| v.is_nan()), "token {t} outside the vocabulary is NaN");
-                        continue;
-                    }
-                    table.dequantize_row(t as usize, &mut row);
-                    let g_bits: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
-                    let w_bits: Vec<u32> = row.iter().map(|v| v.to_bits()).collect();
-                    assert_eq!(g_bits, w_bits, "{bits}-bit g{g} {sd:?} token {t}");
-                }
-            }
-        }
-    }
-}
-
-struct Cache {
-    keys: Vec<u16>,
-    values: Vec<u16>,
-}
-
-fn attn_run(shape: AttnShape, q: &[f32], cache: &Cache) -> Vec<u8> {
-    let scratch = vec![f32::NAN; shape.scratch_bytes() / 4];
-    let out = poisoned(shape.out, shape.out_bytes() / shape.out.size());
-    fits(q, shape.q_bytes(), "q");
-    fits(&cache.keys, shape.cache_bytes(), "keys");
-    let [split, merge] = shape
-        .launches(AttnBuffers {
-            q: addr(q),
-            keys: addr(&cache.keys),
-            values: addr(&cache.values),
-            scratch: addr(&scratch),
-            out: addr(&out),
-        })
-        .unwrap();
-    run(&split);
-    run(&merge);
-    out
+    common::embedding_rows_are_the_formats_dequantization_bit_for_bit(&Host);
 }
 
 #[test]
 fn decode_attention_matches_the_exact_softmax_within_kiln_cores_bound() {
-    // ATTN_BOUND: kiln-core's attn::reference::error_bound, the f32 rounding bound of an
-    // online softmax, charged for the corrections a weight can pass through here: one per
-    // key a warp folds after it (at most 64 of a span's 256), the three merges of the
-    // warps' states and one per span merged. The f16 and bf16 outputs add their half ulp.
-    let mut rng = Rng(99);
-    let kv_heads = 2;
-    for (group, head_dim) in [(1usize, 64usize), (4, 80), (7, 128), (8, 32), (2, 256)] {
-        for (start, rows) in [(0usize, 1usize), (4, 1), (254, 3), (600, 2)] {
-            for out in [Out::F32, Out::F16, Out::Bf16] {
-                let capacity = start + rows + 5;
-                let cache = Cache {
-                    keys: (0..kv_heads * capacity * head_dim)
-                        .map(|_| f16::from_f32(rng.sym(1.5)).to_bits())
-                        .collect(),
-                    values: (0..kv_heads * capacity * head_dim)
-                        .map(|_| f16::from_f32(rng.sym(2.0)).to_bits())
-                        .collect(),
-                };
-                let qdim = kv_heads * group * head_dim;
-                let q: Vec<f32> = (0..rows * qdim).map(|_| rng.sym(2.0)).collect();
-                let shape = AttnShape { rows, start, kv_heads, group, head_dim, capacity, out };
-                let got = attn_run(shape, &q, &cache);
-                let ds = DecodeShape::new(group, head_dim);
-                for r in 0..rows {
-                    let len = start + r + 1;
-                    let spans = len.div_ceil(launch::ATTN_SPAN);
-                    for h in 0..kv_heads {
-                        let f = |c: &[u16]| -> Vec<f32> {
-                            c[h * capacity * head_dim..(h * capacity + len) * head_dim]
-                                .iter()
-                                .map(|&b| f16::from_bits(b).to_f32())
-                                .collect()
-                        };
-                        let (k, v) = (f(&cache.keys), f(&cache.values));
-                        let qh = &q[r * qdim + h * group * head_dim..r * qdim + (h + 1) * group * head_dim];
-                        let exact = attn_ref::attend(&ds, qh, &k, &v);
-                        let bound = attn_ref::error_bound(&ds, qh, &k, &v, 64 + 3 + spans);
-                        for e in 0..group * head_dim {
-                            let o = out_value(out, &got, r * qdim + h * group * head_dim + e);
-                            let b = bound[e] + out_round(out) * exact[e].abs() + out_floor(out);
-                            assert!(
-                                (o - exact[e]).abs() <= b,
-                                "group {group} hd {head_dim} start {start} row {r} head {h} [{e}] {out:?}: \
-                                 {o} vs {} (bound {b})",
-                                exact[e]
-                            );
-                        }
-                    }
-                }
-                // A verify's rows are the one-row decodes at their positions, bit for bit.
-                if rows > 1 {
-                    for r in 0..rows {
-                        let one = AttnShape { rows: 1, start: start + r, ..shape };
-                        let single = attn_run(one, &q[r * qdim..(r + 1) * qdim], &cache);
-                        let n = qdim * out.size();
-                        assert_eq!(
-                            &got[r * n..(r + 1) * n],
-                            &single[..],
-                            "group {group} hd {head_dim} row {r}"
-                        );
-                    }
-                }
-            }
-        }
-    }
+    common::decode_attention_matches_the_exact_softmax_within_kiln_cores_bound(&Host);
 }
