@@ -19,6 +19,10 @@
 // kiln_attn_merge_o{f32,f16,bf16}: grid (kv_heads, rows), 128 threads; merges a row's
 // span states in span order and writes acc / l.
 //
+// kiln_kv_store_f16: writes a step's new keys and values (f32, after RoPE) into the
+// cache at positions start.., rounded to f16 to nearest even, as kiln-model's f16 cache
+// stores them. Grid (rows, kv_heads), 128 threads.
+//
 // Determinism: a row's spans, the keys each warp takes and every merge order depend on
 // its position alone, so a row's output never depends on the other rows, and a verify of
 // several rows gives each row the bits of a one-row decode at its position.
@@ -176,3 +180,17 @@ __device__ __forceinline__ void merge_impl(const float* __restrict__ partial, ty
 KILN_ATTN_MERGE(f32, F32)
 KILN_ATTN_MERGE(f16, F16)
 KILN_ATTN_MERGE(bf16, BF16)
+
+extern "C" __global__ void __launch_bounds__(KILN_ATTN_THREADS)
+    kiln_kv_store_f16(const float* __restrict__ k, const float* __restrict__ v, uint16_t* __restrict__ kc,
+                      uint16_t* __restrict__ vc, int kv_heads, int hd, int capacity, int start) {
+  const int r = (int)blockIdx.x, h = (int)blockIdx.y;
+  const float* kr = k + ((size_t)r * kv_heads + h) * hd;
+  const float* vr = v + ((size_t)r * kv_heads + h) * hd;
+  const size_t at = ((size_t)h * capacity + (size_t)(start + r)) * hd;
+  for (int d = (int)threadIdx.x; d < hd; d += KILN_ATTN_THREADS) {
+    kc[at + d] = kiln_f2h(kr[d]);
+    vc[at + d] = kiln_f2h(vr[d]);
+  }
+}
+KILN_REGISTER(kiln_kv_store_f16)

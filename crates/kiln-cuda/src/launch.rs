@@ -78,7 +78,7 @@ impl Launch {
 pub fn module_of(kernel: &str) -> &'static str {
     if kernel.starts_with("kiln_qmv") {
         "qmv"
-    } else if kernel.starts_with("kiln_attn") {
+    } else if kernel.starts_with("kiln_attn") || kernel.starts_with("kiln_kv") {
         "attn"
     } else {
         "elementwise"
@@ -544,6 +544,47 @@ impl AttnShape {
     }
 }
 
+/// Writes `rows` new positions' keys and values (`[rows, kv_heads * head_dim]` f32 each)
+/// into an f16 cache `[kv_heads, capacity, head_dim]` at positions `start..start + rows`.
+#[allow(clippy::too_many_arguments)]
+pub fn kv_store(
+    rows: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    capacity: usize,
+    start: usize,
+    k: u64,
+    v: u64,
+    keys: u64,
+    values: u64,
+) -> Result<Launch, CudaError> {
+    if rows == 0 || kv_heads == 0 || head_dim == 0 {
+        return Err(CudaError::shape("kv_store", "rows, kv_heads and head_dim must be at least 1"));
+    }
+    if start + rows > capacity {
+        return Err(CudaError::shape(
+            "kv_store",
+            format!("positions {start}..{} do not fit a cache of {capacity} positions", start + rows),
+        ));
+    }
+    int("kv_store", "kv_heads * capacity * head_dim", kv_heads * capacity * head_dim)?;
+    Ok(Launch {
+        kernel: "kiln_kv_store_f16".into(),
+        grid: [blocks("kv_store", "x", rows)?, blocks("kv_store", "y", kv_heads)?, 1],
+        block: [ATTN_THREADS, 1, 1],
+        args: vec![
+            Arg::Ptr(k),
+            Arg::Ptr(v),
+            Arg::Ptr(keys),
+            Arg::Ptr(values),
+            Arg::I32(kv_heads as i32),
+            Arg::I32(head_dim as i32),
+            Arg::I32(capacity as i32),
+            Arg::I32(start as i32),
+        ],
+    })
+}
+
 /// Every kernel name the launch builders can produce, for the tables the host execution
 /// and the embedded modules are checked against.
 pub fn all_kernels() -> Vec<String> {
@@ -565,6 +606,7 @@ pub fn all_kernels() -> Vec<String> {
     }
     v.push("kiln_add_f32".into());
     v.push("kiln_rope_f32".into());
+    v.push("kiln_kv_store_f16".into());
     for d in [64, 128, 256] {
         v.push(format!("kiln_attn_split_d{d}"));
     }
@@ -652,6 +694,10 @@ mod tests {
         let e = AttnShape { capacity: 512, ..s }.launches(bufs).unwrap_err().to_string();
         assert!(e.contains("510..513") && e.contains("512 positions"), "{e}");
         assert!(AttnShape { head_dim: 257, ..s }.launches(bufs).is_err());
+        let l = kv_store(3, 2, 64, 1024, 510, 1, 2, 3, 4).unwrap();
+        assert_eq!((l.kernel.as_str(), l.grid, l.module()), ("kiln_kv_store_f16", [3, 2, 1], "attn"));
+        let e = kv_store(3, 2, 64, 512, 510, 1, 2, 3, 4).unwrap_err().to_string();
+        assert!(e.contains("510..513"), "{e}");
     }
 
     #[test]
@@ -673,7 +719,7 @@ mod tests {
     #[test]
     fn every_kernel_name_maps_to_a_module() {
         let all = all_kernels();
-        assert_eq!(all.len(), 24 + 12 + 2 + 3);
+        assert_eq!(all.len(), 24 + 12 + 3 + 3);
         for k in &all {
             assert!(["qmv", "attn", "elementwise"].contains(&module_of(k)), "{k}");
         }

@@ -90,3 +90,8 @@ fn embedding_rows_are_the_formats_dequantization_bit_for_bit() {
 fn decode_attention_matches_the_exact_softmax_within_kiln_cores_bound() {
     common::decode_attention_matches_the_exact_softmax_within_kiln_cores_bound(&Host);
 }
+
+#[test]
+fn kv_store_rounds_new_keys_and_values_to_f16_in_place() {
+    common::kv_store_rounds_new_keys_and_values_to_f16_in_place(&Host);
+}

@@ -519,3 +519,41 @@ pub fn decode_attention_matches_the_exact_softmax_within_kiln_cores_bound(be: &i
         }
     }
 }
+
+pub fn kv_store_rounds_new_keys_and_values_to_f16_in_place(be: &impl Backend) {
+    let mut rng = Rng(21);
+    let (kv_heads, head_dim, capacity, start, rows) = (3usize, 80usize, 40usize, 29usize, 4usize);
+    let k: Vec<f32> = (0..rows * kv_heads * head_dim).map(|_| rng.sym(70_000.0) * rng.sym(1.0)).collect();
+    let v: Vec<f32> = (0..rows * kv_heads * head_dim).map(|_| rng.sym(1e-4)).collect();
+    let old: Vec<u16> = (0..kv_heads * capacity * head_dim).map(|i| i as u16).collect();
+    let (bk, bv, bkc, bvc) = (up(be, &k), up(be, &v), up(be, &old), up(be, &old));
+    let l = launch::kv_store(
+        rows,
+        kv_heads,
+        head_dim,
+        capacity,
+        start,
+        bk.addr(),
+        bv.addr(),
+        bkc.addr(),
+        bvc.addr(),
+    );
+    be.run(&l.unwrap());
+    let u16s =
+        |b: Vec<u8>| -> Vec<u16> { b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect() };
+    let (kc, vc) = (u16s(bkc.read()), u16s(bvc.read()));
+    for h in 0..kv_heads {
+        for p in 0..capacity {
+            for d in 0..head_dim {
+                let at = (h * capacity + p) * head_dim + d;
+                let (wk, wv) = if (start..start + rows).contains(&p) {
+                    let i = ((p - start) * kv_heads + h) * head_dim + d;
+                    (f16::from_f32(k[i]).to_bits(), f16::from_f32(v[i]).to_bits())
+                } else {
+                    (old[at], old[at])
+                };
+                assert_eq!((kc[at], vc[at]), (wk, wv), "head {h} position {p} [{d}]");
+            }
+        }
+    }
+}
