@@ -4,11 +4,12 @@
 //! 4- and 8-bit weights; `elementwise.cu`: RMSNorm, SiLU-and-multiply, residual add, RoPE,
 //! quantized embedding lookup; `attn.cu`: split-and-merge decode attention over an f16
 //! cache, and the store of new keys and values into it). [`launch`] describes each
-//! launch as data (name, grid, block, arguments, buffer sizes) without a driver. With the default feature `host-exec`, [`host`] runs the same
-//! source on the CPU for the tests; with `cuda`, build.rs compiles the kernels to PTX and
-//! sm_80/sm_90 cubins that [`modules`] embeds, and `device` runs them through the driver
-//! API (loaded at run time). [`pool`] holds the device memory limit rule, [`ptxas`] reads
-//! ptxas's resource report for the spill check. docs/cuda.md says what is tested where.
+//! launch as data (name, grid, block, arguments, buffer sizes) without a driver. With the
+//! default feature `host-exec`, [`host`] runs the same source on the CPU for the tests;
+//! with `cuda`, build.rs compiles the kernels to PTX and sm_80/sm_90 cubins that
+//! `modules` embeds, and `device` runs them through the driver API (loaded at run time).
+//! [`pool`] holds the device memory limit rule, [`ptxas`] reads ptxas's resource report
+//! for the spill check. docs/cuda.md says what is tested where.
 #![deny(missing_docs)]
 
 pub mod error;
