@@ -229,9 +229,19 @@ impl QmvShape {
         self.m * self.n * 4
     }
 
-    /// The launch.
+    /// The launch. The packed codes and the activations are read 16 bytes at a time, so
+    /// their addresses must be multiples of 16 (device allocations are; a view into one
+    /// must keep it).
     pub fn launch(&self, b: QmvBuffers) -> Result<Launch, CudaError> {
         self.check()?;
+        for (what, a) in [("packed weights", b.packed), ("activations", b.x)] {
+            if !a.is_multiple_of(16) {
+                return Err(CudaError::shape(
+                    "qmv",
+                    format!("{what} at address {a:#x}: the kernels need a multiple of 16"),
+                ));
+            }
+        }
         let group_log2 = (self.spec.group_size() / 32).trailing_zeros() as i32;
         Ok(Launch {
             kernel: self.kernel(),
@@ -623,7 +633,7 @@ mod tests {
     }
 
     fn bufs() -> QmvBuffers {
-        QmvBuffers { packed: 1, scales: 2, biases: 3, x: 4, y: 5 }
+        QmvBuffers { packed: 0x100, scales: 2, biases: 3, x: 0x200, y: 5 }
     }
 
     #[test]
@@ -652,6 +662,8 @@ mod tests {
         assert!(QmvShape { m: 0, ..base }.launch(bufs()).is_err());
         let e = QmvShape { k: 100, ..base }.launch(bufs()).unwrap_err();
         assert!(matches!(e, CudaError::Geometry(_)), "{e}");
+        let e = base.launch(QmvBuffers { x: 0x208, ..bufs() }).unwrap_err().to_string();
+        assert!(e.contains("activations at address 0x208") && e.contains("multiple of 16"), "{e}");
     }
 
     #[test]

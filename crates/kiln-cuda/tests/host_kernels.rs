@@ -7,9 +7,10 @@ mod common;
 use common::{Backend, Buf};
 use kiln_cuda::{Launch, host, launch};
 
-/// Host memory for the host execution, 8-byte aligned, handed to the kernels by address.
+/// Host memory for the host execution, 16-byte aligned (as the launch builders require of
+/// what the kernels read 16 bytes at a time), handed to the kernels by address.
 struct HostBuf {
-    ptr: *mut u64,
+    ptr: *mut u128,
     words: usize,
     bytes: usize,
 }
@@ -20,7 +21,7 @@ impl Buf for HostBuf {
     }
 
     fn read(&self) -> Vec<u8> {
-        // SAFETY: `ptr` owns `words` u64s (at least `bytes` bytes), initialised at
+        // SAFETY: `ptr` owns `words` u128s (at least `bytes` bytes), initialised at
         // creation; no launch is running (they are synchronous).
         unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.bytes) }.to_vec()
     }
@@ -39,10 +40,10 @@ impl Backend for Host {
     type B<'a> = HostBuf;
 
     fn upload(&self, bytes: &[u8]) -> HostBuf {
-        let words = bytes.len().div_ceil(8).max(1);
-        let mut v = vec![0u64; words].into_boxed_slice();
-        bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..bytes.len()].copy_from_slice(bytes);
-        HostBuf { ptr: Box::into_raw(v).cast::<u64>(), words, bytes: bytes.len() }
+        let words = bytes.len().div_ceil(16).max(1);
+        let mut v = vec![0u128; words].into_boxed_slice();
+        bytemuck::cast_slice_mut::<u128, u8>(&mut v)[..bytes.len()].copy_from_slice(bytes);
+        HostBuf { ptr: Box::into_raw(v).cast::<u128>(), words, bytes: bytes.len() }
     }
 
     fn run(&self, l: &Launch) {
