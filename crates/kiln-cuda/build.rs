@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 #[cfg(feature = "cuda")]
 /// The kernel sources, each one module.
-const KERNELS: [&str; 3] = ["qmv", "elementwise", "attn"];
+const KERNELS: [&str; 4] = ["qmv", "qmm", "elementwise", "attn"];
 
 #[cfg(feature = "cuda")]
 /// The machine code embedded beside the PTX.

@@ -4,6 +4,7 @@
 #include "qmv.cu"
 #include "elementwise.cu"
 #include "attn.cu"
+#include "qmm.cu"
 
 #include <cstring>
 

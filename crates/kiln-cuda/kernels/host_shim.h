@@ -115,6 +115,8 @@ struct Block {
   void* arg = nullptr;
   // Per warp, 32 exchange slots of 8 bytes for the shuffles.
   std::vector<uint64_t> exchange;
+  // Per thread, the 10 fragment words of a warp matrix multiply-add.
+  std::vector<uint32_t> mma;
 };
 
 inline thread_local Block* block = nullptr;
@@ -251,6 +253,7 @@ inline void launch(dim3 grid, dim3 blk, void (*body)(void*), void* arg) {
   b.stacks.resize(n);
   for (auto& s : b.stacks) s.reset(new char[STACK_BYTES]);
   b.exchange.assign(n, 0);
+  b.mma.assign((size_t)n * 10, 0);
   b.body = body;
   b.arg = arg;
   for (unsigned i = 0; i < n; ++i) {
@@ -284,6 +287,49 @@ inline T shfl(unsigned mask, T v, unsigned src_of_lane_xor, bool is_xor) {
   std::memcpy(&r, &got, sizeof(T));
   park(State::WarpBarrier);
   return r;
+}
+
+// The host twin of `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32`:
+// D = A B + C for a 16x16 A (row-major fragments), a 16x8 B (column-major) and 16x8 f32
+// C/D, distributed over the warp as the PTX ISA lays them out (lane = 4 * group + t):
+// A register i holds row group + 8 * (i % 2), columns 2t + 8 * (i / 2) + {0, 1}; B
+// register j holds rows 2t + 8j + {0, 1} of column group; C/D element e is row
+// group + 8 * (e / 2), column 2t + e % 2. Every lane publishes its fragments, the warp
+// waits, each lane computes its four outputs (products exact in f32, summed in k order
+// with fmaf), and the warp waits again. The hardware sums in its own order, so the
+// tests bound the difference rather than assume bits.
+inline void mma_m16n8k16(const uint32_t a[4], const uint32_t b[2], float d[4], float (*widen)(uint16_t)) {
+  const unsigned t = linear_tid(), lane = t % 32, base = t - lane;
+  uint32_t* mine = &block->mma[(size_t)t * 10];
+  for (int i = 0; i < 4; ++i) mine[i] = a[i];
+  for (int i = 0; i < 2; ++i) mine[4 + i] = b[i];
+  for (int i = 0; i < 4; ++i) std::memcpy(&mine[6 + i], &d[i], 4);
+  park(State::WarpBarrier);
+  auto elem = [&](unsigned l, int reg, int half) -> float {
+    uint32_t w = block->mma[(size_t)(base + l) * 10 + reg];
+    return widen((uint16_t)(half ? (w >> 16) : (w & 0xffffu)));
+  };
+  // A[row][k]: the lane holding it and which of its registers and halves.
+  auto A = [&](unsigned row, unsigned k) -> float {
+    unsigned g = row % 8, tt = (k % 8) / 2;
+    int reg = (int)(row / 8) + 2 * (int)(k / 8);
+    return elem(4 * g + tt, reg, (int)(k % 2));
+  };
+  auto B = [&](unsigned k, unsigned col) -> float {
+    unsigned tt = (k % 8) / 2;
+    return elem(4 * col + tt, 4 + (int)(k / 8), (int)(k % 2));
+  };
+  const unsigned g = lane / 4, tt = lane % 4;
+  float out[4];
+  for (int e = 0; e < 4; ++e) {
+    unsigned row = g + 8 * (e / 2), col = 2 * tt + e % 2;
+    float acc;
+    std::memcpy(&acc, &block->mma[(size_t)t * 10 + 6 + e], 4);
+    for (unsigned k = 0; k < 16; ++k) acc = std::fma(A(row, k), B(k, col), acc);
+    out[e] = acc;
+  }
+  park(State::WarpBarrier);
+  for (int e = 0; e < 4; ++e) d[e] = out[e];
 }
 
 inline uint16_t float_to_half(float f) {

@@ -78,6 +78,8 @@ impl Launch {
 pub fn module_of(kernel: &str) -> &'static str {
     if kernel.starts_with("kiln_qmv") {
         "qmv"
+    } else if kernel.starts_with("kiln_qmm") {
+        "qmm"
     } else if kernel.starts_with("kiln_attn") || kernel.starts_with("kiln_kv") {
         "attn"
     } else {
@@ -256,6 +258,72 @@ impl QmvShape {
                 Arg::I32(int("qmv", "N", self.n)?),
                 Arg::I32(int("qmv", "K", self.k)?),
                 Arg::I32(group_log2),
+                Arg::I32(self.m as i32),
+            ],
+        })
+    }
+}
+
+/// Weight rows per `qmm` block (four warps of eight).
+pub const QMM_ROWS_PER_BLOCK: u32 = 32;
+/// Activation rows per `qmm` block (one tensor-core tile).
+pub const QMM_M_TILE: u32 = 16;
+/// Threads per `qmm` block.
+pub const QMM_THREADS: u32 = 128;
+
+/// The shape of a quantized product on the tensor cores, `y[m, n] = x[m, k] W[n, k]^T`
+/// for any number of activation rows (prefill).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QmmShape {
+    /// Output features (weight rows).
+    pub n: usize,
+    /// Input features.
+    pub k: usize,
+    /// Activation rows, at least 1.
+    pub m: usize,
+    /// Width and group size (4 or 8 bits).
+    pub spec: QuantSpec,
+    /// Storage of the scales and biases.
+    pub scales: ScaleDtype,
+    /// Storage of the activations (the weights are rounded to it for the tensor cores).
+    pub act: Act,
+}
+
+impl QmmShape {
+    /// The kernel's name.
+    pub fn kernel(&self) -> String {
+        format!("kiln_qmm_b{}_s{}_a{}", self.spec.bits(), scale_tag(self.scales), self.act.tag())
+    }
+
+    /// The launch; the buffers are [`QmvBuffers`]' (sizes as [`QmvShape`]'s for `m` rows).
+    pub fn launch(&self, b: QmvBuffers) -> Result<Launch, CudaError> {
+        validate_geometry(self.n, self.k, self.spec)?;
+        let bits = self.spec.bits();
+        if bits != 4 && bits != 8 {
+            return Err(CudaError::shape("qmm", format!("{bits}-bit weights: accepted widths are 4 and 8")));
+        }
+        if self.m == 0 {
+            return Err(CudaError::shape("qmm", "0 activation rows: at least 1 is needed"));
+        }
+        int("qmm", "K * M", self.k * self.m)?;
+        int("qmm", "N * M", self.n * self.m)?;
+        Ok(Launch {
+            kernel: self.kernel(),
+            grid: [
+                blocks("qmm", "x", self.n.div_ceil(QMM_ROWS_PER_BLOCK as usize))?,
+                blocks("qmm", "y", self.m.div_ceil(QMM_M_TILE as usize))?,
+                1,
+            ],
+            block: [QMM_THREADS, 1, 1],
+            args: vec![
+                Arg::Ptr(b.packed),
+                Arg::Ptr(b.scales),
+                Arg::Ptr(b.biases),
+                Arg::Ptr(b.x),
+                Arg::Ptr(b.y),
+                Arg::I32(self.n as i32),
+                Arg::I32(self.k as i32),
+                Arg::I32(self.spec.group_size() as i32),
                 Arg::I32(self.m as i32),
             ],
         })
@@ -599,7 +667,7 @@ pub fn kv_store(
 /// and the embedded modules are checked against.
 pub fn all_kernels() -> Vec<String> {
     let mut v = Vec::new();
-    for family in ["qmv", "qmv_wide"] {
+    for family in ["qmv", "qmv_wide", "qmm"] {
         for bits in [4, 8] {
             for s in ["f16", "bf16", "f32"] {
                 for a in ["f16", "bf16"] {
@@ -667,6 +735,15 @@ mod tests {
     }
 
     #[test]
+    fn qmm_tiles_cover_every_row_and_column() {
+        let s = QmmShape { n: 37, k: 128, m: 33, spec: spec(4, 32), scales: ScaleDtype::F16, act: Act::Bf16 };
+        let l = s.launch(bufs()).unwrap();
+        assert_eq!((l.kernel.as_str(), l.grid, l.module()), ("kiln_qmm_b4_sf16_abf16", [2, 3, 1], "qmm"));
+        assert!(QmmShape { m: 0, ..s }.launch(bufs()).is_err());
+        assert!(QmmShape { spec: spec(6, 32), ..s }.launch(bufs()).is_err());
+    }
+
+    #[test]
     fn qmv_buffer_sizes_follow_the_format() {
         let s =
             QmvShape { n: 4096, k: 4096, m: 3, spec: spec(4, 64), scales: ScaleDtype::F16, act: Act::Bf16 };
@@ -731,9 +808,9 @@ mod tests {
     #[test]
     fn every_kernel_name_maps_to_a_module() {
         let all = all_kernels();
-        assert_eq!(all.len(), 24 + 12 + 3 + 3);
+        assert_eq!(all.len(), 36 + 12 + 3 + 3);
         for k in &all {
-            assert!(["qmv", "attn", "elementwise"].contains(&module_of(k)), "{k}");
+            assert!(["qmv", "qmm", "attn", "elementwise"].contains(&module_of(k)), "{k}");
         }
     }
 }

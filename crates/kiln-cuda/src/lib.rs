@@ -1,9 +1,10 @@
 //! kiln-cuda: kiln's CUDA kernels and the host side that launches them.
 //!
 //! The kernels are CUDA C++ in `kernels/` (`qmv.cu`: `qmv` and `qmv_wide` over MLX-affine
-//! 4- and 8-bit weights; `elementwise.cu`: RMSNorm, SiLU-and-multiply, residual add, RoPE,
-//! quantized embedding lookup; `attn.cu`: split-and-merge decode attention over an f16
-//! cache, and the store of new keys and values into it). [`launch`] describes each
+//! 4- and 8-bit weights; `qmm.cu`: the tensor-core product for many rows;
+//! `elementwise.cu`: RMSNorm, SiLU-and-multiply, residual add, RoPE, quantized embedding
+//! lookup; `attn.cu`: split-and-merge decode attention over an f16 cache, and the store
+//! of new keys and values into it). [`launch`] describes each
 //! launch as data (name, grid, block, arguments, buffer sizes) without a driver. With the
 //! default feature `host-exec`, [`host`] runs the same source on the CPU for the tests;
 //! with `cuda`, build.rs compiles the kernels to PTX and sm_80/sm_90 cubins that
@@ -26,5 +27,5 @@ pub mod modules;
 
 pub use error::CudaError;
 pub use launch::{
-    Act, Arg, AttnBuffers, AttnShape, EmbedBuffers, EmbedShape, Launch, Out, QmvBuffers, QmvShape,
+    Act, Arg, AttnBuffers, AttnShape, EmbedBuffers, EmbedShape, Launch, Out, QmmShape, QmvBuffers, QmvShape,
 };

@@ -30,7 +30,7 @@ macro_rules! module {
 }
 
 /// Every module, in the order build.rs compiles them.
-pub const MODULES: [Module; 3] = [module!("qmv"), module!("elementwise"), module!("attn")];
+pub const MODULES: [Module; 4] = [module!("qmv"), module!("qmm"), module!("elementwise"), module!("attn")];
 
 /// The ptxas build.rs used, for the spill check.
 pub const PTXAS: &str = env!("KILN_CUDA_PTXAS");

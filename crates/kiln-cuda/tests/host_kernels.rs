@@ -96,3 +96,8 @@ fn decode_attention_matches_the_exact_softmax_within_kiln_cores_bound() {
 fn kv_store_rounds_new_keys_and_values_to_f16_in_place() {
     common::kv_store_rounds_new_keys_and_values_to_f16_in_place(&Host);
 }
+
+#[test]
+fn qmm_matches_the_exact_product_within_its_bound_and_rows_do_not_depend_on_m() {
+    common::qmm_matches_the_exact_product_within_its_bound_and_rows_do_not_depend_on_m(&Host);
+}

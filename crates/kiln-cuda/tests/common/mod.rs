@@ -15,7 +15,7 @@ use kiln_core::matrix::ScaleData;
 use kiln_core::quantize::quantize_as;
 use kiln_core::{QuantSpec, QuantizedMatrix, ScaleDtype};
 use kiln_cuda::launch::{self, Act, Out};
-use kiln_cuda::{AttnBuffers, AttnShape, EmbedBuffers, EmbedShape, Launch, QmvBuffers, QmvShape};
+use kiln_cuda::{AttnBuffers, AttnShape, EmbedBuffers, EmbedShape, Launch, QmmShape, QmvBuffers, QmvShape};
 
 /// A buffer of a backend.
 pub trait Buf {
@@ -553,6 +553,83 @@ pub fn kv_store_rounds_new_keys_and_values_to_f16_in_place(be: &impl Backend) {
                     (old[at], old[at])
                 };
                 assert_eq!((kc[at], vc[at]), (wk, wv), "head {h} position {p} [{d}]");
+            }
+        }
+    }
+}
+
+/// `QMM_BOUND`: how far `qmm` may land from the exact product. The kernel dequantizes each
+/// weight as the format does (`s * q + b`, two f32 roundings) and rounds it to the
+/// activations' dtype for the tensor cores (half an ulp, `r` = 2^-11 for f16, 2^-8 for
+/// bf16, and for f16 an absolute floor of 2^-25 below its normal range), so the weights it
+/// multiplies are within `(r + 3u) |w| + floor` of the exact ones. The products of two
+/// 16-bit values are exact in f32; the tensor cores sum each step of 16 into the f32
+/// accumulator in an order and with internal roundings of their own, charged as twice the
+/// bound of a K-term f32 sum: `2 gamma(K + 1) sum |w x| (1 + r)`.
+fn qmm_bound(w: &[f32], x: &[f32], act: Act) -> f64 {
+    let (r, floor) = match act {
+        Act::F16 => (F16_ROUND, 1.0 / 33_554_432.0),
+        Act::Bf16 => (BF16_ROUND, 0.0),
+    };
+    let mag: f64 = w.iter().zip(x).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+    let xs: f64 = x.iter().map(|&b| (b as f64).abs()).sum();
+    (r + 3.0 * U) * mag + floor * xs + 2.0 * gamma(x.len() + 1) * mag * (1.0 + r)
+}
+
+fn qmm_run(be: &impl Backend, shape: QmmShape, w: &QuantizedMatrix, xbits: &[u16]) -> Vec<f32> {
+    let (scales, biases) = (raw(w.scales()), raw(w.biases()));
+    let (bp, bs, bb) = (up(be, w.packed()), be.upload(&scales), be.upload(&biases));
+    let (bx, by) = (up(be, xbits), be.upload(&poisoned(Out::F32, shape.m * shape.n)));
+    assert_eq!(xbits.len(), shape.m * shape.k);
+    let l = shape
+        .launch(QmvBuffers {
+            packed: bp.addr(),
+            scales: bs.addr(),
+            biases: bb.addr(),
+            x: bx.addr(),
+            y: by.addr(),
+        })
+        .unwrap();
+    be.run(&l);
+    f32s(&by.read())
+}
+
+pub fn qmm_matches_the_exact_product_within_its_bound_and_rows_do_not_depend_on_m(be: &impl Backend) {
+    let mut rng = Rng(0x9a11);
+    let n = 37; // two blocks of 32 weight rows, the second partial, and a partial warp tile
+    for bits in [4u32, 8] {
+        for (g, k) in [(32usize, 96usize), (64, 320), (128, 256)] {
+            let spec = QuantSpec::new(bits, g).unwrap();
+            for sd in [ScaleDtype::F16, ScaleDtype::Bf16, ScaleDtype::F32] {
+                for act in [Act::F16, Act::Bf16] {
+                    let wf: Vec<f32> = (0..n * k).map(|_| rng.sym(1.0)).collect();
+                    let w = quantize_as(&wf, n, k, spec, sd).unwrap();
+                    let wd = reference::dequantize(&w);
+                    let m = 33; // three tiles of 16 rows, the last with one
+                    let (xbits, x) = activations(&mut rng, m * k, act);
+                    let exact = reference::matmul_f64(&x, m, &w);
+                    let y = qmm_run(be, QmmShape { n, k, m, spec, scales: sd, act }, &w, &xbits);
+                    let y17 =
+                        qmm_run(be, QmmShape { n, k, m: 17, spec, scales: sd, act }, &w, &xbits[..17 * k]);
+                    for i in 0..m {
+                        for r in 0..n {
+                            let at = format!("{bits}-bit g{g} {sd:?} {act:?} k {k} row {i} out {r}");
+                            let (got, e) = (y[i * n + r], exact[i * n + r]);
+                            let bound = qmm_bound(&wd[r * k..(r + 1) * k], &x[i * k..(i + 1) * k], act);
+                            assert!(
+                                (got as f64 - e).abs() <= bound,
+                                "{at}: {got} vs exact {e}, bound {bound}"
+                            );
+                            if i < 17 {
+                                assert_eq!(
+                                    got.to_bits(),
+                                    y17[i * n + r].to_bits(),
+                                    "{at}: m 33 and m 17 differ"
+                                );
+                            }
+                        }
+                    }
+                }
             }
         }
     }
