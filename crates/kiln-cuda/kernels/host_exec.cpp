@@ -8,6 +8,14 @@
 
 #include <cstring>
 
+// Wrong on purpose: a shuffle that only half a warp reaches (on a GPU, undefined). The
+// host execution must refuse it with a message instead of hanging; a test checks that.
+// Host-only, so it is in no module.
+extern "C" __global__ void kiln_test_partial_warp(float* out) {
+  if (threadIdx.x < 16) out[threadIdx.x] = kiln_warp_sum(1.0f);
+}
+KILN_REGISTER(kiln_test_partial_warp)
+
 // Runs kernel `name` over grid (gx, gy, gz) of blocks of (bx, by, bz) threads, `args`
 // holding one pointer per kernel parameter, as cuLaunchKernel takes them. Returns 0, or
 // 1 when no kernel has that name.

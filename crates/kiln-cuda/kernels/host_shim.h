@@ -4,8 +4,8 @@
 //
 // A launch runs its blocks one after another; a block's threads are fibers on the
 // calling OS thread (on x86-64 a minimal switch of the callee-saved registers, written
-// below; elsewhere ucontext, whose every switch is a system call), switched only at synchronisation points, so the run is
-// deterministic. __syncthreads() parks a fiber until every live thread of the block has
+// below; elsewhere ucontext, whose every switch is a system call), switched only at
+// synchronisation points, so the run is deterministic. __syncthreads() parks a fiber until every live thread of the block has
 // arrived; a warp shuffle writes the lane's value to its warp's exchange slots, parks
 // until the warp's 32 lanes have written, reads its partner's slot and parks again until
 // all have read. A barrier that can never be released (threads of one warp split between
@@ -216,16 +216,9 @@ inline void run_block(Block& b) {
         if (s != State::WarpBarrier) all = false;
         if (s != State::Done) all_done = false;
       }
-      if (any && !all) {
-        // A shuffle needs all 32 lanes; one that exited or waits elsewhere never comes.
-        bool others_wait = true;
-        for (unsigned l = 0; l < 32; ++l) {
-          State s = b.fibers[w * 32 + l].state;
-          if (s == State::Done || s == State::BlockBarrier) continue;
-          if (s != State::WarpBarrier) others_wait = false;
-        }
-        if (others_wait) fail("a warp shuffle was reached by only part of the warp");
-      }
+      // No fiber is runnable here, so a lane that is not at the warp's barrier (it exited
+      // or waits at __syncthreads) never will be.
+      if (any && !all) fail("a warp operation was reached by only part of the warp");
       if (any && all) {
         for (unsigned l = 0; l < 32; ++l) b.fibers[w * 32 + l].state = State::Run;
         released = true;

@@ -59,7 +59,44 @@ impl Backend for Host {
 
 #[test]
 fn the_host_execution_holds_every_kernel_the_builders_name() {
-    assert_eq!(host::kernels(), launch::all_kernels());
+    let kernels: Vec<String> = host::kernels().into_iter().filter(|k| !k.starts_with("kiln_test_")).collect();
+    assert_eq!(kernels, launch::all_kernels());
+}
+
+/// Set in the child the next test starts; read by nothing else.
+const ABORT_CHILD: &str = "KILN_TEST_HOST_ABORT_CHILD";
+
+#[test]
+fn a_shuffle_reached_by_part_of_a_warp_aborts_with_a_message() {
+    if std::env::var_os(ABORT_CHILD).is_some() {
+        // The abort below must not leave a core file in the crate directory.
+        let none = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: setrlimit reads the struct it is given; lowering one's own core limit
+        // has no other effect.
+        unsafe { libc::setrlimit(libc::RLIMIT_CORE, &none) };
+        let out = Host.upload(&[0u8; 128]);
+        let l = Launch {
+            kernel: "kiln_test_partial_warp".into(),
+            grid: [1, 1, 1],
+            block: [32, 1, 1],
+            args: vec![kiln_cuda::Arg::Ptr(out.addr())],
+        };
+        Host.run(&l);
+        unreachable!("the host execution ran a shuffle half a warp reached");
+    }
+    let name = "a_shuffle_reached_by_part_of_a_warp_aborts_with_a_message";
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(ABORT_CHILD, "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the child succeeded: {stderr}");
+    assert!(
+        stderr.contains("kiln host execution: a warp operation was reached by only part of the warp"),
+        "status {:?}, stderr:\n{stderr}",
+        out.status
+    );
 }
 
 #[test]
