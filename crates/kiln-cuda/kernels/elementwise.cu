@@ -1,5 +1,6 @@
 // kiln-cuda: the row-wise and element-wise steps of the forward pass: RMSNorm, SiLU and
-// multiply, residual add, rotary embeddings, and the embedding lookup of quantized rows.
+// multiply, residual add, rotary embeddings, the embedding lookup of quantized rows, and
+// the MoE router.
 // The residual stream and the projections' outputs are f32; RMSNorm and SiLU-and-multiply
 // write the next projection's activations (f16, bf16, or f32).
 //
@@ -140,3 +141,55 @@ __device__ __forceinline__ void embed_impl(const uint32_t* __restrict__ packed,
 KILN_EMBED(f16, F16)
 KILN_EMBED(bf16, BF16)
 KILN_EMBED(f32, F32)
+
+// The MoE router of one row per thread, as kiln-model's moe::route computes it: softmax
+// over the row's `e_count` logits (max, e^(l - max) summed in expert order, each divided
+// by the sum), the `top_k` largest probabilities with ties to the lower index, written
+// ascending by expert with their probabilities, renormalised to sum to one (in expert
+// order) when `norm` is set. Sequential per row, so the float order is kiln-model's; the
+// selection takes, k times, the largest (p, -index) below the previous pick, which needs
+// no per-expert state. Grid ceil(rows / 32) of 32 threads.
+extern "C" __global__ void __launch_bounds__(32)
+    kiln_moe_route(const float* __restrict__ logits, int* __restrict__ experts, float* __restrict__ weights, int rows,
+                   int e_count, int top_k, int norm) {
+  const int r = (int)(blockIdx.x * 32 + threadIdx.x);
+  if (r >= rows) return;
+  const float* l = logits + (size_t)r * e_count;
+  int* ex = experts + (size_t)r * top_k;
+  float* wt = weights + (size_t)r * top_k;
+  float mx = kiln_bits_f(0xff800000u);
+  for (int e = 0; e < e_count; ++e) mx = fmaxf(mx, l[e]);
+  float sum = 0.0f;
+  for (int e = 0; e < e_count; ++e) sum += kiln_exp(l[e] - mx);
+  float prev_p = kiln_bits_f(0x7f800000u);
+  int prev_e = -1;
+  for (int j = 0; j < top_k; ++j) {
+    float best_p = kiln_bits_f(0xff800000u);
+    int best_e = -1;
+    for (int e = 0; e < e_count; ++e) {
+      const float p = kiln_div(kiln_exp(l[e] - mx), sum);
+      const bool below = p < prev_p || (p == prev_p && e > prev_e);
+      if (below && (best_e < 0 || p > best_p)) {
+        best_p = p;
+        best_e = e;
+      }
+    }
+    prev_p = best_p;
+    prev_e = best_e;
+    // Insert in ascending expert order.
+    int at = j;
+    while (at > 0 && ex[at - 1] > best_e) {
+      ex[at] = ex[at - 1];
+      wt[at] = wt[at - 1];
+      --at;
+    }
+    ex[at] = best_e;
+    wt[at] = best_p;
+  }
+  if (norm) {
+    float s = 0.0f;
+    for (int j = 0; j < top_k; ++j) s += wt[j];
+    for (int j = 0; j < top_k; ++j) wt[j] = kiln_div(wt[j], s);
+  }
+}
+KILN_REGISTER(kiln_moe_route)

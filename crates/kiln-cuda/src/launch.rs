@@ -663,6 +663,47 @@ pub fn kv_store(
     })
 }
 
+/// The most experts a route picks per row.
+pub const MOE_MAX_TOP_K: usize = 64;
+
+/// The MoE router: per row of `logits` (`[rows, experts]` f32), the `top_k` experts
+/// (`[rows, top_k]` i32, ascending) and their weights (`[rows, top_k]` f32), as
+/// kiln-model's `moe::route`.
+pub fn moe_route(
+    rows: usize,
+    experts: usize,
+    top_k: usize,
+    norm: bool,
+    logits: u64,
+    chosen: u64,
+    weights: u64,
+) -> Result<Launch, CudaError> {
+    if rows == 0 || experts == 0 {
+        return Err(CudaError::shape("moe_route", "rows and experts must be at least 1"));
+    }
+    if !(1..=experts.min(MOE_MAX_TOP_K)).contains(&top_k) {
+        return Err(CudaError::shape(
+            "moe_route",
+            format!("top_k {top_k} of {experts} experts: accepted are 1..={}", experts.min(MOE_MAX_TOP_K)),
+        ));
+    }
+    int("moe_route", "rows * experts", rows * experts)?;
+    Ok(Launch {
+        kernel: "kiln_moe_route".into(),
+        grid: [blocks("moe_route", "x", rows.div_ceil(32))?, 1, 1],
+        block: [32, 1, 1],
+        args: vec![
+            Arg::Ptr(logits),
+            Arg::Ptr(chosen),
+            Arg::Ptr(weights),
+            Arg::I32(rows as i32),
+            Arg::I32(experts as i32),
+            Arg::I32(top_k as i32),
+            Arg::I32(norm as i32),
+        ],
+    })
+}
+
 /// Every kernel name the launch builders can produce, for the tables the host execution
 /// and the embedded modules are checked against.
 pub fn all_kernels() -> Vec<String> {
@@ -685,6 +726,7 @@ pub fn all_kernels() -> Vec<String> {
     v.push("kiln_add_f32".into());
     v.push("kiln_rope_f32".into());
     v.push("kiln_kv_store_f16".into());
+    v.push("kiln_moe_route".into());
     for d in [64, 128, 256] {
         v.push(format!("kiln_attn_split_d{d}"));
     }
@@ -797,6 +839,13 @@ mod tests {
         assert!(add(0, 1, 2).is_err());
         assert_eq!(rms_norm(5, 896, 1e-6, Out::F32, 1, 2, 3).unwrap().grid, [5, 1, 1]);
         assert!(rope(1, 2, 7, 1, 2, 3).unwrap_err().to_string().contains("even"));
+        let l = moe_route(33, 60, 4, true, 1, 2, 3).unwrap();
+        assert_eq!(
+            (l.kernel.as_str(), l.grid, l.block, l.module()),
+            ("kiln_moe_route", [2, 1, 1], [32, 1, 1], "elementwise")
+        );
+        let e = moe_route(1, 4, 5, true, 1, 2, 3).unwrap_err().to_string();
+        assert!(e.contains("top_k 5 of 4") && e.contains("1..=4"), "{e}");
         let e = EmbedShape { rows: 2, vocab: 10, d: 300, spec: spec(4, 64), scales: ScaleDtype::F16 };
         let l = e.launch(EmbedBuffers { packed: 1, scales: 2, biases: 3, tokens: 4, out: 5 });
         assert!(matches!(l, Err(CudaError::Geometry(_))));
@@ -808,7 +857,7 @@ mod tests {
     #[test]
     fn every_kernel_name_maps_to_a_module() {
         let all = all_kernels();
-        assert_eq!(all.len(), 36 + 12 + 3 + 3);
+        assert_eq!(all.len(), 36 + 12 + 4 + 3);
         for k in &all {
             assert!(["qmv", "qmm", "attn", "elementwise"].contains(&module_of(k)), "{k}");
         }

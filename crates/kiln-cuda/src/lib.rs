@@ -3,7 +3,7 @@
 //! The kernels are CUDA C++ in `kernels/` (`qmv.cu`: `qmv` and `qmv_wide` over MLX-affine
 //! 4- and 8-bit weights; `qmm.cu`: the tensor-core product for many rows;
 //! `elementwise.cu`: RMSNorm, SiLU-and-multiply, residual add, RoPE, quantized embedding
-//! lookup; `attn.cu`: split-and-merge decode attention over an f16 cache, and the store
+//! lookup, the MoE router; `attn.cu`: split-and-merge decode attention over an f16 cache, and the store
 //! of new keys and values into it). [`launch`] describes each
 //! launch as data (name, grid, block, arguments, buffer sizes) without a driver. With the
 //! default feature `host-exec`, [`host`] runs the same source on the CPU for the tests;

@@ -138,3 +138,8 @@ fn kv_store_rounds_new_keys_and_values_to_f16_in_place() {
 fn qmm_matches_the_exact_product_within_its_bound_and_rows_do_not_depend_on_m() {
     common::qmm_matches_the_exact_product_within_its_bound_and_rows_do_not_depend_on_m(&Host);
 }
+
+#[test]
+fn moe_route_picks_kiln_models_experts_and_weights() {
+    common::moe_route_picks_kiln_models_experts_and_weights(&Host);
+}

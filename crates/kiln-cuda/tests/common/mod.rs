@@ -634,3 +634,71 @@ pub fn qmm_matches_the_exact_product_within_its_bound_and_rows_do_not_depend_on_
         }
     }
 }
+
+/// kiln-model's `moe::route`: softmax, the top-k probabilities (ties to the lower
+/// index), ascending by expert, renormalised when `norm` is set.
+fn route_reference(logits: &[f32], top_k: usize, norm: bool) -> (Vec<i32>, Vec<f32>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut p: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+    let sum: f32 = p.iter().sum();
+    for v in &mut p {
+        *v /= sum;
+    }
+    let mut order: Vec<usize> = (0..p.len()).collect();
+    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+    let mut experts: Vec<usize> = order[..top_k].to_vec();
+    experts.sort_unstable();
+    let mut weights: Vec<f32> = experts.iter().map(|&e| p[e]).collect();
+    if norm {
+        let s: f32 = weights.iter().sum();
+        for w in &mut weights {
+            *w /= s;
+        }
+    }
+    (experts.iter().map(|&e| e as i32).collect(), weights)
+}
+
+pub fn moe_route_picks_kiln_models_experts_and_weights(be: &impl Backend) {
+    // Bit for bit on the host (the same operations, in the same order, and the C
+    // library's exp). On a device, expf may differ in the last place: ROUTE_DEVICE_BOUND
+    // charges each weight (EXP_REL_ERROR + 4u) relatively for the exp, the sum and the
+    // division, doubled when renormalised.
+    let mut rng = Rng(77);
+    let rows = 37; // two blocks, the second partial
+    for experts in [8usize, 60, 128] {
+        for top_k in [1usize, 2, 8] {
+            for norm in [false, true] {
+                let mut logits: Vec<f32> = (0..rows * experts).map(|_| rng.sym(4.0)).collect();
+                // Exact ties, which must go to the lower index.
+                for r in 0..rows {
+                    logits[r * experts + experts - 1] = logits[r * experts + 1];
+                }
+                let bl = up(be, &logits);
+                let (bc, bw) =
+                    (up(be, &vec![-1i32; rows * top_k]), be.upload(&poisoned(Out::F32, rows * top_k)));
+                be.run(
+                    &launch::moe_route(rows, experts, top_k, norm, bl.addr(), bc.addr(), bw.addr()).unwrap(),
+                );
+                let chosen: Vec<i32> =
+                    bc.read().chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+                let weights = f32s(&bw.read());
+                for r in 0..rows {
+                    let at = format!("{experts} experts top {top_k} norm {norm} row {r}");
+                    let (we, ww) = route_reference(&logits[r * experts..(r + 1) * experts], top_k, norm);
+                    assert_eq!(&chosen[r * top_k..(r + 1) * top_k], &we[..], "{at}");
+                    let got = &weights[r * top_k..(r + 1) * top_k];
+                    if be.host_libm() {
+                        let g: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+                        let w: Vec<u32> = ww.iter().map(|v| v.to_bits()).collect();
+                        assert_eq!(g, w, "{at}");
+                    } else {
+                        let rel = (EXP_REL_ERROR + 4.0 * U) * if norm { 2.0 } else { 1.0 };
+                        for (g, w) in got.iter().zip(&ww) {
+                            assert!(((g - w) as f64).abs() <= rel * (*w as f64).abs(), "{at}: {g} vs {w}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
