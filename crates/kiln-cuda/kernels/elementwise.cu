@@ -193,3 +193,29 @@ extern "C" __global__ void __launch_bounds__(32)
   }
 }
 KILN_REGISTER(kiln_moe_route)
+
+// The per-expert gather: row i of `out` (`[m, width]`, 16-bit activations of either
+// dtype) is row rows_idx[i] of `x`, so an expert's projections run on its m rows as one
+// matrix. Grid (m, ceil(width / 256)).
+extern "C" __global__ void __launch_bounds__(KILN_EW_THREADS)
+    kiln_gather_rows_u16(const uint16_t* __restrict__ x, const int* __restrict__ rows_idx,
+                         uint16_t* __restrict__ out, int width) {
+  const int j = (int)(blockIdx.y * KILN_EW_THREADS + threadIdx.x);
+  if (j >= width) return;
+  out[(size_t)blockIdx.x * width + j] = x[(size_t)rows_idx[blockIdx.x] * width + j];
+}
+KILN_REGISTER(kiln_gather_rows_u16)
+
+// An expert's output added back: out[rows_idx[i]] += weights[i] * ye[i] (a product then
+// a sum, as kiln-model adds it). An expert's rows are distinct, so no two threads write
+// one value; launched once per expert in ascending expert order, the sums run in
+// kiln-model's order. Grid (m, ceil(hidden / 256)).
+extern "C" __global__ void __launch_bounds__(KILN_EW_THREADS)
+    kiln_moe_accumulate(float* __restrict__ out, const float* __restrict__ ye, const int* __restrict__ rows_idx,
+                        const float* __restrict__ weights, int hidden) {
+  const int j = (int)(blockIdx.y * KILN_EW_THREADS + threadIdx.x);
+  if (j >= hidden) return;
+  float* o = out + (size_t)rows_idx[blockIdx.x] * hidden + j;
+  *o = *o + weights[blockIdx.x] * ye[(size_t)blockIdx.x * hidden + j];
+}
+KILN_REGISTER(kiln_moe_accumulate)

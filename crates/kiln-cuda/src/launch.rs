@@ -704,6 +704,49 @@ pub fn moe_route(
     })
 }
 
+/// Copies rows `rows_idx[i]` (i32) of `x` (`[_, width]`, 16-bit values) to row `i` of `out`
+/// for `i < m`: the rows routed to one expert. The indices must lie inside `x`.
+pub fn gather_rows(m: usize, width: usize, x: u64, rows_idx: u64, out: u64) -> Result<Launch, CudaError> {
+    if m == 0 || width == 0 {
+        return Err(CudaError::shape("gather_rows", "rows and width must be at least 1"));
+    }
+    int("gather_rows", "m * width", m * width)?;
+    Ok(Launch {
+        kernel: "kiln_gather_rows_u16".into(),
+        grid: [blocks("gather_rows", "x", m)?, blocks("gather_rows", "y", width.div_ceil(256))?, 1],
+        block: [ELEMENTWISE_THREADS, 1, 1],
+        args: vec![Arg::Ptr(x), Arg::Ptr(rows_idx), Arg::Ptr(out), Arg::I32(width as i32)],
+    })
+}
+
+/// Adds one expert's output back: `out[rows_idx[i]] += weights[i] * ye[i]` for its `m`
+/// distinct rows (`ye` `[m, hidden]` f32). Launched per expert in ascending order.
+pub fn moe_accumulate(
+    m: usize,
+    hidden: usize,
+    out: u64,
+    ye: u64,
+    rows_idx: u64,
+    weights: u64,
+) -> Result<Launch, CudaError> {
+    if m == 0 || hidden == 0 {
+        return Err(CudaError::shape("moe_accumulate", "rows and hidden must be at least 1"));
+    }
+    int("moe_accumulate", "m * hidden", m * hidden)?;
+    Ok(Launch {
+        kernel: "kiln_moe_accumulate".into(),
+        grid: [blocks("moe_accumulate", "x", m)?, blocks("moe_accumulate", "y", hidden.div_ceil(256))?, 1],
+        block: [ELEMENTWISE_THREADS, 1, 1],
+        args: vec![
+            Arg::Ptr(out),
+            Arg::Ptr(ye),
+            Arg::Ptr(rows_idx),
+            Arg::Ptr(weights),
+            Arg::I32(hidden as i32),
+        ],
+    })
+}
+
 /// Every kernel name the launch builders can produce, for the tables the host execution
 /// and the embedded modules are checked against.
 pub fn all_kernels() -> Vec<String> {
@@ -727,6 +770,8 @@ pub fn all_kernels() -> Vec<String> {
     v.push("kiln_rope_f32".into());
     v.push("kiln_kv_store_f16".into());
     v.push("kiln_moe_route".into());
+    v.push("kiln_gather_rows_u16".into());
+    v.push("kiln_moe_accumulate".into());
     for d in [64, 128, 256] {
         v.push(format!("kiln_attn_split_d{d}"));
     }
@@ -857,7 +902,7 @@ mod tests {
     #[test]
     fn every_kernel_name_maps_to_a_module() {
         let all = all_kernels();
-        assert_eq!(all.len(), 36 + 12 + 4 + 3);
+        assert_eq!(all.len(), 36 + 12 + 6 + 3);
         for k in &all {
             assert!(["qmv", "qmm", "attn", "elementwise"].contains(&module_of(k)), "{k}");
         }

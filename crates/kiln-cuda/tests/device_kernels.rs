@@ -65,7 +65,7 @@ fn every_kernel_matches_its_reference_on_the_gpu() {
         gpu.0.total_bytes()
     );
     type Case = fn(&Gpu);
-    let cases: [(&str, Case); 9] = [
+    let cases: [(&str, Case); 10] = [
         ("qmv", common::qmv_and_qmv_wide_match_the_reference_within_their_bound_and_each_other_bit_for_bit),
         ("rms_norm", common::rms_norm_matches_the_f64_formula_within_its_bound),
         ("silu_mul, add", common::silu_mul_and_add_match_their_formulas),
@@ -75,6 +75,7 @@ fn every_kernel_matches_its_reference_on_the_gpu() {
         ("kv_store", common::kv_store_rounds_new_keys_and_values_to_f16_in_place),
         ("qmm", common::qmm_matches_the_exact_product_within_its_bound_and_rows_do_not_depend_on_m),
         ("moe_route", common::moe_route_picks_kiln_models_experts_and_weights),
+        ("moe gather, accumulate", common::moe_gather_and_accumulate_follow_kiln_models_expert_loop),
     ];
     for (name, case) in cases {
         let t = std::time::Instant::now();

@@ -143,3 +143,8 @@ fn qmm_matches_the_exact_product_within_its_bound_and_rows_do_not_depend_on_m() 
 fn moe_route_picks_kiln_models_experts_and_weights() {
     common::moe_route_picks_kiln_models_experts_and_weights(&Host);
 }
+
+#[test]
+fn moe_gather_and_accumulate_follow_kiln_models_expert_loop() {
+    common::moe_gather_and_accumulate_follow_kiln_models_expert_loop(&Host);
+}

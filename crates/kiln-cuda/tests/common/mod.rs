@@ -702,3 +702,43 @@ pub fn moe_route_picks_kiln_models_experts_and_weights(be: &impl Backend) {
         }
     }
 }
+
+pub fn moe_gather_and_accumulate_follow_kiln_models_expert_loop(be: &impl Backend) {
+    // Three experts over 9 rows, each row routed to two of them; the experts run in
+    // ascending order and their outputs add up as kiln-model's loop adds them, bit for bit.
+    let mut rng = Rng(31);
+    let (rows, hidden) = (9usize, 300usize);
+    let x: Vec<u16> = (0..rows * hidden).map(|_| f16::from_f32(rng.sym(3.0)).to_bits()).collect();
+    let bx = up(be, &x);
+    let mut want = vec![0f32; rows * hidden];
+    let bout = up(be, &want);
+    for e in 0..3usize {
+        let members: Vec<i32> = (0..rows as i32).filter(|&r| !(r as usize + e).is_multiple_of(3)).collect();
+        let weights: Vec<f32> = members.iter().map(|_| rng.sym(1.0)).collect();
+        let m = members.len();
+        let (bidx, bw) = (up(be, &members), up(be, &weights));
+        let bxe = be.upload(&vec![0xffu8; m * hidden * 2]);
+        be.run(&launch::gather_rows(m, hidden, bx.addr(), bidx.addr(), bxe.addr()).unwrap());
+        let xe = bxe.read();
+        for (i, &r) in members.iter().enumerate() {
+            let got: Vec<u16> = xe[i * hidden * 2..(i + 1) * hidden * 2]
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect();
+            assert_eq!(&got[..], &x[r as usize * hidden..(r as usize + 1) * hidden], "expert {e} row {r}");
+        }
+        // Stand-in for the expert's output.
+        let ye: Vec<f32> = (0..m * hidden).map(|_| rng.sym(2.0)).collect();
+        let bye = up(be, &ye);
+        be.run(&launch::moe_accumulate(m, hidden, bout.addr(), bye.addr(), bidx.addr(), bw.addr()).unwrap());
+        for (i, &r) in members.iter().enumerate() {
+            let dst = &mut want[r as usize * hidden..(r as usize + 1) * hidden];
+            for (d, &y) in dst.iter_mut().zip(&ye[i * hidden..(i + 1) * hidden]) {
+                *d += weights[i] * y;
+            }
+        }
+    }
+    let got: Vec<u32> = f32s(&bout.read()).iter().map(|v| v.to_bits()).collect();
+    let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
+    assert_eq!(got, want);
+}
