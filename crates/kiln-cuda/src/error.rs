@@ -30,7 +30,7 @@ pub enum CudaError {
         count: i32,
     },
     /// A driver call failed.
-    #[error("CUDA driver call {call} failed: {detail}")]
+    #[error("the CUDA driver call {call} failed: {detail}")]
     Driver {
         /// The call.
         call: &'static str,
@@ -54,7 +54,7 @@ pub enum CudaError {
         in_use: u64,
     },
     /// The host execution has no kernel of that name.
-    #[error("unknown kernel {0}: the host execution registers no kernel of that name")]
+    #[error("unknown kernel {0}: no loaded module holds a kernel of that name")]
     UnknownKernel(String),
 }
 
