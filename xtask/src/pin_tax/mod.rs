@@ -8,6 +8,7 @@ pub mod abba;
 pub mod analysis;
 pub mod arms;
 pub mod mixed;
+pub mod plots;
 pub mod stats;
 pub mod sweep;
 

@@ -315,7 +315,7 @@ pub fn merge_run(
     if plot && spec.command == "longprompt" {
         let svg = path.with_extension("svg");
         match crate::plot::write_svg(&svg, &crate::bench_longprompt::panels(&rows)) {
-            Ok(()) => eprintln!("plot: {}", svg.display()),
+            Ok(_) => eprintln!("plot: {}", svg.display()),
             Err(e) => eprintln!("warning: no plot beside {}: {e:#}", path.display()),
         }
     }
