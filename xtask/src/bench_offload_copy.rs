@@ -338,6 +338,7 @@ impl BenchOffloadCopy {
             Ok(s) => s,
             Err(code) => return Ok(code),
         };
+        let run_dir = started.run_dir().to_path_buf();
         let mut run = Run {
             runner: started.runner(),
             layers: started.layers(),
@@ -426,6 +427,7 @@ impl BenchOffloadCopy {
         };
         console::out(&format!("\n{tally}\n"))?;
         run.write_tables(&path);
+        crate::report::write_or_warn(&run_dir);
         if let Some(sig) = interrupted {
             eprintln!(
                 "interrupted by {}: the running cell's process group was killed; finished rows are in {}",

@@ -405,6 +405,7 @@ impl BenchQuality {
         let md_path = out_dir.join("quality.md");
         std::fs::write(&md_path, markdown(&rows, &machine, &commit, &self))
             .with_context(|| format!("writing {}", md_path.display()))?;
+        crate::report::write_or_warn(&out_dir);
         let mut out = std::io::stdout().lock();
         writeln!(out, "{}", std::fs::read_to_string(&md_path)?)?;
         eprintln!("wrote {} and {}", csv_path.display(), md_path.display());

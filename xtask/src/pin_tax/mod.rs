@@ -312,6 +312,7 @@ impl QmvPinTax {
         } else {
             Some(write_record(&record_dir, &device, &env, self, &out, &text, &svg)?)
         };
+        crate::report::write_or_warn(&run_dir);
         console::out(&format!("\n{text}"))?;
         if let Some(r) = &record {
             eprintln!("record: {}", display(&root, r));

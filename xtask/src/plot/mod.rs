@@ -27,6 +27,7 @@ pub use layout::Layout;
 #[cfg(test)]
 pub use layout::{PanelLayout, Rect};
 pub use render::render;
+pub use style::escape;
 
 /// How an axis maps values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
