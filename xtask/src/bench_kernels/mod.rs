@@ -90,11 +90,14 @@ impl BenchKernels {
         if let Some(rev) = &self.compare {
             let target_dir =
                 criterion_dir.parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target"));
+            // The read bandwidth is measured in the same comparison, so each side's GB/s
+            // has its share of what the machine gave that side.
+            let filter = self.filter.as_ref().map(|f| format!("(?:{f})|^{BANDWIDTH_GROUP}/"));
             let section = compare::run(
                 &sh.current_dir(),
                 &target_dir,
                 rev,
-                self.filter.as_deref(),
+                filter.as_deref(),
                 self.rounds as usize,
                 self.quick,
                 self.noise_threshold,
