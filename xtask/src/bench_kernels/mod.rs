@@ -23,6 +23,7 @@
 
 mod compare;
 mod files;
+mod plot;
 mod render;
 mod stats;
 
@@ -185,6 +186,11 @@ impl BenchKernels {
         std::fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
         println!("\n{report}");
         println!("report written to {}", path.display());
+        let svg = path.with_extension("svg");
+        match crate::plot::write_svg(&svg, &plot::panels(&rows)) {
+            Ok(_) => println!("plot written to {}", svg.display()),
+            Err(e) => eprintln!("warning: no plot beside the report: {e:#}"),
+        }
         if !bench_ok {
             eprintln!("error: the benchmark run failed; benchmarks without results are listed as not run");
             return Ok(ExitCode::FAILURE);
