@@ -143,7 +143,12 @@ impl Layout {
                     }
                 }
                 for t in ticks.iter() {
-                    if t.label
+                    if scale == Scale::Category {
+                        if t.label.trim().is_empty() || t.value.fract() != 0.0 {
+                            say(format!("{axis} category tick at {} has no name", t.value));
+                        }
+                    } else if t
+                        .label
                         .parse::<f64>()
                         .map_or(true, |v| (v - t.value).abs() > 1e-6 * t.value.abs().max(1.0))
                     {

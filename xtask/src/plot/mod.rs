@@ -39,6 +39,8 @@ pub enum Scale {
     /// Logarithmic; an x axis is labelled at the values that occur (the ladder's lengths,
     /// the concurrency levels), a y axis at powers of ten.
     Log,
+    /// Named categories (schemes) at 0, 1, 2, ..., labelled with their names.
+    Category,
 }
 
 /// One axis: its label (with the unit) and scale.
@@ -50,12 +52,14 @@ pub struct Axis {
     pub scale: Scale,
     /// Start a linear axis at zero (rates, times), so a bar of the eye reads a ratio.
     pub from_zero: bool,
+    /// The names of a [`Scale::Category`] axis, value `i` being `categories[i]`.
+    pub categories: Vec<String>,
 }
 
 impl Axis {
     /// A linear axis.
     pub fn linear(label: impl Into<String>) -> Axis {
-        Axis { label: label.into(), scale: Scale::Linear, from_zero: false }
+        Axis { label: label.into(), scale: Scale::Linear, from_zero: false, categories: Vec::new() }
     }
     /// A linear axis from zero.
     pub fn from_zero(label: impl Into<String>) -> Axis {
@@ -68,6 +72,10 @@ impl Axis {
     /// A log axis.
     pub fn log(label: impl Into<String>) -> Axis {
         Axis { scale: Scale::Log, ..Axis::linear(label) }
+    }
+    /// An axis of named categories.
+    pub fn categories(label: impl Into<String>, names: Vec<String>) -> Axis {
+        Axis { scale: Scale::Category, categories: names, ..Axis::linear(label) }
     }
 }
 

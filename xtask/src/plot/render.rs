@@ -133,6 +133,15 @@ impl Map {
             };
             return Map { scale: Scale::Log, lo: a, hi: b, ticks };
         }
+        if ax.scale == Scale::Category {
+            let n = ax.categories.len().max(1) as f64;
+            return Map {
+                scale: Scale::Category,
+                lo: -0.5,
+                hi: n - 0.5,
+                ticks: (0..ax.categories.len()).map(|i| i as f64).collect(),
+            };
+        }
         let integer = ax.scale == Scale::Integer;
         if ax.from_zero {
             lo = lo.min(0.0);
@@ -232,8 +241,13 @@ fn measure(cell: Cell<'_>) -> Measured<'_> {
         .collect();
     let xm = Map::new(&p.x, &xs, true);
     let ym = Map::new(&p.y, &ys, false);
-    let x_labels = ticks::labels(&xm.ticks);
-    let y_labels = ticks::labels(&ym.ticks);
+    let labels = |ax: &Axis, m: &Map| match ax.scale {
+        Scale::Category => ax.categories.clone(),
+        Scale::Log => ticks::log_labels(&m.ticks),
+        _ => ticks::labels(&m.ticks),
+    };
+    let x_labels = labels(&p.x, &xm);
+    let y_labels = labels(&p.y, &ym);
     // A log x axis labelled at the values that occur gets the width its labels need.
     let mut plot_w = PLOT_W;
     for (w, l) in xm.ticks.windows(2).zip(x_labels.windows(2)) {

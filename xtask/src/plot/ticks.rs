@@ -75,6 +75,15 @@ pub fn labels(values: &[f64]) -> Vec<String> {
     values.iter().map(|v| format!("{v}")).collect()
 }
 
+/// Labels for a log axis: each value on its own terms, so 0.001 and 1000 sit on one axis
+/// as `0.001` and `1000`, and values beyond them in exponent form (`1e-8`, `2e6`).
+pub fn log_labels(values: &[f64]) -> Vec<String> {
+    values
+        .iter()
+        .map(|v| if (1e-3..1e6).contains(&v.abs()) { labels(&[*v]).remove(0) } else { format!("{v:e}") })
+        .collect()
+}
+
 /// `v` with `decimals` decimals, never `-0`.
 pub fn number(v: f64, decimals: usize) -> String {
     let s = format!("{v:.decimals$}");
@@ -101,6 +110,14 @@ mod tests {
         let mut u = ls.clone();
         u.dedup();
         assert_eq!(u.len(), ls.len(), "{ls:?}");
+    }
+
+    #[test]
+    fn log_labels_take_each_decade_on_its_own_terms() {
+        assert_eq!(
+            log_labels(&[1e-8, 1e-5, 0.01, 1.0, 2048.0, 5e6]),
+            ["1e-8", "1e-5", "0.01", "1", "2048", "5e6"]
+        );
     }
 
     #[test]

@@ -256,7 +256,9 @@ impl Run {
                     .into_iter()
                     .collect();
             }
-            Kind::Quality { .. } => return Vec::new(),
+            Kind::Quality { raw } => crate::bench_quality::panels(
+                &raw.iter().filter_map(crate::bench_quality::Scored::from_csv).collect::<Vec<_>>(),
+            ),
         };
         vec![crate::plot::render(&panels).0]
     }
