@@ -54,12 +54,19 @@ pub(super) fn panels(rows: &[Row]) -> Vec<Panel> {
         };
         by_threads.entry(*t).or_default().insert(name, pts);
     }
+    // Every panel lists every line (empty where that thread count lacks it), so a kernel
+    // keeps its colour and marker from panel to panel.
+    let names: std::collections::BTreeSet<String> =
+        by_threads.values().flat_map(|m| m.keys().cloned()).collect();
     by_threads
         .into_iter()
         .map(|(t, series)| {
             let measured = bandwidth.contains_key(&t);
             Panel {
-                series: series.into_iter().map(|(name, pts)| Series::line(name, pts)).collect(),
+                series: names
+                    .iter()
+                    .map(|n| Series::line(n.clone(), series.get(n).cloned().unwrap_or_default()))
+                    .collect(),
                 refs: if measured {
                     vec![RefLine { y: 100.0, name: "the read bandwidth".into() }]
                 } else {
@@ -116,11 +123,19 @@ mod tests {
         assert_eq!(p.x_ticks.iter().map(|t| t.label.as_str()).collect::<Vec<_>>(), ["1", "2", "8"]);
         assert_eq!(p.legend_entries, ["qmv_wide q4 n14336_k4096 (from qmv at M = 1)", "the read bandwidth"]);
         // qmv's 36 GB/s of 45 opens the line: 80% at M = 1, then qmv_wide at 2 and 8.
-        let s = &p.series[0];
+        let s = p.series.iter().find(|s| s.name.starts_with("qmv_wide")).unwrap();
         assert_eq!(s.line.as_ref().unwrap().len(), 3);
         let y80 = p.y_ticks.iter().find(|t| t.value == 80.0).unwrap().at;
         assert!((s.points[0].1 - y80).abs() < 0.5, "{:?} {y80}", s.points);
         // A shape with no batched kernel keeps its qmv point.
         assert!(l.panels[0].legend_entries.contains(&"qmv q8 n4096_k4096".to_string()));
+        assert!(
+            !p.legend_entries.contains(&"qmv q8 n4096_k4096".to_string()),
+            "no entry for a line not drawn"
+        );
+        let colour = |i: usize| {
+            l.panels[i].series.iter().find(|s| s.name.starts_with("qmv_wide")).unwrap().colour.clone()
+        };
+        assert_eq!(colour(0), colour(1), "a kernel keeps its colour across panels");
     }
 }
