@@ -319,6 +319,8 @@ pub fn merge_run(
             Err(e) => eprintln!("warning: no plot beside {}: {e:#}", path.display()),
         }
     }
+    // The run directory's page, from the merged CSV its env.json names.
+    crate::report::write_or_warn(run_dir);
     let by_key: BTreeMap<_, _> = rows.iter().map(|r| (r.key(), r.clone())).collect();
     let finished = summary::pair(&spec.plan, &by_key);
     let mut text = summary::render(&spec.plan, &finished, interrupted.map(child::signal_name));
