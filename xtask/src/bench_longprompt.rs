@@ -79,49 +79,74 @@ impl BenchLongprompt {
         let code = session.sweep(&plan, output, &self.sweep)?;
         let svg = csv.with_extension("svg");
         match rows::read_rows(&csv).and_then(|rows| plot::write_svg(&svg, &panels(&rows))) {
-            Ok(()) => eprintln!("plot: {}", svg.display()),
+            Ok(_) => eprintln!("plot: {}", svg.display()),
             Err(e) => eprintln!("warning: no plot beside {}: {e:#}", csv.display()),
         }
         Ok(code)
     }
 }
 
-/// Decode and prefill tok/s against prompt length, one line per model; a cell without a
-/// measurement is marked on the axis with its status.
+/// Decode and prefill tok/s against prompt length, one series per model (and engine,
+/// with `--peer`): the mean of a cell's repetitions with its 95% interval, each
+/// repetition a point beside it; a cell without a measurement is marked on the axis and
+/// listed with its status. Models more than 10x apart get a panel each.
 pub fn panels(rows: &[rows::Row]) -> Vec<plot::Panel> {
-    let mut models: Vec<&str> = Vec::new();
+    let name =
+        |r: &rows::Row| if r.is_peer() { format!("{} ({})", r.model, r.engine) } else { r.model.clone() };
+    let mut names: Vec<String> = Vec::new();
     for r in rows {
-        if !models.contains(&r.model.as_str()) {
-            models.push(&r.model);
+        if !names.contains(&name(r)) {
+            names.push(name(r));
         }
     }
-    let panel = |title: &str, rate: fn(&rows::Row) -> Option<f64>| plot::Panel {
-        title: title.to_string(),
-        x_label: "prompt tokens".into(),
-        y_label: "tok/s".into(),
-        log_x: true,
-        series: models
+    let panel = |metric: &str, rate: fn(&rows::Row) -> Option<f64>| {
+        let mut marks = Vec::new();
+        let series = names
             .iter()
-            .map(|m| plot::Series {
-                name: m.to_string(),
-                points: rows
-                    .iter()
-                    .filter(|r| r.model == *m && r.status == "ok")
-                    .filter_map(|r| Some((r.prompt_target_len? as f64, rate(r)?)))
-                    .collect(),
+            .map(|n| {
+                let mut lens: Vec<u64> =
+                    rows.iter().filter(|r| &name(r) == n).filter_map(|r| r.prompt_target_len).collect();
+                lens.sort_unstable();
+                lens.dedup();
+                let mut s = plot::Series::points(n.clone(), Vec::new());
+                s.join = true;
+                for len in lens {
+                    let cell: Vec<&rows::Row> =
+                        rows.iter().filter(|r| &name(r) == n && r.prompt_target_len == Some(len)).collect();
+                    let values: Vec<f64> =
+                        cell.iter().filter(|r| r.status == "ok").filter_map(|r| rate(r)).collect();
+                    match crate::student_t::interval(&values) {
+                        Some(i) => {
+                            s.points.push(plot::Point { x: len as f64, y: i.mean, interval: i.ci95 });
+                            if values.len() > 1 {
+                                s.samples.extend(values.iter().map(|v| (len as f64, *v)));
+                            }
+                        }
+                        None => {
+                            let mut statuses: Vec<&str> = cell.iter().map(|r| r.status.as_str()).collect();
+                            statuses.sort_unstable();
+                            statuses.dedup();
+                            marks.push(plot::Mark {
+                                series: n.clone(),
+                                x: len as f64,
+                                label: statuses.join(", "),
+                            });
+                        }
+                    }
+                }
+                s
             })
-            .collect(),
-        marks: rows
-            .iter()
-            .filter(|r| r.status != "ok")
-            .filter_map(|r| {
-                Some(plot::Mark {
-                    series: r.model.clone(),
-                    x: r.prompt_target_len? as f64,
-                    label: r.status.clone(),
-                })
-            })
-            .collect(),
+            .collect();
+        plot::Panel {
+            series,
+            marks,
+            split_when_spread: true,
+            ..plot::Panel::new(
+                metric,
+                plot::Axis::log("prompt length (tokens)"),
+                plot::Axis::from_zero(format!("{metric} (tok/s)")),
+            )
+        }
     };
     vec![panel("decode", |r| r.decode_tok_s), panel("prefill", |r| r.prefill_tok_s)]
 }
@@ -130,27 +155,109 @@ pub fn panels(rows: &[rows::Row]) -> Vec<plot::Panel> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_plot_has_a_line_per_model_and_marks_skipped_cells() {
-        let row = |model: &str, len: u64, status: &str, decode: Option<f64>| rows::Row {
+    fn row(model: &str, len: u64, status: &str, decode: Option<f64>, prefill: Option<f64>) -> rows::Row {
+        rows::Row {
             model: model.into(),
             prompt_target_len: Some(len),
             status: status.into(),
             decode_tok_s: decode,
-            prefill_tok_s: decode.map(|d| d * 10.0),
+            prefill_tok_s: prefill,
             ..rows::Row::default()
+        }
+    }
+
+    /// The recorded default sweep (benchmarks/cpu_vm_2026-11-30_longprompt.csv, written
+    /// before the knob columns, so read here by name).
+    fn recorded_sweep() -> Vec<rows::Row> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../benchmarks/cpu_vm_2026-11-30_longprompt.csv");
+        let mut rdr = csv::Reader::from_path(path).unwrap();
+        let h = rdr.headers().unwrap().clone();
+        let col = |r: &csv::StringRecord, name: &str| {
+            r.get(h.iter().position(|x| x == name).unwrap()).unwrap().to_string()
         };
-        let rs = [
-            row("a", 128, "ok", Some(50.0)),
-            row("a", 512, "ok", Some(40.0)),
-            row("b", 128, "ok", Some(20.0)),
-            row("b", 512, "SKIP:oom", None),
+        rdr.records()
+            .map(|r| {
+                let r = r.unwrap();
+                row(
+                    &col(&r, "model"),
+                    col(&r, "prompt_target_len").parse().unwrap(),
+                    &col(&r, "status"),
+                    col(&r, "decode_tok_s").parse().ok(),
+                    col(&r, "prefill_tok_s").parse().ok(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_recorded_sweep_gives_each_model_its_panel_at_the_ladder_lengths() {
+        let rows = recorded_sweep();
+        let l = plot::raster::check("longprompt", &panels(&rows));
+        // synthetic:tiny decodes at thousands of tok/s, the others at tens: one panel each,
+        // decode and prefill, so no model is flattened onto the axis.
+        let titles: Vec<&str> = l.panels.iter().map(|p| p.title.as_str()).collect();
+        assert_eq!(
+            titles,
+            [
+                "decode: synthetic:tiny",
+                "decode: synthetic:smollm-135m",
+                "decode: synthetic:qwen2.5-0.5b",
+                "prefill: synthetic:tiny",
+                "prefill: synthetic:smollm-135m",
+                "prefill: synthetic:qwen2.5-0.5b"
+            ]
+        );
+        for p in &l.panels {
+            let ticks: Vec<&str> = p.x_ticks.iter().map(|t| t.label.as_str()).collect();
+            assert_eq!(ticks, ["128", "512", "2048"], "{}", p.title);
+        }
+        // The skipped 2048-token cells are marked and listed, not drawn as values.
+        assert_eq!(l.panels[0].notes[0].0, "synthetic:tiny: SKIP:context at 2048");
+        assert_eq!(l.panels[0].series[0].points.len(), 2);
+        assert_eq!(l.panels[2].notes.len(), 0);
+    }
+
+    #[test]
+    fn repetitions_are_points_around_a_mean_with_its_interval_and_the_peer_its_own_series() {
+        // The one-thread run of docs/benchmark_results/peer-longprompt-qwen2.5-0.5b-epyc-avx2-2vcpu-2026-12-01.md.
+        let m = "synthetic:qwen2.5-0.5b@4bit-g32";
+        let recorded = [
+            (512, [(34.1, 64.3, 14.9, 34.0), (36.6, 79.3, 23.6, 47.0)]),
+            (2048, [(21.0, 53.0, 13.7, 38.1), (30.4, 71.6, 14.3, 38.3)]),
+            (8192, [(16.2, 47.7, 5.3, 30.0), (17.5, 51.0, 5.7, 31.7)]),
         ];
-        let p = panels(&rs);
-        assert_eq!(p.len(), 2);
-        assert_eq!(p[0].series.iter().map(|s| s.points.len()).collect::<Vec<_>>(), [2, 1]);
-        assert_eq!(p[1].series[0].points[1], (512.0, 400.0));
-        assert_eq!(p[0].marks.len(), 1);
-        assert_eq!((p[0].marks[0].series.as_str(), p[0].marks[0].label.as_str()), ("b", "SKIP:oom"));
+        let mut rows = Vec::new();
+        for (len, reps) in recorded {
+            for (k, (kd, kp, pd, pp)) in reps.into_iter().enumerate() {
+                let rep = k as u32 + 1;
+                rows.push(rows::Row {
+                    repetition: rep,
+                    engine: "kiln".into(),
+                    ..row(m, len, "ok", Some(kd), Some(kp))
+                });
+                rows.push(rows::Row {
+                    repetition: rep,
+                    engine: "llama-bench".into(),
+                    ..row(m, len, "ok", Some(pd), Some(pp))
+                });
+            }
+        }
+        rows.push(rows::Row {
+            repetition: 1,
+            engine: "kiln".into(),
+            ..row(m, 32768, "FAIL:timeout", None, None)
+        });
+        let l = plot::raster::check("repeat", &panels(&rows));
+        assert_eq!(l.panels.len(), 2, "within 10x: one panel per metric");
+        let p = &l.panels[0];
+        assert_eq!(p.legend_entries, [m.to_string(), format!("{m} (llama-bench)")]);
+        for s in &p.series {
+            assert_eq!((s.points.len(), s.samples.len(), s.intervals.len()), (3, 6, 3), "{}", s.name);
+        }
+        assert_eq!(
+            p.x_ticks.iter().map(|t| t.label.as_str()).collect::<Vec<_>>(),
+            ["512", "2048", "8192", "32768"]
+        );
+        assert_eq!(p.notes[0].0, format!("{m}: FAIL:timeout at 32768"));
     }
 }

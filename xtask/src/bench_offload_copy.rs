@@ -338,6 +338,7 @@ impl BenchOffloadCopy {
             Ok(s) => s,
             Err(code) => return Ok(code),
         };
+        let run_dir = started.run_dir().to_path_buf();
         let mut run = Run {
             runner: started.runner(),
             layers: started.layers(),
@@ -426,6 +427,7 @@ impl BenchOffloadCopy {
         };
         console::out(&format!("\n{tally}\n"))?;
         run.write_tables(&path);
+        crate::report::write_or_warn(&run_dir);
         if let Some(sig) = interrupted {
             eprintln!(
                 "interrupted by {}: the running cell's process group was killed; finished rows are in {}",
@@ -707,7 +709,7 @@ impl Run<'_> {
         }
         let svg = csv.with_extension("svg");
         match plot::write_svg(&svg, &panels(&self.rows)) {
-            Ok(()) => eprintln!("plot: {}", svg.display()),
+            Ok(_) => eprintln!("plot: {}", svg.display()),
             Err(e) => eprintln!("warning: no plot beside {}: {e:#}", csv.display()),
         }
     }
@@ -754,7 +756,8 @@ pub fn markdown(rows: &[OffloadRow]) -> String {
 }
 
 /// Expert-fetch time per token against the miss rate, one line per (geometry, batch
-/// size); a cell without a measurement is marked with its status.
+/// size); a cell without a measurement is marked with its status. Lines more than 10x
+/// apart get a panel each.
 pub fn panels(rows: &[OffloadRow]) -> Vec<plot::Panel> {
     let name = |r: &OffloadRow| format!("{}@{} bs={}", r.model, r.cache_slots, r.batch_size);
     let mut names: Vec<String> = Vec::new();
@@ -763,28 +766,37 @@ pub fn panels(rows: &[OffloadRow]) -> Vec<plot::Panel> {
             names.push(name(r));
         }
     }
-    vec![plot::Panel {
-        title: "expert-fetch time per token".into(),
-        x_label: "miss rate".into(),
-        y_label: "us/token".into(),
-        log_x: false,
-        series: names
-            .iter()
-            .map(|n| plot::Series {
-                name: n.clone(),
-                points: rows
-                    .iter()
+    let series: Vec<plot::Series> = names
+        .iter()
+        .map(|n| {
+            plot::Series::line(
+                n.clone(),
+                rows.iter()
                     .filter(|r| &name(r) == n && r.status == Status::Ok.as_str())
                     .filter_map(|r| Some((r.miss_rate, r.fetch_us_per_token?)))
                     .collect(),
-            })
-            .filter(|s| !s.points.is_empty())
-            .collect(),
-        marks: rows
-            .iter()
-            .filter(|r| r.status != Status::Ok.as_str() && r.status != Status::Unsupported.as_str())
-            .map(|r| plot::Mark { series: name(r), x: r.miss_rate, label: r.status.clone() })
-            .collect(),
+            )
+        })
+        .collect();
+    let marks: Vec<plot::Mark> = rows
+        .iter()
+        .filter(|r| r.status != Status::Ok.as_str() && r.status != Status::Unsupported.as_str())
+        .map(|r| plot::Mark { series: name(r), x: r.miss_rate, label: r.status.clone() })
+        .collect();
+    // A geometry refused outright has nothing to draw or mark.
+    let series = series
+        .into_iter()
+        .filter(|s| !s.points.is_empty() || marks.iter().any(|m| m.series == s.name))
+        .collect();
+    vec![plot::Panel {
+        series,
+        marks,
+        split_when_spread: true,
+        ..plot::Panel::new(
+            "expert-fetch time per token",
+            plot::Axis::linear("miss rate (share of expert lookups)"),
+            plot::Axis::from_zero("expert fetch (µs/token)"),
+        )
     }]
 }
 
@@ -847,7 +859,15 @@ mod tests {
         assert!(!md.contains("## m @ cache_slots=16"));
         let p = panels(&rows);
         assert_eq!(p[0].series.len(), 1);
-        assert_eq!(p[0].series[0].points, vec![(0.0, 1.0), (1.0, 9.0)]);
+        assert_eq!(p[0].series[0].points, vec![(0.0, 1.0).into(), (1.0, 9.0).into()]);
         assert!(p[0].marks.is_empty());
+        let mut rows = rows.to_vec();
+        rows.push(row(8, 4, 0.0, "ok", Some(0.5)));
+        rows.push(row(8, 4, 0.5, "ok", Some(2.5)));
+        rows.push(row(8, 4, 1.0, "FAIL:timeout", None));
+        let l = plot::raster::check("offload-copy", &panels(&rows));
+        let p = &l.panels[0];
+        assert_eq!((p.x_ticks[0].value, p.x_ticks.last().unwrap().value), (0.0, 1.0));
+        assert_eq!(p.notes[0].0, "m@8 bs=4: FAIL:timeout at 1");
     }
 }

@@ -405,6 +405,20 @@ impl BenchQuality {
         let md_path = out_dir.join("quality.md");
         std::fs::write(&md_path, markdown(&rows, &machine, &commit, &self))
             .with_context(|| format!("writing {}", md_path.display()))?;
+        let scored: Vec<Scored> = rows
+            .iter()
+            .map(|r| Scored {
+                model: r.model.clone(),
+                scheme: r.scheme.clone(),
+                kld_mean: r.kld_mean,
+                kld_se: r.kld_se,
+                top1_agree: r.top1_agree,
+            })
+            .collect();
+        if let Err(e) = crate::plot::write_svg(&out_dir.join("quality.svg"), &panels(&scored)) {
+            eprintln!("warning: no quality.svg: {e:#}");
+        }
+        crate::report::write_or_warn(&out_dir);
         let mut out = std::io::stdout().lock();
         writeln!(out, "{}", std::fs::read_to_string(&md_path)?)?;
         eprintln!("wrote {} and {}", csv_path.display(), md_path.display());
@@ -483,6 +497,84 @@ fn markdown(rows: &[Row], machine: &Machine, commit: &str, flags: &BenchQuality)
     s
 }
 
+/// What the quality plot needs of a row: from a run's rows, or read back from its CSV.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scored {
+    /// The model.
+    pub model: String,
+    /// The scheme (or a compared engine's name).
+    pub scheme: String,
+    /// Mean KL divergence from the reference, nats.
+    pub kld_mean: f64,
+    /// Its standard error.
+    pub kld_se: f64,
+    /// Share of positions with the reference's most likely token.
+    pub top1_agree: f64,
+}
+
+impl Scored {
+    /// From a row of quality.csv, keyed by its header; `None` when a value is missing.
+    pub fn from_csv(m: &std::collections::BTreeMap<String, String>) -> Option<Scored> {
+        let f = |k: &str| m.get(k)?.parse::<f64>().ok();
+        Some(Scored {
+            model: m.get("model")?.clone(),
+            scheme: m.get("scheme")?.clone(),
+            kld_mean: f("kld_mean")?,
+            kld_se: f("kld_se")?,
+            top1_agree: f("top1_agree")?,
+        })
+    }
+}
+
+/// The quality plot: mean KL divergence (log axis, with its 95% interval) and top-1
+/// agreement per scheme, one series per model; schemes are categories, never joined.
+pub fn panels(rows: &[Scored]) -> Vec<crate::plot::Panel> {
+    use crate::plot::{Axis, Panel, Point, Series};
+    let mut schemes: Vec<String> = Vec::new();
+    let mut models: Vec<String> = Vec::new();
+    for r in rows {
+        if !schemes.contains(&r.scheme) {
+            schemes.push(r.scheme.clone());
+        }
+        if !models.contains(&r.model) {
+            models.push(r.model.clone());
+        }
+    }
+    let at = |r: &Scored| schemes.iter().position(|s| *s == r.scheme).unwrap_or(0) as f64;
+    let series = |f: &dyn Fn(&Scored) -> Point| -> Vec<Series> {
+        models
+            .iter()
+            .map(|m| Series::points(m.clone(), rows.iter().filter(|r| r.model == *m).map(f).collect()))
+            .collect()
+    };
+    let kld = |r: &Scored| {
+        let half = 1.96 * r.kld_se;
+        Point {
+            x: at(r),
+            y: r.kld_mean,
+            interval: (r.kld_mean - half > 0.0).then_some((r.kld_mean - half, r.kld_mean + half)),
+        }
+    };
+    vec![
+        Panel {
+            series: series(&kld),
+            ..Panel::new(
+                "mean KL divergence from the reference",
+                Axis::categories("scheme", schemes.clone()),
+                Axis::log("mean KLD (nats)"),
+            )
+        },
+        Panel {
+            series: series(&|r| Point::from((at(r), 100.0 * r.top1_agree))),
+            ..Panel::new(
+                "top-1 agreement with the reference",
+                Axis::categories("scheme", schemes.clone()),
+                Axis::linear("top-1 agreement (%)"),
+            )
+        },
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -526,5 +618,35 @@ mod tests {
         assert_eq!(s.kld_p99, 197.0);
         assert_eq!(s.kld_median, 99.5);
         assert_eq!(s.kld_max, 199.0);
+    }
+
+    #[test]
+    fn the_recorded_schemes_plot_as_categories_with_their_intervals() {
+        // docs/benchmark_results/quality-smollm2-epyc-avx2-2vcpu-2026-12-01.md.
+        let m = "SmolLM2-135M-Instruct.Q4_1.gguf";
+        let rows: Vec<Scored> = [
+            ("int16", 4.074e-7, 9.1e-9, 1.0),
+            ("int8", 2.217e-3, 3.3e-5, 0.9671),
+            ("llama.cpp", 2.751e-3, 3.8e-5, 0.9626),
+            ("mlx-gguf", 1.920e-8, 5.9e-10, 1.0),
+            ("mlx-q4g64", 4.097e-1, 5.1e-3, 0.6112),
+        ]
+        .iter()
+        .map(|&(scheme, kld_mean, kld_se, top1_agree)| Scored {
+            model: m.into(),
+            scheme: scheme.into(),
+            kld_mean,
+            kld_se,
+            top1_agree,
+        })
+        .collect();
+        let l = crate::plot::raster::check("quality", &panels(&rows));
+        let p = &l.panels[0];
+        let ticks: Vec<&str> = p.x_ticks.iter().map(|t| t.label.as_str()).collect();
+        assert_eq!(ticks, ["int16", "int8", "llama.cpp", "mlx-gguf", "mlx-q4g64"]);
+        assert!(p.series[0].line.is_none(), "schemes are not a trend");
+        assert_eq!(p.series[0].intervals.len(), 5);
+        // Seven decades apart, on a log axis: every point is off the axis and inside.
+        assert!(p.y_ticks.len() >= 3, "{:?}", p.y_ticks);
     }
 }

@@ -16,6 +16,7 @@ mod peer;
 mod pin_tax;
 mod plot;
 mod quiet;
+mod report;
 mod runs;
 mod serve_bench;
 mod server;
@@ -54,6 +55,8 @@ enum Task {
     ServeBench(serve_bench::ServeBench),
     /// Price the qmv_wide narrow pin with interleaved (ABBA) boots of kiln serve.
     QmvPinTax(pin_tax::QmvPinTax),
+    /// Write report.html for run directories again from their files; compare two or more.
+    Report(report::Report),
     /// Join the rows of a `--runner slurm` sweep into its CSV and print the summary.
     Merge(sweep::slurm::merge::Merge),
     /// Run one cell of a planned sweep (what each Slurm task calls).
@@ -86,6 +89,7 @@ fn main() -> ExitCode {
         Task::OomRecord(t) => t.run(&sh),
         Task::ServeBench(t) => t.run(&sh),
         Task::QmvPinTax(t) => t.run(&sh),
+        Task::Report(t) => t.run(),
         Task::Merge(t) => t.run(),
         Task::SweepTask(t) => t.run(),
     };
@@ -105,7 +109,7 @@ fn main() -> ExitCode {
 /// above it whose Cargo.toml has a `[workspace]` table. Not the directory xtask was built
 /// from: two checkouts may share one target directory, and so one xtask binary. Outside
 /// any workspace, `cwd` itself.
-fn project_root(cwd: &Path) -> PathBuf {
+pub(crate) fn project_root(cwd: &Path) -> PathBuf {
     cwd.ancestors()
         .find(|dir| {
             std::fs::read_to_string(dir.join("Cargo.toml"))

@@ -13,14 +13,15 @@
 //! ratios), and the verdict is "regressed" or "improved" only when the whole interval
 //! lies beyond the noise threshold.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use super::files::{EstimatesFile, read_json};
-use super::render::fmt_time;
+use super::files::{BenchmarkFile, EstimatesFile, ThroughputFile, read_json};
+use super::render::{bandwidth_threads, fmt_time, parse_kernel_id};
 use super::{BENCH_PACKAGE, BENCH_TARGET};
 use crate::student_t::{self, Interval};
 
@@ -129,8 +130,9 @@ fn list(bin: &Path, filter: Option<&str>) -> Result<Vec<String>> {
     Ok(super::parse_list(&String::from_utf8_lossy(&out.stdout)))
 }
 
-/// Mean time per iteration of one fresh criterion run of benchmark `id`.
-fn measure(bin: &Path, id: &str, home: &Path, quick: bool) -> Result<f64> {
+/// Mean time per iteration of one fresh criterion run of benchmark `id`, and the bytes
+/// one iteration reads (its declared throughput), when it declares them.
+fn measure(bin: &Path, id: &str, home: &Path, quick: bool) -> Result<(f64, Option<u64>)> {
     let _ = std::fs::remove_dir_all(home);
     let pattern = format!("^{}$", regex_escape(id));
     let mut cmd = Command::new(bin);
@@ -150,7 +152,12 @@ fn measure(bin: &Path, id: &str, home: &Path, quick: bool) -> Result<f64> {
         );
     }
     let est: EstimatesFile = read_json(&home.join(id).join("new/estimates.json"))?;
-    Ok(est.mean.point_estimate)
+    let bench: BenchmarkFile = read_json(&home.join(id).join("new/benchmark.json"))?;
+    let bytes = match bench.throughput {
+        Some(ThroughputFile::Bytes(b) | ThroughputFile::BytesDecimal(b)) => Some(b),
+        _ => None,
+    };
+    Ok((est.mean.point_estimate, bytes))
 }
 
 fn regex_escape(s: &str) -> String {
@@ -168,6 +175,34 @@ pub(super) struct Compared {
     pub(super) id: String,
     /// (A ns, B ns) per round.
     pub(super) pairs: Vec<(f64, f64)>,
+    /// Bytes one iteration reads, when the benchmark declares them.
+    pub(super) bytes: Option<u64>,
+}
+
+impl Compared {
+    /// Mean time per iteration of one side over the rounds.
+    fn mean_ns(&self, side: Side) -> f64 {
+        let pick = |p: &(f64, f64)| if side == Side::A { p.0 } else { p.1 };
+        self.pairs.iter().map(pick).sum::<f64>() / self.pairs.len().max(1) as f64
+    }
+
+    /// GB/s (10^9 bytes per second) of one side, at its mean time.
+    fn gb_s(&self, side: Side) -> Option<f64> {
+        self.bytes.map(|b| b as f64 / self.mean_ns(side))
+    }
+}
+
+/// Each side's read bandwidth per thread count: the highest of its `read_bandwidth`
+/// benchmarks' GB/s, as the baseline report takes it.
+fn bandwidth(results: &[Compared], side: Side) -> BTreeMap<usize, f64> {
+    let mut bw = BTreeMap::new();
+    for c in results {
+        if let (Some(t), Some(g)) = (bandwidth_threads(&c.id), c.gb_s(side)) {
+            let e = bw.entry(t).or_insert(g);
+            *e = f64::max(*e, g);
+        }
+    }
+    bw
 }
 
 /// The markdown section of an interleaved comparison.
@@ -189,11 +224,39 @@ pub(super) fn render(
         &sha[..sha.len().min(12)],
         noise * 100.0
     );
-    let _ = writeln!(s, "| benchmark | A (mean of rounds) | B (mean of rounds) | B/A (95% CI) | verdict |");
-    let _ = writeln!(s, "|---|---:|---:|---|---|");
+    let (bw_a, bw_b) = (bandwidth(results, Side::A), bandwidth(results, Side::B));
+    if bw_a.is_empty() {
+        let _ = writeln!(s, "Read bandwidth: **not in this comparison**, so no percentages below.\n");
+    } else {
+        let list: Vec<String> = bw_a
+            .iter()
+            .map(|(t, a)| {
+                format!(
+                    "{a:.1} / {} GB/s with {t} thread(s)",
+                    bw_b.get(t).map_or("-".into(), |b| format!("{b:.1}"))
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "Read bandwidth A / B (the highest `read_bandwidth` measurement of each side): {}.\n",
+            list.join(", ")
+        );
+    }
+    let _ = writeln!(
+        s,
+        "| benchmark | A (mean of rounds) | B (mean of rounds) | B/A (95% CI) | verdict | GB/s A / B | % of read BW A / B |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---|---|---:|---:|");
     for c in results {
         let mean =
             |f: fn(&(f64, f64)) -> f64| c.pairs.iter().map(f).sum::<f64>() / c.pairs.len().max(1) as f64;
+        let gbs = |side| c.gb_s(side).map_or("n/a".to_string(), |g| format!("{g:.1}"));
+        let threads = parse_kernel_id(&c.id).map(|k| k.threads);
+        let share = |side, bw: &BTreeMap<usize, f64>| match (c.gb_s(side), threads.and_then(|t| bw.get(&t))) {
+            (Some(g), Some(b)) => format!("{:.0}%", 100.0 * g / b),
+            _ => "n/a".to_string(),
+        };
         let ratio = student_t::paired_ratio(&c.pairs.iter().map(|(a, b)| (*b, *a)).collect::<Vec<_>>());
         let shown = match ratio {
             Some(Interval { mean, ci95: Some((lo, hi)), .. }) => format!("{mean:.3} [{lo:.3}, {hi:.3}]"),
@@ -202,11 +265,15 @@ pub(super) fn render(
         };
         let _ = writeln!(
             s,
-            "| `{}` | {} | {} | {shown} | {} |",
+            "| `{}` | {} | {} | {shown} | {} | {} / {} | {} / {} |",
             c.id,
             fmt_time(mean(|p| p.0)),
             fmt_time(mean(|p| p.1)),
-            judge(ratio, noise).as_str()
+            judge(ratio, noise).as_str(),
+            gbs(Side::A),
+            gbs(Side::B),
+            share(Side::A, &bw_a),
+            share(Side::B, &bw_b)
         );
     }
     if !missing.is_empty() {
@@ -250,11 +317,14 @@ pub(super) fn run(
     let mut results = Vec::new();
     for (i, id) in both.iter().enumerate() {
         let (mut a, mut b) = (Vec::new(), Vec::new());
+        let mut bytes = None;
         for side in order(rounds) {
-            match side {
-                Side::A => a.push(measure(&bin_a, id, &home.join("a"), quick)?),
-                Side::B => b.push(measure(&bin_b, id, &home.join("b"), quick)?),
-            }
+            let (ns, by) = match side {
+                Side::A => measure(&bin_a, id, &home.join("a"), quick)?,
+                Side::B => measure(&bin_b, id, &home.join("b"), quick)?,
+            };
+            bytes = bytes.or(by);
+            if side == Side::A { a.push(ns) } else { b.push(ns) }
         }
         let pairs: Vec<(f64, f64)> = a.into_iter().zip(b).collect();
         let r = student_t::paired_ratio(&pairs.iter().map(|(a, b)| (*b, *a)).collect::<Vec<_>>());
@@ -264,7 +334,7 @@ pub(super) fn run(
             both.len(),
             r.map_or("-".into(), |r| format!("{:.3}", r.mean))
         );
-        results.push(Compared { id: id.clone(), pairs });
+        results.push(Compared { id: id.clone(), pairs, bytes });
     }
     Ok(render(rev, &sha, rounds, noise, &results, &missing))
 }
@@ -311,15 +381,27 @@ mod tests {
             Compared {
                 id: "qmv/q4_g64_n4096_k4096_m1/t1".into(),
                 pairs: vec![(100.0, 130.0), (102.0, 134.0), (98.0, 128.0)],
+                bytes: Some(2000),
             },
             Compared {
                 id: "qmv/q4_g64_n4096_k4096_m1/t2".into(),
                 pairs: vec![(100.0, 99.0), (90.0, 92.0), (110.0, 108.0)],
+                bytes: None,
+            },
+            // 40 GB/s on A, 25 on B (the machine's load, say): each side's share uses its own.
+            Compared {
+                id: "read_bandwidth/sum_1024MiB_start/t1".into(),
+                pairs: vec![(25.0, 40.0)],
+                bytes: Some(1000),
             },
         ];
         let text = render("main", "0123456789abcdef", 3, 0.01, &results, &["`x/y/t1`".into()]);
         assert!(text.contains("`main` (0123456789ab) = A"), "{text}");
         assert!(text.contains("| `qmv/q4_g64_n4096_k4096_m1/t1` | 100.0 ns | 130.7 ns | 1.307 ["), "{text}");
+        // 2000 bytes in 100 ns: 20 GB/s, half of A's 40; in 130.7 ns: 15.3 GB/s, 61% of B's 25.
+        assert!(text.contains("| **regressed** | 20.0 / 15.3 | 50% / 61% |"), "{text}");
+        assert!(text.contains("| within noise | n/a / n/a | n/a / n/a |"), "{text}");
+        assert!(text.contains("Read bandwidth A / B (the highest `read_bandwidth` measurement of each side): 40.0 / 25.0 GB/s with 1 thread(s)."), "{text}");
         assert!(text.contains("| **regressed** |"), "{text}");
         assert!(text.contains("| within noise |"), "{text}");
         assert!(text.contains("In one tree only (not compared): `x/y/t1`"), "{text}");

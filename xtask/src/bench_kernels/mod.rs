@@ -23,6 +23,7 @@
 
 mod compare;
 mod files;
+mod plot;
 mod render;
 mod stats;
 
@@ -90,11 +91,14 @@ impl BenchKernels {
         if let Some(rev) = &self.compare {
             let target_dir =
                 criterion_dir.parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target"));
+            // The read bandwidth is measured in the same comparison, so each side's GB/s
+            // has its share of what the machine gave that side.
+            let filter = self.filter.as_ref().map(|f| format!("(?:{f})|^{BANDWIDTH_GROUP}/"));
             let section = compare::run(
                 &sh.current_dir(),
                 &target_dir,
                 rev,
-                self.filter.as_deref(),
+                filter.as_deref(),
                 self.rounds as usize,
                 self.quick,
                 self.noise_threshold,
@@ -182,6 +186,11 @@ impl BenchKernels {
         std::fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
         println!("\n{report}");
         println!("report written to {}", path.display());
+        let svg = path.with_extension("svg");
+        match crate::plot::write_svg(&svg, &plot::panels(&rows)) {
+            Ok(_) => println!("plot written to {}", svg.display()),
+            Err(e) => eprintln!("warning: no plot beside the report: {e:#}"),
+        }
         if !bench_ok {
             eprintln!("error: the benchmark run failed; benchmarks without results are listed as not run");
             return Ok(ExitCode::FAILURE);

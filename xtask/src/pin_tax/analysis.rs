@@ -343,49 +343,6 @@ pub fn plural(unit: &str) -> String {
     if unit.ends_with('s') { format!("{unit}es") } else { format!("{unit}s") }
 }
 
-/// The plot: narrow/wide of each decode metric against B, with its 95% interval, and the
-/// line at 1 (no tax).
-pub fn panels(rows: &[TaxRow]) -> Vec<crate::plot::Panel> {
-    use crate::plot::{Panel, Series};
-    let decode: Vec<(&TaxRow, f64)> = rows
-        .iter()
-        .filter(|r| !r.contaminated)
-        .filter_map(|r| Some((r, r.cell.strip_prefix("decode B=")?.parse::<f64>().ok()?)))
-        .collect();
-    let metrics: Vec<&str> = {
-        let mut m: Vec<&str> = decode.iter().map(|(r, _)| r.metric.as_str()).collect();
-        m.dedup();
-        m.sort();
-        m.dedup();
-        m
-    };
-    let mut series = Vec::new();
-    for m in &metrics {
-        let pick = |f: &dyn Fn(&Ratio) -> Option<f64>| -> Vec<(f64, f64)> {
-            decode
-                .iter()
-                .filter(|(r, _)| r.metric == *m)
-                .filter_map(|(r, b)| Some((*b, f(r.ratio.as_ref()?)?)))
-                .collect()
-        };
-        series.push(Series { name: format!("{m}: narrow/wide"), points: pick(&|x| Some(x.ratio)) });
-        series.push(Series { name: format!("{m}: 95% CI low"), points: pick(&|x| x.ci95.map(|c| c.0)) });
-        series.push(Series { name: format!("{m}: 95% CI high"), points: pick(&|x| x.ci95.map(|c| c.1)) });
-    }
-    let bs: Vec<f64> = decode.iter().map(|(_, b)| *b).collect();
-    if let (Some(lo), Some(hi)) = (bs.iter().copied().reduce(f64::min), bs.iter().copied().reduce(f64::max)) {
-        series.push(Series { name: "no tax".into(), points: vec![(lo, 1.0), (hi, 1.0)] });
-    }
-    vec![Panel {
-        title: "qmv_wide pin: narrow/wide in batched decode".into(),
-        x_label: "concurrent streams B".into(),
-        y_label: "narrow / wide".into(),
-        log_x: true,
-        series,
-        marks: Vec::new(),
-    }]
-}
-
 /// Mean per-boot timings: what the driver adds around the server's own start-up.
 pub fn boot_timings(boots: &[BootRecord]) -> Option<String> {
     if boots.is_empty() {

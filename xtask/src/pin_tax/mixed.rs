@@ -16,8 +16,7 @@ use serde_json::json;
 
 use super::abba::{Better, CellDef, CellMeasure, MetricDef, Mode, PassRecord};
 use super::analysis::{Design, TaxRow};
-use super::arms::Arm;
-use crate::plot::{Panel, Series};
+use crate::plot::Panel;
 use crate::serve_bench::client::{self, Endpoint, Prompt, RequestResult, RequestSpec, Target};
 use crate::serve_bench::load;
 
@@ -249,8 +248,8 @@ impl Mode for Mixed {
         Design::MIXED
     }
 
-    fn panels(&self, rows: &[TaxRow], passes: &[PassRecord]) -> Vec<Panel> {
-        Mixed::plot(rows, passes)
+    fn panels(&self, _rows: &[TaxRow], passes: &[PassRecord]) -> Vec<Panel> {
+        super::plots::mixed(passes, [CLASSIC.name, SPEC.name])
     }
 
     fn server_args(&self) -> Vec<OsString> {
@@ -383,37 +382,6 @@ fn failed(key: String, error: String) -> RequestResult {
     r.ok = false;
     r.error = Some(error);
     r
-}
-
-impl Mixed {
-    /// The plot: each boot's mean classic and speculative rate over its counted windows,
-    /// one line per arm and stream kind, against the boot number.
-    fn plot(_rows: &[TaxRow], passes: &[PassRecord]) -> Vec<Panel> {
-        let mut series = Vec::new();
-        for metric in [CLASSIC.name, SPEC.name] {
-            for arm in [Arm::A, Arm::B] {
-                let mut by_boot: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
-                for p in passes.iter().filter(|p| p.arm == arm && p.ok && p.invalid.is_none() && p.pass > 0) {
-                    if let Some(v) = p.cells.first().and_then(|c| c.metrics.get(metric)) {
-                        by_boot.entry(p.boot).or_default().push(*v);
-                    }
-                }
-                let points = by_boot
-                    .into_iter()
-                    .map(|(b, v)| (b as f64, v.iter().sum::<f64>() / v.len() as f64))
-                    .collect();
-                series.push(Series { name: format!("{}: {metric}", arm.as_str()), points });
-            }
-        }
-        vec![Panel {
-            title: "mixed: classic and speculative decode per boot".into(),
-            x_label: "boot".into(),
-            y_label: "tok/s (mean of counted windows)".into(),
-            log_x: false,
-            series,
-            marks: Vec::new(),
-        }]
-    }
 }
 
 #[cfg(test)]

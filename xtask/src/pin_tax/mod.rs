@@ -8,6 +8,7 @@ pub mod abba;
 pub mod analysis;
 pub mod arms;
 pub mod mixed;
+pub mod plots;
 pub mod stats;
 pub mod sweep;
 
@@ -312,6 +313,7 @@ impl QmvPinTax {
         } else {
             Some(write_record(&record_dir, &device, &env, self, &out, &text, &svg)?)
         };
+        crate::report::write_or_warn(&run_dir);
         console::out(&format!("\n{text}"))?;
         if let Some(r) = &record {
             eprintln!("record: {}", display(&root, r));

@@ -116,7 +116,7 @@ impl Mode for Sweep {
     }
 
     fn panels(&self, rows: &[TaxRow], _passes: &[PassRecord]) -> Vec<crate::plot::Panel> {
-        super::analysis::panels(rows)
+        super::plots::sweep(rows)
     }
 
     fn server_args(&self) -> Vec<OsString> {

@@ -268,6 +268,7 @@ impl ServeBench {
                 &output::panels(&done, self.rate.is_some()),
             )?;
         }
+        crate::report::write_or_warn(&run_dir);
         console::out(&format!("\n{text}"))?;
         eprintln!("results: {}", display(&root, &run_dir));
         if let Some(sig) = interrupted {

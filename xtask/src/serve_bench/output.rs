@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::client::{RequestResult, TokensFrom};
 use super::stats::Summary;
-use crate::plot::{Panel, Series};
+use crate::plot::{Axis, Panel, Series};
 
 /// One level's results.
 #[derive(Clone, Debug, Serialize)]
@@ -230,35 +230,31 @@ pub fn markdown(levels: &[LevelSummary]) -> String {
     s
 }
 
-/// The two panels of the plot: latency percentiles, and throughput, against the level.
+/// The plot: one panel per latency (TTFT, TPOT, ITL, E2E: p50 and p99, ms) and one of
+/// throughput, against the level. Concurrency levels sit on a log axis labelled at the
+/// levels that ran; a rate on a linear one.
 pub fn panels(levels: &[LevelSummary], open_loop: bool) -> Vec<Panel> {
-    let x_label = if open_loop { "request rate (req/s)" } else { "concurrency" };
-    let line = |name: &str, f: &dyn Fn(&LevelSummary) -> Option<f64>| Series {
-        name: name.to_string(),
-        points: levels.iter().filter_map(|l| Some((l.x(), f(l)?))).collect(),
+    let x = || if open_loop { Axis::linear("request rate (req/s)") } else { Axis::log("concurrent streams") };
+    let line = |name: &str, f: &dyn Fn(&LevelSummary) -> Option<f64>| {
+        Series::line(name, levels.iter().filter_map(|l| Some((l.x(), f(l)?))).collect())
+    };
+    let latency = |metric: &str,
+                   p50: &dyn Fn(&LevelSummary) -> Option<f64>,
+                   p99: &dyn Fn(&LevelSummary) -> Option<f64>| {
+        Panel {
+            series: vec![line(&format!("{metric} p50"), p50), line(&format!("{metric} p99"), p99)],
+            split_when_spread: true,
+            ..Panel::new(metric, x(), Axis::from_zero(format!("{metric} (ms)")))
+        }
     };
     vec![
+        latency("TTFT", &|l| l.ttft.median, &|l| l.ttft.p99),
+        latency("TPOT", &|l| l.tpot.median, &|l| l.tpot.p99),
+        latency("ITL", &|l| l.itl.median, &|l| l.itl.p99),
+        latency("E2E", &|l| l.e2e.median, &|l| l.e2e.p99),
         Panel {
-            title: "latency".into(),
-            x_label: x_label.into(),
-            y_label: "ms".into(),
-            log_x: !open_loop,
-            series: vec![
-                line("TTFT p50", &|l| l.ttft.median),
-                line("TTFT p99", &|l| l.ttft.p99),
-                line("TPOT p50", &|l| l.tpot.median),
-                line("TPOT p99", &|l| l.tpot.p99),
-                line("ITL p99", &|l| l.itl.p99),
-            ],
-            marks: Vec::new(),
-        },
-        Panel {
-            title: "throughput".into(),
-            x_label: x_label.into(),
-            y_label: "output tok/s".into(),
-            log_x: !open_loop,
             series: vec![line("output tok/s", &|l| Some(l.output_tok_s))],
-            marks: Vec::new(),
+            ..Panel::new("throughput", x(), Axis::from_zero("output (tok/s)"))
         },
     ]
 }
@@ -302,5 +298,48 @@ mod tests {
         assert_eq!(csv_record(&l).len(), csv_header().len());
         let md = markdown(&[l]);
         assert!(md.contains("| c=2 | 2 | 1 | 5.0 | 1.00 | 20.0 / 29.8 |"), "{md}");
+    }
+
+    /// Levels from docs/benchmark_results/serve-streams-epyc-avx2-2vcpu-2026-11-30.md:
+    /// streams, mean TTFT (s), mean step (ms), aggregate tok/s; p99s set above them.
+    fn recorded_levels() -> Vec<LevelSummary> {
+        [(1, 3.4, 93.6, 10.76), (2, 5.8, 244.5, 8.18), (4, 10.0, 320.6, 12.48), (8, 20.1, 516.6, 15.43)]
+            .iter()
+            .map(|&(c, ttft_s, step_ms, tok_s)| {
+                let sum = |median: f64, p99: f64| Summary {
+                    n: 32,
+                    mean: Some(median),
+                    median: Some(median),
+                    p90: Some(p99 * 0.9),
+                    p95: Some(p99 * 0.95),
+                    p99: Some(p99),
+                };
+                let mut l = LevelSummary::of(format!("c={c}"), Some(c), None, &[], 10.0);
+                l.ttft = sum(ttft_s * 1e3, ttft_s * 1.4e3);
+                l.tpot = sum(step_ms, step_ms * 1.2);
+                l.itl = sum(step_ms, step_ms * 14.0);
+                l.e2e = sum(ttft_s * 1e3 + 63.0 * step_ms, (ttft_s * 1e3 + 63.0 * step_ms) * 1.3);
+                l.output_tok_s = tok_s;
+                l
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_levels_plot_labels_the_levels_that_ran_and_splits_far_apart_percentiles() {
+        let l = crate::plot::raster::check("serve-bench", &panels(&recorded_levels(), false));
+        for p in &l.panels {
+            let ticks: Vec<&str> = p.x_ticks.iter().map(|t| t.label.as_str()).collect();
+            assert_eq!(ticks, ["1", "2", "4", "8"], "{}", p.title);
+        }
+        let titles: Vec<&str> = l.panels.iter().map(|p| p.title.as_str()).collect();
+        // ITL's p99 is 14x its median: a panel each; the others share theirs.
+        assert_eq!(titles, ["TTFT", "TPOT", "ITL: ITL p50", "ITL: ITL p99", "E2E", "throughput"]);
+        // An open-loop run has one rate: a linear axis around it.
+        let mut one = recorded_levels();
+        one.truncate(1);
+        (one[0].concurrency, one[0].rate) = (None, Some(2.0));
+        let l = crate::plot::raster::check("serve-bench-rate", &panels(&one, true));
+        assert!(l.panels[0].x_ticks.iter().any(|t| t.value == 2.0), "{:?}", l.panels[0].x_ticks);
     }
 }

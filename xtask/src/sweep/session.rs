@@ -265,7 +265,10 @@ impl Session {
             peer: flags.series.peer.clone().map(|spec| started.peer_runner(spec)),
             quiet: (flags.series.limits(), flags.series.quiet_wait()),
         };
-        Ok(ExitCode::from(driver.run(runner, output)?))
+        let code = driver.run(runner, output)?;
+        // Every row is on disk: the page a person opens first, drawn from those files.
+        crate::report::write_or_warn(&started.run_dir);
+        Ok(ExitCode::from(code))
     }
 
     /// Builds the engine when the session was asked to; `Some(code)` when a signal ended
@@ -449,6 +452,11 @@ pub struct Started {
 }
 
 impl Started {
+    /// The run directory.
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
     /// Signals and child exits: one shutdown point for the run.
     pub fn shutdown(&self) -> &Shutdown {
         &self.session.shutdown

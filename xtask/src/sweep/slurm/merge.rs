@@ -315,10 +315,12 @@ pub fn merge_run(
     if plot && spec.command == "longprompt" {
         let svg = path.with_extension("svg");
         match crate::plot::write_svg(&svg, &crate::bench_longprompt::panels(&rows)) {
-            Ok(()) => eprintln!("plot: {}", svg.display()),
+            Ok(_) => eprintln!("plot: {}", svg.display()),
             Err(e) => eprintln!("warning: no plot beside {}: {e:#}", path.display()),
         }
     }
+    // The run directory's page, from the merged CSV its env.json names.
+    crate::report::write_or_warn(run_dir);
     let by_key: BTreeMap<_, _> = rows.iter().map(|r| (r.key(), r.clone())).collect();
     let finished = summary::pair(&spec.plan, &by_key);
     let mut text = summary::render(&spec.plan, &finished, interrupted.map(child::signal_name));

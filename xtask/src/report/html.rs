@@ -1,0 +1,158 @@
+//! The pieces of a self-contained HTML page: escaping, tables, the stylesheet, and the
+//! small part of markdown the harness writes (headings, tables, lists, code, paragraphs).
+
+use std::fmt::Write as _;
+
+pub use crate::plot::escape;
+
+/// The page's stylesheet, inline: no network, no scripts.
+pub const CSS: &str = "body{font-family:DejaVu Sans,Verdana,Arial,sans-serif;margin:24px;color:#222;max-width:1800px}\
+h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}h3{font-size:15px}\
+table{border-collapse:collapse;margin:8px 0;font-size:13px}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}\
+th{background:#f2f2f2}td.n{text-align:right;font-variant-numeric:tabular-nums}\
+code,pre{font-family:DejaVu Sans Mono,monospace;font-size:12px}pre{background:#f6f6f6;padding:8px;overflow-x:auto;white-space:pre-wrap}\
+.bad{color:#b00020}.good{color:#006d2c}.plot{overflow-x:auto}.note{color:#555;font-size:13px}";
+
+/// A table; `numeric[i]` right-aligns column i. Every cell is escaped.
+pub fn table(headers: &[&str], rows: &[Vec<String>], numeric: &[bool]) -> String {
+    let mut s = String::from("<table><tr>");
+    for h in headers {
+        let _ = write!(s, "<th>{}</th>", escape(h));
+    }
+    s.push_str("</tr>\n");
+    for r in rows {
+        s.push_str("<tr>");
+        for (i, c) in r.iter().enumerate() {
+            let class = if numeric.get(i).copied().unwrap_or(false) { " class=\"n\"" } else { "" };
+            let _ = write!(s, "<td{class}>{}</td>", escape(c));
+        }
+        s.push_str("</tr>\n");
+    }
+    s.push_str("</table>\n");
+    s
+}
+
+fn inline(text: &str) -> String {
+    // `code` spans, everything else as text.
+    let mut out = String::new();
+    for (i, part) in text.split('`').enumerate() {
+        if i % 2 == 1 {
+            let _ = write!(out, "<code>{}</code>", escape(part));
+        } else {
+            out.push_str(&escape(part));
+        }
+    }
+    out
+}
+
+fn cells(line: &str) -> Vec<String> {
+    let t = line.trim().trim_start_matches('|').trim_end_matches('|');
+    t.split('|').map(|c| c.trim().to_string()).collect()
+}
+
+/// Markdown as the harness writes it, to HTML; anything it does not know is a paragraph.
+pub fn markdown(md: &str) -> String {
+    let mut out = String::new();
+    let lines: Vec<&str> = md.lines().collect();
+    let mut i = 0;
+    while i < lines.len() {
+        let l = lines[i];
+        let t = l.trim();
+        if t.starts_with("```") {
+            let mut code = Vec::new();
+            i += 1;
+            while i < lines.len() && !lines[i].trim().starts_with("```") {
+                code.push(lines[i]);
+                i += 1;
+            }
+            let _ = writeln!(out, "<pre>{}</pre>", escape(&code.join("\n")));
+        } else if t.starts_with('|') {
+            let mut rows = Vec::new();
+            while i < lines.len() && lines[i].trim().starts_with('|') {
+                let r = cells(lines[i]);
+                if !r.iter().all(|c| !c.is_empty() && c.chars().all(|ch| matches!(ch, '-' | ':' | ' '))) {
+                    rows.push(r);
+                }
+                i += 1;
+            }
+            let mut s = String::from("<table>");
+            for (k, r) in rows.iter().enumerate() {
+                let tag = if k == 0 { "th" } else { "td" };
+                s.push_str("<tr>");
+                for c in r {
+                    let _ = write!(s, "<{tag}>{}</{tag}>", inline(c));
+                }
+                s.push_str("</tr>\n");
+            }
+            s.push_str("</table>\n");
+            out.push_str(&s);
+            continue;
+        } else if let Some(h) = t.strip_prefix('#') {
+            let level = 1 + h.chars().take_while(|c| *c == '#').count();
+            let level = (level + 1).min(6);
+            let _ = writeln!(out, "<h{level}>{}</h{level}>", inline(h.trim_start_matches('#').trim()));
+        } else if let Some(item) = t.strip_prefix("- ") {
+            let mut items = vec![item.to_string()];
+            i += 1;
+            while i < lines.len() && lines[i].trim().starts_with("- ") {
+                items.push(lines[i].trim()[2..].to_string());
+                i += 1;
+            }
+            out.push_str("<ul>");
+            for it in items {
+                let _ = write!(out, "<li>{}</li>", inline(&it));
+            }
+            out.push_str("</ul>\n");
+            continue;
+        } else if !t.is_empty() {
+            let _ = writeln!(out, "<p>{}</p>", inline(t));
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Whether an SVG file may go into the page as it is: one the harness drew (no script,
+/// no event handler, no external reference).
+pub fn svg_is_inert(svg: &str) -> bool {
+    let lower = svg.to_ascii_lowercase();
+    lower.trim_start().starts_with("<svg")
+        && !["<script", "javascript:", "<foreignobject", "href=", "<iframe", "<image", "@import", "url("]
+            .iter()
+            .any(|bad| lower.contains(bad))
+        && !lower.split(|c: char| c.is_whitespace()).any(|w| w.starts_with("on") && w.contains('='))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markdown_tables_headings_and_code_become_html_with_the_text_escaped() {
+        let md = "# Title <x>\n\n| a | b |\n|---|---:|\n| `1` | <b>2</b> |\n\n- one\n- two & three\n\n```\nx < y\n```\nplain";
+        let h = markdown(md);
+        assert!(h.contains("<h2>Title &lt;x&gt;</h2>"), "{h}");
+        assert!(h.contains("<tr><th>a</th><th>b</th></tr>"), "{h}");
+        assert!(h.contains("<td><code>1</code></td><td>&lt;b&gt;2&lt;/b&gt;</td>"), "{h}");
+        assert!(
+            h.contains("<li>two &amp; three</li>")
+                && h.contains("<pre>x &lt; y</pre>")
+                && h.contains("<p>plain</p>")
+        );
+    }
+
+    #[test]
+    fn only_inert_svg_goes_into_a_page() {
+        let (ok, _) = crate::plot::render(&[]);
+        assert!(svg_is_inert(&ok));
+        for bad in [
+            "<svg><script>alert(1)</script></svg>",
+            "<svg onload=\"x()\"></svg>",
+            "<svg><a href=\"javascript:x\"></a></svg>",
+            "<svg><image href=\"http://x/y.png\"/></svg>",
+            "<html><svg></svg>",
+        ] {
+            assert!(!svg_is_inert(bad), "{bad}");
+        }
+    }
+}

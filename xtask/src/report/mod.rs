@@ -1,0 +1,202 @@
+//! `report.html`, the page a person opens first: one self-contained file per run
+//! directory (inline SVG and CSS, no script, nothing fetched) with the run's command and
+//! fingerprint, its summary table, its plots, every cell that was skipped or failed with
+//! the reason, and links to the files beside it. Everything is read back from the run's
+//! files, so `cargo xtask report RUN_DIR` re-renders it at any time, and given several
+//! runs writes them side by side with each later run's ratio to the first, per cell.
+
+mod compare;
+mod html;
+mod runs;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+
+use self::html::{CSS, escape, table};
+pub use self::runs::Run;
+use crate::console::usage;
+
+/// Flags of `cargo xtask report`.
+#[derive(clap::Args)]
+pub struct Report {
+    /// Run directories (benchmarks/runs/<stamp>-<command>); with two or more, the later
+    /// ones are compared with the first.
+    #[arg(value_name = "RUN_DIR", required = true)]
+    run_dirs: Vec<PathBuf>,
+    /// Where the comparison goes [default: compare.html in the last RUN_DIR].
+    #[arg(long, value_name = "FILE")]
+    output: Option<PathBuf>,
+}
+
+impl Report {
+    pub fn run(self) -> Result<ExitCode> {
+        let mut runs = Vec::new();
+        for d in &self.run_dirs {
+            let dir = crate::sweep::user_path(d)?;
+            if !dir.is_dir() {
+                usage!(
+                    "{} is not a directory: give run directories (benchmarks/runs/<stamp>-<command>)",
+                    d.display()
+                );
+            }
+            let run = match Run::load(&dir) {
+                Ok(r) => r,
+                Err(e) => usage!("{}: {e:#}", d.display()),
+            };
+            let path = write_page(&run)?;
+            eprintln!("report: {}", path.display());
+            runs.push(run);
+        }
+        if runs.len() > 1 {
+            let page = match compare::page(&runs) {
+                Ok(p) => p,
+                Err(e) => usage!("{e:#}"),
+            };
+            let out = match &self.output {
+                Some(o) => crate::sweep::user_path(o)?,
+                None => runs.last().map(|r| r.dir.join("compare.html")).unwrap_or_default(),
+            };
+            crate::plot::write_atomically(&out, page.as_bytes())?;
+            eprintln!("comparison: {}", out.display());
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// Writes `run_dir/report.html` from the run's files; what a task calls when it ends.
+/// A failure is a warning: the measurements are already on disk.
+pub fn write_or_warn(run_dir: &Path) {
+    match Run::load(run_dir).and_then(|r| write_page(&r)) {
+        Ok(p) => eprintln!("report: {}", p.display()),
+        Err(e) => eprintln!("warning: no report.html in {}: {e:#}", run_dir.display()),
+    }
+}
+
+fn write_page(run: &Run) -> Result<PathBuf> {
+    let path = run.dir.join("report.html");
+    crate::plot::write_atomically(&path, page(run).as_bytes())
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// The page's head and title.
+fn head(title: &str) -> String {
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\">\
+<title>{}</title><style>{CSS}</style></head><body>\n<h1>{}</h1>\n",
+        escape(title),
+        escape(title)
+    )
+}
+
+/// One run's page.
+pub fn page(run: &Run) -> String {
+    let mut s = head(&format!("{}: {}", run.kind.name(), run.name));
+    let _ = writeln!(s, "<h2>Command</h2>\n<pre>{}</pre>", escape(&run.command()));
+    let _ = writeln!(s, "<h2>Fingerprint</h2>");
+    let fp: Vec<Vec<String>> = run.fingerprint().into_iter().map(|(k, v)| vec![k, v]).collect();
+    s.push_str(&if fp.is_empty() {
+        "<p class=\"note\">no env.json in the run directory</p>\n".into()
+    } else {
+        table(&["key", "value"], &fp, &[])
+    });
+    let _ = writeln!(s, "<h2>Summary</h2>");
+    s.push_str(&run.summary_html());
+    let plots = run.plots();
+    if !plots.is_empty() {
+        let _ = writeln!(s, "<h2>Plots</h2>");
+        for svg in plots {
+            let _ = writeln!(s, "<div class=\"plot\">{svg}</div>");
+        }
+    }
+    let (headers, problems) = run.problems();
+    let _ = writeln!(s, "<h2>Skipped and failed</h2>");
+    if problems.is_empty() {
+        let _ = writeln!(s, "<p>none: every cell was measured</p>");
+    } else {
+        let _ = writeln!(s, "<p>{} cell(s) without a measurement:</p>", problems.len());
+        s.push_str(&table(&headers, &problems, &[]));
+    }
+    let _ = writeln!(s, "<h2>Files</h2>\n<ul>");
+    for (href, label) in run.files() {
+        let _ = writeln!(s, "<li><a href=\"{}\">{}</a></li>", escape(&href), escape(&label));
+    }
+    s.push_str("</ul>\n</body></html>\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+    use crate::serve_bench::output::{LevelSummary, csv_header, csv_record};
+
+    fn serve_dir(dir: &Path, tok_s: f64) {
+        fs::write(
+            dir.join("env.json"),
+            r#"{"command": ["xtask", "serve-bench", "--url", "http://x/<y>"], "commit": "abc"}"#,
+        )
+        .unwrap();
+        let mut w = csv::Writer::from_path(dir.join("levels.csv")).unwrap();
+        w.write_record(csv_header()).unwrap();
+        for c in [1usize, 4] {
+            let mut l = LevelSummary::of(format!("c={c}"), Some(c), None, &[], 2.0);
+            l.output_tok_s = tok_s * c as f64;
+            w.write_record(csv_record(&l)).unwrap();
+        }
+        w.flush().unwrap();
+        fs::write(
+            dir.join("requests.jsonl"),
+            "{\"level\":\"c=4\",\"key\":\"c=4/3\",\"ok\":false,\"error\":\"connection <reset>\",\"warmup\":false}\n{\"level\":\"c=4\",\"key\":\"c=4/4\",\"ok\":true}\n{\"cut sho",
+        )
+        .unwrap();
+        fs::write(dir.join("summary.md"), "| level | ok |\n|---|---:|\n| c=1 | 4 |\n").unwrap();
+    }
+
+    #[test]
+    fn a_serve_bench_page_escapes_its_data_and_lists_failed_requests() {
+        let d = tempfile::tempdir().unwrap();
+        serve_dir(d.path(), 10.0);
+        let run = Run::load(d.path()).unwrap();
+        let html = page(&run);
+        assert!(html.contains("http://x/&lt;y&gt;") && !html.contains("<y>"), "{html}");
+        assert!(html.contains("<td>c=4/3</td>") && html.contains("connection &lt;reset&gt;"), "{html}");
+        assert!(html.contains("1 cell(s) without a measurement"), "{html}");
+        assert!(html.contains(">throughput</text>") && html.contains("<td>c=1</td><td>4</td>"), "{html}");
+        assert!(html.contains("href=\"levels.csv\"") && html.contains("href=\"requests.jsonl\""));
+    }
+
+    #[test]
+    fn two_serve_runs_compare_level_by_level_and_other_tasks_are_refused() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        serve_dir(a.path(), 10.0);
+        serve_dir(b.path(), 15.0);
+        let runs = [Run::load(a.path()).unwrap(), Run::load(b.path()).unwrap()];
+        let html = compare::page(&runs).unwrap();
+        let row = html.lines().find(|l| l.contains("<td>c=4</td><td>output tok/s</td>")).unwrap();
+        assert!(
+            row.ends_with(
+                "<td class=\"n\">40.000</td><td class=\"n\">60.000</td><td class=\"n\">1.500</td></tr>"
+            ),
+            "{row}"
+        );
+        // A pin-tax run is its own comparison.
+        let p = tempfile::tempdir().unwrap();
+        fs::write(
+            p.path().join("passes.jsonl"),
+            "{\"boot\":1,\"arm\":\"narrow\",\"pass\":1,\"ok\":false,\"reason\":\"boom\"}\n",
+        )
+        .unwrap();
+        fs::write(p.path().join("tax.svg"), "<svg onload=\"x()\"></svg>").unwrap();
+        let tax = Run::load(p.path()).unwrap();
+        let html = page(&tax);
+        assert!(html.contains("<td>boom</td>") && !html.contains("onload"), "{html}");
+        let err = compare::page(&[runs.into_iter().next().unwrap(), tax]).unwrap_err().to_string();
+        assert!(err.contains("only runs of one task compare"), "{err}");
+    }
+}

@@ -1,0 +1,447 @@
+//! A run directory read back from its files: which task wrote it, its env.json, and its
+//! rows (the sweep's CSV, which env.json names; levels.csv; passes.jsonl; quality.csv).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use super::html::{self, table};
+use crate::bench_offload_copy::OffloadRow;
+use crate::serve_bench::output::LevelSummary;
+use crate::serve_bench::stats::Summary;
+use crate::sweep::rows::{self, Row};
+
+/// What a run directory holds.
+pub enum Kind {
+    /// bench-longprompt or bench-decode: the CSV env.json names.
+    Sweep { csv: PathBuf, rows: Vec<Row> },
+    /// bench-offload-copy.
+    Offload { csv: PathBuf, rows: Vec<OffloadRow>, raw: Vec<BTreeMap<String, String>> },
+    /// serve-bench: levels.csv.
+    Serve { levels: Vec<LevelSummary>, open_loop: bool },
+    /// qmv-pin-tax: summary.md, tax.svg, passes.jsonl.
+    PinTax { passes: Vec<Value> },
+    /// bench-quality: quality.csv and quality.md.
+    Quality { raw: Vec<BTreeMap<String, String>> },
+}
+
+impl Kind {
+    /// The task's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Kind::Sweep { .. } => "decode sweep",
+            Kind::Offload { .. } => "offload copy",
+            Kind::Serve { .. } => "serve-bench",
+            Kind::PinTax { .. } => "qmv-pin-tax",
+            Kind::Quality { .. } => "bench-quality",
+        }
+    }
+}
+
+/// One run.
+pub struct Run {
+    /// Its directory.
+    pub dir: PathBuf,
+    /// The directory's name.
+    pub name: String,
+    /// env.json, when there is one.
+    pub env: Option<Value>,
+    /// Its rows.
+    pub kind: Kind,
+}
+
+fn read_csv_maps(path: &Path) -> Result<Vec<BTreeMap<String, String>>> {
+    let mut rdr = csv::Reader::from_path(path).with_context(|| format!("reading {}", path.display()))?;
+    let headers = rdr.headers()?.clone();
+    let mut out = Vec::new();
+    for rec in rdr.records() {
+        let rec = rec.with_context(|| format!("reading {}", path.display()))?;
+        out.push(headers.iter().zip(rec.iter()).map(|(h, v)| (h.to_string(), v.to_string())).collect());
+    }
+    Ok(out)
+}
+
+fn read_jsonl(path: &Path) -> Result<Vec<Value>> {
+    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    // A last line cut short (the run was killed mid-write) is left out, not an error.
+    Ok(text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
+}
+
+/// levels.csv back into the summaries the plot draws.
+fn read_levels(path: &Path) -> Result<Vec<LevelSummary>> {
+    let maps = read_csv_maps(path)?;
+    let f = |m: &BTreeMap<String, String>, k: &str| m.get(k).and_then(|v| v.parse::<f64>().ok());
+    let sum = |m: &BTreeMap<String, String>, metric: &str| Summary {
+        n: 0,
+        mean: f(m, &format!("{metric}_mean")),
+        median: f(m, &format!("{metric}_p50")),
+        p90: f(m, &format!("{metric}_p90")),
+        p95: f(m, &format!("{metric}_p95")),
+        p99: f(m, &format!("{metric}_p99")),
+    };
+    Ok(maps
+        .iter()
+        .map(|m| {
+            let mut l = LevelSummary::of(
+                m.get("level").cloned().unwrap_or_default(),
+                m.get("concurrency").and_then(|v| v.parse().ok()),
+                f(m, "rate"),
+                &[],
+                f(m, "wall_s").unwrap_or(0.0),
+            );
+            l.requests = f(m, "requests").unwrap_or(0.0) as usize;
+            l.ok = f(m, "ok").unwrap_or(0.0) as usize;
+            l.failed = f(m, "failed").unwrap_or(0.0) as usize;
+            l.output_tokens = f(m, "output_tokens").unwrap_or(0.0) as u64;
+            l.output_tok_s = f(m, "output_tok_s").unwrap_or(0.0);
+            l.req_s = f(m, "req_s").unwrap_or(0.0);
+            l.ttft = sum(m, "ttft_ms");
+            l.tpot = sum(m, "tpot_ms");
+            l.itl = sum(m, "itl_ms");
+            l.e2e = sum(m, "e2e_ms");
+            l.client_cpu_s = f(m, "client_cpu_s").unwrap_or(0.0);
+            l.server_cpu_s = f(m, "server_cpu_s");
+            l
+        })
+        .collect())
+}
+
+impl Run {
+    /// Reads `dir`.
+    pub fn load(dir: &Path) -> Result<Run> {
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let env_path = dir.join("env.json");
+        let env: Option<Value> = if env_path.is_file() {
+            Some(
+                serde_json::from_str(&fs::read_to_string(&env_path)?)
+                    .with_context(|| format!("{} is not JSON", env_path.display()))?,
+            )
+        } else {
+            None
+        };
+        let kind = if dir.join("levels.csv").is_file() {
+            let levels = read_levels(&dir.join("levels.csv"))?;
+            let open_loop = levels.iter().any(|l| l.concurrency.is_none());
+            Kind::Serve { levels, open_loop }
+        } else if dir.join("passes.jsonl").is_file() {
+            Kind::PinTax { passes: read_jsonl(&dir.join("passes.jsonl"))? }
+        } else if dir.join("quality.csv").is_file() {
+            Kind::Quality { raw: read_csv_maps(&dir.join("quality.csv"))? }
+        } else if let Some(out) = env.as_ref().and_then(|e| e.get("output")).and_then(Value::as_str) {
+            // The output path as the task wrote it: absolute, or relative to the workspace.
+            let csv = PathBuf::from(out);
+            let csv = if csv.is_absolute() { csv } else { crate::project_root(dir).join(csv) };
+            let head = fs::read_to_string(&csv)
+                .with_context(|| format!("reading {}, the run's CSV (env.json's output)", csv.display()))?;
+            let first = head.lines().next().unwrap_or_default();
+            if first == rows::HEADER.join(",") {
+                let rows = rows::read_rows(&csv)?;
+                Kind::Sweep { csv, rows }
+            } else if first == crate::bench_offload_copy::HEADER.join(",") {
+                let mut rdr = csv::Reader::from_path(&csv)?;
+                let rows = rdr
+                    .deserialize()
+                    .collect::<Result<Vec<OffloadRow>, _>>()
+                    .with_context(|| format!("reading {}", csv.display()))?;
+                Kind::Offload { raw: read_csv_maps(&csv)?, csv, rows }
+            } else {
+                bail!("{} has neither the sweep's nor the offload sweep's header", csv.display());
+            }
+        } else {
+            bail!(
+                "not a run directory: it has no levels.csv (serve-bench), passes.jsonl (qmv-pin-tax), quality.csv (bench-quality) or env.json naming a sweep's CSV"
+            );
+        };
+        Ok(Run { dir: dir.to_path_buf(), name, env, kind })
+    }
+
+    /// The command line that made the run, from env.json.
+    pub fn command(&self) -> String {
+        match self.env.as_ref().and_then(|e| e.get("command")) {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    let s = v.as_str().unwrap_or_default();
+                    if !s.is_empty()
+                        && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./:=@,+".contains(c))
+                    {
+                        s.to_string()
+                    } else {
+                        format!("'{}'", s.replace('\'', r"'\''"))
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
+            Some(Value::String(s)) => s.clone(),
+            _ => "(not recorded)".into(),
+        }
+    }
+
+    /// env.json's plain values, in its order (nested objects as JSON).
+    pub fn fingerprint(&self) -> Vec<(String, String)> {
+        let Some(Value::Object(m)) = &self.env else { return Vec::new() };
+        m.iter()
+            .filter(|(k, _)| k.as_str() != "command")
+            .map(|(k, v)| {
+                let v = match v {
+                    Value::String(s) => s.clone(),
+                    Value::Null => "-".into(),
+                    other => other.to_string(),
+                };
+                (k.clone(), v)
+            })
+            .collect()
+    }
+
+    /// The summary, as HTML.
+    pub fn summary_html(&self) -> String {
+        match &self.kind {
+            Kind::Sweep { rows, .. } => {
+                let cells = sweep_cells(rows);
+                let body: Vec<Vec<String>> = cells
+                    .iter()
+                    .map(|(k, c)| {
+                        vec![
+                            k.0.clone(),
+                            k.1.clone(),
+                            k.2.to_string(),
+                            format!("{} / {}", c.ok, c.ran),
+                            rate(&c.decode),
+                            rate(&c.prefill),
+                            c.statuses.join(", "),
+                        ]
+                    })
+                    .collect();
+                table(
+                    &[
+                        "model",
+                        "engine",
+                        "prompt tokens",
+                        "ok / ran",
+                        "decode tok/s",
+                        "prefill tok/s",
+                        "status",
+                    ],
+                    &body,
+                    &[false, false, true, true, true, true, false],
+                )
+            }
+            Kind::Offload { rows, .. } => html::markdown(&crate::bench_offload_copy::markdown(rows)),
+            Kind::Serve { .. } | Kind::PinTax { .. } => self.markdown_file("summary.md"),
+            Kind::Quality { .. } => self.markdown_file("quality.md"),
+        }
+    }
+
+    fn markdown_file(&self, name: &str) -> String {
+        match fs::read_to_string(self.dir.join(name)) {
+            Ok(md) => html::markdown(&md),
+            Err(e) => format!("<p class=\"bad\">{}</p>\n", html::escape(&format!("no {name}: {e}"))),
+        }
+    }
+
+    /// The plots, as inline SVG: drawn again from the rows, or (the pin tax's) the run's
+    /// own file when it is inert.
+    pub fn plots(&self) -> Vec<String> {
+        let panels = match &self.kind {
+            Kind::Sweep { rows, .. } => crate::bench_longprompt::panels(rows),
+            Kind::Offload { rows, .. } => crate::bench_offload_copy::panels(rows),
+            Kind::Serve { levels, open_loop } => crate::serve_bench::output::panels(levels, *open_loop),
+            Kind::PinTax { .. } => {
+                return fs::read_to_string(self.dir.join("tax.svg"))
+                    .ok()
+                    .filter(|s| html::svg_is_inert(s))
+                    .into_iter()
+                    .collect();
+            }
+            Kind::Quality { raw } => crate::bench_quality::panels(
+                &raw.iter().filter_map(crate::bench_quality::Scored::from_csv).collect::<Vec<_>>(),
+            ),
+        };
+        vec![crate::plot::render(&panels).0]
+    }
+
+    /// Every cell without a measurement: the table's header and rows.
+    pub fn problems(&self) -> (Vec<&'static str>, Vec<Vec<String>>) {
+        match &self.kind {
+            Kind::Sweep { rows, .. } => (
+                vec!["model", "engine", "prompt tokens", "repetition", "status", "reason"],
+                rows.iter()
+                    .filter(|r| r.status != "ok")
+                    .map(|r| {
+                        vec![
+                            r.model.clone(),
+                            engine(r),
+                            r.prompt_target_len.map_or_else(|| r.prompt.clone(), |l| l.to_string()),
+                            r.repetition.to_string(),
+                            r.status.clone(),
+                            r.reason.clone(),
+                        ]
+                    })
+                    .collect(),
+            ),
+            Kind::Offload { raw, .. } => (
+                vec!["model", "cache_slots", "batch_size", "miss_rate", "status"],
+                raw.iter()
+                    .filter(|m| m.get("status").is_some_and(|s| s != "ok"))
+                    .map(|m| {
+                        ["model", "cache_slots", "batch_size", "miss_rate", "status"]
+                            .iter()
+                            .map(|k| m.get(*k).cloned().unwrap_or_default())
+                            .collect()
+                    })
+                    .collect(),
+            ),
+            Kind::Serve { .. } => {
+                let reqs = read_jsonl(&self.dir.join("requests.jsonl")).unwrap_or_default();
+                (
+                    vec!["level", "request", "warm-up", "HTTP status", "error"],
+                    reqs.iter()
+                        .filter(|r| r.get("ok").and_then(Value::as_bool) == Some(false))
+                        .map(|r| {
+                            let s = |k: &str| {
+                                r.get(k).map_or(String::new(), |v| {
+                                    v.as_str().map_or_else(|| v.to_string(), str::to_string)
+                                })
+                            };
+                            vec![s("level"), s("key"), s("warmup"), s("http_status"), s("error")]
+                        })
+                        .collect(),
+                )
+            }
+            Kind::PinTax { passes } => (
+                vec!["boot", "arm", "pass", "why it does not count"],
+                passes
+                    .iter()
+                    .filter(|p| p.get("pass").and_then(Value::as_u64).unwrap_or(0) > 0)
+                    .filter(|p| {
+                        p.get("ok").and_then(Value::as_bool) != Some(true)
+                            || p.get("invalid").is_some_and(|v| !v.is_null())
+                    })
+                    .map(|p| {
+                        let s = |k: &str| {
+                            p.get(k).map_or(String::new(), |v| {
+                                v.as_str().map_or_else(|| v.to_string(), str::to_string)
+                            })
+                        };
+                        let why = p
+                            .get("reason")
+                            .and_then(Value::as_str)
+                            .or_else(|| p.get("invalid").and_then(Value::as_str))
+                            .unwrap_or("failed");
+                        vec![s("boot"), s("arm"), s("pass"), why.to_string()]
+                    })
+                    .collect(),
+            ),
+            Kind::Quality { .. } => (Vec::new(), Vec::new()),
+        }
+    }
+
+    /// Links to the files beside the report (and the sweep's CSV, wherever it is):
+    /// (href, label).
+    pub fn files(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        if let Kind::Sweep { csv, .. } | Kind::Offload { csv, .. } = &self.kind {
+            let href = relative(&self.dir, csv);
+            out.push((href.clone(), format!("{href} (the run's CSV)")));
+        }
+        let mut names: Vec<String> = fs::read_dir(&self.dir)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        for n in names.into_iter().filter(|n| n != "report.html" && !n.starts_with('.')) {
+            let size = fs::metadata(self.dir.join(&n)).map(|m| m.len()).unwrap_or(0);
+            out.push((percent_encode(&n), format!("{n} ({size} bytes)")));
+        }
+        out
+    }
+}
+
+/// A peer's rows carry their engine; kiln's say kiln.
+pub fn engine(r: &Row) -> String {
+    if r.is_peer() { r.engine.clone() } else { "kiln".into() }
+}
+
+/// One cell of a sweep over its repetitions.
+#[derive(Default)]
+pub struct CellStats {
+    /// Rows with status ok.
+    pub ok: usize,
+    /// Rows.
+    pub ran: usize,
+    /// The ok rows' decode rates.
+    pub decode: Vec<f64>,
+    /// Their prefill rates.
+    pub prefill: Vec<f64>,
+    /// The other statuses seen.
+    pub statuses: Vec<String>,
+}
+
+/// A sweep's cells, keyed (model, engine, prompt length), in sweep order.
+pub fn sweep_cells(rows: &[Row]) -> Vec<((String, String, u64), CellStats)> {
+    let mut out: Vec<((String, String, u64), CellStats)> = Vec::new();
+    for r in rows {
+        let key = (r.model.clone(), engine(r), r.prompt_target_len.unwrap_or(0));
+        let i = match out.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                out.push((key, CellStats::default()));
+                out.len() - 1
+            }
+        };
+        let c = &mut out[i].1;
+        c.ran += 1;
+        if r.status == "ok" {
+            c.ok += 1;
+            c.decode.extend(r.decode_tok_s);
+            c.prefill.extend(r.prefill_tok_s);
+        } else if !c.statuses.contains(&r.status) {
+            c.statuses.push(r.status.clone());
+        }
+    }
+    out
+}
+
+/// `mean` or `mean [lo, hi]` (the 95% interval over repetitions), `-` for none.
+pub fn rate(v: &[f64]) -> String {
+    match crate::student_t::interval(v) {
+        None => "-".into(),
+        Some(i) => match i.ci95 {
+            Some((lo, hi)) => format!("{:.1} [{lo:.1}, {hi:.1}]", i.mean),
+            None => format!("{:.1}", i.mean),
+        },
+    }
+}
+
+/// The mean of `v`, when any.
+pub fn mean(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~/".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// `to` as a link relative to the directory `from` (both made absolute).
+fn relative(from: &Path, to: &Path) -> String {
+    let abs = |p: &Path| fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let (from, to) = (abs(from), abs(to));
+    let a: Vec<_> = from.components().collect();
+    let b: Vec<_> = to.components().collect();
+    let common = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let mut parts: Vec<String> = vec!["..".into(); a.len() - common];
+    parts.extend(b[common..].iter().map(|c| c.as_os_str().to_string_lossy().into_owned()));
+    percent_encode(&parts.join("/"))
+}

@@ -1,0 +1,131 @@
+//! `report.html` and `cargo xtask report` end to end: two real sweeps on the tiny model,
+//! the page each run directory gets, the comparison of the two, bad input, and (with
+//! `KILN_TEST_CHROMIUM` set, as CI does) the page rendered by a real headless browser.
+
+// Shared with the sweep tests; not every helper is used here.
+#[allow(dead_code)]
+mod util;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use util::Sandbox;
+
+const SWEEP: [&str; 8] =
+    ["--models", "synthetic:tiny", "--lengths", "16 2048", "--max-tokens", "4", "--warmup-tokens", "1"];
+
+fn run_dirs(sb: &Sandbox) -> Vec<PathBuf> {
+    let mut d: Vec<PathBuf> = fs::read_dir(sb.path("runs")).unwrap().map(|e| e.unwrap().path()).collect();
+    d.sort();
+    d
+}
+
+#[test]
+fn every_sweep_run_gets_a_report_and_two_runs_compare_per_cell() {
+    let sb = Sandbox::new();
+    // 2048 tokens exceed tiny's context: a skipped cell the page must list with its reason.
+    let a = sb.run("bench-longprompt", &SWEEP);
+    a.expect_code(1).expect_stderr("report: ");
+    let mut second = SWEEP.to_vec();
+    let b_csv = sb.path("b.csv");
+    second.extend(["--output", b_csv.to_str().unwrap()]);
+    sb.run("bench-longprompt", &second).expect_code(1);
+    let dirs = run_dirs(&sb);
+    assert_eq!(dirs.len(), 2, "{a}");
+    let page = fs::read_to_string(dirs[0].join("report.html")).unwrap();
+    for needle in [
+        "<!DOCTYPE html>",
+        "bench-longprompt --kiln-bin",
+        "--models synthetic:tiny --lengths &#39;16 2048&#39;",
+        "<h2>Fingerprint</h2>",
+        "<td>commit</td>",
+        "<svg xmlns=\"http://www.w3.org/2000/svg\"",
+        ">decode (tok/s)</text>",
+        "SKIP:context",
+        "exceed the model&#39;s context",
+        "href=\"../../out.csv\"",
+        "href=\"env.json\"",
+    ] {
+        assert!(page.contains(needle), "report.html lacks {needle:?}:\n{page}");
+    }
+    // Self-contained: no script, and no address but the SVG namespace.
+    assert!(!page.contains("<script"));
+    assert_eq!(
+        page.matches("http").count(),
+        page.matches("http://www.w3.org/2000/svg").count() + 1,
+        "the CSP line aside"
+    );
+    // Re-rendered from the files alone, it is the same page.
+    fs::remove_file(dirs[0].join("report.html")).unwrap();
+    let r = sb.run("report", &[dirs[0].to_str().unwrap(), dirs[1].to_str().unwrap()]);
+    r.expect_code(0).expect_stderr("comparison: ");
+    let again = fs::read_to_string(dirs[0].join("report.html")).unwrap();
+    assert_eq!(again, page, "{r}");
+    let cmp = fs::read_to_string(dirs[1].join("compare.html")).unwrap();
+    for needle in ["<th>B/A</th>", "synthetic:tiny (kiln) @ 16", "decode tok/s", "output (differs)"] {
+        assert!(cmp.contains(needle), "compare.html lacks {needle:?}:\n{cmp}");
+    }
+    // Each measured cell has a ratio; the skipped one has none.
+    let row =
+        cmp.lines().find(|l| l.contains("synthetic:tiny (kiln) @ 16") && l.contains("decode tok/s")).unwrap();
+    let ratio: f64 =
+        row.rsplit("<td class=\"n\">").next().unwrap().split('<').next().unwrap().parse().unwrap();
+    assert!(ratio > 0.0, "{row}");
+    let skipped = cmp.lines().find(|l| l.contains("@ 2048") && l.contains("decode tok/s")).unwrap();
+    assert!(skipped.ends_with("<td class=\"n\">-</td></tr>"), "{skipped}");
+    if let Some(chromium) = std::env::var_os("KILN_TEST_CHROMIUM") {
+        screenshot_is_not_blank(Path::new(&chromium), &dirs[0].join("report.html"), sb.dir.path());
+    } else {
+        eprintln!("KILN_TEST_CHROMIUM unset: report.html was not rendered in a browser");
+    }
+}
+
+#[test]
+fn report_refuses_what_is_not_a_run_directory() {
+    let sb = Sandbox::new();
+    sb.run("report", &[sb.path("nowhere").to_str().unwrap()])
+        .expect_code(2)
+        .expect_stderr("is not a directory");
+    fs::create_dir(sb.path("empty")).unwrap();
+    sb.run("report", &[sb.path("empty").to_str().unwrap()])
+        .expect_code(2)
+        .expect_stderr("not a run directory");
+}
+
+/// Headless Chromium (the flags the machine notes say work offline) draws the page; the
+/// screenshot must have the page's text and plot: many pixels that are not background.
+fn screenshot_is_not_blank(chromium: &Path, page: &Path, tmp: &Path) {
+    let shot = tmp.join("report.png");
+    let profile = tmp.join("chromium-profile");
+    let out = Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            "--window-size=1400,1800",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .unwrap_or_else(|e| panic!("KILN_TEST_CHROMIUM={}: {e}", chromium.display()));
+    assert!(
+        shot.is_file(),
+        "chromium wrote no screenshot: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let png = resvg::tiny_skia::Pixmap::load_png(&shot).expect("a PNG screenshot");
+    let ink = png.pixels().iter().filter(|p| p.red() < 200 || p.green() < 200 || p.blue() < 200).count();
+    let coloured = png.pixels().iter().filter(|p| p.blue() > 150 && p.red() < 60).count();
+    let total = png.pixels().len();
+    assert!(ink > total / 200, "the screenshot is blank: {ink} of {total} pixels drawn ({})", shot.display());
+    assert!(coloured > 50, "the screenshot shows no plotted series (blue pixels: {coloured})");
+}
