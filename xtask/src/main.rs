@@ -19,6 +19,7 @@ mod quiet;
 mod runs;
 mod serve_bench;
 mod server;
+mod shell;
 mod student_t;
 mod sweep;
 
