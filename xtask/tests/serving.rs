@@ -251,8 +251,6 @@ fn pin_tax_args(sb: &Sandbox, server: &str, port: u16, order: &str) -> Vec<Strin
         server.into(),
         "--runs-dir".into(),
         sb.path("runs").display().to_string(),
-        "--record-dir".into(),
-        sb.path("records").display().to_string(),
     ])
     .collect()
 }
@@ -263,12 +261,15 @@ fn pin_tax(sb: &Sandbox, server: &str, port: u16, order: &str, env: &[(&str, &st
     sb.run_with("qmv-pin-tax", &args, env)
 }
 
-/// The dated records written under the sandbox's `records`.
-fn records(sb: &Sandbox) -> Vec<PathBuf> {
-    fs::read_dir(sb.path("records"))
+/// The dated records in `dir` (the run directory by default, else `--record-dir`).
+fn records(dir: &Path) -> Vec<PathBuf> {
+    fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            name.starts_with("qmv-pin-tax-") && name.ends_with(".md")
+        })
         .collect()
 }
 
@@ -298,13 +299,28 @@ fn a_complete_abba_run_pins_both_arms_checks_them_and_writes_the_record() {
     assert_eq!(boots.len(), 2);
     assert_eq!(boots[1]["kernel"]["qmv_wide"], "off");
     assert!(dir.join("tax.svg").is_file(), "{run}");
-    let records = records(&sb);
+    let records = records(&dir);
     assert_eq!(records.len(), 1, "{run}");
     assert!(records[0].with_extension("svg").is_file(), "the record's plot is beside it{run}");
     let name = records[0].file_name().unwrap().to_string_lossy().into_owned();
     assert!(name.starts_with("qmv-pin-tax-") && name.ends_with(".md"), "{name}");
     let text = fs::read_to_string(&records[0]).unwrap();
     assert!(text.contains("| order | 1 0 |") && text.contains("narrow/wide"), "{text}");
+    // The command row, pasted into a shell, gives back the words the run was given.
+    let row = text.lines().find(|l| l.starts_with("| command | `cargo xtask qmv-pin-tax ")).expect(&text);
+    let line = row.trim_start_matches("| command | `cargo xtask ").trim_end_matches("` |");
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!("set -- {line}; printf '%s\\0' \"$@\""))
+        .output()
+        .unwrap();
+    let words: Vec<String> =
+        String::from_utf8(out.stdout).unwrap().split_terminator('\0').map(str::to_string).collect();
+    let mut typed = vec!["qmv-pin-tax".to_string()];
+    typed.extend(pin_tax_args(&sb, kiln(), 0, "1 0"));
+    let port = typed.iter().position(|a| a == "--port").unwrap() + 1;
+    typed[port] = words[port].clone();
+    assert_eq!(words, typed, "{row}");
 }
 
 #[test]
@@ -465,7 +481,7 @@ fn a_mixed_run_checks_each_arm_by_its_gate_line_and_writes_every_window() {
     let boots = jsonl(&dir.join("boots.jsonl"));
     assert_eq!(boots[0]["gate"]["outcome"], "exact", "{run}");
     assert_eq!(boots[1]["kernel"]["pinned"], "yes");
-    let records = records(&sb);
+    let records = records(&sb.path("records"));
     assert_eq!(records.len(), 1, "{run}");
     let name = records[0].file_name().unwrap().to_string_lossy().into_owned();
     assert!(name.starts_with("qmv-pin-tax-mixed-"), "{name}");
