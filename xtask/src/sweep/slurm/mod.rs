@@ -260,7 +260,14 @@ pub fn submit(run_dir: &Path, mut spec: TaskSpec, opts: &SlurmOptions, shutdown:
         return Ok(0);
     }
     let followed = wait::follow(run_dir, &spec, &jobs, shutdown)?;
-    let code = merge::merge_run(run_dir, None, followed.interrupted, false)?;
+    let code = merge::merge_run(
+        run_dir,
+        merge::MergeOptions {
+            interrupted: followed.interrupted,
+            reported: followed.lost.clone(),
+            ..merge::MergeOptions::default()
+        },
+    )?;
     if let Some(line) = wait::overhead(run_dir, &spec, &jobs, &followed, unix_now()) {
         eprintln!("{line}");
     }
