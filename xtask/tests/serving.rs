@@ -135,31 +135,49 @@ fn a_malformed_usage_completes_the_level_on_counted_deltas_including_reasoning()
     assert!(!col(&rows, 1, "ttft_ms_p50").is_empty());
 }
 
+const SMALL_LEVELS: [&str; 10] = [
+    "--concurrency",
+    "1,2",
+    "--requests",
+    "4",
+    "--max-tokens",
+    "3",
+    "--warmup-rounds",
+    "0",
+    "--request-timeout",
+    "10",
+];
+
 #[test]
 fn failed_requests_are_counted_per_level_and_the_sweep_goes_on() {
     let sb = Sandbox::new();
-    // The server dies at its 4th request: level c=1 has 3 of 4 ok, c=2 none.
-    let run = serve_bench(
-        &sb,
-        stand_in(),
-        &[
-            "--concurrency",
-            "1,2",
-            "--requests",
-            "4",
-            "--max-tokens",
-            "3",
-            "--warmup-rounds",
-            "0",
-            "--request-timeout",
-            "10",
-        ],
-        &[("STAND_IN_DIE_AFTER", "3")],
-    );
+    // The server answers 500 from its 4th request on: c=1 has 3 of 4 ok, c=2 none.
+    let run = serve_bench(&sb, stand_in(), &SMALL_LEVELS, &[("STAND_IN_FAIL_AFTER", "3")]);
     run.expect_code(1).expect_stderr("exit 1: requests failed (c=1: 1 of 4 failed; c=2: 4 of 4 failed)");
     let rows = csv_rows(&run_dir(&sb.path("runs")).join("levels.csv"));
     assert_eq!(rows.len(), 3, "{run}");
     assert_eq!((col(&rows, 1, "ok"), col(&rows, 1, "failed")), ("3".into(), "1".into()));
+}
+
+#[test]
+fn a_booted_server_that_dies_stops_the_run_keeping_the_levels_measured() {
+    for (env, how) in [
+        (&[("STAND_IN_DIE_AFTER", "3")][..], "exited with status 3"),
+        (&[("STAND_IN_DIE_AFTER", "3"), ("STAND_IN_DIE_BY_SIGKILL", "1")][..], "killed by signal 9"),
+    ] {
+        let sb = Sandbox::new();
+        // It dies at its 4th request, in level c=1: c=2 is never sent to a dead server.
+        let run = serve_bench(&sb, stand_in(), &SMALL_LEVELS, env);
+        run.expect_code(1)
+            .expect_stderr(&format!("kiln serve {how} during level c=1 (its log: "))
+            .expect_stderr("stopping; the levels already measured are kept")
+            .expect_stdout("| c=1 | 3 | 1 |")
+            .expect_stdout(&format!("stopped: kiln serve {how} during level c=1"));
+        assert!(!run.stderr.contains("ignored SIGTERM"), "{run}");
+        assert!(!run.stdout.contains("| c=2 |"), "{run}");
+        let rows = csv_rows(&run_dir(&sb.path("runs")).join("levels.csv"));
+        assert_eq!(rows.len(), 2, "the header and c=1{run}");
+    }
 }
 
 #[test]

@@ -492,11 +492,14 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
             }
         }
         let ts = Instant::now();
-        let (ended, killed) = srv.stop(plan.grace)?;
+        let stopped = srv.stop(plan.grace)?;
         rec.stop_s = ts.elapsed().as_secs_f64();
-        rec.killed = killed;
-        rec.ended = ended;
-        if killed {
+        rec.killed = stopped.killed;
+        rec.ended = match stopped.died_before {
+            Some(how) => format!("{how}, before it was stopped"),
+            None => stopped.ended,
+        };
+        if stopped.killed {
             eprintln!(
                 "    warning: the server ignored SIGTERM for {} s and its group was killed",
                 plan.grace.as_secs()

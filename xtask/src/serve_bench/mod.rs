@@ -239,12 +239,12 @@ impl ServeBench {
             self.served_model.clone().or_else(|| self.model.clone()).unwrap_or_else(|| "default".into());
         let outcome = self.drive(&target, &served, &levels, &run_dir, server_proc.as_ref(), &shutdown);
         if let Some(s) = server_proc {
-            let (how, killed) = s.stop(Duration::from_secs(10))?;
-            if killed {
-                eprintln!("warning: kiln serve ignored SIGTERM for 10 s and was killed ({how})");
+            let st = s.stop(Duration::from_secs(10))?;
+            if st.killed {
+                eprintln!("warning: kiln serve ignored SIGTERM for 10 s and was killed ({})", st.ended);
             }
         }
-        let (done, interrupted) = outcome?;
+        let Driven { done, interrupted, server_died } = outcome?;
         let md = output::markdown(&done);
         let cpu_client: f64 = done.iter().map(|l| l.client_cpu_s).sum();
         let cpu_server: Option<f64> = done.iter().map(|l| l.server_cpu_s).sum();
@@ -260,6 +260,9 @@ impl ServeBench {
         if let Some(sig) = interrupted {
             text.push_str(&format!("interrupted by {}: partial results\n", child::signal_name(sig)));
         }
+        if let Some(why) = &server_died {
+            text.push_str(&format!("stopped: {why}; partial results\n"));
+        }
         std::fs::write(run_dir.join("summary.md"), &text).context("writing summary.md")?;
         if !done.is_empty() {
             crate::plot::write_svg(
@@ -271,6 +274,10 @@ impl ServeBench {
         eprintln!("results: {}", display(&root, &run_dir));
         if let Some(sig) = interrupted {
             return Ok(ExitCode::from(child::exit_code_for(sig)));
+        }
+        if let Some(why) = server_died {
+            eprintln!("exit 1: {why}");
+            return Ok(ExitCode::FAILURE);
         }
         let failed: Vec<String> = done
             .iter()
@@ -323,7 +330,8 @@ impl ServeBench {
         }
     }
 
-    /// Runs every level; a level's failures are counted, never fatal. Stops at a signal.
+    /// Runs every level; a level's failures are counted, never fatal. Stops at a signal,
+    /// and when the server it booted has died (after the level it died in is written).
     fn drive(
         &self,
         target: &Target,
@@ -332,15 +340,27 @@ impl ServeBench {
         run_dir: &Path,
         srv: Option<&Server>,
         shutdown: &Shutdown,
-    ) -> Result<(Vec<LevelSummary>, Option<i32>)> {
+    ) -> Result<Driven> {
         let rt =
             tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting tokio")?;
         let mut files = Files::create(run_dir)?;
         let timeout = Duration::from_secs(self.request_timeout);
         let mut done = Vec::new();
+        let interrupted = |done, sig| Ok(Driven { done, interrupted: Some(sig), server_died: None });
+        // A booted server that is gone: how, and where its log is. Failed requests may mean
+        // it is dying: it is given a moment to finish, so the death is what gets reported.
+        let died = |failed: bool, when: &str| {
+            let srv = srv?;
+            let how = if failed { srv.exited_within(Duration::from_secs(1)) } else { srv.exited() }?;
+            Some(format!("kiln serve {how} {when} (its log: {})", srv.log_path().display()))
+        };
         for (li, level) in levels.iter().enumerate() {
             if let Some(sig) = shutdown.pending() {
-                return Ok((done, Some(sig)));
+                return interrupted(done, sig);
+            }
+            if let Some(why) = died(false, &format!("before level {}", level.label)) {
+                eprintln!("{why}: stopping; the levels already measured are kept");
+                return Ok(Driven { done, interrupted: None, server_died: Some(why) });
             }
             let seed_base = (li as u64 + 1) << 32;
             let warm: Vec<RequestSpec> = (0..level.warmup)
@@ -356,10 +376,16 @@ impl ServeBench {
                     .block_on(until_signal(shutdown, load::run(target, warm, level.arrival, timeout)))
                 {
                     Ok(r) => r,
-                    Err(sig) => return Ok((done, Some(sig))),
+                    Err(sig) => return interrupted(done, sig),
                 };
                 for r in &run.results {
                     files.request(&level.label, true, r)?;
+                }
+                let failed = run.results.iter().any(|r| !r.ok);
+                if let Some(why) = died(failed, &format!("during the warm-up of level {}", level.label)) {
+                    files.flush()?;
+                    eprintln!("{why}: stopping; the levels already measured are kept");
+                    return Ok(Driven { done, interrupted: None, server_died: Some(why) });
                 }
             }
             let cpu0 = quiet::self_cpu_seconds();
@@ -368,7 +394,7 @@ impl ServeBench {
                 .block_on(until_signal(shutdown, load::run(target, measured, level.arrival, timeout)))
             {
                 Ok(r) => r,
-                Err(sig) => return Ok((done, Some(sig))),
+                Err(sig) => return interrupted(done, sig),
             };
             let cpu1 = quiet::self_cpu_seconds();
             let srv1 = srv.and_then(Server::cpu_seconds);
@@ -408,10 +434,25 @@ impl ServeBench {
                 l.tpot.median.unwrap_or(f64::NAN),
                 first_error.map_or(String::new(), |e| format!("; first error: {e}"))
             );
+            let gone = died(l.failed > 0, &format!("during level {}", l.level));
             done.push(l);
+            if let Some(why) = gone {
+                eprintln!("{why}: stopping; the levels already measured are kept");
+                return Ok(Driven { done, interrupted: None, server_died: Some(why) });
+            }
         }
-        Ok((done, None))
+        Ok(Driven { done, interrupted: None, server_died: None })
     }
+}
+
+/// How [`ServeBench::drive`] ended.
+struct Driven {
+    /// The levels measured, each written.
+    done: Vec<LevelSummary>,
+    /// The signal that stopped the run.
+    interrupted: Option<i32>,
+    /// The booted server died: what happened, in a sentence.
+    server_died: Option<String>,
 }
 
 /// Runs `fut` unless a signal arrives first (checked every 50 ms).

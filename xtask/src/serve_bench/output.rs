@@ -180,6 +180,11 @@ impl Files {
         Ok(())
     }
 
+    /// Flushes the request lines written so far.
+    pub fn flush(&mut self) -> Result<()> {
+        self.jsonl.flush().context("writing requests.jsonl")
+    }
+
     /// Appends a level's row and flushes both files.
     pub fn level(&mut self, l: &LevelSummary) -> Result<()> {
         self.jsonl.flush()?;
