@@ -189,11 +189,11 @@ impl ServeBench {
                     "--port".into(),
                     self.port.to_string().into(),
                 ];
-                if !self.boot.serve_args.iter().any(|a| a.starts_with("--parallel")) {
-                    // One slot per stream of the widest level: C streams decode together.
-                    let widest = self.concurrency.0.iter().copied().max().unwrap_or(1);
-                    args.extend(["--parallel".into(), widest.to_string().into()]);
+                let (sized, warnings) = boot_sizes(&levels, &self.boot.serve_args);
+                for w in warnings {
+                    eprintln!("warning: {w}");
                 }
+                args.extend(sized.into_iter().map(OsString::from));
                 args.extend(self.boot.serve_args.iter().map(OsString::from));
                 let spec = ServerSpec {
                     bin: e.bin.clone(),
@@ -231,6 +231,11 @@ impl ServeBench {
             }
             _ => None,
         };
+        if booted.is_none()
+            && let Some(w) = queue_warning(&levels)
+        {
+            eprintln!("warning: {w}");
+        }
         let (server_proc, target) = match booted {
             Some((s, t)) => (Some(s), t),
             None => (None, url_target.context("a target")?),
@@ -455,6 +460,76 @@ struct Driven {
     server_died: Option<String>,
 }
 
+/// kiln serve's `--max-queue` when none is given.
+const KILN_DEFAULT_MAX_QUEUE: usize = 256;
+
+/// The most requests of any level that can be in the server at once: a closed loop's C,
+/// an open loop's every request (a slow server lets them pile up).
+fn most_in_flight(levels: &[Level]) -> usize {
+    levels
+        .iter()
+        .map(|l| match l.arrival {
+            Arrival::Closed(c) => c,
+            Arrival::Open { .. } => l.requests.max(l.warmup),
+        })
+        .max()
+        .unwrap_or(1)
+}
+
+/// The value a `--serve-arg` gives `flag` (`--flag=N` or `--flag N` split over two), if any.
+fn serve_arg_value(serve_args: &[String], flag: &str) -> Option<Option<usize>> {
+    let at = serve_args.iter().position(|a| a == flag || a.starts_with(&format!("{flag}=")))?;
+    let v = match serve_args[at].split_once('=') {
+        Some((_, v)) => Some(v),
+        None => serve_args.get(at + 1).map(String::as_str),
+    };
+    Some(v.and_then(|v| v.parse().ok()))
+}
+
+/// What a boot serve-bench owns is sized to the run: `--parallel` = the widest closed
+/// level (C streams decode together) and `--max-queue` = the most requests in flight, so
+/// no request is refused with 429 by construction; a `--serve-arg` that sets either wins,
+/// with a warning when it is too small for the run.
+fn boot_sizes(levels: &[Level], serve_args: &[String]) -> (Vec<String>, Vec<String>) {
+    let widest = levels
+        .iter()
+        .filter_map(|l| match l.arrival {
+            Arrival::Closed(c) => Some(c),
+            Arrival::Open { .. } => None,
+        })
+        .max()
+        .unwrap_or(1);
+    let in_flight = most_in_flight(levels);
+    let mut args = Vec::new();
+    let mut warnings = Vec::new();
+    match serve_arg_value(serve_args, "--parallel") {
+        None => args.extend(["--parallel".to_string(), widest.to_string()]),
+        Some(Some(n)) if n < widest => warnings.push(format!(
+            "--serve-arg sets --parallel {n}, below the widest level's {widest} streams: the rest wait for a slot"
+        )),
+        Some(_) => {}
+    }
+    match serve_arg_value(serve_args, "--max-queue") {
+        None => args.extend(["--max-queue".to_string(), in_flight.max(1).to_string()]),
+        Some(Some(n)) if n < in_flight => warnings.push(format!(
+            "--serve-arg sets --max-queue {n}, below the {in_flight} requests the run can have in flight: the server may refuse some with 429"
+        )),
+        Some(_) => {}
+    }
+    (args, warnings)
+}
+
+/// The warning for a server serve-bench did not boot, whose queue limit it cannot size,
+/// when the run can have more requests in flight than kiln serve's default queue holds.
+fn queue_warning(levels: &[Level]) -> Option<String> {
+    let n = most_in_flight(levels);
+    (n > KILN_DEFAULT_MAX_QUEUE).then(|| {
+        format!(
+            "the run can have {n} requests in flight at once; a server whose queue holds fewer (kiln serve's default --max-queue is {KILN_DEFAULT_MAX_QUEUE}) refuses the rest with 429, which are counted as failed: raise its limit to measure the level"
+        )
+    })
+}
+
 /// Runs `fut` unless a signal arrives first (checked every 50 ms).
 pub async fn until_signal<T>(shutdown: &Shutdown, fut: impl Future<Output = T>) -> Result<T, i32> {
     let watch = async {
@@ -488,5 +563,37 @@ mod tests {
             "\"0\" is not a positive integer: expected a list such as 1,2,4,8"
         );
         assert!(list_arg(" ").is_err());
+    }
+
+    fn closed(c: usize) -> Level {
+        Level { label: format!("c={c}"), arrival: Arrival::Closed(c), warmup: c, requests: 4 * c }
+    }
+
+    #[test]
+    fn an_owned_boot_is_sized_so_no_request_is_refused_by_construction() {
+        let levels = [closed(1), closed(2000), closed(16)];
+        let (args, warn) = boot_sizes(&levels, &[]);
+        assert_eq!(args, ["--parallel", "2000", "--max-queue", "2000"]);
+        assert!(warn.is_empty());
+        let open = [Level {
+            label: "rate=4".into(),
+            arrival: Arrival::Open { rate: 4.0, seed: 1 },
+            warmup: 1,
+            requests: 300,
+        }];
+        assert_eq!(boot_sizes(&open, &[]).0, ["--parallel", "1", "--max-queue", "300"]);
+        // A --serve-arg wins, with a warning when it is too small for the run.
+        let given = ["--max-queue=256".to_string(), "--parallel".to_string(), "4000".to_string()];
+        let (args, warn) = boot_sizes(&levels, &given);
+        assert!(args.is_empty(), "{args:?}");
+        assert_eq!(warn.len(), 1);
+        assert!(warn[0].starts_with("--serve-arg sets --max-queue 256, below the 2000 requests"), "{warn:?}");
+        // A server it did not boot: only a warning, past kiln's default queue.
+        assert!(queue_warning(&[closed(256)]).is_none());
+        let w = queue_warning(&levels).unwrap();
+        assert!(
+            w.starts_with("the run can have 2000 requests in flight at once;") && w.contains("429"),
+            "{w}"
+        );
     }
 }
