@@ -385,6 +385,42 @@ fn a_boot_that_dies_mid_pass_is_a_failed_pass_and_the_sweep_goes_on() {
 }
 
 #[test]
+fn a_cell_past_the_models_context_is_skipped_by_rule_and_the_others_are_measured() {
+    let sb = Sandbox::new();
+    // synthetic:tiny's context is 1024 tokens: the default chunked prefill of 1024 prompt
+    // tokens and 1 generated token cannot fit.
+    let mut args = pin_tax_args(&sb, kiln(), free_port(), "1 0");
+    let at = args.iter().position(|a| a == "--chunked-tokens").unwrap() + 1;
+    args[at] = "1024".into();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = sb.run("qmv-pin-tax", &args);
+    run.expect_code(0)
+        .expect_stderr("chunked prefill 1024: SKIP:context: 1024 prompt plus 1 generated tokens exceed the model's context of 1024 tokens")
+        .expect_stdout("failed passes: 0")
+        .expect_stdout("skipped cells (never sent): 1\n- chunked prefill 1024: SKIP:context")
+        .expect_stdout("| decode B=2 | output tok/s | 1 | 1 |")
+        .expect_stdout("| uncached prefill 16 | TTFT ms | 1 | 1 |");
+    assert!(!run.stdout.contains("| chunked prefill 1024 |"), "{run}");
+    let passes = jsonl(&run_dir(&sb.path("runs")).join("passes.jsonl"));
+    assert!(passes.iter().all(|p| p["ok"] == true && p["cells"].as_array().unwrap().len() == 4), "{run}");
+}
+
+#[test]
+fn a_failed_cell_fails_that_cell_and_the_pass_counts_for_the_others() {
+    let sb = Sandbox::new();
+    // 8 requests a pass, the chunked prefill last: from the 16th request of a boot on
+    // (pass 1's chunked prefill) the server answers 500 and stays up.
+    let run = pin_tax(&sb, stand_in(), free_port(), "1 0", &[("STAND_IN_FAIL_AFTER", "15")]);
+    run.expect_code(1)
+        .expect_stdout("failed passes: 0")
+        .expect_stdout("failed cells (their passes count for the other cells): 2")
+        .expect_stdout("| decode B=2 | output tok/s | 1 | 1 |")
+        .expect_stdout("| chunked prefill 48 | TTFT ms | 0 | 0 |")
+        .expect_stderr("failed cells (the others count): chunked prefill 48: 1 of 1 requests failed")
+        .expect_stderr("exit 1: 2 cells failed in a counted pass");
+}
+
+#[test]
 fn sigint_mid_boot_stops_the_server_prints_the_partial_summary_and_exits_130() {
     let sb = Sandbox::new();
     let tag = format!("pin-tax-interrupt-{}", std::process::id());

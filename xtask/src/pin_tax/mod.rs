@@ -204,7 +204,7 @@ impl QmvPinTax {
         let ctx = Ctx { root, runs_dir, record_dir, engine, order, shutdown };
         match self.mode {
             ModeArg::Sweep => {
-                let mode = sweep::Sweep {
+                let mut mode = sweep::Sweep {
                     concurrency: self.concurrency.0.clone(),
                     rounds: self.rounds.max(1),
                     decode_prompt: self.decode_prompt,
@@ -216,7 +216,18 @@ impl QmvPinTax {
                     chunked_tokens: self.chunked_tokens,
                     prefill_requests: self.prefill_requests.max(1),
                     served: self.model.clone(),
+                    skipped: Default::default(),
                 };
+                mode.skipped = context_skips(&ctx.engine.bin, &self.model, &mode.shapes());
+                for (cell, why) in &mode.skipped {
+                    eprintln!("{cell}: SKIP:context: {why}");
+                }
+                if mode.skipped.len() == mode.cells().len() {
+                    usage!(
+                        "no cell fits the context of {}: every cell is SKIP:context; pass shorter --decode-prompt, --max-tokens, --prefix-tokens, --prefill-tokens and --chunked-tokens",
+                        self.model
+                    );
+                }
                 self.drive(&mode, self.passes.unwrap_or(2), ctx)
             }
             ModeArg::Mixed => {
@@ -252,6 +263,7 @@ impl QmvPinTax {
             "sizes": format!("{mode:?}"),
             "port": self.port,
             "cells": mode.cells().iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
+            "skipped": mode.skipped().into_iter().collect::<std::collections::BTreeMap<_, _>>(),
             "serve_args": self.boot.serve_args,
             "cooldown_s": self.cooldown,
             "require_quiet": self.require_quiet,
@@ -287,10 +299,18 @@ impl QmvPinTax {
             cwd: root.clone(),
         };
         let out = abba::run(mode, &plan, &shutdown)?;
-        let cells = mode.cells();
+        let skipped = mode.skipped();
+        let cells: Vec<abba::CellDef> =
+            mode.cells().into_iter().filter(|c| !skipped.iter().any(|(s, _)| *s == c.name)).collect();
         let rows = analysis::analyse(&cells, &order, &out.passes, self.trust_limit, design);
         let fnd = analysis::findings(&out.passes, unit);
         let mut text = analysis::summary(&rows, &fnd, &out.boots, self.trust_limit, design, unit);
+        if !skipped.is_empty() {
+            let _ = writeln!(text, "skipped cells (never sent): {}", skipped.len());
+            for (cell, why) in &skipped {
+                let _ = writeln!(text, "- {cell}: SKIP:context: {why}");
+            }
+        }
         let planned = order.0.len() * (passes as usize + 1);
         let _ =
             writeln!(text, "{} written: {} of {planned} planned", analysis::plural(unit), out.passes.len());
@@ -342,6 +362,9 @@ impl QmvPinTax {
         if !fnd.failed.is_empty() {
             reasons.push(format!("{} {} failed", fnd.failed.len(), analysis::plural(unit)));
         }
+        if !fnd.failed_cells.is_empty() {
+            reasons.push(format!("{} cells failed in a counted {unit}", fnd.failed_cells.len()));
+        }
         if !empty.is_empty() && !aborted {
             reasons.push(format!("no counted {unit} for arm {}", empty.join(", ")));
         }
@@ -354,6 +377,55 @@ impl QmvPinTax {
         }
         Ok(if reasons.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
     }
+}
+
+/// The cells of `shapes` (name, longest prompt, max_tokens) that cannot fit the model's
+/// context, with the reason, by the engine's own rule (`kiln estimate`'s
+/// `within_context`), as bench-longprompt's `SKIP:context`. When the estimate cannot
+/// answer (another server's binary, a model it cannot read), every cell runs and the
+/// server's own refusal fails the cell.
+fn context_skips(
+    kiln: &Path,
+    model: &str,
+    shapes: &[(String, u64, u64)],
+) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    for (cell, prompt, max_tokens) in shapes {
+        let run = std::process::Command::new(kiln)
+            .args(["estimate", "-m", model, "--prompt-tokens", &prompt.to_string()])
+            .args(["--max-tokens", &max_tokens.to_string()])
+            .stdin(std::process::Stdio::null())
+            .output();
+        let report = match &run {
+            Ok(o) if o.status.success() => {
+                kiln_protocol::EstimateReport::parse(&String::from_utf8_lossy(&o.stdout))
+            }
+            _ => Ok(None),
+        };
+        match report {
+            Ok(Some(r)) if !r.within_context => {
+                out.insert(
+                    cell.clone(),
+                    format!(
+                        "{} prompt plus {} generated tokens exceed the model's context of {} tokens",
+                        r.prompt_tokens, r.max_tokens, r.context_length
+                    ),
+                );
+            }
+            Ok(Some(_)) => {}
+            _ => {
+                let why = match &run {
+                    Ok(o) => crate::sweep::classify::reason_line(&String::from_utf8_lossy(&o.stderr)),
+                    Err(e) => e.to_string(),
+                };
+                eprintln!(
+                    "warning: kiln estimate could not check the cells against the model's context ({why}); every cell runs"
+                );
+                return std::collections::BTreeMap::new();
+            }
+        }
+    }
+    out
 }
 
 /// A short, file-name-safe name for the device: `cpu-epyc-9r14-2cpu`.
