@@ -60,12 +60,19 @@ fn serve_bench(sb: &Sandbox, server: &str, extra: &[&str], env: &[(&str, &str)])
 #[test]
 fn serve_bench_boots_a_server_and_writes_every_output() {
     let sb = Sandbox::new();
-    let run =
-        serve_bench(&sb, kiln(), &["--concurrency", "1,2", "--requests", "4", "--max-tokens", "5"], &[]);
+    let run = serve_bench(
+        &sb,
+        kiln(),
+        &["--concurrency", "1,2", "--requests", "4", "--max-tokens", "5", "--prompt-tokens", "32"],
+        &[],
+    );
+    // Token-id prompts: the server counts exactly the asked length.
     run.expect_code(0)
         .expect_stdout("| c=1 | 4 | 0 |")
         .expect_stdout("| c=2 | 4 | 0 |")
-        .expect_stdout("client CPU");
+        .expect_stdout("client CPU")
+        .expect_stdout("| prompt tok asked / counted |")
+        .expect_stdout("| 32 / 32 |\n");
     let dir = run_dir(&sb.path("runs"));
     for f in ["env.json", "requests.jsonl", "levels.csv", "summary.md", "serve-bench.svg", "server.log"] {
         assert!(dir.join(f).is_file(), "no {f}{run}");
@@ -103,6 +110,38 @@ fn serve_bench_boots_a_server_and_writes_every_output() {
     }
     let svg = fs::read_to_string(dir.join("serve-bench.svg")).unwrap();
     assert!(svg.contains("TTFT p99") && svg.contains("output tok/s"));
+}
+
+#[test]
+fn chat_prompts_are_calibrated_to_the_servers_count() {
+    let sb = Sandbox::new();
+    let args = [
+        "--endpoint",
+        "chat",
+        "--concurrency",
+        "2",
+        "--requests",
+        "4",
+        "--max-tokens",
+        "3",
+        "--prompt-tokens",
+        "96",
+    ];
+    let run = serve_bench(&sb, kiln(), &args, &[]);
+    run.expect_code(0).expect_stderr("prompt calibration: the server counted ").expect_stdout("| 96 / ");
+    assert!(!run.stdout.contains("5% off"), "{run}");
+    let dir = run_dir(&sb.path("runs"));
+    let lines: Vec<serde_json::Value> = fs::read_to_string(dir.join("requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.iter().filter(|l| l["level"] == "calibration").count(), 3, "{run}");
+    for l in lines.iter().filter(|l| l["level"] == "c=2" && l["warmup"] == false) {
+        let n = l["prompt_tokens"].as_u64().unwrap();
+        // Words of one length and filler bytes: exact for kiln's byte-level tokenizer.
+        assert_eq!(n, 96, "the server counted {n} prompt tokens for 96 asked{run}");
+    }
 }
 
 #[test]

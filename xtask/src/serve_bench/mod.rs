@@ -3,6 +3,7 @@
 //! or an open-loop Poisson rate, and writes per-request lines, per-level statistics, a
 //! markdown table and a plot under `benchmarks/runs/<stamp>-serve-bench/`.
 
+pub mod calibrate;
 pub mod client;
 pub mod load;
 pub mod output;
@@ -17,7 +18,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use xshell::Shell;
 
-use self::client::{Endpoint, Prompt, RequestSpec, Target};
+use self::calibrate::{PromptKind, PromptPlan};
+use self::client::{Endpoint, RequestSpec, Target};
 use self::load::Arrival;
 use self::output::{Files, LevelSummary};
 use crate::child::{self, Shutdown};
@@ -46,15 +48,17 @@ pub struct ServeBench {
     /// Warm-up rounds per level, discarded: each is one request per stream.
     #[arg(long, value_name = "R", default_value_t = 1)]
     warmup_rounds: usize,
-    /// Prompt length in tokens (approximate: common words, one token each for most tokenizers).
+    /// Prompt length in tokens, as the server counts them (exact as token ids; text is
+    /// calibrated against the server's count).
     #[arg(long, value_name = "N", default_value_t = 128)]
     prompt_tokens: u64,
     /// The first N prompt tokens are the same in every request (exercises a prompt cache).
     #[arg(long, value_name = "N", default_value_t = 0)]
     shared_prefix: u64,
-    /// Send prompts as token ids (exact lengths; completions endpoint only) instead of text.
-    #[arg(long)]
-    prompt_ids: bool,
+    /// How prompts are sent: token ids (completions only) or calibrated text [default: ids
+    /// on completions, text on chat].
+    #[arg(long, value_enum, value_name = "KIND")]
+    prompt_kind: Option<PromptKind>,
     /// `max_tokens` of every request.
     #[arg(long, value_name = "N", default_value_t = 32)]
     max_tokens: u64,
@@ -128,8 +132,8 @@ impl ServeBench {
                 self.prompt_tokens
             );
         }
-        if self.prompt_ids && self.endpoint == Endpoint::Chat {
-            usage!("--prompt-ids needs --endpoint completions: chat messages are text");
+        if self.prompt_kind() == PromptKind::Ids && self.endpoint == Endpoint::Chat {
+            usage!("--prompt-kind ids needs --endpoint completions: chat messages are text");
         }
         if self.max_tokens == 0 {
             usage!("--max-tokens 0: expected at least 1");
@@ -172,7 +176,7 @@ impl ServeBench {
             "shared_prefix": self.shared_prefix,
             "max_tokens": self.max_tokens,
             "ignore_eos": self.ignore_eos,
-            "prompt_ids": self.prompt_ids,
+            "prompt_kind": self.prompt_kind(),
             "endpoint": self.endpoint,
             "request_timeout_s": self.request_timeout,
             "percentiles": "linear interpolation between closest ranks (type 7, numpy's default)",
@@ -249,7 +253,7 @@ impl ServeBench {
                 eprintln!("warning: kiln serve ignored SIGTERM for 10 s and was killed ({})", st.ended);
             }
         }
-        let Driven { done, interrupted, server_died } = outcome?;
+        let Driven { done, interrupted, server_died, prompt_note } = outcome?;
         let md = output::markdown(&done);
         let cpu_client: f64 = done.iter().map(|l| l.client_cpu_s).sum();
         let cpu_server: Option<f64> = done.iter().map(|l| l.server_cpu_s).sum();
@@ -262,6 +266,9 @@ impl ServeBench {
             ))
         ));
         text.push_str("percentiles: linear interpolation between closest ranks (numpy's default)\n");
+        if let Some(note) = &prompt_note {
+            text.push_str(&format!("{note}\n"));
+        }
         if let Some(sig) = interrupted {
             text.push_str(&format!("interrupted by {}: partial results\n", child::signal_name(sig)));
         }
@@ -319,14 +326,17 @@ impl ServeBench {
         }
     }
 
-    fn spec(&self, served: &str, key: String, seed: u64) -> RequestSpec {
+    fn prompt_kind(&self) -> PromptKind {
+        self.prompt_kind.unwrap_or(match self.endpoint {
+            Endpoint::Completions => PromptKind::Ids,
+            Endpoint::Chat => PromptKind::Text,
+        })
+    }
+
+    fn spec(&self, prompt: &PromptPlan, served: &str, key: String, seed: u64) -> RequestSpec {
         RequestSpec {
             key,
-            prompt: if self.prompt_ids {
-                Prompt::Ids(load::prompt_ids(self.prompt_tokens, self.shared_prefix, seed))
-            } else {
-                Prompt::Text(load::prompt(self.prompt_tokens, self.shared_prefix, seed))
-            },
+            prompt: prompt.prompt(seed),
             max_tokens: self.max_tokens,
             ignore_eos: self.ignore_eos,
             model: served.to_string(),
@@ -351,7 +361,39 @@ impl ServeBench {
         let mut files = Files::create(run_dir)?;
         let timeout = Duration::from_secs(self.request_timeout);
         let mut done = Vec::new();
-        let interrupted = |done, sig| Ok(Driven { done, interrupted: Some(sig), server_died: None });
+        let interrupted =
+            |done, sig| Ok(Driven { done, interrupted: Some(sig), server_died: None, prompt_note: None });
+        let (prompt, prompt_note) = match self.prompt_kind() {
+            PromptKind::Ids => (
+                PromptPlan {
+                    kind: PromptKind::Ids,
+                    units: self.prompt_tokens,
+                    shared: self.shared_prefix,
+                    tail: 0,
+                },
+                None,
+            ),
+            PromptKind::Text => {
+                let cal = calibrate::calibrate(
+                    target,
+                    self.endpoint,
+                    served,
+                    self.prompt_tokens,
+                    self.shared_prefix,
+                    timeout,
+                );
+                let cal = match rt.block_on(until_signal(shutdown, cal)) {
+                    Ok(c) => c,
+                    Err(sig) => return interrupted(done, sig),
+                };
+                for r in &cal.probes {
+                    files.request("calibration", true, r)?;
+                }
+                files.flush()?;
+                eprintln!("{}", cal.note);
+                (cal.plan, Some(cal.note))
+            }
+        };
         // A booted server that is gone: how, and where its log is. Failed requests may mean
         // it is dying: it is given a moment to finish, so the death is what gets reported.
         let died = |failed: bool, when: &str| {
@@ -365,16 +407,17 @@ impl ServeBench {
             }
             if let Some(why) = died(false, &format!("before level {}", level.label)) {
                 eprintln!("{why}: stopping; the levels already measured are kept");
-                return Ok(Driven { done, interrupted: None, server_died: Some(why) });
+                return Ok(Driven { done, interrupted: None, server_died: Some(why), prompt_note });
             }
             let seed_base = (li as u64 + 1) << 32;
             let warm: Vec<RequestSpec> = (0..level.warmup)
                 .map(|i| {
-                    self.spec(served, format!("{}/warmup/{i}", level.label), seed_base | (1 << 31) | i as u64)
+                    let seed = seed_base | (1 << 31) | i as u64;
+                    self.spec(&prompt, served, format!("{}/warmup/{i}", level.label), seed)
                 })
                 .collect();
             let measured: Vec<RequestSpec> = (0..level.requests)
-                .map(|i| self.spec(served, format!("{}/{i}", level.label), seed_base | i as u64))
+                .map(|i| self.spec(&prompt, served, format!("{}/{i}", level.label), seed_base | i as u64))
                 .collect();
             if !warm.is_empty() {
                 let run = match rt
@@ -390,7 +433,7 @@ impl ServeBench {
                 if let Some(why) = died(failed, &format!("during the warm-up of level {}", level.label)) {
                     files.flush()?;
                     eprintln!("{why}: stopping; the levels already measured are kept");
-                    return Ok(Driven { done, interrupted: None, server_died: Some(why) });
+                    return Ok(Driven { done, interrupted: None, server_died: Some(why), prompt_note });
                 }
             }
             let cpu0 = quiet::self_cpu_seconds();
@@ -409,6 +452,7 @@ impl ServeBench {
             };
             let mut l =
                 LevelSummary::of(level.label.clone(), conc, rate, &run.results, run.wall.as_secs_f64());
+            l.prompt_tokens_asked = Some(self.prompt_tokens);
             l.client_cpu_s = match (cpu0, cpu1) {
                 (Some(a), Some(b)) => b - a,
                 _ => 0.0,
@@ -443,10 +487,10 @@ impl ServeBench {
             done.push(l);
             if let Some(why) = gone {
                 eprintln!("{why}: stopping; the levels already measured are kept");
-                return Ok(Driven { done, interrupted: None, server_died: Some(why) });
+                return Ok(Driven { done, interrupted: None, server_died: Some(why), prompt_note });
             }
         }
-        Ok(Driven { done, interrupted: None, server_died: None })
+        Ok(Driven { done, interrupted: None, server_died: None, prompt_note })
     }
 }
 
@@ -458,6 +502,8 @@ struct Driven {
     interrupted: Option<i32>,
     /// The booted server died: what happened, in a sentence.
     server_died: Option<String>,
+    /// What the calibration of text prompts found.
+    prompt_note: Option<String>,
 }
 
 /// kiln serve's `--max-queue` when none is given.
