@@ -100,7 +100,7 @@ pub fn follow(run_dir: &Path, spec: &TaskSpec, jobs: &Jobs, shutdown: &Shutdown)
                     return Err(e.context(format!(
                         "Slurm was unreachable for {}s; its tasks may still be running: merge later with `cargo xtask merge {}`",
                         UNREACHABLE_FOR.as_secs(),
-                        run_dir.display()
+                        crate::shell::quote(&run_dir.display().to_string())
                     )));
                 }
             };
