@@ -318,7 +318,7 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
             "--port".into(),
             plan.port.to_string().into(),
         ];
-        args.extend(mode.server_args());
+        args.extend(unless_given(mode.server_args(), &plan.serve_args));
         args.extend(plan.serve_args.iter().map(OsString::from));
         let spec = ServerSpec {
             bin: plan.kiln_bin.clone(),
@@ -535,6 +535,17 @@ fn wait_gate(srv: &Server, arm: Arm) -> Result<Option<GateLine>, String> {
     }
 }
 
+/// The mode's `kiln serve` flags (`--flag value` pairs) less those a `--serve-arg` sets
+/// (`--flag value` or `--flag=value`): kiln refuses a flag given twice, and the user's
+/// choice wins.
+fn unless_given(own: Vec<OsString>, serve_args: &[String]) -> Vec<OsString> {
+    let given = |flag: &OsString| {
+        let flag = flag.to_string_lossy();
+        serve_args.iter().any(|a| *a == flag || a.starts_with(&format!("{flag}=")))
+    };
+    own.chunks(2).filter(|pair| !given(&pair[0])).flat_map(|pair| pair.iter().cloned()).collect()
+}
+
 /// Why a pass whose cells came back as `cells` does not count, if it does not: the
 /// server died during it, or every cell failed. A failed cell among cells that completed
 /// fails that cell only (see [`cell_failures`]); the pass counts for the others.
@@ -600,6 +611,18 @@ mod tests {
             invalid: None,
             detail: None,
         }
+    }
+
+    #[test]
+    fn a_serve_arg_replaces_the_modes_own_flag() {
+        let own: Vec<OsString> = ["--parallel", "8", "--max-queue", "8"].iter().map(OsString::from).collect();
+        let given = ["--parallel=2".to_string(), "--prefill-chunk".to_string(), "16".to_string()];
+        assert_eq!(unless_given(own.clone(), &given), ["--max-queue", "8"]);
+        assert_eq!(
+            unless_given(own.clone(), &["--max-queue".to_string(), "4".to_string()]),
+            ["--parallel", "8"]
+        );
+        assert_eq!(unless_given(own.clone(), &[]), own);
     }
 
     #[test]

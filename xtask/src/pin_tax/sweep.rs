@@ -134,9 +134,10 @@ impl Mode for Sweep {
     }
 
     fn server_args(&self) -> Vec<OsString> {
-        // Every stream of the widest level gets a slot, so B streams decode together.
-        let widest = self.concurrency.iter().copied().max().unwrap_or(1);
-        vec!["--parallel".into(), widest.to_string().into()]
+        // Every stream of the widest level gets a slot, so B streams decode together, and
+        // the queue holds them all, so none is refused with 429 by construction.
+        let widest = self.concurrency.iter().copied().max().unwrap_or(1).to_string();
+        vec!["--parallel".into(), widest.clone().into(), "--max-queue".into(), widest.into()]
     }
 
     async fn run_pass(&self, target: &Target, pass: usize, timeout: Duration) -> Vec<CellMeasure> {
