@@ -13,6 +13,7 @@ use crate::sweep::plan::{self, Named, Plan, Prompt};
 use crate::sweep::record::real_path;
 use crate::sweep::rows;
 use crate::sweep::series;
+use crate::sweep::slurm::{RunnerFlags, RunnerKind};
 use crate::sweep::{HarnessEnv, Session, SweepFlags, user_path};
 
 /// Flags of `cargo xtask bench-longprompt`.
@@ -77,6 +78,9 @@ impl BenchLongprompt {
         };
         let csv = output.path.clone();
         let code = session.sweep(&plan, output, &self.sweep)?;
+        if !plots_here(&self.sweep.runner) {
+            return Ok(code);
+        }
         let svg = csv.with_extension("svg");
         match rows::read_rows(&csv).and_then(|rows| plot::write_svg(&svg, &panels(&rows))) {
             Ok(_) => eprintln!("plot: {}", svg.display()),
@@ -84,6 +88,13 @@ impl BenchLongprompt {
         }
         Ok(code)
     }
+}
+
+/// Whether the sweep's rows are in its CSV when it returns, so the plot is drawn here: not
+/// after a Slurm dry run (nothing ran) or a submission without `--wait` (`cargo xtask
+/// merge` draws it once the tasks end).
+fn plots_here(runner: &RunnerFlags) -> bool {
+    runner.runner == RunnerKind::Local || (runner.wait && !runner.dry_run)
 }
 
 /// Decode and prefill tok/s against prompt length, one series per model (and engine,
@@ -154,6 +165,19 @@ pub fn panels(rows: &[rows::Row]) -> Vec<plot::Panel> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slurm_run_plots_here_only_when_it_waited_for_its_rows() {
+        let slurm = |dry_run, wait| RunnerFlags {
+            runner: RunnerKind::Slurm,
+            dry_run,
+            wait,
+            ..RunnerFlags::default()
+        };
+        assert!(plots_here(&RunnerFlags::default()));
+        assert!(plots_here(&slurm(false, true)));
+        assert!(!plots_here(&slurm(true, false)) && !plots_here(&slurm(false, false)));
+    }
 
     fn row(model: &str, len: u64, status: &str, decode: Option<f64>, prefill: Option<f64>) -> rows::Row {
         rows::Row {

@@ -20,6 +20,7 @@ mod report;
 mod runs;
 mod serve_bench;
 mod server;
+mod shell;
 mod student_t;
 mod sweep;
 

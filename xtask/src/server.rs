@@ -187,12 +187,26 @@ impl Server {
     }
 
     /// SIGTERM to the group, up to `grace` for the leader to exit, then SIGKILL to the
-    /// group, then reap (all `child`'s [`Owned::stop`]). Returns how it ended and whether
-    /// it took the SIGKILL.
-    pub fn stop(self, grace: Duration) -> Result<(String, bool)> {
+    /// group, then reap (all `child`'s [`Owned::stop`]). Says how it ended, whether it
+    /// took our SIGKILL, and whether it had ended before it was asked to stop (a server
+    /// killed from outside, say, is reaped, not signalled).
+    pub fn stop(self, grace: Duration) -> Result<Stopped> {
+        let died_before = self.exited();
         let status = self.child.stop(grace)?;
-        Ok((status.to_string(), status.signal() == Some(rustix::process::Signal::KILL.as_raw())))
+        let by_kill = status.signal() == Some(rustix::process::Signal::KILL.as_raw());
+        Ok(Stopped { ended: status.to_string(), killed: by_kill && died_before.is_none(), died_before })
     }
+}
+
+/// How [`Server::stop`] ended a server.
+#[derive(Debug)]
+pub struct Stopped {
+    /// Its exit status, as the standard library words it.
+    pub ended: String,
+    /// It outlived SIGTERM and the grace, and our SIGKILL ended it.
+    pub killed: bool,
+    /// It had already ended when asked to stop: how (`killed by signal 9`).
+    pub died_before: Option<String>,
 }
 
 #[cfg(test)]
@@ -222,8 +236,8 @@ mod tests {
         let pid = s.pid();
         thread::sleep(Duration::from_millis(200));
         assert_eq!(s.exited(), None);
-        let (how, killed) = s.stop(Duration::from_millis(300)).unwrap();
-        assert!(killed, "{how}");
+        let st = s.stop(Duration::from_millis(300)).unwrap();
+        assert!(st.killed && st.died_before.is_none(), "{st:?}");
         // Nothing is left in the group once init has reaped the orphaned grandchild.
         let gone = (0..100).any(|_| {
             thread::sleep(Duration::from_millis(20));
@@ -231,5 +245,24 @@ mod tests {
                 .is_err()
         });
         assert!(gone, "the server's group outlived stop()");
+    }
+
+    #[test]
+    fn a_server_killed_from_outside_is_not_said_to_have_ignored_sigterm() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = ServerSpec {
+            bin: "sh".into(),
+            args: vec!["-c".into(), "sleep 30".into()],
+            env: vec![],
+            log: dir.path().join("log"),
+            cwd: dir.path().to_path_buf(),
+        };
+        let s = Server::start(&spec).unwrap();
+        rustix::process::kill_process(Pid::from_raw(s.pid()).unwrap(), rustix::process::Signal::KILL)
+            .unwrap();
+        assert!(s.exited_within(Duration::from_secs(5)).is_some());
+        let st = s.stop(Duration::from_millis(300)).unwrap();
+        assert!(!st.killed, "{st:?}");
+        assert_eq!(st.died_before.as_deref(), Some("killed by signal 9"), "{st:?}");
     }
 }

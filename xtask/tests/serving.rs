@@ -60,12 +60,19 @@ fn serve_bench(sb: &Sandbox, server: &str, extra: &[&str], env: &[(&str, &str)])
 #[test]
 fn serve_bench_boots_a_server_and_writes_every_output() {
     let sb = Sandbox::new();
-    let run =
-        serve_bench(&sb, kiln(), &["--concurrency", "1,2", "--requests", "4", "--max-tokens", "5"], &[]);
+    let run = serve_bench(
+        &sb,
+        kiln(),
+        &["--concurrency", "1,2", "--requests", "4", "--max-tokens", "5", "--prompt-tokens", "32"],
+        &[],
+    );
+    // Token-id prompts: the server counts exactly the asked length.
     run.expect_code(0)
         .expect_stdout("| c=1 | 4 | 0 |")
         .expect_stdout("| c=2 | 4 | 0 |")
-        .expect_stdout("client CPU");
+        .expect_stdout("client CPU")
+        .expect_stdout("| prompt tok asked / counted |")
+        .expect_stdout("| 32 / 32 |\n");
     let dir = run_dir(&sb.path("runs"));
     for f in ["env.json", "requests.jsonl", "levels.csv", "summary.md", "serve-bench.svg", "server.log"] {
         assert!(dir.join(f).is_file(), "no {f}{run}");
@@ -106,6 +113,38 @@ fn serve_bench_boots_a_server_and_writes_every_output() {
 }
 
 #[test]
+fn chat_prompts_are_calibrated_to_the_servers_count() {
+    let sb = Sandbox::new();
+    let args = [
+        "--endpoint",
+        "chat",
+        "--concurrency",
+        "2",
+        "--requests",
+        "4",
+        "--max-tokens",
+        "3",
+        "--prompt-tokens",
+        "96",
+    ];
+    let run = serve_bench(&sb, kiln(), &args, &[]);
+    run.expect_code(0).expect_stderr("prompt calibration: the server counted ").expect_stdout("| 96 / ");
+    assert!(!run.stdout.contains("5% off"), "{run}");
+    let dir = run_dir(&sb.path("runs"));
+    let lines: Vec<serde_json::Value> = fs::read_to_string(dir.join("requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.iter().filter(|l| l["level"] == "calibration").count(), 3, "{run}");
+    for l in lines.iter().filter(|l| l["level"] == "c=2" && l["warmup"] == false) {
+        let n = l["prompt_tokens"].as_u64().unwrap();
+        // Words of one length and filler bytes: exact for kiln's byte-level tokenizer.
+        assert_eq!(n, 96, "the server counted {n} prompt tokens for 96 asked{run}");
+    }
+}
+
+#[test]
 fn a_malformed_usage_completes_the_level_on_counted_deltas_including_reasoning() {
     let sb = Sandbox::new();
     let env = [("STAND_IN_BAD_USAGE", "1"), ("STAND_IN_REASONING", "1")];
@@ -135,31 +174,49 @@ fn a_malformed_usage_completes_the_level_on_counted_deltas_including_reasoning()
     assert!(!col(&rows, 1, "ttft_ms_p50").is_empty());
 }
 
+const SMALL_LEVELS: [&str; 10] = [
+    "--concurrency",
+    "1,2",
+    "--requests",
+    "4",
+    "--max-tokens",
+    "3",
+    "--warmup-rounds",
+    "0",
+    "--request-timeout",
+    "10",
+];
+
 #[test]
 fn failed_requests_are_counted_per_level_and_the_sweep_goes_on() {
     let sb = Sandbox::new();
-    // The server dies at its 4th request: level c=1 has 3 of 4 ok, c=2 none.
-    let run = serve_bench(
-        &sb,
-        stand_in(),
-        &[
-            "--concurrency",
-            "1,2",
-            "--requests",
-            "4",
-            "--max-tokens",
-            "3",
-            "--warmup-rounds",
-            "0",
-            "--request-timeout",
-            "10",
-        ],
-        &[("STAND_IN_DIE_AFTER", "3")],
-    );
+    // The server answers 500 from its 4th request on: c=1 has 3 of 4 ok, c=2 none.
+    let run = serve_bench(&sb, stand_in(), &SMALL_LEVELS, &[("STAND_IN_FAIL_AFTER", "3")]);
     run.expect_code(1).expect_stderr("exit 1: requests failed (c=1: 1 of 4 failed; c=2: 4 of 4 failed)");
     let rows = csv_rows(&run_dir(&sb.path("runs")).join("levels.csv"));
     assert_eq!(rows.len(), 3, "{run}");
     assert_eq!((col(&rows, 1, "ok"), col(&rows, 1, "failed")), ("3".into(), "1".into()));
+}
+
+#[test]
+fn a_booted_server_that_dies_stops_the_run_keeping_the_levels_measured() {
+    for (env, how) in [
+        (&[("STAND_IN_DIE_AFTER", "3")][..], "exited with status 3"),
+        (&[("STAND_IN_DIE_AFTER", "3"), ("STAND_IN_DIE_BY_SIGKILL", "1")][..], "killed by signal 9"),
+    ] {
+        let sb = Sandbox::new();
+        // It dies at its 4th request, in level c=1: c=2 is never sent to a dead server.
+        let run = serve_bench(&sb, stand_in(), &SMALL_LEVELS, env);
+        run.expect_code(1)
+            .expect_stderr(&format!("kiln serve {how} during level c=1 (its log: "))
+            .expect_stderr("stopping; the levels already measured are kept")
+            .expect_stdout("| c=1 | 3 | 1 |")
+            .expect_stdout(&format!("stopped: kiln serve {how} during level c=1"));
+        assert!(!run.stderr.contains("ignored SIGTERM"), "{run}");
+        assert!(!run.stdout.contains("| c=2 |"), "{run}");
+        let rows = csv_rows(&run_dir(&sb.path("runs")).join("levels.csv"));
+        assert_eq!(rows.len(), 2, "the header and c=1{run}");
+    }
 }
 
 #[test]
@@ -251,8 +308,6 @@ fn pin_tax_args(sb: &Sandbox, server: &str, port: u16, order: &str) -> Vec<Strin
         server.into(),
         "--runs-dir".into(),
         sb.path("runs").display().to_string(),
-        "--record-dir".into(),
-        sb.path("records").display().to_string(),
     ])
     .collect()
 }
@@ -263,12 +318,15 @@ fn pin_tax(sb: &Sandbox, server: &str, port: u16, order: &str, env: &[(&str, &st
     sb.run_with("qmv-pin-tax", &args, env)
 }
 
-/// The dated records written under the sandbox's `records`.
-fn records(sb: &Sandbox) -> Vec<PathBuf> {
-    fs::read_dir(sb.path("records"))
+/// The dated records in `dir` (the run directory by default, else `--record-dir`).
+fn records(dir: &Path) -> Vec<PathBuf> {
+    fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            name.starts_with("qmv-pin-tax-") && name.ends_with(".md")
+        })
         .collect()
 }
 
@@ -298,13 +356,28 @@ fn a_complete_abba_run_pins_both_arms_checks_them_and_writes_the_record() {
     assert_eq!(boots.len(), 2);
     assert_eq!(boots[1]["kernel"]["qmv_wide"], "off");
     assert!(dir.join("tax.svg").is_file(), "{run}");
-    let records = records(&sb);
+    let records = records(&dir);
     assert_eq!(records.len(), 1, "{run}");
     assert!(records[0].with_extension("svg").is_file(), "the record's plot is beside it{run}");
     let name = records[0].file_name().unwrap().to_string_lossy().into_owned();
     assert!(name.starts_with("qmv-pin-tax-") && name.ends_with(".md"), "{name}");
     let text = fs::read_to_string(&records[0]).unwrap();
     assert!(text.contains("| order | 1 0 |") && text.contains("narrow/wide"), "{text}");
+    // The command row, pasted into a shell, gives back the words the run was given.
+    let row = text.lines().find(|l| l.starts_with("| command | `cargo xtask qmv-pin-tax ")).expect(&text);
+    let line = row.trim_start_matches("| command | `cargo xtask ").trim_end_matches("` |");
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!("set -- {line}; printf '%s\\0' \"$@\""))
+        .output()
+        .unwrap();
+    let words: Vec<String> =
+        String::from_utf8(out.stdout).unwrap().split_terminator('\0').map(str::to_string).collect();
+    let mut typed = vec!["qmv-pin-tax".to_string()];
+    typed.extend(pin_tax_args(&sb, kiln(), 0, "1 0"));
+    let port = typed.iter().position(|a| a == "--port").unwrap() + 1;
+    typed[port] = words[port].clone();
+    assert_eq!(words, typed, "{row}");
 }
 
 #[test]
@@ -348,6 +421,42 @@ fn a_boot_that_dies_mid_pass_is_a_failed_pass_and_the_sweep_goes_on() {
     assert!(passes[1]["reason"].as_str().unwrap().starts_with("not run: the server exited"), "{run}");
     assert_eq!((passes[2]["ok"].as_bool(), passes[3]["ok"].as_bool()), (Some(true), Some(true)), "{run}");
     run.expect_stdout("| decode B=1 | output tok/s | 0 | 1 |");
+}
+
+#[test]
+fn a_cell_past_the_models_context_is_skipped_by_rule_and_the_others_are_measured() {
+    let sb = Sandbox::new();
+    // synthetic:tiny's context is 1024 tokens: the default chunked prefill of 1024 prompt
+    // tokens and 1 generated token cannot fit.
+    let mut args = pin_tax_args(&sb, kiln(), free_port(), "1 0");
+    let at = args.iter().position(|a| a == "--chunked-tokens").unwrap() + 1;
+    args[at] = "1024".into();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = sb.run("qmv-pin-tax", &args);
+    run.expect_code(0)
+        .expect_stderr("chunked prefill 1024: SKIP:context: 1024 prompt plus 1 generated tokens exceed the model's context of 1024 tokens")
+        .expect_stdout("failed passes: 0")
+        .expect_stdout("skipped cells (never sent): 1\n- chunked prefill 1024: SKIP:context")
+        .expect_stdout("| decode B=2 | output tok/s | 1 | 1 |")
+        .expect_stdout("| uncached prefill 16 | TTFT ms | 1 | 1 |");
+    assert!(!run.stdout.contains("| chunked prefill 1024 |"), "{run}");
+    let passes = jsonl(&run_dir(&sb.path("runs")).join("passes.jsonl"));
+    assert!(passes.iter().all(|p| p["ok"] == true && p["cells"].as_array().unwrap().len() == 4), "{run}");
+}
+
+#[test]
+fn a_failed_cell_fails_that_cell_and_the_pass_counts_for_the_others() {
+    let sb = Sandbox::new();
+    // 8 requests a pass, the chunked prefill last: from the 16th request of a boot on
+    // (pass 1's chunked prefill) the server answers 500 and stays up.
+    let run = pin_tax(&sb, stand_in(), free_port(), "1 0", &[("STAND_IN_FAIL_AFTER", "15")]);
+    run.expect_code(1)
+        .expect_stdout("failed passes: 0")
+        .expect_stdout("failed cells (their passes count for the other cells): 2")
+        .expect_stdout("| decode B=2 | output tok/s | 1 | 1 |")
+        .expect_stdout("| chunked prefill 48 | TTFT ms | 0 | 0 |")
+        .expect_stderr("failed cells (the others count): chunked prefill 48: 1 of 1 requests failed")
+        .expect_stderr("exit 1: 2 cells failed in a counted pass");
 }
 
 #[test]
@@ -465,7 +574,7 @@ fn a_mixed_run_checks_each_arm_by_its_gate_line_and_writes_every_window() {
     let boots = jsonl(&dir.join("boots.jsonl"));
     assert_eq!(boots[0]["gate"]["outcome"], "exact", "{run}");
     assert_eq!(boots[1]["kernel"]["pinned"], "yes");
-    let records = records(&sb);
+    let records = records(&sb.path("records"));
     assert_eq!(records.len(), 1, "{run}");
     let name = records[0].file_name().unwrap().to_string_lossy().into_owned();
     assert!(name.starts_with("qmv-pin-tax-mixed-"), "{name}");

@@ -256,7 +256,13 @@ fn an_interrupt_while_waiting_cancels_the_arrays_and_merges_what_finished() {
     let run = finish(line, child, Duration::from_secs(90));
     run.expect_code(130)
         .expect_stderr("interrupted by SIGINT: cancelling jobs")
-        .expect_stdout("interrupted by SIGINT");
+        .expect_stdout("interrupted by SIGINT after 0 of 2 cells (2 cancelled)");
+    // Each cancelled cell is reported once: by --wait as it ends, not again by the merge.
+    for cell in ["synthetic:tiny@16", "synthetic:tiny@32"] {
+        let lines =
+            run.stderr.lines().filter(|l| l.contains(&format!("] {cell}: FAIL:slurm_cancelled"))).count();
+        assert_eq!(lines, 1, "{cell}{run}");
+    }
     assert_eq!(
         sb.statuses("synthetic:tiny"),
         expect(&[("16", "FAIL:slurm_cancelled"), ("32", "FAIL:slurm_cancelled")]),
@@ -302,6 +308,8 @@ fn a_dry_run_prints_the_scripts_and_submits_nothing() {
         .expect_stderr("nothing was written or submitted");
     assert_eq!(fs::read_dir(sb.path("shared")).unwrap().count(), 0, "{run}");
     assert!(!sb.csv().exists(), "a dry run leaves no CSV{run}");
+    // Nothing ran, so there is no plot to miss, and --resume is not a Slurm flag.
+    assert!(!run.stderr.contains("no plot") && !run.stderr.contains("--resume"), "{run}");
 }
 
 #[test]
@@ -317,6 +325,30 @@ fn slurm_flags_are_checked_before_anything_runs() {
         a.extend_from_slice(extra);
         sb.run("bench-longprompt", &a).expect_code(2).expect_stderr(msg);
     }
+    // A value that would end its #SBATCH line, or a KILN_* name no shell can export, is
+    // bad input: nothing is written, no script printed.
+    let dir = shared(&sb);
+    let canary = sb.path("pwned");
+    let partition = format!("gpu\ntouch {}", canary.display());
+    let mut a = vec!["--models", "synthetic:tiny", "--lengths", "16"];
+    a.extend(["--runner", "slurm", "--shared-dir", &dir, "--dry-run", "--partition", &partition]);
+    let run = sb.run("bench-longprompt", &a);
+    run.expect_code(2).expect_stderr("holds the control character '\\n'");
+    assert!(!run.stdout.contains("#SBATCH"), "{run}");
+    let a = [
+        "--models",
+        "synthetic:tiny",
+        "--lengths",
+        "16",
+        "--runner",
+        "slurm",
+        "--shared-dir",
+        &dir,
+        "--dry-run",
+    ];
+    let run = sb.run_with("bench-longprompt", &a, &[("KILN_X;touch y", "1")]);
+    run.expect_code(2).expect_stderr("is not a shell variable name");
+    assert!(!canary.exists());
     let run = sb.run("merge", &[&sb.dir.path().display().to_string()]);
     run.expect_code(2).expect_stderr("no sweep.json: expected a run directory written by `--runner slurm`");
 }

@@ -2,7 +2,8 @@
 //! start-up lines (`kernel configuration: ...`, `listening on http://...`), `GET /health`
 //! and streaming OpenAI completions with usage, and can be told (by `STAND_IN_*`
 //! variables, test-only, never read by kiln) to misbehave the ways a real server can: a
-//! slow start, a malformed usage, dying mid-run, text that depends on the kernel arm, a
+//! slow start, a malformed usage, dying mid-run (exiting, or by SIGKILL), answering 500
+//! from some request on while staying up, text that depends on the kernel arm, a
 //! probe of the exactness gate that is not exact. A request with `"speculative": true`
 //! gets kiln's usage extension and, the first time, the gate's line, decided from
 //! `KILN_QMV_WIDE` and `KILN_SPEC_ALLOW_INEXACT` as kiln decides it (the probe's result
@@ -135,7 +136,25 @@ async fn handle(mut sock: TcpStream, on: bool, pinned: bool) {
     let arm = if on { "1" } else { "0" };
     if die_after > 0 && n > die_after && die_arm.as_deref().is_none_or(|a| a == arm) {
         eprintln!("ERROR stand-in: dying after {die_after} requests, as told");
+        if flag("STAND_IN_DIE_BY_SIGKILL") {
+            // As the OOM killer or an operator's kill -9 would end it.
+            let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+        }
         std::process::exit(3);
+    }
+    let fail_after = env_u64("STAND_IN_FAIL_AFTER");
+    if fail_after > 0 && n > fail_after {
+        let body = r#"{"error":{"message":"failing as told","type":"server_error"}}"#;
+        let _ = sock
+            .write_all(
+                format!(
+                    "HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            )
+            .await;
+        return;
     }
     let prompt = match &body["prompt"] {
         Value::String(s) => s.clone(),

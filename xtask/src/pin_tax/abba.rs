@@ -95,6 +95,11 @@ pub trait Mode {
     fn cells(&self) -> Vec<CellDef>;
     /// Extra `kiln serve` arguments this mode needs.
     fn server_args(&self) -> Vec<OsString>;
+    /// Cells that cannot run by rule, with the reason: [`Mode::run_pass`] sends none of
+    /// their requests.
+    fn skipped(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
     /// Which arms the result compares, and which way round.
     fn design(&self) -> super::analysis::Design;
     /// The plot beside the tables.
@@ -313,7 +318,7 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
             "--port".into(),
             plan.port.to_string().into(),
         ];
-        args.extend(mode.server_args());
+        args.extend(unless_given(mode.server_args(), &plan.serve_args));
         args.extend(plan.serve_args.iter().map(OsString::from));
         let spec = ServerSpec {
             bin: plan.kiln_bin.clone(),
@@ -424,14 +429,8 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
                 // Failed requests may mean a dying server: let it finish dying, so the pass
                 // is blamed on the death rather than on its symptoms.
                 dead = if failed > 0 { srv.exited_within(Duration::from_millis(1000)) } else { srv.exited() };
-                let reason = match (&dead, failed) {
-                    (Some(how), _) => Some(format!("the server {how} during the pass")),
-                    (None, 0) => None,
-                    (None, f) => Some(format!(
-                        "{f} of {requests} requests failed; first: {}",
-                        cells.iter().find_map(|c| c.first_error.clone()).unwrap_or_default()
-                    )),
-                };
+                let reason = pass_failure(&cells, dead.as_deref(), requests, failed);
+                let failed_cells = cell_failures(&cells);
                 let rp = PassRecord {
                     boot,
                     arm,
@@ -451,12 +450,16 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
                 } else {
                     format!("{} {pass}/{}", mode.unit(), plan.passes)
                 };
-                let state = match (&rp.reason, &rp.invalid, &rp.disturbed) {
+                let mut state = match (&rp.reason, &rp.invalid, &rp.disturbed) {
                     (Some(r), _, _) => format!("FAILED: {r}"),
                     (None, Some(i), _) => format!("INVALID: {i}"),
                     (None, None, Some(d)) => format!("ok, disturbed: {d}"),
                     (None, None, None) => "ok".to_string(),
                 };
+                if rp.reason.is_none() && !failed_cells.is_empty() {
+                    state
+                        .push_str(&format!("; failed cells (the others count): {}", failed_cells.join("; ")));
+                }
                 eprintln!(
                     "[boot {boot}/{boots}] {} {what}: {state} ({:.1} s); {}",
                     arm.as_str(),
@@ -492,11 +495,14 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
             }
         }
         let ts = Instant::now();
-        let (ended, killed) = srv.stop(plan.grace)?;
+        let stopped = srv.stop(plan.grace)?;
         rec.stop_s = ts.elapsed().as_secs_f64();
-        rec.killed = killed;
-        rec.ended = ended;
-        if killed {
+        rec.killed = stopped.killed;
+        rec.ended = match stopped.died_before {
+            Some(how) => format!("{how}, before it was stopped"),
+            None => stopped.ended,
+        };
+        if stopped.killed {
             eprintln!(
                 "    warning: the server ignored SIGTERM for {} s and its group was killed",
                 plan.grace.as_secs()
@@ -529,6 +535,50 @@ fn wait_gate(srv: &Server, arm: Arm) -> Result<Option<GateLine>, String> {
     }
 }
 
+/// The mode's `kiln serve` flags (`--flag value` pairs) less those a `--serve-arg` sets
+/// (`--flag value` or `--flag=value`): kiln refuses a flag given twice, and the user's
+/// choice wins.
+fn unless_given(own: Vec<OsString>, serve_args: &[String]) -> Vec<OsString> {
+    let given = |flag: &OsString| {
+        let flag = flag.to_string_lossy();
+        serve_args.iter().any(|a| *a == flag || a.starts_with(&format!("{flag}=")))
+    };
+    own.chunks(2).filter(|pair| !given(&pair[0])).flat_map(|pair| pair.iter().cloned()).collect()
+}
+
+/// Why a pass whose cells came back as `cells` does not count, if it does not: the
+/// server died during it, or every cell failed. A failed cell among cells that completed
+/// fails that cell only (see [`cell_failures`]); the pass counts for the others.
+fn pass_failure(cells: &[CellMeasure], dead: Option<&str>, requests: usize, failed: usize) -> Option<String> {
+    if let Some(how) = dead {
+        return Some(format!("the server {how} during the pass"));
+    }
+    if failed == 0 || cells.iter().any(|c| c.failed == 0) {
+        return None;
+    }
+    Some(format!(
+        "{failed} of {requests} requests failed; first: {}",
+        cells.iter().find_map(|c| c.first_error.clone()).unwrap_or_default()
+    ))
+}
+
+/// `cell: f of n requests failed; first: ...` for each cell with a failed request.
+pub fn cell_failures(cells: &[CellMeasure]) -> Vec<String> {
+    cells
+        .iter()
+        .filter(|c| c.failed > 0)
+        .map(|c| {
+            format!(
+                "{}: {} of {} requests failed; first: {}",
+                c.cell,
+                c.failed,
+                c.requests,
+                c.first_error.as_deref().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
 fn failed_pass(boot: usize, arm: Arm, pass: usize, reason: String) -> PassRecord {
     PassRecord {
         boot,
@@ -547,6 +597,45 @@ fn failed_pass(boot: usize, arm: Arm, pass: usize, reason: String) -> PassRecord
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cell(name: &str, requests: usize, failed: usize) -> CellMeasure {
+        CellMeasure {
+            cell: name.into(),
+            requests,
+            failed,
+            first_error: (failed > 0).then(|| "HTTP 400".to_string()),
+            metrics: BTreeMap::new(),
+            hashes: BTreeMap::new(),
+            prompt_tokens: None,
+            cached_tokens: None,
+            invalid: None,
+            detail: None,
+        }
+    }
+
+    #[test]
+    fn a_serve_arg_replaces_the_modes_own_flag() {
+        let own: Vec<OsString> = ["--parallel", "8", "--max-queue", "8"].iter().map(OsString::from).collect();
+        let given = ["--parallel=2".to_string(), "--prefill-chunk".to_string(), "16".to_string()];
+        assert_eq!(unless_given(own.clone(), &given), ["--max-queue", "8"]);
+        assert_eq!(
+            unless_given(own.clone(), &["--max-queue".to_string(), "4".to_string()]),
+            ["--parallel", "8"]
+        );
+        assert_eq!(unless_given(own.clone(), &[]), own);
+    }
+
+    #[test]
+    fn a_failed_cell_fails_itself_and_not_the_pass() {
+        let cells = [cell("decode B=1", 1, 0), cell("chunked prefill 1024", 2, 2)];
+        assert_eq!(pass_failure(&cells, None, 3, 2), None);
+        assert_eq!(cell_failures(&cells), ["chunked prefill 1024: 2 of 2 requests failed; first: HTTP 400"]);
+        // Every cell failed, or the server died: the pass fails.
+        let all = [cell("a", 1, 1), cell("b", 2, 1)];
+        assert_eq!(pass_failure(&all, None, 3, 2).unwrap(), "2 of 3 requests failed; first: HTTP 400");
+        let died = pass_failure(&cells, Some("exited with status 3"), 3, 2).unwrap();
+        assert_eq!(died, "the server exited with status 3 during the pass");
+    }
 
     #[test]
     fn durations_read_as_minutes_or_hours() {

@@ -124,7 +124,12 @@ pub fn analyse(
                 if !p.ok || p.invalid.is_some() || p.pass == 0 {
                     return None;
                 }
-                p.cells.iter().find(|c| c.cell == cell.name)?.metrics.get(m.name).copied()
+                // A cell with a failed request fails itself, not its pass.
+                let c = p.cells.iter().find(|c| c.cell == cell.name)?;
+                if c.failed > 0 {
+                    return None;
+                }
+                c.metrics.get(m.name).copied()
             };
             let arm_values =
                 |arm: Arm| -> Vec<f64> { passes.iter().filter(|p| p.arm == arm).filter_map(value).collect() };
@@ -258,6 +263,8 @@ pub fn table(rows: &[TaxRow], design: Design) -> String {
 pub struct Findings {
     /// `boot N (arm) pass P: reason`.
     pub failed: Vec<String>,
+    /// `boot N (arm) pass P, cell: reason`: cells that failed in a pass that counts.
+    pub failed_cells: Vec<String>,
     /// `boot N (arm) pass P: why`.
     pub disturbed: Vec<String>,
     /// `boot N (arm) pass P: why`: completed but not counted.
@@ -277,6 +284,13 @@ pub fn findings(passes: &[PassRecord], unit: &str) -> Findings {
             .iter()
             .filter(|p| !p.ok)
             .map(|p| format!("{}: {}", label(p), p.reason.clone().unwrap_or_default()))
+            .collect(),
+        failed_cells: passes
+            .iter()
+            .filter(|p| p.ok)
+            .flat_map(|p| {
+                super::abba::cell_failures(&p.cells).into_iter().map(move |f| format!("{}, {f}", label(p)))
+            })
             .collect(),
         disturbed: passes
             .iter()
@@ -322,6 +336,9 @@ pub fn summary(
     list(&mut s, "failed boots", &failed_boots);
     let units = plural(unit);
     list(&mut s, &format!("failed {units}"), &fnd.failed);
+    if !fnd.failed_cells.is_empty() {
+        list(&mut s, &format!("failed cells (their {units} count for the other cells)"), &fnd.failed_cells);
+    }
     if unit != "pass" {
         list(&mut s, &format!("invalid {units} (completed, not counted)"), &fnd.invalid);
     }

@@ -135,9 +135,12 @@ pub struct QmvPinTax {
     /// Booting kiln serve, and where run directories go.
     #[command(flatten)]
     boot: crate::runs::BootArgs,
-    /// Where the dated record goes [default: docs/benchmark_results].
-    #[arg(long, value_name = "DIR")]
+    /// Where the dated record goes [default: the run directory].
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["repo_record", "no_record"])]
     record_dir: Option<PathBuf>,
+    /// Write the dated record into the repository's docs/benchmark_results, to commit it.
+    #[arg(long, conflicts_with = "no_record")]
+    repo_record: bool,
     /// Write no dated record (the run directory still has everything).
     #[arg(long)]
     no_record: bool,
@@ -180,9 +183,10 @@ impl QmvPinTax {
             usage!("--trust-limit and --busy-cpus: expected positive numbers");
         }
         let runs_dir = self.boot.runs_dir(&root)?;
+        // `None`: the run directory, made later.
         let record_dir = match &self.record_dir {
-            Some(d) => crate::sweep::user_path(d)?,
-            None => root.join("docs/benchmark_results"),
+            Some(d) => Some(crate::sweep::user_path(d)?),
+            None => self.repo_record.then(|| root.join("docs/benchmark_results")),
         };
         let shutdown = Shutdown::install()?;
         let engine = match self.boot.engine(&root, &shutdown)? {
@@ -193,13 +197,16 @@ impl QmvPinTax {
             }
         };
         crate::runs::check_writable(&runs_dir, "--runs-dir")?;
-        if !self.no_record {
-            crate::runs::check_writable(&record_dir, "--record-dir")?;
+        if !self.no_record
+            && let Some(dir) = &record_dir
+        {
+            let flag = if self.repo_record { "--repo-record" } else { "--record-dir" };
+            crate::runs::check_writable(dir, flag)?;
         }
         let ctx = Ctx { root, runs_dir, record_dir, engine, order, shutdown };
         match self.mode {
             ModeArg::Sweep => {
-                let mode = sweep::Sweep {
+                let mut mode = sweep::Sweep {
                     concurrency: self.concurrency.0.clone(),
                     rounds: self.rounds.max(1),
                     decode_prompt: self.decode_prompt,
@@ -211,7 +218,18 @@ impl QmvPinTax {
                     chunked_tokens: self.chunked_tokens,
                     prefill_requests: self.prefill_requests.max(1),
                     served: self.model.clone(),
+                    skipped: Default::default(),
                 };
+                mode.skipped = context_skips(&ctx.engine.bin, &self.model, &mode.shapes());
+                for (cell, why) in &mode.skipped {
+                    eprintln!("{cell}: SKIP:context: {why}");
+                }
+                if mode.skipped.len() == mode.cells().len() {
+                    usage!(
+                        "no cell fits the context of {}: every cell is SKIP:context; pass shorter --decode-prompt, --max-tokens, --prefix-tokens, --prefill-tokens and --chunked-tokens",
+                        self.model
+                    );
+                }
                 self.drive(&mode, self.passes.unwrap_or(2), ctx)
             }
             ModeArg::Mixed => {
@@ -247,6 +265,7 @@ impl QmvPinTax {
             "sizes": format!("{mode:?}"),
             "port": self.port,
             "cells": mode.cells().iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
+            "skipped": mode.skipped().into_iter().collect::<std::collections::BTreeMap<_, _>>(),
             "serve_args": self.boot.serve_args,
             "cooldown_s": self.cooldown,
             "require_quiet": self.require_quiet,
@@ -282,10 +301,18 @@ impl QmvPinTax {
             cwd: root.clone(),
         };
         let out = abba::run(mode, &plan, &shutdown)?;
-        let cells = mode.cells();
+        let skipped = mode.skipped();
+        let cells: Vec<abba::CellDef> =
+            mode.cells().into_iter().filter(|c| !skipped.iter().any(|(s, _)| *s == c.name)).collect();
         let rows = analysis::analyse(&cells, &order, &out.passes, self.trust_limit, design);
         let fnd = analysis::findings(&out.passes, unit);
         let mut text = analysis::summary(&rows, &fnd, &out.boots, self.trust_limit, design, unit);
+        if !skipped.is_empty() {
+            let _ = writeln!(text, "skipped cells (never sent): {}", skipped.len());
+            for (cell, why) in &skipped {
+                let _ = writeln!(text, "- {cell}: SKIP:context: {why}");
+            }
+        }
         let planned = order.0.len() * (passes as usize + 1);
         let _ =
             writeln!(text, "{} written: {} of {planned} planned", analysis::plural(unit), out.passes.len());
@@ -311,7 +338,15 @@ impl QmvPinTax {
         let record = if self.no_record || out.passes.is_empty() {
             None
         } else {
-            Some(write_record(&record_dir, &device, &env, self, &out, &text, &svg)?)
+            Some(write_record(
+                record_dir.as_deref().unwrap_or(&run_dir),
+                &device,
+                &env,
+                self,
+                &out,
+                &text,
+                &svg,
+            )?)
         };
         crate::report::write_or_warn(&run_dir);
         console::out(&format!("\n{text}"))?;
@@ -330,6 +365,9 @@ impl QmvPinTax {
         if !fnd.failed.is_empty() {
             reasons.push(format!("{} {} failed", fnd.failed.len(), analysis::plural(unit)));
         }
+        if !fnd.failed_cells.is_empty() {
+            reasons.push(format!("{} cells failed in a counted {unit}", fnd.failed_cells.len()));
+        }
         if !empty.is_empty() && !aborted {
             reasons.push(format!("no counted {unit} for arm {}", empty.join(", ")));
         }
@@ -342,6 +380,55 @@ impl QmvPinTax {
         }
         Ok(if reasons.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
     }
+}
+
+/// The cells of `shapes` (name, longest prompt, max_tokens) that cannot fit the model's
+/// context, with the reason, by the engine's own rule (`kiln estimate`'s
+/// `within_context`), as bench-longprompt's `SKIP:context`. When the estimate cannot
+/// answer (another server's binary, a model it cannot read), every cell runs and the
+/// server's own refusal fails the cell.
+fn context_skips(
+    kiln: &Path,
+    model: &str,
+    shapes: &[(String, u64, u64)],
+) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    for (cell, prompt, max_tokens) in shapes {
+        let run = std::process::Command::new(kiln)
+            .args(["estimate", "-m", model, "--prompt-tokens", &prompt.to_string()])
+            .args(["--max-tokens", &max_tokens.to_string()])
+            .stdin(std::process::Stdio::null())
+            .output();
+        let report = match &run {
+            Ok(o) if o.status.success() => {
+                kiln_protocol::EstimateReport::parse(&String::from_utf8_lossy(&o.stdout))
+            }
+            _ => Ok(None),
+        };
+        match report {
+            Ok(Some(r)) if !r.within_context => {
+                out.insert(
+                    cell.clone(),
+                    format!(
+                        "{} prompt plus {} generated tokens exceed the model's context of {} tokens",
+                        r.prompt_tokens, r.max_tokens, r.context_length
+                    ),
+                );
+            }
+            Ok(Some(_)) => {}
+            _ => {
+                let why = match &run {
+                    Ok(o) => crate::sweep::classify::reason_line(&String::from_utf8_lossy(&o.stderr)),
+                    Err(e) => e.to_string(),
+                };
+                eprintln!(
+                    "warning: kiln estimate could not check the cells against the model's context ({why}); every cell runs"
+                );
+                return std::collections::BTreeMap::new();
+            }
+        }
+    }
+    out
 }
 
 /// A short, file-name-safe name for the device: `cpu-epyc-9r14-2cpu`.
@@ -397,10 +484,11 @@ fn write_record(
         "Generated by `cargo xtask qmv-pin-tax`; how to read it: docs/benchmarks.md, \"{section}\".\n"
     );
     let _ = writeln!(s, "| | |\n|---|---|");
-    let cmd =
-        env["command"].as_array().map(|a| a.iter().filter_map(|v| v.as_str()).collect::<Vec<_>>().join(" "));
+    let args: Vec<&str> =
+        env["command"].as_array().map(|a| a.iter().filter_map(|v| v.as_str()).collect()).unwrap_or_default();
+    let (command, command_block) = command_row(&crate::shell::typed_command(&args));
     let rows: [(&str, String); 10] = [
-        ("command", format!("`{}`", cmd.unwrap_or_default())),
+        ("command", command),
         ("commit", env["commit"].as_str().unwrap_or("unknown").to_string()),
         ("host", env["host"].as_str().unwrap_or("").to_string()),
         ("device", device.to_string()),
@@ -425,6 +513,9 @@ fn write_record(
     ];
     for (k, v) in rows {
         let _ = writeln!(s, "| {k} | {v} |");
+    }
+    if let Some(block) = command_block {
+        let _ = writeln!(s, "\nThe command:\n\n{block}");
     }
     let _ = writeln!(s, "\n## Result\n\n{summary}");
     let plot = path.with_extension("svg");
@@ -464,6 +555,17 @@ fn write_record(
     }
     fs::write(&path, s).with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
+}
+
+/// The record's `command` cell for `line` (a command line quoted for a shell): a code span,
+/// `|` escaped for the table, or, when the line holds a newline or a backtick that a
+/// table cell cannot carry, a pointer to the fenced block returned beside it.
+fn command_row(line: &str) -> (String, Option<String>) {
+    if line.contains(['\n', '\r', '`']) {
+        let fence = "~~~~~~~~";
+        return ("(below the table)".into(), Some(format!("{fence}sh\n{line}\n{fence}\n")));
+    }
+    (format!("`{}`", line.replace('|', "\\|")), None)
 }
 
 /// The mixed record's per-window table, from each window's RESULT.
@@ -551,7 +653,7 @@ impl QmvPinTax {
 struct Ctx {
     root: PathBuf,
     runs_dir: PathBuf,
-    record_dir: PathBuf,
+    record_dir: Option<PathBuf>,
     engine: crate::runs::Engine,
     order: Order,
     shutdown: Shutdown,
@@ -585,5 +687,20 @@ mod tests {
             assert!(e.to_string().contains("--request-timeout"), "{bad}: {e}");
             assert_eq!(e.exit_code(), 2, "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn the_command_row_pastes_back_as_the_words_typed() {
+        let argv = ["/r/target/debug/xtask", "qmv-pin-tax", "--order", "1 0 0 1", "--serve-arg=--x=it's"];
+        let (cell, block) = command_row(&crate::shell::typed_command(&argv));
+        assert_eq!(cell, r"`cargo xtask qmv-pin-tax --order '1 0 0 1' '--serve-arg=--x=it'\''s'`");
+        assert!(block.is_none());
+        // A pipe is escaped for the table; a newline or backtick moves the line to a block.
+        assert_eq!(command_row("a '|' b").0, r"`a '\|' b`");
+        let (cell, block) = command_row("cargo xtask x 'a\nb' '`'");
+        assert_eq!(
+            (cell.as_str(), block.unwrap()),
+            ("(below the table)", "~~~~~~~~sh\ncargo xtask x 'a\nb' '`'\n~~~~~~~~\n".to_string())
+        );
     }
 }

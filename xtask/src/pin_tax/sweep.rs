@@ -3,6 +3,7 @@
 //! falls inside the `qmv_wide` window, and uncached and chunked prefill as controls.
 //! Prompts are token ids, so every length (and so every forward's M) is exact.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::time::Duration;
 
@@ -37,6 +38,9 @@ pub struct Sweep {
     pub prefill_requests: usize,
     /// The `model` field.
     pub served: String,
+    /// Cells that cannot run by rule (their prompt and output exceed the model's
+    /// context), with the reason: never sent.
+    pub skipped: BTreeMap<String, String>,
 }
 
 const TOK_S: MetricDef = MetricDef { name: "output tok/s", better: Better::Higher };
@@ -44,6 +48,16 @@ const TPOT: MetricDef = MetricDef { name: "TPOT ms", better: Better::Lower };
 const TTFT: MetricDef = MetricDef { name: "TTFT ms", better: Better::Lower };
 
 impl Sweep {
+    /// Each cell's name (as [`Mode::cells`] gives it), its longest prompt and its
+    /// `max_tokens`: what must fit the model's context.
+    pub fn shapes(&self) -> Vec<(String, u64, u64)> {
+        let names = self.cells().into_iter().map(|c| c.name);
+        let mut sizes: Vec<(u64, u64)> =
+            self.concurrency.iter().map(|_| (self.decode_prompt, self.max_tokens)).collect();
+        sizes.extend([(self.prefix + self.suffix, 1), (self.prefill_tokens, 1), (self.chunked_tokens, 1)]);
+        names.zip(sizes).map(|(n, (p, m))| (n, p, m)).collect()
+    }
+
     fn spec(&self, key: String, tokens: u64, shared: u64, seed: u64, max_tokens: u64) -> RequestSpec {
         RequestSpec {
             key,
@@ -68,7 +82,7 @@ fn measure(
     metrics: &[MetricDef],
 ) -> CellMeasure {
     let l = LevelSummary::of(cell.to_string(), None, None, results, wall);
-    let mut m = std::collections::BTreeMap::new();
+    let mut m = BTreeMap::new();
     for d in metrics {
         let v = match d.name {
             "output tok/s" => (l.ok > 0).then_some(l.output_tok_s),
@@ -120,9 +134,10 @@ impl Mode for Sweep {
     }
 
     fn server_args(&self) -> Vec<OsString> {
-        // Every stream of the widest level gets a slot, so B streams decode together.
-        let widest = self.concurrency.iter().copied().max().unwrap_or(1);
-        vec!["--parallel".into(), widest.to_string().into()]
+        // Every stream of the widest level gets a slot, so B streams decode together, and
+        // the queue holds them all, so none is refused with 429 by construction.
+        let widest = self.concurrency.iter().copied().max().unwrap_or(1).to_string();
+        vec!["--parallel".into(), widest.clone().into(), "--max-queue".into(), widest.into()]
     }
 
     async fn run_pass(&self, target: &Target, pass: usize, timeout: Duration) -> Vec<CellMeasure> {
@@ -131,6 +146,10 @@ impl Mode for Sweep {
         let mut ci = 0;
         for &b in &self.concurrency {
             let name = &defs[ci].name;
+            if self.skipped.contains_key(name) {
+                ci += 1;
+                continue;
+            }
             let specs: Vec<RequestSpec> = (0..b * self.rounds.max(1))
                 .map(|i| {
                     self.spec(
@@ -148,6 +167,42 @@ impl Mode for Sweep {
         }
         // Prompt cache: one request adopts the prefix, then each hit prefills only its suffix.
         let name = &defs[ci].name;
+        if !self.skipped.contains_key(name) {
+            out.push(self.cache_cell(target, pass, timeout, ci, name, &defs[ci].metrics).await);
+        }
+        ci += 1;
+        for tokens in [self.prefill_tokens, self.chunked_tokens] {
+            let name = &defs[ci].name;
+            if self.skipped.contains_key(name) {
+                ci += 1;
+                continue;
+            }
+            let specs: Vec<RequestSpec> = (0..self.prefill_requests)
+                .map(|i| self.spec(format!("{name}/p{pass}/{i}"), tokens, 0, seed(ci, pass, i), 1))
+                .collect();
+            let run = load::run(target, specs, Arrival::Closed(1), timeout).await;
+            out.push(measure(name, &run.results, run.wall.as_secs_f64(), &defs[ci].metrics));
+            ci += 1;
+        }
+        out
+    }
+
+    fn skipped(&self) -> Vec<(String, String)> {
+        self.skipped.iter().map(|(c, why)| (c.clone(), why.clone())).collect()
+    }
+}
+
+impl Sweep {
+    /// The prompt-cache cell of one pass: a priming request, then the hits.
+    async fn cache_cell(
+        &self,
+        target: &Target,
+        pass: usize,
+        timeout: Duration,
+        ci: usize,
+        name: &str,
+        metrics: &[MetricDef],
+    ) -> CellMeasure {
         let total = self.prefix + self.suffix;
         let prime =
             self.spec(format!("{name}/p{pass}/prime"), total, self.prefix, seed(ci, pass, 999_999), 1);
@@ -156,7 +211,7 @@ impl Mode for Sweep {
             .map(|i| self.spec(format!("{name}/p{pass}/{i}"), total, self.prefix, seed(ci, pass, i), 1))
             .collect();
         let run = load::run(target, hits, Arrival::Closed(1), timeout).await;
-        let mut m = measure(name, &run.results, run.wall.as_secs_f64(), &defs[ci].metrics);
+        let mut m = measure(name, &run.results, run.wall.as_secs_f64(), metrics);
         if let Some(p) = primed.results.first() {
             m.requests += 1;
             if !p.ok {
@@ -166,17 +221,6 @@ impl Mode for Sweep {
                 m.hashes.insert(p.key.clone(), p.output_hash.clone());
             }
         }
-        out.push(m);
-        ci += 1;
-        for tokens in [self.prefill_tokens, self.chunked_tokens] {
-            let name = &defs[ci].name;
-            let specs: Vec<RequestSpec> = (0..self.prefill_requests)
-                .map(|i| self.spec(format!("{name}/p{pass}/{i}"), tokens, 0, seed(ci, pass, i), 1))
-                .collect();
-            let run = load::run(target, specs, Arrival::Closed(1), timeout).await;
-            out.push(measure(name, &run.results, run.wall.as_secs_f64(), &defs[ci].metrics));
-            ci += 1;
-        }
-        out
+        m
     }
 }

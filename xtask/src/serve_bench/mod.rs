@@ -3,6 +3,7 @@
 //! or an open-loop Poisson rate, and writes per-request lines, per-level statistics, a
 //! markdown table and a plot under `benchmarks/runs/<stamp>-serve-bench/`.
 
+pub mod calibrate;
 pub mod client;
 pub mod load;
 pub mod output;
@@ -17,7 +18,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use xshell::Shell;
 
-use self::client::{Endpoint, Prompt, RequestSpec, Target};
+use self::calibrate::{PromptKind, PromptPlan};
+use self::client::{Endpoint, RequestSpec, Target};
 use self::load::Arrival;
 use self::output::{Files, LevelSummary};
 use crate::child::{self, Shutdown};
@@ -46,15 +48,17 @@ pub struct ServeBench {
     /// Warm-up rounds per level, discarded: each is one request per stream.
     #[arg(long, value_name = "R", default_value_t = 1)]
     warmup_rounds: usize,
-    /// Prompt length in tokens (approximate: common words, one token each for most tokenizers).
+    /// Prompt length in tokens, as the server counts them (exact as token ids; text is
+    /// calibrated against the server's count).
     #[arg(long, value_name = "N", default_value_t = 128)]
     prompt_tokens: u64,
     /// The first N prompt tokens are the same in every request (exercises a prompt cache).
     #[arg(long, value_name = "N", default_value_t = 0)]
     shared_prefix: u64,
-    /// Send prompts as token ids (exact lengths; completions endpoint only) instead of text.
-    #[arg(long)]
-    prompt_ids: bool,
+    /// How prompts are sent: token ids (completions only) or calibrated text [default: ids
+    /// on completions, text on chat].
+    #[arg(long, value_enum, value_name = "KIND")]
+    prompt_kind: Option<PromptKind>,
     /// `max_tokens` of every request.
     #[arg(long, value_name = "N", default_value_t = 32)]
     max_tokens: u64,
@@ -129,8 +133,8 @@ impl ServeBench {
                 self.prompt_tokens
             );
         }
-        if self.prompt_ids && self.endpoint == Endpoint::Chat {
-            usage!("--prompt-ids needs --endpoint completions: chat messages are text");
+        if self.prompt_kind() == PromptKind::Ids && self.endpoint == Endpoint::Chat {
+            usage!("--prompt-kind ids needs --endpoint completions: chat messages are text");
         }
         if self.max_tokens == 0 {
             usage!("--max-tokens 0: expected at least 1");
@@ -173,7 +177,7 @@ impl ServeBench {
             "shared_prefix": self.shared_prefix,
             "max_tokens": self.max_tokens,
             "ignore_eos": self.ignore_eos,
-            "prompt_ids": self.prompt_ids,
+            "prompt_kind": self.prompt_kind(),
             "endpoint": self.endpoint,
             "request_timeout_s": self.request_timeout,
             "percentiles": "linear interpolation between closest ranks (type 7, numpy's default)",
@@ -190,11 +194,11 @@ impl ServeBench {
                     "--port".into(),
                     self.port.to_string().into(),
                 ];
-                if !self.boot.serve_args.iter().any(|a| a.starts_with("--parallel")) {
-                    // One slot per stream of the widest level: C streams decode together.
-                    let widest = self.concurrency.0.iter().copied().max().unwrap_or(1);
-                    args.extend(["--parallel".into(), widest.to_string().into()]);
+                let (sized, warnings) = boot_sizes(&levels, &self.boot.serve_args);
+                for w in warnings {
+                    eprintln!("warning: {w}");
                 }
+                args.extend(sized.into_iter().map(OsString::from));
                 args.extend(self.boot.serve_args.iter().map(OsString::from));
                 let spec = ServerSpec {
                     bin: e.bin.clone(),
@@ -232,6 +236,11 @@ impl ServeBench {
             }
             _ => None,
         };
+        if booted.is_none()
+            && let Some(w) = queue_warning(&levels)
+        {
+            eprintln!("warning: {w}");
+        }
         let (server_proc, target) = match booted {
             Some((s, t)) => (Some(s), t),
             None => (None, url_target.context("a target")?),
@@ -240,12 +249,12 @@ impl ServeBench {
             self.served_model.clone().or_else(|| self.model.clone()).unwrap_or_else(|| "default".into());
         let outcome = self.drive(&target, &served, &levels, &run_dir, server_proc.as_ref(), &shutdown);
         if let Some(s) = server_proc {
-            let (how, killed) = s.stop(Duration::from_secs(10))?;
-            if killed {
-                eprintln!("warning: kiln serve ignored SIGTERM for 10 s and was killed ({how})");
+            let st = s.stop(Duration::from_secs(10))?;
+            if st.killed {
+                eprintln!("warning: kiln serve ignored SIGTERM for 10 s and was killed ({})", st.ended);
             }
         }
-        let (done, interrupted) = outcome?;
+        let Driven { done, interrupted, server_died, prompt_note } = outcome?;
         let md = output::markdown(&done);
         let cpu_client: f64 = done.iter().map(|l| l.client_cpu_s).sum();
         let cpu_server: Option<f64> = done.iter().map(|l| l.server_cpu_s).sum();
@@ -258,8 +267,14 @@ impl ServeBench {
             ))
         ));
         text.push_str("percentiles: linear interpolation between closest ranks (numpy's default)\n");
+        if let Some(note) = &prompt_note {
+            text.push_str(&format!("{note}\n"));
+        }
         if let Some(sig) = interrupted {
             text.push_str(&format!("interrupted by {}: partial results\n", child::signal_name(sig)));
+        }
+        if let Some(why) = &server_died {
+            text.push_str(&format!("stopped: {why}; partial results\n"));
         }
         std::fs::write(run_dir.join("summary.md"), &text).context("writing summary.md")?;
         if !done.is_empty() {
@@ -273,6 +288,10 @@ impl ServeBench {
         eprintln!("results: {}", display(&root, &run_dir));
         if let Some(sig) = interrupted {
             return Ok(ExitCode::from(child::exit_code_for(sig)));
+        }
+        if let Some(why) = server_died {
+            eprintln!("exit 1: {why}");
+            return Ok(ExitCode::FAILURE);
         }
         let failed: Vec<String> = done
             .iter()
@@ -309,14 +328,17 @@ impl ServeBench {
         }
     }
 
-    fn spec(&self, served: &str, key: String, seed: u64) -> RequestSpec {
+    fn prompt_kind(&self) -> PromptKind {
+        self.prompt_kind.unwrap_or(match self.endpoint {
+            Endpoint::Completions => PromptKind::Ids,
+            Endpoint::Chat => PromptKind::Text,
+        })
+    }
+
+    fn spec(&self, prompt: &PromptPlan, served: &str, key: String, seed: u64) -> RequestSpec {
         RequestSpec {
             key,
-            prompt: if self.prompt_ids {
-                Prompt::Ids(load::prompt_ids(self.prompt_tokens, self.shared_prefix, seed))
-            } else {
-                Prompt::Text(load::prompt(self.prompt_tokens, self.shared_prefix, seed))
-            },
+            prompt: prompt.prompt(seed),
             max_tokens: self.max_tokens,
             ignore_eos: self.ignore_eos,
             model: served.to_string(),
@@ -325,7 +347,8 @@ impl ServeBench {
         }
     }
 
-    /// Runs every level; a level's failures are counted, never fatal. Stops at a signal.
+    /// Runs every level; a level's failures are counted, never fatal. Stops at a signal,
+    /// and when the server it booted has died (after the level it died in is written).
     fn drive(
         &self,
         target: &Target,
@@ -334,34 +357,85 @@ impl ServeBench {
         run_dir: &Path,
         srv: Option<&Server>,
         shutdown: &Shutdown,
-    ) -> Result<(Vec<LevelSummary>, Option<i32>)> {
+    ) -> Result<Driven> {
         let rt =
             tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting tokio")?;
         let mut files = Files::create(run_dir)?;
         let timeout = Duration::from_secs(self.request_timeout);
         let mut done = Vec::new();
+        let interrupted =
+            |done, sig| Ok(Driven { done, interrupted: Some(sig), server_died: None, prompt_note: None });
+        let (prompt, prompt_note) = match self.prompt_kind() {
+            PromptKind::Ids => (
+                PromptPlan {
+                    kind: PromptKind::Ids,
+                    units: self.prompt_tokens,
+                    shared: self.shared_prefix,
+                    tail: 0,
+                },
+                None,
+            ),
+            PromptKind::Text => {
+                let cal = calibrate::calibrate(
+                    target,
+                    self.endpoint,
+                    served,
+                    self.prompt_tokens,
+                    self.shared_prefix,
+                    timeout,
+                );
+                let cal = match rt.block_on(until_signal(shutdown, cal)) {
+                    Ok(c) => c,
+                    Err(sig) => return interrupted(done, sig),
+                };
+                for r in &cal.probes {
+                    files.request("calibration", true, r)?;
+                }
+                files.flush()?;
+                eprintln!("{}", cal.note);
+                (cal.plan, Some(cal.note))
+            }
+        };
+        // A booted server that is gone: how, and where its log is. Failed requests may mean
+        // it is dying: it is given a moment to finish, so the death is what gets reported.
+        let died = |failed: bool, when: &str| {
+            let srv = srv?;
+            let how = if failed { srv.exited_within(Duration::from_secs(1)) } else { srv.exited() }?;
+            Some(format!("kiln serve {how} {when} (its log: {})", srv.log_path().display()))
+        };
         for (li, level) in levels.iter().enumerate() {
             if let Some(sig) = shutdown.pending() {
-                return Ok((done, Some(sig)));
+                return interrupted(done, sig);
+            }
+            if let Some(why) = died(false, &format!("before level {}", level.label)) {
+                eprintln!("{why}: stopping; the levels already measured are kept");
+                return Ok(Driven { done, interrupted: None, server_died: Some(why), prompt_note });
             }
             let seed_base = (li as u64 + 1) << 32;
             let warm: Vec<RequestSpec> = (0..level.warmup)
                 .map(|i| {
-                    self.spec(served, format!("{}/warmup/{i}", level.label), seed_base | (1 << 31) | i as u64)
+                    let seed = seed_base | (1 << 31) | i as u64;
+                    self.spec(&prompt, served, format!("{}/warmup/{i}", level.label), seed)
                 })
                 .collect();
             let measured: Vec<RequestSpec> = (0..level.requests)
-                .map(|i| self.spec(served, format!("{}/{i}", level.label), seed_base | i as u64))
+                .map(|i| self.spec(&prompt, served, format!("{}/{i}", level.label), seed_base | i as u64))
                 .collect();
             if !warm.is_empty() {
                 let run = match rt
                     .block_on(until_signal(shutdown, load::run(target, warm, level.arrival, timeout)))
                 {
                     Ok(r) => r,
-                    Err(sig) => return Ok((done, Some(sig))),
+                    Err(sig) => return interrupted(done, sig),
                 };
                 for r in &run.results {
                     files.request(&level.label, true, r)?;
+                }
+                let failed = run.results.iter().any(|r| !r.ok);
+                if let Some(why) = died(failed, &format!("during the warm-up of level {}", level.label)) {
+                    files.flush()?;
+                    eprintln!("{why}: stopping; the levels already measured are kept");
+                    return Ok(Driven { done, interrupted: None, server_died: Some(why), prompt_note });
                 }
             }
             let cpu0 = quiet::self_cpu_seconds();
@@ -370,7 +444,7 @@ impl ServeBench {
                 .block_on(until_signal(shutdown, load::run(target, measured, level.arrival, timeout)))
             {
                 Ok(r) => r,
-                Err(sig) => return Ok((done, Some(sig))),
+                Err(sig) => return interrupted(done, sig),
             };
             let cpu1 = quiet::self_cpu_seconds();
             let srv1 = srv.and_then(Server::cpu_seconds);
@@ -380,6 +454,7 @@ impl ServeBench {
             };
             let mut l =
                 LevelSummary::of(level.label.clone(), conc, rate, &run.results, run.wall.as_secs_f64());
+            l.prompt_tokens_asked = Some(self.prompt_tokens);
             l.client_cpu_s = match (cpu0, cpu1) {
                 (Some(a), Some(b)) => b - a,
                 _ => 0.0,
@@ -410,10 +485,97 @@ impl ServeBench {
                 l.tpot.median.unwrap_or(f64::NAN),
                 first_error.map_or(String::new(), |e| format!("; first error: {e}"))
             );
+            let gone = died(l.failed > 0, &format!("during level {}", l.level));
             done.push(l);
+            if let Some(why) = gone {
+                eprintln!("{why}: stopping; the levels already measured are kept");
+                return Ok(Driven { done, interrupted: None, server_died: Some(why), prompt_note });
+            }
         }
-        Ok((done, None))
+        Ok(Driven { done, interrupted: None, server_died: None, prompt_note })
     }
+}
+
+/// How [`ServeBench::drive`] ended.
+struct Driven {
+    /// The levels measured, each written.
+    done: Vec<LevelSummary>,
+    /// The signal that stopped the run.
+    interrupted: Option<i32>,
+    /// The booted server died: what happened, in a sentence.
+    server_died: Option<String>,
+    /// What the calibration of text prompts found.
+    prompt_note: Option<String>,
+}
+
+/// kiln serve's `--max-queue` when none is given.
+const KILN_DEFAULT_MAX_QUEUE: usize = 256;
+
+/// The most requests of any level that can be in the server at once: a closed loop's C,
+/// an open loop's every request (a slow server lets them pile up).
+fn most_in_flight(levels: &[Level]) -> usize {
+    levels
+        .iter()
+        .map(|l| match l.arrival {
+            Arrival::Closed(c) => c,
+            Arrival::Open { .. } => l.requests.max(l.warmup),
+        })
+        .max()
+        .unwrap_or(1)
+}
+
+/// The value a `--serve-arg` gives `flag` (`--flag=N` or `--flag N` split over two), if any.
+fn serve_arg_value(serve_args: &[String], flag: &str) -> Option<Option<usize>> {
+    let at = serve_args.iter().position(|a| a == flag || a.starts_with(&format!("{flag}=")))?;
+    let v = match serve_args[at].split_once('=') {
+        Some((_, v)) => Some(v),
+        None => serve_args.get(at + 1).map(String::as_str),
+    };
+    Some(v.and_then(|v| v.parse().ok()))
+}
+
+/// What a boot serve-bench owns is sized to the run: `--parallel` = the widest closed
+/// level (C streams decode together) and `--max-queue` = the most requests in flight, so
+/// no request is refused with 429 by construction; a `--serve-arg` that sets either wins,
+/// with a warning when it is too small for the run.
+fn boot_sizes(levels: &[Level], serve_args: &[String]) -> (Vec<String>, Vec<String>) {
+    let widest = levels
+        .iter()
+        .filter_map(|l| match l.arrival {
+            Arrival::Closed(c) => Some(c),
+            Arrival::Open { .. } => None,
+        })
+        .max()
+        .unwrap_or(1);
+    let in_flight = most_in_flight(levels);
+    let mut args = Vec::new();
+    let mut warnings = Vec::new();
+    match serve_arg_value(serve_args, "--parallel") {
+        None => args.extend(["--parallel".to_string(), widest.to_string()]),
+        Some(Some(n)) if n < widest => warnings.push(format!(
+            "--serve-arg sets --parallel {n}, below the widest level's {widest} streams: the rest wait for a slot"
+        )),
+        Some(_) => {}
+    }
+    match serve_arg_value(serve_args, "--max-queue") {
+        None => args.extend(["--max-queue".to_string(), in_flight.max(1).to_string()]),
+        Some(Some(n)) if n < in_flight => warnings.push(format!(
+            "--serve-arg sets --max-queue {n}, below the {in_flight} requests the run can have in flight: the server may refuse some with 429"
+        )),
+        Some(_) => {}
+    }
+    (args, warnings)
+}
+
+/// The warning for a server serve-bench did not boot, whose queue limit it cannot size,
+/// when the run can have more requests in flight than kiln serve's default queue holds.
+fn queue_warning(levels: &[Level]) -> Option<String> {
+    let n = most_in_flight(levels);
+    (n > KILN_DEFAULT_MAX_QUEUE).then(|| {
+        format!(
+            "the run can have {n} requests in flight at once; a server whose queue holds fewer (kiln serve's default --max-queue is {KILN_DEFAULT_MAX_QUEUE}) refuses the rest with 429, which are counted as failed: raise its limit to measure the level"
+        )
+    })
 }
 
 /// Runs `fut` unless a signal arrives first (checked every 50 ms).
@@ -466,5 +628,37 @@ mod tests {
         }
         let ok = Cli::try_parse_from(["serve-bench", "--request-timeout", "1"]).unwrap();
         assert_eq!(ok.flags.request_timeout, 1);
+    }
+
+    fn closed(c: usize) -> Level {
+        Level { label: format!("c={c}"), arrival: Arrival::Closed(c), warmup: c, requests: 4 * c }
+    }
+
+    #[test]
+    fn an_owned_boot_is_sized_so_no_request_is_refused_by_construction() {
+        let levels = [closed(1), closed(2000), closed(16)];
+        let (args, warn) = boot_sizes(&levels, &[]);
+        assert_eq!(args, ["--parallel", "2000", "--max-queue", "2000"]);
+        assert!(warn.is_empty());
+        let open = [Level {
+            label: "rate=4".into(),
+            arrival: Arrival::Open { rate: 4.0, seed: 1 },
+            warmup: 1,
+            requests: 300,
+        }];
+        assert_eq!(boot_sizes(&open, &[]).0, ["--parallel", "1", "--max-queue", "300"]);
+        // A --serve-arg wins, with a warning when it is too small for the run.
+        let given = ["--max-queue=256".to_string(), "--parallel".to_string(), "4000".to_string()];
+        let (args, warn) = boot_sizes(&levels, &given);
+        assert!(args.is_empty(), "{args:?}");
+        assert_eq!(warn.len(), 1);
+        assert!(warn[0].starts_with("--serve-arg sets --max-queue 256, below the 2000 requests"), "{warn:?}");
+        // A server it did not boot: only a warning, past kiln's default queue.
+        assert!(queue_warning(&[closed(256)]).is_none());
+        let w = queue_warning(&levels).unwrap();
+        assert!(
+            w.starts_with("the run can have 2000 requests in flight at once;") && w.contains("429"),
+            "{w}"
+        );
     }
 }

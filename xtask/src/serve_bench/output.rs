@@ -51,6 +51,10 @@ pub struct LevelSummary {
     pub client_cpu_s: f64,
     /// The server's CPU seconds over them, when the harness booted it.
     pub server_cpu_s: Option<f64>,
+    /// The prompt length asked for (`--prompt-tokens`), when the caller says.
+    pub prompt_tokens_asked: Option<u64>,
+    /// The mean `usage.prompt_tokens` the server counted over completed requests.
+    pub prompt_tokens_served: Option<f64>,
 }
 
 impl LevelSummary {
@@ -86,7 +90,17 @@ impl LevelSummary {
             e2e: Summary::of(ok.iter().filter_map(|r| r.e2e_ms)),
             client_cpu_s: 0.0,
             server_cpu_s: None,
+            prompt_tokens_asked: None,
+            prompt_tokens_served: {
+                let counted: Vec<u64> = ok.iter().filter_map(|r| r.prompt_tokens).collect();
+                (!counted.is_empty()).then(|| counted.iter().sum::<u64>() as f64 / counted.len() as f64)
+            },
         }
+    }
+
+    /// Whether the server counted this level's prompts more than 5% off the asked length.
+    pub fn prompt_off(&self) -> bool {
+        matches!((self.prompt_tokens_asked, self.prompt_tokens_served), (Some(a), Some(s)) if super::calibrate::off(a, s))
     }
 
     /// The x of this level on a plot: its concurrency or its rate.
@@ -119,6 +133,7 @@ pub fn csv_header() -> Vec<String> {
         }
     }
     h.extend(["client_cpu_s".to_string(), "server_cpu_s".to_string()]);
+    h.extend(["prompt_tokens_asked".to_string(), "prompt_tokens_served".to_string()]);
     h
 }
 
@@ -146,6 +161,8 @@ pub fn csv_record(l: &LevelSummary) -> Vec<String> {
     }
     r.push(format!("{:.3}", l.client_cpu_s));
     r.push(num(l.server_cpu_s));
+    r.push(l.prompt_tokens_asked.map_or_else(String::new, |a| a.to_string()));
+    r.push(num(l.prompt_tokens_served));
     r
 }
 
@@ -180,6 +197,11 @@ impl Files {
         Ok(())
     }
 
+    /// Flushes the request lines written so far.
+    pub fn flush(&mut self) -> Result<()> {
+        self.jsonl.flush().context("writing requests.jsonl")
+    }
+
     /// Appends a level's row and flushes both files.
     pub fn level(&mut self, l: &LevelSummary) -> Result<()> {
         self.jsonl.flush()?;
@@ -198,9 +220,9 @@ pub fn markdown(levels: &[LevelSummary]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| level | ok | failed | output tok/s | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p50 / p99 ms | E2E p50 / p99 ms | client CPU |"
+        "| level | ok | failed | output tok/s | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p50 / p99 ms | E2E p50 / p99 ms | client CPU | prompt tok asked / counted |"
     );
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for l in levels {
         let cpu = match l.server_cpu_s {
             Some(srv) if srv > 0.0 => {
@@ -210,7 +232,7 @@ pub fn markdown(levels: &[LevelSummary]) -> String {
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.1} | {:.2} | {} / {} | {} / {} | {} / {} | {} / {} | {} |",
+            "| {} | {} | {} | {:.1} | {:.2} | {} / {} | {} / {} | {} / {} | {} / {} | {} | {} |",
             l.level,
             l.ok,
             l.failed,
@@ -224,10 +246,32 @@ pub fn markdown(levels: &[LevelSummary]) -> String {
             ms(l.itl.p99),
             ms(l.e2e.median),
             ms(l.e2e.p99),
-            cpu
+            cpu,
+            prompt_cell(l)
+        );
+    }
+    let off: Vec<String> = levels
+        .iter()
+        .filter(|l| l.prompt_off())
+        .map(|l| format!("{} ({})", l.level, prompt_cell(l).trim_end_matches(" !")))
+        .collect();
+    if !off.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n! the server counted prompts more than 5% off the asked length at {}: its tokenizer is not the one the prompts were sized for",
+            off.join(", ")
         );
     }
     s
+}
+
+fn prompt_cell(l: &LevelSummary) -> String {
+    let served = l.prompt_tokens_served.map_or_else(
+        || "-".to_string(),
+        |v| if v.fract() == 0.0 { format!("{v:.0}") } else { format!("{v:.1}") },
+    );
+    let asked = l.prompt_tokens_asked.map_or_else(|| "-".to_string(), |a| a.to_string());
+    format!("{asked} / {served}{}", if l.prompt_off() { " !" } else { "" })
 }
 
 /// The plot: one panel per latency (TTFT, TPOT, ITL, E2E: p50 and p99, ms) and one of
@@ -341,5 +385,19 @@ mod tests {
         (one[0].concurrency, one[0].rate) = (None, Some(2.0));
         let l = crate::plot::raster::check("serve-bench-rate", &panels(&one, true));
         assert!(l.panels[0].x_ticks.iter().any(|t| t.value == 2.0), "{:?}", l.panels[0].x_ticks);
+    }
+
+    #[test]
+    fn asked_and_counted_prompt_tokens_are_shown_and_a_mismatch_flagged() {
+        let counted = |n: u64| RequestResult { prompt_tokens: Some(n), ..req(true, 10.0, 4) };
+        let mut exact = LevelSummary::of("c=1".into(), Some(1), None, &[counted(32), counted(32)], 1.0);
+        exact.prompt_tokens_asked = Some(32);
+        let mut off = LevelSummary::of("c=2".into(), Some(2), None, &[counted(196), counted(197)], 1.0);
+        off.prompt_tokens_asked = Some(32);
+        let md = markdown(&[exact.clone(), off]);
+        assert!(md.contains("| 32 / 32 |\n"), "{md}");
+        assert!(md.contains("| 32 / 196.5 ! |\n"), "{md}");
+        assert!(md.contains("more than 5% off the asked length at c=2 (32 / 196.5):"), "{md}");
+        assert!(!markdown(&[exact]).contains("5% off"));
     }
 }

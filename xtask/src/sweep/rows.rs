@@ -337,7 +337,7 @@ impl CsvOut {
 /// Reads the finished rows of a CSV written by a sweep (for its plot, and in tests); see
 /// [`parse_rows`].
 pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
-    let bytes = fs::read(path).with_context(|| format!("opening {} to resume", path.display()))?;
+    let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     Ok(parse_rows(&bytes, path)?.0)
 }
 

@@ -57,6 +57,8 @@ pub struct Session {
     engine_knobs: EngineKnobs,
     memory_limit_bytes: Option<u64>,
     record_path: PathBuf,
+    /// The cells run here (`--runner local`), where `--resume` applies.
+    local: bool,
 }
 
 impl Session {
@@ -136,6 +138,7 @@ impl Session {
             engine_knobs,
             memory_limit_bytes,
             record_path,
+            local: flags.runner.runner == super::slurm::RunnerKind::Local,
         })
     }
 
@@ -215,12 +218,7 @@ impl Session {
         let stem = format!("{}_{host}_{date}_{kind}", self.backend.as_str());
         let (path, taken) = unused_path(&self.root.join("benchmarks"), &stem)?;
         if let Some(first) = taken {
-            eprintln!(
-                "note: {} exists; writing {} (pass --resume {} to finish that run instead)",
-                self.display(&first),
-                self.display(&path),
-                self.display(&first)
-            );
+            eprintln!("{}", taken_note(&self.display(&first), &self.display(&path), self.local));
         }
         Ok(path)
     }
@@ -555,9 +553,30 @@ fn unused_path(dir: &Path, stem: &str) -> Result<(PathBuf, Option<PathBuf>)> {
     anyhow::bail!("no free output name for {stem} in {}", dir.display())
 }
 
+/// The note when the default output of today is taken: the file written instead, and,
+/// where `--resume` applies (the local runner), how to finish the earlier run instead.
+fn taken_note(first: &str, path: &str, local: bool) -> String {
+    if local {
+        format!(
+            "note: {first} exists; writing {path} (pass --resume {} to finish that run instead)",
+            crate::shell::quote(first)
+        )
+    } else {
+        format!("note: {first} exists; the merged rows go to {path}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_taken_output_note_offers_resume_only_where_it_applies() {
+        let local = taken_note("benchmarks/a.csv", "benchmarks/a-2.csv", true);
+        assert!(local.ends_with("(pass --resume benchmarks/a.csv to finish that run instead)"), "{local}");
+        let slurm = taken_note("benchmarks/a.csv", "benchmarks/a-2.csv", false);
+        assert_eq!(slurm, "note: benchmarks/a.csv exists; the merged rows go to benchmarks/a-2.csv");
+    }
 
     #[test]
     fn default_outputs_never_overwrite_an_earlier_run() {

@@ -96,8 +96,17 @@ pub fn render(plan: &Plan, finished: &[Finished<'_>], interrupted: Option<&str>)
         let _ = writeln!(s, "failed {} of {total} cells: {}", failed.len(), failed.join(", "));
     }
     if let Some(why) = interrupted {
-        let done = finished.iter().filter(|f| f.row.is_some()).count();
-        let _ = writeln!(s, "interrupted by {why} after {done} of {total} cells; every finished row is kept");
+        // A cell the interruption cancelled (a Slurm task) has a row, but did not finish.
+        let cancelled = finished
+            .iter()
+            .filter(|f| f.row.is_some_and(|r| status_of(r) == Some(Status::SlurmCancelled)))
+            .count();
+        let done = finished.iter().filter(|f| f.row.is_some()).count() - cancelled;
+        let also = if cancelled > 0 { format!(" ({cancelled} cancelled)") } else { String::new() };
+        let _ = writeln!(
+            s,
+            "interrupted by {why} after {done} of {total} cells{also}; every finished row is kept"
+        );
     }
     s
 }
@@ -203,5 +212,18 @@ mod tests {
         assert!(text.contains("interrupted by SIGINT after 3 of 4 cells"), "{text}");
         assert!(text.contains("disturbed 1 of 4 cells (other processes were busy"), "{text}");
         assert!(text.contains("see the disturbed column): a@512\n"), "{text}");
+    }
+
+    #[test]
+    fn cells_a_slurm_interrupt_cancelled_do_not_count_as_finished() {
+        let p = plan(DEFAULTS);
+        let r = rows(&p, &["ok", "FAIL:slurm_cancelled", "FAIL:slurm_cancelled", "FAIL:slurm_cancelled"]);
+        let text = render(&p, &pair(&p, &r), Some("SIGINT"));
+        assert!(
+            text.contains(
+                "interrupted by SIGINT after 1 of 4 cells (3 cancelled); every finished row is kept"
+            ),
+            "{text}"
+        );
     }
 }

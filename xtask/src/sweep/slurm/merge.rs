@@ -3,7 +3,7 @@
 //! sweep's CSV from the tasks' row files in plan order, a `FAIL:slurm*` row for every task
 //! that ended without one, and the summary.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -268,16 +268,52 @@ pub fn write_csv(path: &Path, rows: &[Row]) -> Result<()> {
     fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }
 
-/// Merges `run_dir` into its CSV (or `output`), with the plot beside it when `plot` (a
-/// `bench-longprompt` that waited draws its own), prints the summary and returns the
-/// exit status by the local rules; `interrupted` is the signal that ended a `--wait`. A task
-/// still queued or running is refused unless the sweep was interrupted.
-pub fn merge_run(
-    run_dir: &Path,
-    output: Option<PathBuf>,
-    interrupted: Option<i32>,
-    plot: bool,
-) -> Result<u8> {
+/// How [`merge_run`] runs.
+#[derive(Debug, Default)]
+pub struct MergeOptions {
+    /// Write the CSV here instead of the sweep's `--output`.
+    pub output: Option<PathBuf>,
+    /// The signal that ended a `--wait`.
+    pub interrupted: Option<i32>,
+    /// Draw the plot beside the CSV (a `bench-longprompt` that waited draws its own).
+    pub plot: bool,
+    /// Cells whose task ended without a row and that `--wait` has already reported.
+    pub reported: BTreeSet<usize>,
+}
+
+/// The line for each merged cell whose task wrote no row, in plan order, less the
+/// cells in `reported` (their line was printed when `--wait` saw them end).
+pub fn lost_lines(
+    merged: &[MergedCell],
+    cells: &[Cell],
+    logs: &dyn Fn(usize) -> String,
+    reported: &BTreeSet<usize>,
+) -> Vec<String> {
+    let total = merged.len();
+    merged
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !reported.contains(i))
+        .filter_map(|(i, m)| {
+            let (id, st) = m.lost.as_ref()?;
+            Some(format!(
+                "[{}/{total}] {}: {}: Slurm task {id} ended {} without a row ({}; log: {})",
+                i + 1,
+                cells[i],
+                m.row.status,
+                st.state,
+                st.reason,
+                logs(i)
+            ))
+        })
+        .collect()
+}
+
+/// Merges `run_dir` into its CSV (or `opts.output`), prints the summary and returns the
+/// exit status by the local rules. A task still queued or running is refused unless the
+/// sweep was interrupted.
+pub fn merge_run(run_dir: &Path, opts: MergeOptions) -> Result<u8> {
+    let MergeOptions { output, interrupted, plot, reported } = opts;
     let spec = TaskSpec::read(run_dir)?;
     let jobs = Jobs::read(run_dir)?;
     let mut states = query(&jobs.job_ids)?;
@@ -296,18 +332,10 @@ pub fn merge_run(
     }
     let merged = merge_rows(run_dir, &spec, &jobs, &states)?;
     let total = merged.len();
-    for (i, m) in merged.iter().enumerate() {
-        if let Some((id, st)) = &m.lost {
-            let log = task_log(run_dir, &spec, &jobs, i).map(|p| p.display().to_string()).unwrap_or_default();
-            eprintln!(
-                "[{}/{total}] {}: {}: Slurm task {id} ended {} without a row ({}; log: {log})",
-                i + 1,
-                spec.plan.cells[i],
-                m.row.status,
-                st.state,
-                st.reason
-            );
-        }
+    let log =
+        |i: usize| task_log(run_dir, &spec, &jobs, i).map(|p| p.display().to_string()).unwrap_or_default();
+    for line in lost_lines(&merged, &spec.plan.cells, &log, &reported) {
+        eprintln!("{line}");
     }
     let path = output.unwrap_or_else(|| spec.output.clone());
     let rows: Vec<Row> = merged.into_iter().map(|m| m.row).collect();
@@ -353,7 +381,10 @@ impl Merge {
     pub fn run(self) -> Result<ExitCode> {
         let run_dir = super::super::user_path(&self.run_dir)?;
         let output = self.output.as_deref().map(super::super::user_path).transpose()?;
-        Ok(ExitCode::from(merge_run(&run_dir, output, None, true)?))
+        Ok(ExitCode::from(merge_run(
+            &run_dir,
+            MergeOptions { output, plot: true, ..MergeOptions::default() },
+        )?))
     }
 }
 
@@ -452,6 +483,16 @@ mod tests {
         assert_eq!(got, want);
         let lost = merged[2].lost.as_ref().unwrap();
         assert_eq!((lost.0.as_str(), lost.1.state.as_str()), ("42_1", "CANCELLED"));
+        // The merge prints the lost cell's line, unless --wait already printed it.
+        let log = |i: usize| format!("log{i}");
+        let lines = lost_lines(&merged, &spec.plan.cells, &log, &BTreeSet::new());
+        assert_eq!(
+            lines,
+            [
+                "[3/4] b@64: FAIL:slurm_cancelled: Slurm task 42_1 ended CANCELLED without a row (None; log: log2)"
+            ]
+        );
+        assert!(lost_lines(&merged, &spec.plan.cells, &log, &[2].into()).is_empty());
         // The FAIL row carries the cell's knobs and the sweep's provenance.
         let r = &merged[2].row;
         assert_eq!((r.max_tokens, r.warmup_tokens, r.threads), (6, 1, Some(2)));

@@ -17,6 +17,7 @@ use anyhow::{Context, Result};
 use super::task::{TaskSpec, unix_now, write_atomic};
 use crate::child::Shutdown;
 use crate::console::usage;
+use crate::shell;
 use merge::Jobs;
 use script::SbatchOptions;
 
@@ -124,6 +125,15 @@ impl RunnerFlags {
                 dir.display()
             );
         }
+        let sbatch = SbatchOptions {
+            partition: self.partition.clone(),
+            account: self.account.clone(),
+            time: self.time.clone(),
+            gres: self.gres.clone(),
+            extra: self.sbatch_args.clone(),
+        };
+        // Before anything is built: what the batch scripts will carry.
+        script::check_inputs(&dir, &sbatch, &crate::machine::kiln_env())?;
         if !self.dry_run && !on_path("sbatch") {
             usage!(
                 "--runner slurm: no sbatch on PATH: install the Slurm client, or pass --dry-run to see the scripts"
@@ -131,13 +141,7 @@ impl RunnerFlags {
         }
         Ok(Some(SlurmOptions {
             shared_dir: dir,
-            sbatch: SbatchOptions {
-                partition: self.partition.clone(),
-                account: self.account.clone(),
-                time: self.time.clone(),
-                gres: self.gres.clone(),
-                extra: self.sbatch_args.clone(),
-            },
+            sbatch,
             max_parallel: self.max_parallel.map(|n| n as usize),
             dry_run: self.dry_run,
             wait: self.wait,
@@ -174,14 +178,22 @@ pub fn submit(run_dir: &Path, mut spec: TaskSpec, opts: &SlurmOptions, shutdown:
                 &spec.plan,
                 &opts.sbatch,
                 &spec.kiln_env,
-            );
-            (run_dir.join("slurm").join(format!("{}.sbatch", j + 1)), text)
+            )?;
+            Ok((run_dir.join("slurm").join(format!("{}.sbatch", j + 1)), text))
         })
-        .collect();
+        .collect::<Result<_>>()?;
     if opts.dry_run {
         for (j, (path, text)) in scripts.iter().enumerate() {
             let args = script::sbatch_args(&spec.arrays[j], path, None);
-            println!("# JOB_{}=$(sbatch {})\n# {}:\n{text}", j + 1, args.join(" "), path.display());
+            // The dependency placeholder stays a shell variable; every other word is quoted.
+            let line: Vec<String> =
+                args.iter().map(|a| if a.contains("$JOB_") { a.clone() } else { shell::quote(a) }).collect();
+            println!(
+                "# JOB_{}=$(sbatch {})\n# {}:\n{text}",
+                j + 1,
+                line.join(" "),
+                shell::comment_text(&path.display().to_string())
+            );
         }
         eprintln!(
             "dry run: {} cells in {} arrays; nothing was written or submitted",
@@ -243,12 +255,19 @@ pub fn submit(run_dir: &Path, mut spec: TaskSpec, opts: &SlurmOptions, shutdown:
         eprintln!(
             "queued {} cells; when they end: cargo xtask merge {}",
             spec.plan.cells.len(),
-            run_dir.display()
+            shell::quote(&run_dir.display().to_string())
         );
         return Ok(0);
     }
     let followed = wait::follow(run_dir, &spec, &jobs, shutdown)?;
-    let code = merge::merge_run(run_dir, None, followed.interrupted, false)?;
+    let code = merge::merge_run(
+        run_dir,
+        merge::MergeOptions {
+            interrupted: followed.interrupted,
+            reported: followed.lost.clone(),
+            ..merge::MergeOptions::default()
+        },
+    )?;
     if let Some(line) = wait::overhead(run_dir, &spec, &jobs, &followed, unix_now()) {
         eprintln!("{line}");
     }
@@ -273,5 +292,12 @@ mod tests {
         let ok = RunnerFlags { shared_dir: Some(dir.path().into()), max_parallel: Some(2), ..no_dir };
         let o = ok.slurm().unwrap().unwrap();
         assert_eq!((o.max_parallel, o.dry_run), (Some(2), true));
+        // A newline in an option is refused as bad input before anything is built.
+        let nl = RunnerFlags { sbatch_args: vec!["--mem=1G\ntouch /tmp/x".into()], ..ok.clone() };
+        let e = nl.slurm().unwrap_err();
+        assert!(e.downcast_ref::<crate::console::UsageError>().is_some(), "{e}");
+        assert!(e.to_string().contains("--sbatch-arg \"--mem=1G\\ntouch /tmp/x\""), "{e}");
+        let nl = RunnerFlags { partition: Some("gpu\nid".into()), ..ok };
+        assert!(nl.slurm().unwrap_err().to_string().starts_with("--partition "));
     }
 }

@@ -28,6 +28,8 @@ pub struct Followed {
     pub interrupted: Option<i32>,
     /// `(cell index, Unix time its row was seen)`.
     pub seen: Vec<(usize, f64)>,
+    /// Cells whose task ended without a row, each already reported with its line.
+    pub lost: BTreeSet<usize>,
 }
 
 /// Cancels every array of `jobs`.
@@ -48,6 +50,7 @@ pub fn follow(run_dir: &Path, spec: &TaskSpec, jobs: &Jobs, shutdown: &Shutdown)
     let total = spec.plan.cells.len();
     let mut reported: BTreeSet<usize> = BTreeSet::new();
     let mut seen = Vec::new();
+    let mut lost = BTreeSet::new();
     let mut interrupted = None;
     let mut last_query: Option<Instant> = None;
     let mut last_reached = Instant::now();
@@ -97,7 +100,7 @@ pub fn follow(run_dir: &Path, spec: &TaskSpec, jobs: &Jobs, shutdown: &Shutdown)
                     return Err(e.context(format!(
                         "Slurm was unreachable for {}s; its tasks may still be running: merge later with `cargo xtask merge {}`",
                         UNREACHABLE_FOR.as_secs(),
-                        run_dir.display()
+                        crate::shell::quote(&run_dir.display().to_string())
                     )));
                 }
             };
@@ -132,12 +135,16 @@ pub fn follow(run_dir: &Path, spec: &TaskSpec, jobs: &Jobs, shutdown: &Shutdown)
                     continue;
                 }
                 reported.insert(i);
+                lost.insert(i);
+                let log = merge::task_log(run_dir, spec, jobs, i).map(|p| p.display().to_string());
                 eprintln!(
-                    "[{}/{total}] {}: {}: Slurm task {id} ended {} without a row",
+                    "[{}/{total}] {}: {}: Slurm task {id} ended {} without a row ({}; log: {})",
                     reported.len(),
                     spec.plan.cells[i],
                     merge::lost_status(&st.state),
-                    st.state
+                    st.state,
+                    if st.reason.is_empty() { "no reason given" } else { &st.reason },
+                    log.unwrap_or_default()
                 );
             }
             if !active {
@@ -148,7 +155,7 @@ pub fn follow(run_dir: &Path, spec: &TaskSpec, jobs: &Jobs, shutdown: &Shutdown)
                         seen.push((i, unix_now()));
                     }
                 }
-                return Ok(Followed { interrupted, seen });
+                return Ok(Followed { interrupted, seen, lost });
             }
         }
         std::thread::sleep(POLL);
