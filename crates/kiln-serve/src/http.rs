@@ -344,7 +344,10 @@ impl StreamState {
             "id": self.st.id, "object": self.object(), "created": self.created, "model": self.st.model_id,
             "choices": [choice],
         });
-        if self.st.request.include_usage {
+        if self.st.request.continuous_usage {
+            // The counts so far, the token this chunk carries included.
+            c["usage"] = self.progress.usage(&self.st);
+        } else if self.st.request.include_usage {
             c["usage"] = Value::Null;
         }
         c.to_string()

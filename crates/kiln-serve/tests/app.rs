@@ -156,6 +156,64 @@ fn both_endpoints_stream_and_answer_with_consistent_usage() {
     assert_eq!(a, b, "a seeded sample must reproduce");
 }
 
+/// guidellm's default streaming body asks for `continuous_usage_stats`; vLLM then puts
+/// the usage so far on every chunk, and the final usage chunk as `include_usage` does.
+#[test]
+fn continuous_usage_stats_put_the_usage_so_far_on_every_chunk() {
+    let s = boot(config());
+    let prompt = "The kiln was built into the side of the hill";
+    let chat_prompt = kiln_serve::api::render_plain(&[kiln_model::chat_template::ChatMessage::user(prompt)]);
+    let mut completion_body = completion(prompt, 10);
+    let mut chat_body = json!({"model": "tiny", "messages": [{"role": "user", "content": prompt}],
+                               "max_tokens": 10, "temperature": 0, "ignore_eos": true});
+    for (path, body, prompt_tokens) in [
+        ("/v1/completions", &mut completion_body, prompt.len() + 1),
+        ("/v1/chat/completions", &mut chat_body, chat_prompt.len() + 1),
+    ] {
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true, "continuous_usage_stats": true});
+        let r = post(s.addr, path, body);
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        let events = r.events();
+        assert_eq!(events.last().unwrap(), "[DONE]", "{}", r.body);
+        let chunks: Vec<Value> =
+            events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+        let (last, content) = chunks.split_last().unwrap();
+        // The usage chunk of include_usage, with the totals.
+        assert_eq!(last["choices"], json!([]), "{path}: {last}");
+        assert_eq!(last["usage"]["completion_tokens"], 10, "{path}: {last}");
+        let mut previous = 0;
+        for c in content {
+            let u = &c["usage"];
+            assert!(u.is_object(), "{path}: a chunk without usage: {c}");
+            let done = u["completion_tokens"].as_u64().unwrap();
+            assert!(done >= previous, "{path}: completion_tokens went back: {c}");
+            assert_eq!(u["prompt_tokens"], prompt_tokens, "{path}: {c}");
+            assert_eq!(u["total_tokens"].as_u64().unwrap(), prompt_tokens as u64 + done, "{path}: {c}");
+            previous = done;
+        }
+        // Each sampled token's chunk counts it: the first content chunk counts one token,
+        // the finish chunk all of them.
+        let first_token = content.iter().position(|c| c["usage"]["completion_tokens"] == 1);
+        assert!(first_token.is_some(), "{path}: no chunk counted the first token: {}", r.body);
+        assert_eq!(content.last().unwrap()["usage"]["completion_tokens"], 10, "{path}: {}", r.body);
+        assert_eq!(content.last().unwrap()["choices"][0]["finish_reason"], "length");
+
+        // Without include_usage the flag adds nothing, as in vLLM.
+        body["stream_options"] = json!({"continuous_usage_stats": true});
+        let r = post(s.addr, path, body);
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        for e in r.events().iter().filter(|e| *e != "[DONE]") {
+            let v: Value = serde_json::from_str(e).unwrap();
+            assert!(v.get("usage").is_none(), "{path}: usage without include_usage: {v}");
+        }
+        body["stream_options"] = json!({"include_usage": true, "continuous_usage_stats": "yes"});
+        let r = post(s.addr, path, body);
+        assert_eq!(r.status, 400, "{path}: {}", r.body);
+        assert_eq!(r.json()["error"]["param"], "stream_options");
+    }
+}
+
 #[test]
 fn concurrent_greedy_requests_match_sequential_ones_bit_for_bit() {
     let s = boot(config());
