@@ -31,7 +31,7 @@ pub use error::{ConfigError, ModelError, Result};
 pub use expert_cache::{
     CacheGeometry, CacheGeometryError, CacheStats, ExpertCache, SlotCap, check_cache_geometry,
 };
-pub use model::{LoadOptions, LoadedModel, ModelInfo, inspect, load};
+pub use model::{LoadOptions, LoadedModel, ModelInfo, default_model_id, inspect, load};
 pub use source::ModelSource;
 pub use tokenizer::Tokenizer;
 

@@ -106,12 +106,7 @@ pub fn parse(
 
     match obj.get("model") {
         Some(Value::String(m)) if m == model_id => {}
-        Some(Value::String(m)) => {
-            return Err(ApiError {
-                code: "model_not_found",
-                ..ApiError::invalid("model", format!("unknown model {m:?}: this server serves {model_id:?}"))
-            });
-        }
+        Some(Value::String(m)) => return Err(model_not_found(m, model_id)),
         Some(_) => return Err(ApiError::invalid("model", "model must be a string")),
         None => {
             return Err(ApiError::invalid(
@@ -263,6 +258,18 @@ pub fn parse(
         continuous_usage,
         speculative,
     })
+}
+
+/// The 404 OpenAI answers for a model it does not serve, naming the one this server does.
+pub fn model_not_found(asked: &str, model_id: &str) -> ApiError {
+    ApiError {
+        status: axum::http::StatusCode::NOT_FOUND,
+        code: "model_not_found",
+        ..ApiError::invalid(
+            "model",
+            format!("the model {asked:?} does not exist: this server serves {model_id:?}"),
+        )
+    }
 }
 
 /// A seed for a request that names none: different per request, as OpenAI's are.

@@ -214,6 +214,30 @@ fn continuous_usage_stats_put_the_usage_so_far_on_every_chunk() {
     }
 }
 
+/// `GET /v1/models/{id}` answers the served model, ids with a slash included, and OpenAI's
+/// 404 `model_not_found` for any other id.
+#[test]
+fn one_model_is_retrieved_by_its_id_and_an_unknown_id_is_404() {
+    let mut c = config();
+    c.model_id = "kiln/tiny".into();
+    let s = boot(c);
+    let list = get(s.addr, "/v1/models").json();
+    let one = get(s.addr, "/v1/models/kiln/tiny");
+    assert_eq!(one.status, 200, "{}", one.body);
+    assert_eq!(one.json(), list["data"][0]);
+    assert_eq!(one.json()["object"], "model");
+    for other in ["/v1/models/tiny", "/v1/models/kiln/tiny/x", "/v1/models/kiln%2Ftinyx"] {
+        let r = get(s.addr, other);
+        assert_eq!(r.status, 404, "{other}: {}", r.body);
+        assert_eq!(r.json()["error"]["code"], "model_not_found", "{other}: {}", r.body);
+        assert!(r.json()["error"]["message"].as_str().unwrap().contains("\"kiln/tiny\""), "{}", r.body);
+    }
+    // Requests name it the same way.
+    let mut body = completion("hi", 2);
+    body["model"] = json!("kiln/tiny");
+    assert_eq!(post(s.addr, "/v1/completions", &body).status, 200);
+}
+
 #[test]
 fn concurrent_greedy_requests_match_sequential_ones_bit_for_bit() {
     let s = boot(config());
@@ -319,8 +343,13 @@ fn malformed_table() -> Vec<(String, u16, &'static str)> {
     };
     for base in [&ok_c, &ok_chat] {
         t.push((without(base, "model"), 400, "no model"));
-        for v in [json!("other"), json!(""), json!(1), json!(null), json!(["tiny"])] {
-            t.push((with(base, "model", v), 400, "wrong model"));
+        // A model this server does not serve is OpenAI's 404; a model that is not a
+        // string is a malformed request.
+        for v in [json!("other"), json!(""), json!("Tiny"), json!("synthetic:tiny")] {
+            t.push((with(base, "model", v), 404, "unknown model"));
+        }
+        for v in [json!(1), json!(null), json!(["tiny"])] {
+            t.push((with(base, "model", v), 400, "model not a string"));
         }
         for v in [json!(0), json!(-1), json!(1.5), json!("8"), json!(1_000_000), json!(true), json!([2])] {
             t.push((with(base, "max_tokens", v), 400, "bad max_tokens"));
@@ -422,6 +451,12 @@ fn malformed_requests_get_the_right_status_and_the_server_keeps_serving() {
             r.body
         );
     }
+    // An unknown model says so by code, as OpenAI does.
+    let unknown =
+        post(s.addr, "/v1/completions", &json!({"model": "other", "prompt": "hi", "max_tokens": 1}));
+    assert_eq!(unknown.status, 404, "{}", unknown.body);
+    assert_eq!(unknown.json()["error"]["code"], "model_not_found", "{}", unknown.body);
+    assert_eq!(unknown.json()["error"]["type"], "invalid_request_error", "{}", unknown.body);
     // Unknown routes and methods, too.
     assert_eq!(get(s.addr, "/v2/nothing").status, 404);
     assert_eq!(get(s.addr, "/v1/completions").status, 405);

@@ -208,7 +208,7 @@ impl QmvPinTax {
                     prefill_tokens: self.prefill_tokens,
                     chunked_tokens: self.chunked_tokens,
                     prefill_requests: self.prefill_requests.max(1),
-                    served: self.model.clone(),
+                    served: crate::server::served_name(&self.model, &self.boot.serve_args).0,
                 };
                 self.drive(&mode, self.passes.unwrap_or(2), ctx)
             }
@@ -221,7 +221,7 @@ impl QmvPinTax {
                     self.passage_tokens,
                     self.draft_tokens as usize,
                     Duration::from_secs(self.drain_timeout),
-                    self.model.clone(),
+                    crate::server::served_name(&self.model, &self.boot.serve_args).0,
                 );
                 self.drive(&mode, self.windows.unwrap_or(2), ctx)
             }

@@ -518,6 +518,17 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     })
 }
 
+/// The file's `general.name`, when it has a non-empty one on a single line.
+pub fn general_name(path: &Path) -> Result<Option<String>> {
+    let p = Parsed::open(path)?;
+    Ok(match p.meta().get("general.name") {
+        Some(Value::Str(s)) if !s.trim().is_empty() && !s.chars().any(char::is_control) => {
+            Some(s.trim().to_string())
+        }
+        _ => None,
+    })
+}
+
 /// Which rows of a stored matrix feed each row of kiln's: identity, or llama.cpp's Q/K
 /// permutation undone for `heads` heads.
 #[derive(Clone, Copy)]
