@@ -49,6 +49,27 @@ pub struct LoadedModel {
     pub chat_template: Option<ChatTemplate>,
 }
 
+/// What a model reads and writes text with: everything but its weights.
+pub struct TextModel {
+    /// Where it comes from.
+    pub source: ModelSource,
+    /// Its configuration (context length, BOS and EOS ids, vocabulary size).
+    pub config: ModelConfig,
+    /// Its tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Its chat template, when the checkpoint has one.
+    pub chat_template: Option<ChatTemplate>,
+}
+
+/// Reads a model's configuration, tokenizer and chat template without its weights.
+pub fn load_text(spec: &str) -> Result<TextModel> {
+    match ModelSource::resolve(spec)? {
+        ModelSource::Synthetic(profile) => synthetic::load_text(&profile),
+        ModelSource::Dir(dir) => checkpoint::load_text(&dir),
+        ModelSource::Gguf(file) => checkpoint::gguf::load_text(&file),
+    }
+}
+
 /// The name a server lists a model under by default: the synthetic name as given
 /// (`synthetic:tiny@8bit`), a GGUF file's `general.name` or else its file stem, a
 /// checkpoint directory's name. Never a path, so it does not leak the file system and a
