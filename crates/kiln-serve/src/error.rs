@@ -45,7 +45,7 @@ impl ApiError {
     /// The OpenAI error type for the status.
     pub fn kind(&self) -> &'static str {
         match self.status.as_u16() {
-            400 | 404 | 413 => "invalid_request_error",
+            400 | 404 | 405 | 413 => "invalid_request_error",
             401 => "authentication_error",
             429 => "rate_limit_error",
             503 => "service_unavailable",

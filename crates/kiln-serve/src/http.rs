@@ -41,6 +41,7 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .merge(v1)
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(shared)
@@ -84,6 +85,16 @@ async fn not_found(req: Request) -> Response {
         StatusCode::NOT_FOUND,
         "not_found",
         format!("no route for {} {}", req.method(), req.uri().path()),
+    )
+    .into_response()
+}
+
+/// A known route asked with another method: OpenAI's error body (axum adds `Allow`).
+async fn method_not_allowed(req: Request) -> Response {
+    ApiError::status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} is not accepted on {}: the Allow header lists what is", req.method(), req.uri().path()),
     )
     .into_response()
 }

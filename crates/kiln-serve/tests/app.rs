@@ -459,7 +459,17 @@ fn malformed_requests_get_the_right_status_and_the_server_keeps_serving() {
     assert_eq!(unknown.json()["error"]["type"], "invalid_request_error", "{}", unknown.body);
     // Unknown routes and methods, too.
     assert_eq!(get(s.addr, "/v2/nothing").status, 404);
-    assert_eq!(get(s.addr, "/v1/completions").status, 405);
+    // A wrong method gets an OpenAI error body and the Allow header, as a client expects.
+    for (method, path, allow) in
+        [("GET", "/v1/completions", "POST"), ("DELETE", "/v1/models", "GET"), ("POST", "/health", "GET")]
+    {
+        let r = request(s.addr, method, path, b"", &[]);
+        assert_eq!(r.status, 405, "{method} {path}: {}", r.body);
+        assert!(r.header("allow").is_some_and(|a| a.contains(allow)), "{method} {path}: no Allow {allow}");
+        let e = r.json();
+        assert_eq!(e["error"]["type"], "invalid_request_error", "{method} {path}: {}", r.body);
+        assert_eq!(e["error"]["code"], "method_not_allowed", "{method} {path}: {}", r.body);
+    }
     // Still serving.
     text_of(&post(s.addr, "/v1/completions", &completion("still there?", 4)));
     assert_eq!(get(s.addr, "/health").status, 200);
