@@ -77,6 +77,25 @@ pub fn health(addr: SocketAddr) -> Option<u16> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// The name requests give a booted `kiln serve -m MODEL ARGS...`, and the arguments to add
+/// so it serves under that name. kiln lists a short name by default (a directory's or
+/// file's own name, not its path); the harness names the model as it was given unless
+/// `serve_args` set `--served-model-name` already, whose value is then the name.
+pub fn served_name(model: &str, serve_args: &[String]) -> (String, Vec<OsString>) {
+    const FLAG: &str = "--served-model-name";
+    for (i, a) in serve_args.iter().enumerate() {
+        if a == FLAG
+            && let Some(v) = serve_args.get(i + 1)
+        {
+            return (v.clone(), Vec::new());
+        }
+        if let Some(v) = a.strip_prefix(FLAG).and_then(|r| r.strip_prefix('=')) {
+            return (v.to_string(), Vec::new());
+        }
+    }
+    (model.to_string(), vec![FLAG.into(), model.into()])
+}
+
 /// The address of the first `listening on http://IP:PORT` in `log`.
 pub fn listening_addr(log: &str) -> Option<SocketAddr> {
     let at = log.find("listening on http://")? + "listening on http://".len();
@@ -212,6 +231,18 @@ pub struct Stopped {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_booted_server_is_named_as_the_model_was_given_unless_its_arguments_name_it() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let (name, add) = served_name("models/Qwen2.5-0.5B", &args(&["--parallel", "2"]));
+        assert_eq!(name, "models/Qwen2.5-0.5B");
+        assert_eq!(add, vec![OsString::from("--served-model-name"), OsString::from("models/Qwen2.5-0.5B")]);
+        let (name, add) = served_name("m", &args(&["--served-model-name", "q"]));
+        assert_eq!((name.as_str(), add.len()), ("q", 0));
+        let (name, add) = served_name("m", &args(&["--served-model-name=q2"]));
+        assert_eq!((name.as_str(), add.len()), ("q2", 0));
+    }
 
     #[test]
     fn the_listening_line_gives_the_address() {

@@ -22,6 +22,7 @@ pub mod source;
 pub mod speculative;
 pub mod synthetic;
 pub mod tokenizer;
+pub mod tokenizer_files;
 pub mod transformer;
 pub mod weights;
 pub mod workspace;
@@ -31,7 +32,7 @@ pub use error::{ConfigError, ModelError, Result};
 pub use expert_cache::{
     CacheGeometry, CacheGeometryError, CacheStats, ExpertCache, SlotCap, check_cache_geometry,
 };
-pub use model::{LoadOptions, LoadedModel, ModelInfo, inspect, load};
+pub use model::{LoadOptions, LoadedModel, ModelInfo, TextModel, default_model_id, inspect, load, load_text};
 pub use source::ModelSource;
 pub use tokenizer::Tokenizer;
 

@@ -22,7 +22,7 @@ use kiln_core::{MemoryPool, QuantSpec};
 
 use crate::config::{Architecture, ModelConfig, MoeConfig, QuantizationConfig, RopeScaling};
 use crate::error::{ModelError, Result};
-use crate::model::{LoadOptions, LoadedModel, ModelInfo};
+use crate::model::{LoadOptions, LoadedModel, ModelInfo, TextModel};
 use crate::source::ModelSource;
 use crate::tokenizer::{ByteTokenizer, Tokenizer};
 
@@ -633,6 +633,17 @@ pub fn load_with(
         source: ModelSource::Synthetic(name.to_string()),
         config,
         weights,
+        tokenizer: Tokenizer::Bytes(ByteTokenizer),
+        chat_template: None,
+    })
+}
+
+/// The configuration and tokenizer of a synthetic model, without generating its weights.
+pub fn load_text(name: &str) -> Result<TextModel> {
+    let spec = parse(name)?;
+    Ok(TextModel {
+        source: ModelSource::Synthetic(name.to_string()),
+        config: spec.profile.config(spec.quant),
         tokenizer: Tokenizer::Bytes(ByteTokenizer),
         chat_template: None,
     })

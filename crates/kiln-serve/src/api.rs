@@ -45,6 +45,9 @@ pub struct GenerationRequest {
     pub stream: bool,
     /// Add a usage chunk at the end of the stream.
     pub include_usage: bool,
+    /// Put the usage so far on every chunk (`stream_options.continuous_usage_stats`, as
+    /// vLLM has it: only together with `include_usage`).
+    pub continuous_usage: bool,
     /// Ask for a speculative slot (`"speculative": true`, kiln's extension).
     pub speculative: bool,
 }
@@ -68,6 +71,8 @@ const COMMON_FIELDS: &[&str] = &[
     "frequency_penalty",
     "speculative",
 ];
+/// Fields of `stream_options`.
+const STREAM_OPTIONS: &[&str] = &["include_usage", "continuous_usage_stats"];
 const CHAT_FIELDS: &[&str] = &["messages", "max_completion_tokens", "top_logprobs", "parallel_tool_calls"];
 const COMPLETION_FIELDS: &[&str] = &["prompt", "echo", "best_of"];
 
@@ -101,12 +106,7 @@ pub fn parse(
 
     match obj.get("model") {
         Some(Value::String(m)) if m == model_id => {}
-        Some(Value::String(m)) => {
-            return Err(ApiError {
-                code: "model_not_found",
-                ..ApiError::invalid("model", format!("unknown model {m:?}: this server serves {model_id:?}"))
-            });
-        }
+        Some(Value::String(m)) => return Err(model_not_found(m, model_id)),
         Some(_) => return Err(ApiError::invalid("model", "model must be a string")),
         None => {
             return Err(ApiError::invalid(
@@ -195,13 +195,16 @@ pub fn parse(
     let ignore_eos = opt_bool(&obj, "ignore_eos")?.unwrap_or(false);
     let speculative = opt_bool(&obj, "speculative")?.unwrap_or(false);
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
-    let include_usage = match obj.get("stream_options") {
-        None | Some(Value::Null) => false,
+    let (include_usage, continuous_usage) = match obj.get("stream_options") {
+        None | Some(Value::Null) => (false, false),
         Some(Value::Object(o)) => {
-            if let Some(k) = o.keys().find(|k| k.as_str() != "include_usage") {
+            if let Some(k) = o.keys().find(|k| !STREAM_OPTIONS.contains(&k.as_str())) {
                 return Err(ApiError::invalid(
                     "stream_options",
-                    format!("unsupported field stream_options.{k}: accepted is include_usage"),
+                    format!(
+                        "unsupported field stream_options.{k}: accepted are {}",
+                        STREAM_OPTIONS.join(" and ")
+                    ),
                 ));
             }
             if !stream {
@@ -210,16 +213,17 @@ pub fn parse(
                     "stream_options is only allowed when stream is true",
                 ));
             }
-            match o.get("include_usage") {
-                None | Some(Value::Null) => false,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => {
-                    return Err(ApiError::invalid(
-                        "stream_options",
-                        "stream_options.include_usage must be a boolean",
-                    ));
-                }
-            }
+            let flag = |name: &str| match o.get(name) {
+                None | Some(Value::Null) => Ok(false),
+                Some(Value::Bool(b)) => Ok(*b),
+                Some(_) => Err(ApiError::invalid(
+                    "stream_options",
+                    format!("stream_options.{name} must be a boolean"),
+                )),
+            };
+            let (include, continuous) = (flag("include_usage")?, flag("continuous_usage_stats")?);
+            // vLLM's rule: usage on every chunk only when the usage chunk is asked for too.
+            (include, include && continuous)
         }
         Some(_) => return Err(ApiError::invalid("stream_options", "stream_options must be an object")),
     };
@@ -258,6 +262,7 @@ pub fn parse(
         stop,
         stream,
         include_usage,
+        continuous_usage,
         speculative,
     })
 }
@@ -271,6 +276,18 @@ pub fn sampling_error(e: ModelError) -> ApiError {
             ApiError::invalid(field.clone(), format!("{field} {message}"))
         }
         other => ApiError::bad_request("invalid_sampling", other.to_string()),
+    }
+}
+
+/// The 404 OpenAI answers for a model it does not serve, naming the one this server does.
+pub fn model_not_found(asked: &str, model_id: &str) -> ApiError {
+    ApiError {
+        status: axum::http::StatusCode::NOT_FOUND,
+        code: "model_not_found",
+        ..ApiError::invalid(
+            "model",
+            format!("the model {asked:?} does not exist: this server serves {model_id:?}"),
+        )
     }
 }
 

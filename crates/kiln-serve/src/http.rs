@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Extension, Request, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -28,12 +28,14 @@ use crate::scheduler::{Command, Event, FinishReason, Job};
 use crate::text::{Channel, Detokenizer, Emitter, Piece};
 use crate::{Shared, system_fingerprint};
 
-/// The app: `/health`, `/metrics`, `/v1/models`, `/v1/chat/completions` and
+/// The app: `/health`, `/metrics`, `/v1/models` (and `/v1/models/{id}`), `/v1/chat/completions` and
 /// `/v1/completions`, serving from `shared`.
 pub fn app(shared: Arc<Shared>) -> Router {
     let limit = shared.config.max_body_bytes;
     let v1 = Router::new()
         .route("/v1/models", get(models))
+        // Ids may hold slashes (`org/name`), as Hugging Face names do.
+        .route("/v1/models/{*id}", get(model))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .layer(middleware::from_fn_with_state(shared.clone(), authorize));
@@ -66,13 +68,22 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
-async fn models(State(s): State<Arc<Shared>>) -> Response {
+/// The served model as OpenAI's model object.
+fn model_object(s: &Shared) -> Value {
     let created = s.model().map(|_| unix_now()).unwrap_or(0);
-    Json(json!({
-        "object": "list",
-        "data": [{"id": s.config.model_id, "object": "model", "created": created, "owned_by": "kiln"}],
-    }))
-    .into_response()
+    json!({"id": s.config.model_id, "object": "model", "created": created, "owned_by": "kiln"})
+}
+
+async fn models(State(s): State<Arc<Shared>>) -> Response {
+    Json(json!({"object": "list", "data": [model_object(&s)]})).into_response()
+}
+
+async fn model(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+    if id == s.config.model_id {
+        Json(model_object(&s)).into_response()
+    } else {
+        api::model_not_found(&id, &s.config.model_id).into_response()
+    }
 }
 
 async fn not_found(req: Request) -> Response {
@@ -389,7 +400,10 @@ impl StreamState {
             "id": self.st.id, "object": self.object(), "created": self.created, "model": self.st.model_id,
             "system_fingerprint": system_fingerprint(), "choices": [choice],
         });
-        if self.st.request.include_usage {
+        if self.st.request.continuous_usage {
+            // The counts so far, the token this chunk carries included.
+            c["usage"] = self.progress.usage(&self.st);
+        } else if self.st.request.include_usage {
             c["usage"] = Value::Null;
         }
         c.to_string()

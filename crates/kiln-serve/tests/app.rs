@@ -163,6 +163,88 @@ fn both_endpoints_stream_and_answer_with_consistent_usage() {
     assert_eq!(a, b, "a seeded sample must reproduce");
 }
 
+/// guidellm's default streaming body asks for `continuous_usage_stats`; vLLM then puts
+/// the usage so far on every chunk, and the final usage chunk as `include_usage` does.
+#[test]
+fn continuous_usage_stats_put_the_usage_so_far_on_every_chunk() {
+    let s = boot(config());
+    let prompt = "The kiln was built into the side of the hill";
+    let chat_prompt = kiln_serve::api::render_plain(&[kiln_model::chat_template::ChatMessage::user(prompt)]);
+    let mut completion_body = completion(prompt, 10);
+    let mut chat_body = json!({"model": "tiny", "messages": [{"role": "user", "content": prompt}],
+                               "max_tokens": 10, "temperature": 0, "ignore_eos": true});
+    for (path, body, prompt_tokens) in [
+        ("/v1/completions", &mut completion_body, prompt.len() + 1),
+        ("/v1/chat/completions", &mut chat_body, chat_prompt.len() + 1),
+    ] {
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true, "continuous_usage_stats": true});
+        let r = post(s.addr, path, body);
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        let events = r.events();
+        assert_eq!(events.last().unwrap(), "[DONE]", "{}", r.body);
+        let chunks: Vec<Value> =
+            events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+        let (last, content) = chunks.split_last().unwrap();
+        // The usage chunk of include_usage, with the totals.
+        assert_eq!(last["choices"], json!([]), "{path}: {last}");
+        assert_eq!(last["usage"]["completion_tokens"], 10, "{path}: {last}");
+        let mut previous = 0;
+        for c in content {
+            let u = &c["usage"];
+            assert!(u.is_object(), "{path}: a chunk without usage: {c}");
+            let done = u["completion_tokens"].as_u64().unwrap();
+            assert!(done >= previous, "{path}: completion_tokens went back: {c}");
+            assert_eq!(u["prompt_tokens"], prompt_tokens, "{path}: {c}");
+            assert_eq!(u["total_tokens"].as_u64().unwrap(), prompt_tokens as u64 + done, "{path}: {c}");
+            previous = done;
+        }
+        // Each sampled token's chunk counts it: the first content chunk counts one token,
+        // the finish chunk all of them.
+        let first_token = content.iter().position(|c| c["usage"]["completion_tokens"] == 1);
+        assert!(first_token.is_some(), "{path}: no chunk counted the first token: {}", r.body);
+        assert_eq!(content.last().unwrap()["usage"]["completion_tokens"], 10, "{path}: {}", r.body);
+        assert_eq!(content.last().unwrap()["choices"][0]["finish_reason"], "length");
+
+        // Without include_usage the flag adds nothing, as in vLLM.
+        body["stream_options"] = json!({"continuous_usage_stats": true});
+        let r = post(s.addr, path, body);
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        for e in r.events().iter().filter(|e| *e != "[DONE]") {
+            let v: Value = serde_json::from_str(e).unwrap();
+            assert!(v.get("usage").is_none(), "{path}: usage without include_usage: {v}");
+        }
+        body["stream_options"] = json!({"include_usage": true, "continuous_usage_stats": "yes"});
+        let r = post(s.addr, path, body);
+        assert_eq!(r.status, 400, "{path}: {}", r.body);
+        assert_eq!(r.json()["error"]["param"], "stream_options");
+    }
+}
+
+/// `GET /v1/models/{id}` answers the served model, ids with a slash included, and OpenAI's
+/// 404 `model_not_found` for any other id.
+#[test]
+fn one_model_is_retrieved_by_its_id_and_an_unknown_id_is_404() {
+    let mut c = config();
+    c.model_id = "kiln/tiny".into();
+    let s = boot(c);
+    let list = get(s.addr, "/v1/models").json();
+    let one = get(s.addr, "/v1/models/kiln/tiny");
+    assert_eq!(one.status, 200, "{}", one.body);
+    assert_eq!(one.json(), list["data"][0]);
+    assert_eq!(one.json()["object"], "model");
+    for other in ["/v1/models/tiny", "/v1/models/kiln/tiny/x", "/v1/models/kiln%2Ftinyx"] {
+        let r = get(s.addr, other);
+        assert_eq!(r.status, 404, "{other}: {}", r.body);
+        assert_eq!(r.json()["error"]["code"], "model_not_found", "{other}: {}", r.body);
+        assert!(r.json()["error"]["message"].as_str().unwrap().contains("\"kiln/tiny\""), "{}", r.body);
+    }
+    // Requests name it the same way.
+    let mut body = completion("hi", 2);
+    body["model"] = json!("kiln/tiny");
+    assert_eq!(post(s.addr, "/v1/completions", &body).status, 200);
+}
+
 #[test]
 fn concurrent_greedy_requests_match_sequential_ones_bit_for_bit() {
     let s = boot(config());
@@ -268,8 +350,13 @@ fn malformed_table() -> Vec<(String, u16, &'static str)> {
     };
     for base in [&ok_c, &ok_chat] {
         t.push((without(base, "model"), 400, "no model"));
-        for v in [json!("other"), json!(""), json!(1), json!(null), json!(["tiny"])] {
-            t.push((with(base, "model", v), 400, "wrong model"));
+        // A model this server does not serve is OpenAI's 404; a model that is not a
+        // string is a malformed request.
+        for v in [json!("other"), json!(""), json!("Tiny"), json!("synthetic:tiny")] {
+            t.push((with(base, "model", v), 404, "unknown model"));
+        }
+        for v in [json!(1), json!(null), json!(["tiny"])] {
+            t.push((with(base, "model", v), 400, "model not a string"));
         }
         for v in [json!(0), json!(-1), json!(1.5), json!("8"), json!(1_000_000), json!(true), json!([2])] {
             t.push((with(base, "max_tokens", v), 400, "bad max_tokens"));
@@ -371,9 +458,25 @@ fn malformed_requests_get_the_right_status_and_the_server_keeps_serving() {
             r.body
         );
     }
+    // An unknown model says so by code, as OpenAI does.
+    let unknown =
+        post(s.addr, "/v1/completions", &json!({"model": "other", "prompt": "hi", "max_tokens": 1}));
+    assert_eq!(unknown.status, 404, "{}", unknown.body);
+    assert_eq!(unknown.json()["error"]["code"], "model_not_found", "{}", unknown.body);
+    assert_eq!(unknown.json()["error"]["type"], "invalid_request_error", "{}", unknown.body);
     // Unknown routes and methods, too.
     assert_eq!(get(s.addr, "/v2/nothing").status, 404);
-    assert_eq!(get(s.addr, "/v1/completions").status, 405);
+    // A wrong method gets an OpenAI error body and the Allow header, as a client expects.
+    for (method, path, allow) in
+        [("GET", "/v1/completions", "POST"), ("DELETE", "/v1/models", "GET"), ("POST", "/health", "GET")]
+    {
+        let r = request(s.addr, method, path, b"", &[]);
+        assert_eq!(r.status, 405, "{method} {path}: {}", r.body);
+        assert!(r.header("allow").is_some_and(|a| a.contains(allow)), "{method} {path}: no Allow {allow}");
+        let e = r.json();
+        assert_eq!(e["error"]["type"], "invalid_request_error", "{method} {path}: {}", r.body);
+        assert_eq!(e["error"]["code"], "method_not_allowed", "{method} {path}: {}", r.body);
+    }
     // Still serving.
     text_of(&post(s.addr, "/v1/completions", &completion("still there?", 4)));
     assert_eq!(get(s.addr, "/health").status, 200);

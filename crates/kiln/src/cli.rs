@@ -57,6 +57,11 @@ pub enum Command {
     /// formats coincide (4-bit groups of 32 are Q4_1 blocks).
     #[command(after_help = EXIT_STATUS)]
     ExportGguf(ExportArgs),
+    /// Write a model's tokenizer as Hugging Face files (tokenizer.json and
+    /// tokenizer_config.json with the chat template), for tools that count tokens as
+    /// kiln does.
+    #[command(after_help = EXIT_STATUS)]
+    ExportTokenizer(crate::export_tokenizer::ExportTokenizerArgs),
 }
 
 /// Arguments of `kiln export-gguf`.

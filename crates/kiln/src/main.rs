@@ -1,5 +1,5 @@
 //! The `kiln` binary: `generate`, `bench-decode`, `estimate`, `serve`, `score`,
-//! `bench-expert-copy` and `export-gguf`. It parses the command
+//! `bench-expert-copy`, `export-gguf` and `export-tokenizer`. It parses the command
 //! line, runs one command, and turns its outcome into the documented exit status
 //! (docs/cli.md, docs/engine-protocol.md); everything else lives in kiln-model.
 
@@ -9,6 +9,7 @@ mod estimate;
 mod exit;
 mod expert_copy;
 mod export;
+mod export_tokenizer;
 mod generate;
 mod prompt;
 mod runtime;
@@ -61,6 +62,7 @@ fn main() -> ExitCode {
         Command::Score(args) => score::run(args),
         Command::BenchExpertCopy(args) => expert_copy::run(args),
         Command::ExportGguf(args) => export::run(args),
+        Command::ExportTokenizer(args) => export_tokenizer::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -101,7 +101,8 @@ pub struct ServeArgs {
     /// Log line format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-    /// Name clients send as `model` and /v1/models lists; default: the --model value.
+    /// Name clients send as `model` and /v1/models lists; default: the synthetic name, a
+    /// GGUF file's general.name (else its file stem), or the checkpoint directory's name.
     #[arg(long, value_name = "NAME")]
     pub served_model_name: Option<String>,
     /// Tag that opens reasoning on the chat endpoint.
@@ -200,7 +201,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let api_key = api_key(args.api_key.as_deref(), std::env::var_os(API_KEY_ENV))?;
     let config = ServerConfig {
         model: args.model.clone(),
-        model_id: args.served_model_name.clone().unwrap_or_else(|| args.model.clone()),
+        model_id: match &args.served_model_name {
+            Some(name) => name.clone(),
+            // A model that does not resolve fails to load with its own message; until then
+            // it is listed under what was typed.
+            None => kiln_model::ModelSource::resolve(&args.model)
+                .and_then(|source| kiln_model::default_model_id(&source))
+                .unwrap_or_else(|_| args.model.clone()),
+        },
         load: runtime::load_options(&run_args, &pool),
         engine: runtime::engine_options(&run_args),
         scheduler: SchedulerOptions {

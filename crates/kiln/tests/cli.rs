@@ -291,3 +291,71 @@ fn checkpoints_resolve_by_path_and_under_models() {
     let run = dir.run(&["generate", "-m", "models/llama-fixture", "-p", "hi", "-n", "4"]).expect_code(0);
     assert!(run.stderr().contains("generated"), "{}", run.describe());
 }
+
+/// `kiln export-tokenizer` writes both files for a synthetic model, a checkpoint and a GGUF
+/// file; the checkpoint's tokenizer is the one it ships; a rerun replaces them leaving no
+/// temporary file; an output that is not a directory, or a file in it that is not a
+/// regular file, is refused with exit 2.
+#[test]
+fn export_tokenizer_writes_hugging_face_files_for_every_kind_of_model() {
+    let dir = Dir::new();
+    let read = |p: std::path::PathBuf| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+            .unwrap()
+    };
+    let out = dir.path().join("tiny");
+    let run = dir.run(&["export-tokenizer", "synthetic:tiny", out.to_str().unwrap()]).expect_code(0);
+    assert!(run.stdout().contains("tokenizer.json"), "{}", run.describe());
+    let tk = read(out.join("tokenizer.json"));
+    assert_eq!(tk["model"]["type"], "BPE");
+    assert_eq!(tk["model"]["vocab"].as_object().unwrap().len(), 512, "synthetic:tiny's vocabulary");
+    let config = read(out.join("tokenizer_config.json"));
+    assert_eq!(config["bos_token"], "<s>");
+    assert_eq!(config["model_max_length"], 1024);
+    assert!(config["chat_template"].as_str().unwrap().contains("assistant: "), "{config}");
+    // Replaced on a rerun, nothing left behind.
+    dir.run(&["export-tokenizer", "synthetic:tiny", out.to_str().unwrap()]).expect_code(0);
+    let names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kiln-model/tests/fixtures");
+    let ckpt = fixtures.join("models/llama3-tiny");
+    let out = dir.path().join("llama3");
+    dir.run(&["export-tokenizer", ckpt.to_str().unwrap(), out.to_str().unwrap()]).expect_code(0);
+    let (ours, theirs) = (read(out.join("tokenizer.json")), read(ckpt.join("tokenizer.json")));
+    assert_eq!(ours["model"]["vocab"], theirs["model"]["vocab"]);
+    assert_eq!(
+        ours["model"]["merges"].as_array().map(Vec::len),
+        theirs["model"]["merges"].as_array().map(Vec::len)
+    );
+    assert_eq!(ours["added_tokens"], theirs["added_tokens"]);
+    let config = read(out.join("tokenizer_config.json"));
+    assert!(config["chat_template"].as_str().is_some_and(|t| t.contains("start_header_id")), "{config}");
+    let gguf = fixtures.join("gguf/qwen2-tiny.gguf");
+    let out = dir.path().join("qwen2");
+    dir.run(&["export-tokenizer", gguf.to_str().unwrap(), out.to_str().unwrap()]).expect_code(0);
+    assert_eq!(read(out.join("tokenizer.json"))["model"]["type"], "BPE");
+
+    // Refusals: DIR a regular file, a FIFO where a file goes; both left as they were.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "keep").unwrap();
+    let run = dir.run(&["export-tokenizer", "synthetic:tiny", file.to_str().unwrap()]).expect_code(2);
+    assert!(run.stderr().contains("not a directory"), "{}", run.describe());
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep");
+    let fifo_dir = dir.path().join("fifo");
+    std::fs::create_dir(&fifo_dir).unwrap();
+    std::fs::write(fifo_dir.join("tokenizer.json"), "old").unwrap();
+    let fifo = fifo_dir.join("tokenizer_config.json");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let run = dir.run(&["export-tokenizer", "synthetic:tiny", fifo_dir.to_str().unwrap()]).expect_code(2);
+    assert!(run.stderr().contains("not a regular file"), "{}", run.describe());
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+    // Nothing was written: the other target is checked before either file is.
+    assert_eq!(std::fs::read_to_string(fifo_dir.join("tokenizer.json")).unwrap(), "old");
+}

@@ -53,6 +53,28 @@ fn logs_the_kernel_configuration_then_serves_the_same_greedy_text_as_generate() 
     }
 }
 
+/// The default id is the checkpoint's own name, never its path; the path is an unknown
+/// model (OpenAI's 404), and `GET /v1/models/{id}` answers the id.
+#[test]
+fn a_checkpoint_is_served_under_its_directory_name_not_its_path() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../kiln-model/tests/fixtures/models/llama3-tiny");
+    let path = dir.to_str().unwrap();
+    let s = Serve::start(&["-m", path, "--threads", "1"]);
+    let models = get(s.addr, "/v1/models").json();
+    assert_eq!(models["data"][0]["id"], "llama3-tiny", "{models}{}", s.stderr());
+    let one = get(s.addr, "/v1/models/llama3-tiny");
+    assert_eq!(one.status, 200, "{}", one.body);
+    assert_eq!(one.json()["id"], "llama3-tiny");
+    let ok =
+        post(s.addr, "/v1/completions", &json!({"model": "llama3-tiny", "prompt": "hi", "max_tokens": 2}));
+    assert_eq!(ok.status, 200, "{}{}", ok.body, s.stderr());
+    let by_path = post(s.addr, "/v1/completions", &json!({"model": path, "prompt": "hi", "max_tokens": 2}));
+    assert_eq!(by_path.status, 404, "{}", by_path.body);
+    assert_eq!(by_path.json()["error"]["code"], "model_not_found", "{}", by_path.body);
+    assert!(!get(s.addr, "/v1/models").body.contains(path), "the path leaks to clients");
+}
+
 #[test]
 fn a_moe_model_with_an_expert_cache_serves_the_all_resident_greedy_text() {
     let s = Serve::start(&["-m", "synthetic:tiny-moe", "--expert-slots", "3", "--threads", "1"]);
@@ -224,7 +246,8 @@ fn a_moe_checkpoint_with_an_expert_cache_serves_the_greedy_text_of_generate() {
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../kiln-model/tests/fixtures/moe/qwen3-moe-tiny-4bit");
     let s = Serve::start(&["-m", model, "--expert-slots", "2", "--threads", "1"]);
     let prompt = "The kiln held eight experts";
-    let body = json!({"model": model, "prompt": prompt, "max_tokens": 24, "temperature": 0});
+    // Served under the directory's name, not its path.
+    let body = json!({"model": "qwen3-moe-tiny-4bit", "prompt": prompt, "max_tokens": 24, "temperature": 0});
     let r = post(s.addr, "/v1/completions", &body);
     assert_eq!(r.status, 200, "{}{}", r.body, s.stderr());
     let server_text = r.json()["choices"][0]["text"].as_str().unwrap().to_string();

@@ -319,6 +319,7 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
             plan.port.to_string().into(),
         ];
         args.extend(unless_given(mode.server_args(), &plan.serve_args));
+        args.extend(server::served_name(&plan.model, &plan.serve_args).1);
         args.extend(plan.serve_args.iter().map(OsString::from));
         let spec = ServerSpec {
             bin: plan.kiln_bin.clone(),

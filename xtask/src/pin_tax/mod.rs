@@ -217,7 +217,7 @@ impl QmvPinTax {
                     prefill_tokens: self.prefill_tokens,
                     chunked_tokens: self.chunked_tokens,
                     prefill_requests: self.prefill_requests.max(1),
-                    served: self.model.clone(),
+                    served: crate::server::served_name(&self.model, &self.boot.serve_args).0,
                     skipped: Default::default(),
                 };
                 mode.skipped = context_skips(&ctx.engine.bin, &self.model, &mode.shapes());
@@ -241,7 +241,7 @@ impl QmvPinTax {
                     self.passage_tokens,
                     self.draft_tokens as usize,
                     Duration::from_secs(self.drain_timeout),
-                    self.model.clone(),
+                    crate::server::served_name(&self.model, &self.boot.serve_args).0,
                 );
                 self.drive(&mode, self.windows.unwrap_or(2), ctx)
             }

@@ -68,7 +68,8 @@ pub struct ServeBench {
     /// The endpoint.
     #[arg(long, value_enum, default_value_t = Endpoint::Completions)]
     endpoint: Endpoint,
-    /// The `model` field of requests [default: the -m value, else "default"].
+    /// The `model` field of requests [default: the -m value (the booted server is named
+    /// so) or its --served-model-name, else "default"].
     #[arg(long, value_name = "NAME")]
     served_model: Option<String>,
     /// Seconds before one request is failed as timed out, 1 to 86400 (0 would fail every request at once).
@@ -199,6 +200,7 @@ impl ServeBench {
                     eprintln!("warning: {w}");
                 }
                 args.extend(sized.into_iter().map(OsString::from));
+                args.extend(server::served_name(model, &self.boot.serve_args).1);
                 args.extend(self.boot.serve_args.iter().map(OsString::from));
                 let spec = ServerSpec {
                     bin: e.bin.clone(),
@@ -245,8 +247,8 @@ impl ServeBench {
             Some((s, t)) => (Some(s), t),
             None => (None, url_target.context("a target")?),
         };
-        let served =
-            self.served_model.clone().or_else(|| self.model.clone()).unwrap_or_else(|| "default".into());
+        let booted_name = self.model.as_ref().map(|m| server::served_name(m, &self.boot.serve_args).0);
+        let served = self.served_model.clone().or(booted_name).unwrap_or_else(|| "default".into());
         let outcome = self.drive(&target, &served, &levels, &run_dir, server_proc.as_ref(), &shutdown);
         if let Some(s) = server_proc {
             let st = s.stop(Duration::from_secs(10))?;

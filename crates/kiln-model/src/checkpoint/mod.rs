@@ -30,7 +30,7 @@ use self::tensor::TensorReader;
 use crate::chat_template::ChatTemplate;
 use crate::config::ModelConfig;
 use crate::error::{ConfigError, ModelError, Result};
-use crate::model::{LoadOptions, LoadedModel, ModelInfo};
+use crate::model::{LoadOptions, LoadedModel, ModelInfo, TextModel};
 use crate::source::ModelSource;
 use crate::tokenizer::Tokenizer;
 
@@ -68,6 +68,14 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let chat_template = ChatTemplate::from_dir(dir)?;
     let weights = build::build(plan, &config, &TensorReader { ck: &ck, pool: &opts.pool })?;
     Ok(LoadedModel { source: ModelSource::Dir(dir.to_path_buf()), config, weights, tokenizer, chat_template })
+}
+
+/// The configuration, tokenizer and chat template of a checkpoint, without its weights.
+pub fn load_text(dir: &Path) -> Result<TextModel> {
+    let config = read_config(dir)?;
+    let tokenizer = Tokenizer::from_dir(dir)?;
+    let chat_template = ChatTemplate::from_dir(dir)?;
+    Ok(TextModel { source: ModelSource::Dir(dir.to_path_buf()), config, tokenizer, chat_template })
 }
 
 /// The spec to quantize float matrices to on load, if any.

@@ -31,7 +31,7 @@ use super::mmap::MappedFile;
 use crate::chat_template::ChatTemplate;
 use crate::config::{ModelConfig, QuantizationConfig};
 use crate::error::{ModelError, Result};
-use crate::model::{LoadOptions, LoadedModel, ModelInfo};
+use crate::model::{LoadOptions, LoadedModel, ModelInfo, TextModel};
 use crate::source::ModelSource;
 use crate::tokenizer::Tokenizer;
 use crate::weights::{DenseMlp, Layer, Linear, LinearWeight, Mlp, ModelWeights, RmsNorm};
@@ -486,7 +486,21 @@ pub fn inspect(path: &Path, _opts: &LoadOptions) -> Result<ModelInfo> {
 /// file's own block types are kept.
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let g = Gguf::open(path)?;
-    let meta = g.meta();
+    let (tokenizer, chat_template) = text_side(&g)?;
+    let weights = build(&g, &opts.pool)?;
+    Ok(LoadedModel {
+        source: ModelSource::Gguf(path.to_path_buf()),
+        config: g.config,
+        weights,
+        tokenizer,
+        chat_template,
+    })
+}
+
+/// The tokenizer and chat template of a parsed file.
+fn text_side(p: &Parsed) -> Result<(Tokenizer, Option<ChatTemplate>)> {
+    let meta = p.meta();
+    let path = p.path();
     let doc = tokenizer::tokenizer_json(&meta)?;
     let tk = doc.to_string().parse::<tokenizers::Tokenizer>().map_err(|e| ModelError::Tokenizer {
         path: path.to_path_buf(),
@@ -508,13 +522,29 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
             )?)
         }
     };
-    let weights = build(&g, &opts.pool)?;
-    Ok(LoadedModel {
+    Ok((tokenizer, chat_template))
+}
+
+/// The configuration, tokenizer and chat template of a GGUF file, without its weights.
+pub fn load_text(path: &Path) -> Result<TextModel> {
+    let g = Gguf::open(path)?;
+    let (tokenizer, chat_template) = text_side(&g)?;
+    Ok(TextModel {
         source: ModelSource::Gguf(path.to_path_buf()),
         config: g.config,
-        weights,
         tokenizer,
         chat_template,
+    })
+}
+
+/// The file's `general.name`, when it has a non-empty one on a single line.
+pub fn general_name(path: &Path) -> Result<Option<String>> {
+    let p = Parsed::open(path)?;
+    Ok(match p.meta().get("general.name") {
+        Some(Value::Str(s)) if !s.trim().is_empty() && !s.chars().any(char::is_control) => {
+            Some(s.trim().to_string())
+        }
+        _ => None,
     })
 }
 
