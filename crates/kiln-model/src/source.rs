@@ -79,9 +79,17 @@ pub fn regular_file(path: &Path) -> Result<bool> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(cause) => return Err(ModelError::Io { path: path.to_path_buf(), cause }),
     };
-    let t = meta.file_type();
-    let kind = if t.is_file() {
-        return Ok(true);
+    match not_regular(&meta.file_type()) {
+        None => Ok(true),
+        Some(kind) => Err(ModelError::NotRegularFile { path: path.to_path_buf(), kind }),
+    }
+}
+
+/// What a file that is not a regular one is ("a FIFO", "a directory", ...), for
+/// messages; `None` for a regular file.
+pub(crate) fn not_regular(t: &std::fs::FileType) -> Option<&'static str> {
+    Some(if t.is_file() {
+        return None;
     } else if t.is_dir() {
         "a directory"
     } else if t.is_fifo() {
@@ -92,8 +100,7 @@ pub fn regular_file(path: &Path) -> Result<bool> {
         "a device"
     } else {
         "not a file"
-    };
-    Err(ModelError::NotRegularFile { path: path.to_path_buf(), kind })
+    })
 }
 
 #[cfg(test)]
