@@ -333,6 +333,7 @@ impl BenchOffloadCopy {
             Some(p) => user_path(p)?,
             None => session.default_output("offload-copy")?,
         };
+        session.check_output(&path)?;
         let csv = CsvOut::create_with_header(&path, &HEADER)?;
         let started = match session.start(&path, &flags)? {
             Ok(s) => s,
@@ -358,6 +359,8 @@ impl BenchOffloadCopy {
             threads: self.threads,
         };
         let named_slots = self.cache_slots.is_some();
+        // A model named with --models that cannot run is an error, as in bench-longprompt.
+        let named_models = self.models.is_some();
         let (mut total, mut skipped) = (0usize, Vec::<String>::new());
         let mut named_empty = Vec::new();
         let mut interrupted = None;
@@ -371,16 +374,33 @@ impl BenchOffloadCopy {
             };
             let (model_path, shape) = match facts {
                 Ok(x) => x,
-                Err(reason) => {
-                    let slots = self.cache_slots.as_ref().map_or(vec![], |c| c.0.clone());
-                    let labels: Vec<String> = if slots.is_empty() {
-                        vec![model.clone()]
-                    } else {
+                Err((status, reason)) => {
+                    // Rows for the record: one per cell of the grid, at the named slot
+                    // counts (0 when they would have come from the model's shape).
+                    let slots = self.cache_slots.as_ref().map_or(vec![0], |c| c.0.clone());
+                    for &s in &slots {
+                        for &b in &self.batch_sizes.0 {
+                            for &r in &self.miss_rates.0 {
+                                run.write(OffloadRow {
+                                    model: model.clone(),
+                                    model_path: model.clone(),
+                                    cache_slots: s,
+                                    batch_size: b,
+                                    miss_rate: r,
+                                    status: status.as_str().into(),
+                                    ..OffloadRow::default()
+                                })?;
+                            }
+                        }
+                    }
+                    let labels: Vec<String> = if named_slots {
                         slots.iter().map(|s| format!("{model}@{s}")).collect()
+                    } else {
+                        vec![model.clone()]
                     };
-                    console::out(&format!("{model}: SKIPPED -- {reason}\n"))?;
+                    console::out(&format!("{model}: {} -- {reason}\n", status.as_str()))?;
                     total += labels.len();
-                    if named_slots {
+                    if named_slots || named_models {
                         named_empty.extend(labels.iter().cloned());
                     }
                     skipped.extend(labels);
@@ -452,7 +472,7 @@ impl BenchOffloadCopy {
         }
         if !named_empty.is_empty() {
             reasons.push(format!(
-                "geometries named with --cache-slots measured nothing: {}",
+                "models or geometries named with --models or --cache-slots measured nothing: {}",
                 named_empty.join(", ")
             ));
         }
@@ -467,19 +487,27 @@ impl BenchOffloadCopy {
 
 impl Run<'_> {
     /// The model's path and expert shape from `kiln estimate`, or why there is none.
-    fn shape(&mut self, model: &str) -> Result<Ran<Result<(String, Shape), String>>> {
+    /// The status of the rows of a model without a shape: `SKIP:missing_model` for a name
+    /// the engine cannot find, `SKIP:unsupported` for a model without experts or one it
+    /// refuses by rule, `FAIL:estimate` when the estimate failed.
+    fn shape(&mut self, model: &str) -> Result<Ran<Result<(String, Shape), (Status, String)>>> {
         let cell = self.cell_for(model.to_string(), 1);
         let i = self.next_index();
         Ok(match self.runner.estimate(i, &cell)? {
             Ran::Interrupted(sig) => Ran::Interrupted(sig),
             Ran::Done(EstimateFacts::Report(r)) => Ran::Done(match Shape::of(&r) {
                 Some(s) => Ok((r.model_path, s)),
-                None => Err("not a mixture-of-experts model: the expert cache applies to qwen2_moe, qwen3_moe and mixtral models".into()),
+                None => Err((
+                    Status::Unsupported,
+                    "not a mixture-of-experts model: the expert cache applies to qwen2_moe, qwen3_moe and mixtral models".into(),
+                )),
             }),
-            Ran::Done(EstimateFacts::ByRule(r) | EstimateFacts::MissingModel(r) | EstimateFacts::Failed(r)) => {
-                Ran::Done(Err(r))
+            Ran::Done(EstimateFacts::ByRule(r)) => Ran::Done(Err((Status::Unsupported, r))),
+            Ran::Done(EstimateFacts::MissingModel(r)) => Ran::Done(Err((Status::MissingModel, r))),
+            Ran::Done(EstimateFacts::Failed(r)) => Ran::Done(Err((Status::Estimate, r))),
+            Ran::Done(EstimateFacts::NotApplicable) => {
+                Ran::Done(Err((Status::Estimate, "the engine could not estimate it".into())))
             }
-            Ran::Done(EstimateFacts::NotApplicable) => Ran::Done(Err("the engine could not estimate it".into())),
         })
     }
 
