@@ -77,6 +77,14 @@ pub fn regular_file(path: &Path) -> Result<bool> {
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        // A link that exists but cannot be followed (a loop, too many levels) names no
+        // file: bad input, not an I/O failure.
+        Err(_) if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) => {
+            return Err(ModelError::NotRegularFile {
+                path: path.to_path_buf(),
+                kind: "a symbolic link that cannot be followed (a loop?)",
+            });
+        }
         Err(cause) => return Err(ModelError::Io { path: path.to_path_buf(), cause }),
     };
     match not_regular(&meta.file_type()) {

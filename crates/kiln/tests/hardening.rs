@@ -317,6 +317,43 @@ fn outputs_that_are_not_regular_files_are_refused_and_left_alone() {
 }
 
 #[test]
+fn zero_and_negative_counts_are_exit_2_with_the_accepted_range() {
+    let dir = Dir::new();
+    refused(
+        dir.run(&["generate", "-m", "synthetic:tiny", "-p", "hi", "-n", "0"]),
+        &["invalid --max-tokens 0: accepted values are 1 or more"],
+    );
+    for (flag, args) in [
+        ("--max-tokens", vec!["generate", "-m", "synthetic:tiny", "-p", "hi", "-n", "-1"]),
+        ("--threads", vec!["generate", "-m", "synthetic:tiny", "-p", "hi", "--threads", "-1"]),
+        ("--prompt-tokens", vec!["bench-decode", "-m", "synthetic:tiny", "--prompt-tokens", "-5"]),
+        (
+            "--window",
+            vec!["score", "-m", "synthetic:tiny", "--text-file", "x", "--window", "-1", "--output", "o"],
+        ),
+    ] {
+        let run =
+            refused(dir.run(&args), &[flag, "is negative: accepted values are 0 to 18446744073709551615"]);
+        assert!(!run.stderr().contains("unexpected argument"), "{}", run.describe());
+    }
+}
+
+#[test]
+fn a_config_json_symlink_loop_is_exit_2_naming_it() {
+    let dir = Dir::new();
+    let ck = checkpoint_with(&dir, "loop", |_| {});
+    let config = ck.join("config.json");
+    std::fs::remove_file(&config).unwrap();
+    std::os::unix::fs::symlink(&config, &config).unwrap();
+    for args in [
+        vec!["generate", "-m", ck.to_str().unwrap(), "-p", "hi", "-n", "1"],
+        vec!["estimate", "-m", ck.to_str().unwrap(), "--prompt-tokens", "4"],
+    ] {
+        refused(dir.run(&args), &["config.json", "a symbolic link that cannot be followed"]);
+    }
+}
+
+#[test]
 fn quantize_on_a_quantized_model_warns() {
     let dir = Dir::new();
     let fixture = fixture();
