@@ -25,6 +25,7 @@ use crate::engine::BackendArg;
 use crate::plot;
 use crate::sweep::classify::Status;
 use crate::sweep::driver::{RowMeta, now};
+use crate::sweep::flags::count;
 use crate::sweep::layers::{EstimateFacts, OomLayers};
 use crate::sweep::plan::{self, Cell, Engine, Named, Prompt};
 use crate::sweep::record::RecordLine;
@@ -56,13 +57,13 @@ pub struct BenchOffloadCopy {
     #[arg(long, value_name = "LIST", value_parser = rates_arg, default_value = "0,0.1,0.5,1")]
     miss_rates: Rates,
     /// Passed to the engine: most decode steps per cell.
-    #[arg(long, value_name = "N", default_value_t = 16)]
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = count(1))]
     steps: u64,
     /// Passed to the engine: simulate steps (up to --steps) for at least this long.
-    #[arg(long, value_name = "MS", default_value_t = 300)]
+    #[arg(long, value_name = "MS", default_value_t = 300, value_parser = count(0))]
     min_time_ms: u64,
-    /// Passed to the engine: the read-bandwidth buffer of each cell.
-    #[arg(long, value_name = "SIZE", default_value = "1GiB")]
+    /// Passed to the engine: the read-bandwidth buffer of each cell (1MiB or more).
+    #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = bandwidth_arg)]
     bandwidth_bytes: String,
     /// The CSV to write [default: benchmarks/<backend>_<host>_<date>_offload-copy.csv];
     /// the markdown tables and the SVG go beside it.
@@ -73,10 +74,10 @@ pub struct BenchOffloadCopy {
     #[arg(long, value_name = "SIZE")]
     memory_limit: Option<String>,
     /// Passed to the engine: worker threads [default: the engine's].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = count(1))]
     threads: Option<u64>,
     /// Seconds before a cell is killed [default: 1800 on the CPU, 900 on a GPU].
-    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "SECS", value_parser = count(1))]
     cell_timeout: Option<u64>,
     /// Do not build kiln; use the release binary already in the target directory.
     #[arg(long)]
@@ -129,6 +130,12 @@ fn counts_arg(s: &str) -> Result<Counts, String> {
         }
     }
     Ok(Counts(out))
+}
+
+/// `--bandwidth-bytes`, checked at parse time by the engine's own rule and passed on as
+/// written.
+fn bandwidth_arg(s: &str) -> Result<String, String> {
+    kiln_protocol::parse_bandwidth_bytes(s).map(|_| s.to_string())
 }
 
 fn rates_arg(s: &str) -> Result<Rates, String> {
@@ -830,6 +837,10 @@ mod tests {
         assert_eq!(rates_arg("0,0.1 1").unwrap().0, vec![0.0, 0.1, 1.0]);
         for bad in ["", "1.5", "-0.1", "nan", "0,0"] {
             assert!(rates_arg(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(bandwidth_arg("4MiB").unwrap(), "4MiB");
+        for bad in ["4KiB", "lots", ""] {
+            assert!(bandwidth_arg(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -28,6 +28,7 @@ use crate::console::{self, usage};
 use crate::engine::{Backend, EnginePackage, build_release};
 use crate::machine::{self, Machine};
 use crate::sweep::classify::ChildExit;
+use crate::sweep::flags::count;
 use crate::sweep::rows::CsvOut;
 use crate::sweep::runner::{Ran, run_logged};
 use crate::sweep::task::write_atomic;
@@ -51,17 +52,17 @@ pub struct BenchQuality {
     #[arg(long, value_name = "FILE", default_value = DEFAULT_CORPUS)]
     corpus: PathBuf,
     /// Tokens per window.
-    #[arg(long, value_name = "N", default_value_t = 512)]
-    window: usize,
+    #[arg(long, value_name = "N", default_value_t = 512, value_parser = count(2))]
+    window: u64,
     /// First scored position of each window (earlier ones are context).
-    #[arg(long, value_name = "P", default_value_t = 256)]
-    first_scored: usize,
+    #[arg(long, value_name = "P", default_value_t = 256, value_parser = count(0))]
+    first_scored: u64,
     /// Windows scored at most (the shipped corpus fills 13 windows of the defaults).
-    #[arg(long, value_name = "N", default_value_t = 16)]
-    max_windows: usize,
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = count(1))]
+    max_windows: u64,
     /// Worker threads of every `kiln` run.
-    #[arg(long, value_name = "N")]
-    threads: Option<usize>,
+    #[arg(long, value_name = "N", value_parser = count(1))]
+    threads: Option<u64>,
     /// Use this `kiln` binary instead of building one (also KILN_BENCH_KILN_BIN).
     #[arg(long, value_name = "PATH")]
     kiln_bin: Option<PathBuf>,

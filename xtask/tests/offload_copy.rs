@@ -217,3 +217,24 @@ fn the_oom_record_is_never_the_output() {
         assert_eq!(std::fs::read(sb.record()).unwrap(), b"", "the record was overwritten{r}");
     }
 }
+
+#[test]
+fn bad_flags_are_exit_2_naming_the_flag_before_any_cell_runs() {
+    let sb = Sandbox::new();
+    let cases: [(&[&str], &[&str]); 3] = [
+        (&["--bandwidth-bytes", "4KiB"], &["--bandwidth-bytes", "accepted values are 1MiB or more"]),
+        (&["--steps", "-1"], &["--steps", "-1 is negative: accepted values are 1 to"]),
+        (&["--threads", "0"], &["--threads", "0: accepted values are 1 to"]),
+    ];
+    for (args, needles) in cases {
+        let mut a = vec!["--models", MOE];
+        a.extend_from_slice(args);
+        let r = sb.run("bench-offload-copy", &a);
+        r.expect_code(2);
+        for n in needles {
+            r.expect_stderr(n);
+        }
+        assert!(!r.stderr.contains("unexpected argument"), "{r}");
+    }
+    assert!(!sb.path("runs").exists(), "a cell ran");
+}

@@ -16,15 +16,14 @@ use std::time::{Duration, Instant};
 fn command(out_dir: &Path, kiln: &Path, args: &[&str]) -> Command {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_xtask"));
-    cmd.args(["bench-quality", "--models", "synthetic:tiny@4bit"])
-        .args(args)
-        .args(["--window", "64", "--first-scored", "32", "--max-windows", "2", "--threads", "1"])
-        .arg("--kiln-bin")
-        .arg(kiln)
-        .arg("--out-dir")
-        .arg(out_dir)
-        .current_dir(root)
-        .stdin(Stdio::null());
+    cmd.args(["bench-quality", "--models", "synthetic:tiny@4bit"]).args(args);
+    // The short windows, unless the test sets a flag itself.
+    for pair in [["--window", "64"], ["--first-scored", "32"], ["--max-windows", "2"], ["--threads", "1"]] {
+        if !args.contains(&pair[0]) {
+            cmd.args(pair);
+        }
+    }
+    cmd.arg("--kiln-bin").arg(kiln).arg("--out-dir").arg(out_dir).current_dir(root).stdin(Stdio::null());
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("KILN_") {
             cmd.env_remove(k);
@@ -113,6 +112,14 @@ fn bench_quality_scores_each_scheme_against_the_f32_reference() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
     assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid --compare \"nofile\""), "{bad:?}");
+    for (args, needle) in [
+        (["--schemes", "int4"], "invalid --schemes entry \"int4\""),
+        (["--window", "-1"], "-1 is negative: accepted values are 2 to"),
+    ] {
+        let out = command(&dir.path().join("bad"), util::kiln_bin(), &args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", describe_output(&out));
+        assert!(String::from_utf8_lossy(&out.stderr).contains(needle), "{}", describe_output(&out));
+    }
     // The f32 scheme against its own reference scores the KLD floor's order, never a
     // clamped positive bias; the floor is printed beside every figure.
     assert!(num(f32, "kld_floor") >= 0.0 && num(f32, "kld_floor") < 1e-9, "{describe}");
