@@ -291,6 +291,9 @@ struct Run<'a> {
     threads: Option<u64>,
 }
 
+/// Why a model has no expert shape: the status of its rows and the reason.
+type NoShape = (Status, String);
+
 /// What became of one geometry.
 enum Geometry {
     /// At least one cell ran or was skipped by the OOM layers after the first.
@@ -497,7 +500,7 @@ impl Run<'_> {
     /// The status of the rows of a model without a shape: `SKIP:missing_model` for a name
     /// the engine cannot find, `SKIP:unsupported` for a model without experts or one it
     /// refuses by rule, `FAIL:estimate` when the estimate failed.
-    fn shape(&mut self, model: &str) -> Result<Ran<Result<(String, Shape), (Status, String)>>> {
+    fn shape(&mut self, model: &str) -> Result<Ran<Result<(String, Shape), NoShape>>> {
         let cell = self.cell_for(model.to_string(), 1);
         let i = self.next_index();
         Ok(match self.runner.estimate(i, &cell)? {
@@ -736,9 +739,10 @@ impl Run<'_> {
     /// loss of the CSV.
     fn write_tables(&self, csv: &Path) {
         let md = csv.with_extension("md");
-        match std::fs::write(&md, markdown(&self.rows)) {
+        // Replaced atomically: a reader sees the last run's tables or this run's whole.
+        match crate::sweep::task::write_atomic(&md, markdown(&self.rows).as_bytes()) {
             Ok(()) => eprintln!("tables: {}", md.display()),
-            Err(e) => eprintln!("warning: no tables beside {}: {e}", csv.display()),
+            Err(e) => eprintln!("warning: no tables beside {}: {e:#}", csv.display()),
         }
         let svg = csv.with_extension("svg");
         match plot::write_svg(&svg, &panels(&self.rows)) {
