@@ -5,6 +5,7 @@ position the next token's id (u32) and the log-softmax over the vocabulary (f32 
 """
 
 import json
+import os
 import struct
 
 import numpy as np
@@ -14,10 +15,16 @@ MAGIC = b"KILNLP01"
 
 def read_header(path):
     """The JSON header of a kiln log-probability file (the windows to copy)."""
+    size = os.path.getsize(path)
     with open(path, "rb") as f:
-        if f.read(8) != MAGIC:
+        if f.read(8) != MAGIC or size < 12:
             raise SystemExit(f"invalid --reference {path}: not a kiln score file")
         (n,) = struct.unpack("<I", f.read(4))
+        # The length comes from the file: checked against its size before reading.
+        if n > size - 12:
+            raise SystemExit(
+                f"invalid --reference {path}: the header claims {n} bytes, the file has {size - 12} after its first 12"
+            )
         return json.loads(f.read(n))
 
 

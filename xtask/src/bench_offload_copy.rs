@@ -25,6 +25,7 @@ use crate::engine::BackendArg;
 use crate::plot;
 use crate::sweep::classify::Status;
 use crate::sweep::driver::{RowMeta, now};
+use crate::sweep::flags::count;
 use crate::sweep::layers::{EstimateFacts, OomLayers};
 use crate::sweep::plan::{self, Cell, Engine, Named, Prompt};
 use crate::sweep::record::RecordLine;
@@ -56,13 +57,13 @@ pub struct BenchOffloadCopy {
     #[arg(long, value_name = "LIST", value_parser = rates_arg, default_value = "0,0.1,0.5,1")]
     miss_rates: Rates,
     /// Passed to the engine: most decode steps per cell.
-    #[arg(long, value_name = "N", default_value_t = 16)]
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = count(1))]
     steps: u64,
     /// Passed to the engine: simulate steps (up to --steps) for at least this long.
-    #[arg(long, value_name = "MS", default_value_t = 300)]
+    #[arg(long, value_name = "MS", default_value_t = 300, value_parser = count(0))]
     min_time_ms: u64,
-    /// Passed to the engine: the read-bandwidth buffer of each cell.
-    #[arg(long, value_name = "SIZE", default_value = "1GiB")]
+    /// Passed to the engine: the read-bandwidth buffer of each cell (1MiB or more).
+    #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = bandwidth_arg)]
     bandwidth_bytes: String,
     /// The CSV to write [default: benchmarks/<backend>_<host>_<date>_offload-copy.csv];
     /// the markdown tables and the SVG go beside it.
@@ -73,10 +74,10 @@ pub struct BenchOffloadCopy {
     #[arg(long, value_name = "SIZE")]
     memory_limit: Option<String>,
     /// Passed to the engine: worker threads [default: the engine's].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = count(1))]
     threads: Option<u64>,
     /// Seconds before a cell is killed [default: 1800 on the CPU, 900 on a GPU].
-    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "SECS", value_parser = count(1))]
     cell_timeout: Option<u64>,
     /// Do not build kiln; use the release binary already in the target directory.
     #[arg(long)]
@@ -129,6 +130,12 @@ fn counts_arg(s: &str) -> Result<Counts, String> {
         }
     }
     Ok(Counts(out))
+}
+
+/// `--bandwidth-bytes`, checked at parse time by the engine's own rule and passed on as
+/// written.
+fn bandwidth_arg(s: &str) -> Result<String, String> {
+    kiln_protocol::parse_bandwidth_bytes(s).map(|_| s.to_string())
 }
 
 fn rates_arg(s: &str) -> Result<Rates, String> {
@@ -284,6 +291,9 @@ struct Run<'a> {
     threads: Option<u64>,
 }
 
+/// Why a model has no expert shape: the status of its rows and the reason.
+type NoShape = (Status, String);
+
 /// What became of one geometry.
 enum Geometry {
     /// At least one cell ran or was skipped by the OOM layers after the first.
@@ -333,6 +343,7 @@ impl BenchOffloadCopy {
             Some(p) => user_path(p)?,
             None => session.default_output("offload-copy")?,
         };
+        session.check_output(&path)?;
         let csv = CsvOut::create_with_header(&path, &HEADER)?;
         let started = match session.start(&path, &flags)? {
             Ok(s) => s,
@@ -359,6 +370,8 @@ impl BenchOffloadCopy {
             threads: self.threads,
         };
         let named_slots = self.cache_slots.is_some();
+        // A model named with --models that cannot run is an error, as in bench-longprompt.
+        let named_models = self.models.is_some();
         let (mut total, mut skipped) = (0usize, Vec::<String>::new());
         let mut named_empty = Vec::new();
         let mut interrupted = None;
@@ -372,16 +385,33 @@ impl BenchOffloadCopy {
             };
             let (model_path, shape) = match facts {
                 Ok(x) => x,
-                Err(reason) => {
-                    let slots = self.cache_slots.as_ref().map_or(vec![], |c| c.0.clone());
-                    let labels: Vec<String> = if slots.is_empty() {
-                        vec![model.clone()]
-                    } else {
+                Err((status, reason)) => {
+                    // Rows for the record: one per cell of the grid, at the named slot
+                    // counts (0 when they would have come from the model's shape).
+                    let slots = self.cache_slots.as_ref().map_or(vec![0], |c| c.0.clone());
+                    for &s in &slots {
+                        for &b in &self.batch_sizes.0 {
+                            for &r in &self.miss_rates.0 {
+                                run.write(OffloadRow {
+                                    model: model.clone(),
+                                    model_path: model.clone(),
+                                    cache_slots: s,
+                                    batch_size: b,
+                                    miss_rate: r,
+                                    status: status.as_str().into(),
+                                    ..OffloadRow::default()
+                                })?;
+                            }
+                        }
+                    }
+                    let labels: Vec<String> = if named_slots {
                         slots.iter().map(|s| format!("{model}@{s}")).collect()
+                    } else {
+                        vec![model.clone()]
                     };
-                    console::out(&format!("{model}: SKIPPED -- {reason}\n"))?;
+                    console::out(&format!("{model}: {} -- {reason}\n", status.as_str()))?;
                     total += labels.len();
-                    if named_slots {
+                    if named_slots || named_models {
                         named_empty.extend(labels.iter().cloned());
                     }
                     skipped.extend(labels);
@@ -454,7 +484,7 @@ impl BenchOffloadCopy {
         }
         if !named_empty.is_empty() {
             reasons.push(format!(
-                "geometries named with --cache-slots measured nothing: {}",
+                "models or geometries named with --models or --cache-slots measured nothing: {}",
                 named_empty.join(", ")
             ));
         }
@@ -469,19 +499,27 @@ impl BenchOffloadCopy {
 
 impl Run<'_> {
     /// The model's path and expert shape from `kiln estimate`, or why there is none.
-    fn shape(&mut self, model: &str) -> Result<Ran<Result<(String, Shape), String>>> {
+    /// The status of the rows of a model without a shape: `SKIP:missing_model` for a name
+    /// the engine cannot find, `SKIP:unsupported` for a model without experts or one it
+    /// refuses by rule, `FAIL:estimate` when the estimate failed.
+    fn shape(&mut self, model: &str) -> Result<Ran<Result<(String, Shape), NoShape>>> {
         let cell = self.cell_for(model.to_string(), 1);
         let i = self.next_index();
         Ok(match self.runner.estimate(i, &cell)? {
             Ran::Interrupted(sig) => Ran::Interrupted(sig),
             Ran::Done(EstimateFacts::Report(r)) => Ran::Done(match Shape::of(&r) {
                 Some(s) => Ok((r.model_path, s)),
-                None => Err("not a mixture-of-experts model: the expert cache applies to qwen2_moe, qwen3_moe and mixtral models".into()),
+                None => Err((
+                    Status::Unsupported,
+                    "not a mixture-of-experts model: the expert cache applies to qwen2_moe, qwen3_moe and mixtral models".into(),
+                )),
             }),
-            Ran::Done(EstimateFacts::ByRule(r) | EstimateFacts::MissingModel(r) | EstimateFacts::Failed(r)) => {
-                Ran::Done(Err(r))
+            Ran::Done(EstimateFacts::ByRule(r)) => Ran::Done(Err((Status::Unsupported, r))),
+            Ran::Done(EstimateFacts::MissingModel(r)) => Ran::Done(Err((Status::MissingModel, r))),
+            Ran::Done(EstimateFacts::Failed(r)) => Ran::Done(Err((Status::Estimate, r))),
+            Ran::Done(EstimateFacts::NotApplicable) => {
+                Ran::Done(Err((Status::Estimate, "the engine could not estimate it".into())))
             }
-            Ran::Done(EstimateFacts::NotApplicable) => Ran::Done(Err("the engine could not estimate it".into())),
         })
     }
 
@@ -703,9 +741,10 @@ impl Run<'_> {
     /// loss of the CSV.
     fn write_tables(&self, csv: &Path) {
         let md = csv.with_extension("md");
-        match std::fs::write(&md, markdown(&self.rows)) {
+        // Replaced atomically: a reader sees the last run's tables or this run's whole.
+        match crate::sweep::task::write_atomic(&md, markdown(&self.rows).as_bytes()) {
             Ok(()) => eprintln!("tables: {}", md.display()),
-            Err(e) => eprintln!("warning: no tables beside {}: {e}", csv.display()),
+            Err(e) => eprintln!("warning: no tables beside {}: {e:#}", csv.display()),
         }
         let svg = csv.with_extension("svg");
         match plot::write_svg(&svg, &panels(&self.rows)) {
@@ -814,6 +853,10 @@ mod tests {
         assert_eq!(rates_arg("0,0.1 1").unwrap().0, vec![0.0, 0.1, 1.0]);
         for bad in ["", "1.5", "-0.1", "nan", "0,0"] {
             assert!(rates_arg(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(bandwidth_arg("4MiB").unwrap(), "4MiB");
+        for bad in ["4KiB", "lots", ""] {
+            assert!(bandwidth_arg(bad).is_err(), "{bad:?}");
         }
     }
 

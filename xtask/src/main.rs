@@ -27,7 +27,7 @@ mod sweep;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use xshell::Shell;
 
 /// kiln's benchmark harness.
@@ -65,8 +65,19 @@ enum Task {
     SweepTask(sweep::task::SweepTask),
 }
 
+/// `cmd` with every flag that takes a value allowed to take a negative number as it, in
+/// every subcommand: `--threads -1` then reaches the flag's parser and gets its message
+/// with the accepted range instead of clap's "unexpected argument '-1'".
+fn with_negative_values(cmd: clap::Command) -> clap::Command {
+    cmd.mut_args(|a| {
+        if a.get_action().takes_values() && !a.is_positional() { a.allow_negative_numbers(true) } else { a }
+    })
+    .mut_subcommands(with_negative_values)
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = with_negative_values(Cli::command()).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let sh = match Shell::new() {
         Ok(sh) => sh,
         Err(e) => {

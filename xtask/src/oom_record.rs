@@ -9,6 +9,7 @@ use xshell::Shell;
 
 use crate::child::{self, Shutdown};
 use crate::console::{self, usage};
+use crate::sweep::flags::count;
 use crate::sweep::record::{Entry, RecordFile, RecordLine};
 use crate::sweep::user_path;
 
@@ -41,10 +42,10 @@ struct PruneFlags {
     #[arg(long, value_name = "MODEL")]
     model: Option<String>,
     /// Lines at this prompt length.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = count(0))]
     length: Option<u64>,
     /// Lines at this prompt length or longer.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = count(0))]
     min_length: Option<u64>,
     /// Lines scoped to this device (exactly as written).
     #[arg(long, value_name = "DEVICE")]
@@ -101,21 +102,43 @@ impl PruneFlags {
 impl OomRecord {
     pub fn run(self, sh: &Shell) -> Result<ExitCode> {
         let default = sh.current_dir().join("benchmarks/.oom-record");
-        let resolve = |f: &Option<PathBuf>| -> Result<PathBuf> {
+        // A record named with --file must exist; the default one is absent until a sweep
+        // records its first out-of-memory, which is said, not miscounted as "0 lines".
+        let resolve = |f: &Option<PathBuf>| -> Result<Option<PathBuf>> {
             match f {
-                Some(p) => user_path(p),
-                None => Ok(default.clone()),
+                Some(p) => {
+                    let p = user_path(p)?;
+                    if !p.exists() {
+                        usage!(
+                            "--file {}: no such file: expected an OOM record written by a sweep",
+                            p.display()
+                        );
+                    }
+                    Ok(Some(p))
+                }
+                None if default.exists() => Ok(Some(default.clone())),
+                None => {
+                    eprintln!(
+                        "{} does not exist: no sweep has recorded an out-of-memory here",
+                        default.display()
+                    );
+                    Ok(None)
+                }
             }
         };
         match self.action {
-            Action::List { file } => list(&RecordFile::new(resolve(&file)?)),
+            Action::List { file } => match resolve(&file)? {
+                Some(path) => list(&RecordFile::new(path)),
+                None => Ok(ExitCode::SUCCESS),
+            },
             Action::Prune(flags) => {
                 if !flags.all && !flags.has_line_filter() && !flags.malformed {
                     usage!(
                         "prune needs a filter: --model, --length, --min-length, --device, --commit, --before, --malformed or --all"
                     );
                 }
-                let file = RecordFile::new(resolve(&flags.file)?);
+                let Some(path) = resolve(&flags.file)? else { return Ok(ExitCode::SUCCESS) };
+                let file = RecordFile::new(path);
                 // SIGINT, SIGTERM and SIGHUP wait until the record is replaced (or the
                 // temporary file removed): a prune is never left half done.
                 let shutdown = Shutdown::install()?;

@@ -49,7 +49,18 @@ impl BootArgs {
 /// Claims `runs_dir/<UTC stamp>-<command>[-N]`. `create_dir` claims the name atomically,
 /// so two runs started in the same second get two directories.
 pub fn create_run_dir(runs_dir: &Path, command: &str) -> Result<PathBuf> {
-    fs::create_dir_all(runs_dir).with_context(|| format!("creating {}", runs_dir.display()))?;
+    // A file (or a link to one) where the directory should be: name the flag that chose
+    // it, not the bare "File exists" of mkdir.
+    if let Some(bad) = runs_dir.ancestors().find(|a| a.exists() && !a.is_dir()) {
+        crate::console::usage!(
+            "--runs-dir (--shared-dir for a Slurm run) {}: {} is not a directory: expected a directory to hold run directories",
+            runs_dir.display(),
+            bad.display()
+        );
+    }
+    fs::create_dir_all(runs_dir).with_context(|| {
+        format!("creating --runs-dir (--shared-dir for a Slurm run) {}", runs_dir.display())
+    })?;
     let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
     for i in 0..1000 {
         let suffix = if i == 0 { String::new() } else { format!("-{i}") };
@@ -167,6 +178,14 @@ mod tests {
     #[test]
     fn run_directories_are_never_shared() {
         let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a-file");
+        fs::write(&file, "").unwrap();
+        for bad in [file.clone(), file.join("below")] {
+            let e = create_run_dir(&bad, "serve-bench").unwrap_err();
+            assert!(e.downcast_ref::<crate::console::UsageError>().is_some(), "{e:#}");
+            let e = e.to_string();
+            assert!(e.contains("--runs-dir") && e.contains("a-file is not a directory"), "{e}");
+        }
         let a = create_run_dir(dir.path(), "serve-bench").unwrap();
         let b = create_run_dir(dir.path(), "serve-bench").unwrap();
         assert_ne!(a, b);

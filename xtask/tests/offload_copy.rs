@@ -149,3 +149,92 @@ fn an_oom_is_a_row_fed_to_the_backstop_and_the_record_and_the_sweep_goes_on() {
     assert_eq!(lines.len(), 1, "{lines:?}{r}");
     assert!(lines[0].starts_with("synthetic:tiny-moe+expert-slots,2,"), "{lines:?}");
 }
+
+#[test]
+fn a_missing_or_dense_model_named_with_models_gets_rows_and_exits_1() {
+    // Without --cache-slots, as the defect was found: no row and exit 0 before.
+    let sb = Sandbox::new();
+    let r = sb.run(
+        "bench-offload-copy",
+        &[
+            "--models",
+            "synthetic:tiny-moe,no-such-model,synthetic:tiny",
+            "--memory-limit",
+            "451000",
+            "--batch-sizes",
+            "1",
+            "--miss-rates",
+            "0,1",
+            "--steps",
+            "1",
+            "--min-time-ms",
+            "0",
+            "--bandwidth-bytes",
+            "4MiB",
+        ],
+    );
+    r.expect_code(1)
+        .expect_stdout("no-such-model: SKIP:missing_model -- ")
+        .expect_stdout("synthetic:tiny: SKIP:unsupported -- not a mixture-of-experts model")
+        .expect_stderr("measured nothing: no-such-model, synthetic:tiny");
+    let statuses: Vec<(String, String)> = sb
+        .rows(&sb.csv())
+        .iter()
+        .map(|x| {
+            (
+                format!("{}@{}/{}", x.get("model"), x.get("cache_slots"), x.get("miss_rate")),
+                x.get("status").into(),
+            )
+        })
+        .collect();
+    // The derived slot counts of the MoE model (8 refused under the cap, 6 measured);
+    // the others have no shape, so their rows sit at 0 slots.
+    let want: Vec<(String, String)> = [
+        ("synthetic:tiny-moe@8/0.0", "SKIP:unsupported"),
+        ("synthetic:tiny-moe@8/1.0", "SKIP:unsupported"),
+        ("synthetic:tiny-moe@6/0.0", "ok"),
+        ("synthetic:tiny-moe@6/1.0", "ok"),
+        ("no-such-model@0/0.0", "SKIP:missing_model"),
+        ("no-such-model@0/1.0", "SKIP:missing_model"),
+        ("synthetic:tiny@0/0.0", "SKIP:unsupported"),
+        ("synthetic:tiny@0/1.0", "SKIP:unsupported"),
+    ]
+    .iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    assert_eq!(statuses, want, "{r}");
+}
+
+#[test]
+fn the_oom_record_is_never_the_output() {
+    let sb = Sandbox::new();
+    std::fs::write(sb.record(), "").unwrap();
+    let link = sb.path("record-link.csv");
+    std::os::unix::fs::symlink(sb.record(), &link).unwrap();
+    for out in [sb.record(), link] {
+        let r = run(&sb, &["--output", out.to_str().unwrap()]);
+        r.expect_code(2).expect_stderr("is the OOM record");
+        assert_eq!(std::fs::read(sb.record()).unwrap(), b"", "the record was overwritten{r}");
+    }
+}
+
+#[test]
+fn bad_flags_are_exit_2_naming_the_flag_before_any_cell_runs() {
+    let sb = Sandbox::new();
+    let cases: [(&[&str], &[&str]); 3] = [
+        (&["--bandwidth-bytes", "4KiB"], &["--bandwidth-bytes", "accepted values are 1MiB or more"]),
+        (&["--steps", "-1"], &["--steps", "-1 is negative: accepted values are 1 to"]),
+        (&["--threads", "0"], &["--threads", "0: accepted values are 1 to"]),
+    ];
+    for (args, needles) in cases {
+        let mut a = vec!["--models", MOE];
+        a.extend_from_slice(args);
+        let r = sb.run("bench-offload-copy", &a);
+        r.expect_code(2);
+        for n in needles {
+            r.expect_stderr(n);
+        }
+        assert!(!r.stderr.contains("unexpected argument"), "{r}");
+    }
+    assert!(!sb.path("runs").exists(), "a cell ran");
+}

@@ -1,6 +1,8 @@
 //! `cargo xtask bench-quality` end to end on a tiny synthetic model: a reference pass and
 //! measured passes through the real `kiln score`, one CSV row per scheme, the markdown
-//! table, and a second run that reuses the reference and compares a foreign file.
+//! table, and a second run that reuses the reference and compares a foreign file; a
+//! failed rerun keeps the finished CSV, a concurrent one is refused on the lock, and a
+//! signal stops the scoring child as every task's children are stopped.
 
 // Shared with the sweep tests; this one needs only `kiln_bin`.
 #[allow(dead_code)]
@@ -8,38 +10,53 @@ mod util;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-/// Runs `cargo xtask bench-quality` on the tiny model with `args`; returns the CSV's
-/// header and rows and a description of the run for failures.
-fn run(out_dir: &Path, args: &[&str]) -> (Vec<String>, Vec<Vec<String>>, String) {
+/// `cargo xtask bench-quality` on the tiny model with `args`, `kiln` as the engine.
+fn command(out_dir: &Path, kiln: &Path, args: &[&str]) -> Command {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_xtask"));
-    cmd.args(["bench-quality", "--models", "synthetic:tiny@4bit"])
-        .args(args)
-        .args(["--window", "64", "--first-scored", "32", "--max-windows", "2", "--threads", "1"])
-        .arg("--kiln-bin")
-        .arg(util::kiln_bin())
-        .arg("--out-dir")
-        .arg(out_dir)
-        .current_dir(root)
-        .stdin(Stdio::null());
+    cmd.args(["bench-quality", "--models", "synthetic:tiny@4bit"]).args(args);
+    // The short windows, unless the test sets a flag itself.
+    for pair in [["--window", "64"], ["--first-scored", "32"], ["--max-windows", "2"], ["--threads", "1"]] {
+        if !args.contains(&pair[0]) {
+            cmd.args(pair);
+        }
+    }
+    cmd.arg("--kiln-bin").arg(kiln).arg("--out-dir").arg(out_dir).current_dir(root).stdin(Stdio::null());
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("KILN_") {
             cmd.env_remove(k);
         }
     }
-    let out = cmd.output().unwrap();
-    let describe = format!(
+    cmd
+}
+
+/// The CSV's header and rows.
+fn read_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut rdr = csv::Reader::from_path(path).unwrap();
+    let header: Vec<String> = rdr.headers().unwrap().iter().map(str::to_string).collect();
+    let rows: Vec<Vec<String>> =
+        rdr.records().map(|r| r.unwrap().iter().map(str::to_string).collect()).collect();
+    (header, rows)
+}
+
+fn describe_output(out: &std::process::Output) -> String {
+    format!(
         "\nstatus: {}\nstdout:\n{}\nstderr:\n{}",
         out.status,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    );
+    )
+}
+
+/// Runs `cargo xtask bench-quality` on the tiny model with `args`; returns the CSV's
+/// header and rows and a description of the run for failures.
+fn run(out_dir: &Path, args: &[&str]) -> (Vec<String>, Vec<Vec<String>>, String) {
+    let out = command(out_dir, util::kiln_bin(), args).output().unwrap();
+    let describe = describe_output(&out);
     assert!(out.status.success(), "bench-quality failed{describe}");
-    let mut rdr = csv::Reader::from_path(out_dir.join("quality.csv")).unwrap();
-    let header: Vec<String> = rdr.headers().unwrap().iter().map(str::to_string).collect();
-    let rows: Vec<Vec<String>> =
-        rdr.records().map(|r| r.unwrap().iter().map(str::to_string).collect()).collect();
+    let (header, rows) = read_csv(&out_dir.join("quality.csv"));
     (header, rows, describe)
 }
 
@@ -93,6 +110,121 @@ fn bench_quality_scores_each_scheme_against_the_f32_reference() {
         .current_dir(root)
         .output()
         .unwrap();
-    assert_eq!(bad.status.code(), Some(1), "{bad:?}");
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
     assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid --compare \"nofile\""), "{bad:?}");
+    for (args, needle) in [
+        (["--schemes", "int4"], "invalid --schemes entry \"int4\""),
+        (["--window", "-1"], "-1 is negative: accepted values are 2 to"),
+    ] {
+        let out = command(&dir.path().join("bad"), util::kiln_bin(), &args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", describe_output(&out));
+        assert!(String::from_utf8_lossy(&out.stderr).contains(needle), "{}", describe_output(&out));
+    }
+    // The f32 scheme against its own reference scores the KLD floor's order, never a
+    // clamped positive bias; the floor is printed beside every figure.
+    assert!(num(f32, "kld_floor") >= 0.0 && num(f32, "kld_floor") < 1e-9, "{describe}");
+    assert!(md.contains("KLD floor"), "{md}");
+
+    // A rerun into the same directory that fails after it measured leaves the finished
+    // quality.csv as it was (its rows so far are in quality.partial.csv).
+    let broken = dir.path().join("broken.lp");
+    std::fs::write(&broken, b"KILNLP01\xff\xff\xff\xff").unwrap();
+    let before = std::fs::read(out_dir.join("quality.csv")).unwrap();
+    let other = format!("broken={}", broken.display());
+    let out =
+        command(&out_dir, util::kiln_bin(), &["--schemes", "int8", "--compare", &other]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", describe_output(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("claims 4294967295 bytes"),
+        "{}",
+        describe_output(&out)
+    );
+    assert_eq!(std::fs::read(out_dir.join("quality.csv")).unwrap(), before, "quality.csv was truncated");
+    assert_eq!(read_csv(&out_dir.join("quality.partial.csv")).1.len(), 1);
+
+    // A second run into a directory another run is writing is refused on the lock.
+    let held = std::fs::OpenOptions::new().write(true).open(out_dir.join("quality.partial.csv")).unwrap();
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+    let out = command(&out_dir, util::kiln_bin(), &["--schemes", "int8"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", describe_output(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("quality.partial.csv is being written"),
+        "{}",
+        describe_output(&out)
+    );
+    assert_eq!(std::fs::read(out_dir.join("quality.csv")).unwrap(), before);
+}
+
+/// A stand-in for `kiln` that records its pid in PIDFILE and sleeps.
+fn sleeping_kiln(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let pidfile = dir.join("kiln.pid");
+    let bin = dir.join("kiln");
+    std::fs::write(&bin, format!("#!/bin/sh\necho $$ > '{}'\nexec sleep 60\n", pidfile.display())).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (bin, pidfile)
+}
+
+/// Waits for the stand-in to write its pid.
+fn child_pid(pidfile: &Path) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(pid) = std::fs::read_to_string(pidfile).ok().and_then(|s| s.trim().parse().ok()) {
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "kiln score never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie (not yet reaped by its parent) counts as gone.
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+#[test]
+fn a_signal_stops_the_scoring_child_and_sigkill_takes_it_along() {
+    let dir = tempfile::tempdir().unwrap();
+    let (kiln, pidfile) = sleeping_kiln(dir.path());
+    // SIGINT: the child's group is killed, exit 130.
+    let mut child = command(&dir.path().join("q"), &kiln, &["--schemes", "int8"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child_pid(&pidfile);
+    let started = Instant::now();
+    unsafe_free_kill(child.id() as i32, rustix::process::Signal::INT);
+    while child.try_wait().unwrap().is_none() {
+        assert!(started.elapsed() < Duration::from_secs(20), "bench-quality kept scoring after SIGINT");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", describe_output(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("interrupted by SIGINT"),
+        "{}",
+        describe_output(&out)
+    );
+    assert!(!alive(pid), "kiln score outlived the interrupted run");
+    // SIGKILL, which no handler sees: the parent-death signal takes the child along.
+    std::fs::remove_file(&pidfile).unwrap();
+    let mut child = command(&dir.path().join("k"), &kiln, &["--schemes", "int8"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child_pid(&pidfile);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(pid) {
+        assert!(Instant::now() < deadline, "kiln score outlived a SIGKILLed bench-quality");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn unsafe_free_kill(pid: i32, sig: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_raw(pid).unwrap();
+    rustix::process::kill_process(pid, sig).unwrap();
 }

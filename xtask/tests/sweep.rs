@@ -397,6 +397,22 @@ fn oom_record_list_and_prune() {
     sb.run("oom-record", &["prune", "--file", file, "--before", "03/01/2026"])
         .expect_code(2)
         .expect_stderr("YYYY-MM-DD");
+    // A record that is not there is said to be missing, never listed as "0 lines".
+    let missing = sb.path("no-record");
+    for action in ["list", "prune"] {
+        let mut args = vec![action, "--file", missing.to_str().unwrap()];
+        if action == "prune" {
+            args.push("--all");
+        }
+        let run = sb.run("oom-record", &args);
+        run.expect_code(2).expect_stderr("no-record: no such file");
+        assert!(!run.stdout.contains("line(s)"), "{run}");
+    }
+    // The default record (benchmarks/.oom-record under the root) is absent until a sweep
+    // records an out-of-memory: said, exit 0.
+    let run = sb.run("oom-record", &["list"]);
+    run.expect_code(0).expect_stderr("does not exist: no sweep has recorded an out-of-memory here");
+    assert!(!run.stdout.contains("line(s)"), "{run}");
 }
 
 #[test]

@@ -122,6 +122,16 @@ pub enum ModelError {
         /// What it is instead ("a FIFO", "a directory", ...).
         kind: &'static str,
     },
+    /// A file kiln was asked to write names something that is not a regular file (a
+    /// FIFO, a device, a directory): replacing it would destroy it, writing into it
+    /// would not leave a file.
+    #[error("{path} is {kind}: expected a new path or a regular file to replace")]
+    NotRegularOutput {
+        /// The path asked for.
+        path: PathBuf,
+        /// What it is instead ("a FIFO", "a device", ...).
+        kind: &'static str,
+    },
     /// A model cannot be written as the file asked for (`kiln export-gguf`).
     #[error("{path}: {message}")]
     Export {

@@ -15,6 +15,7 @@ pub mod kv_cache;
 pub mod model;
 pub mod moe;
 pub mod ops;
+pub mod output;
 pub mod plan;
 pub mod rope;
 pub mod sampling;

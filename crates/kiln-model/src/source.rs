@@ -77,11 +77,27 @@ pub fn regular_file(path: &Path) -> Result<bool> {
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        // A link that exists but cannot be followed (a loop, too many levels) names no
+        // file: bad input, not an I/O failure.
+        Err(_) if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) => {
+            return Err(ModelError::NotRegularFile {
+                path: path.to_path_buf(),
+                kind: "a symbolic link that cannot be followed (a loop?)",
+            });
+        }
         Err(cause) => return Err(ModelError::Io { path: path.to_path_buf(), cause }),
     };
-    let t = meta.file_type();
-    let kind = if t.is_file() {
-        return Ok(true);
+    match not_regular(&meta.file_type()) {
+        None => Ok(true),
+        Some(kind) => Err(ModelError::NotRegularFile { path: path.to_path_buf(), kind }),
+    }
+}
+
+/// What a file that is not a regular one is ("a FIFO", "a directory", ...), for
+/// messages; `None` for a regular file.
+pub(crate) fn not_regular(t: &std::fs::FileType) -> Option<&'static str> {
+    Some(if t.is_file() {
+        return None;
     } else if t.is_dir() {
         "a directory"
     } else if t.is_fifo() {
@@ -92,8 +108,7 @@ pub fn regular_file(path: &Path) -> Result<bool> {
         "a device"
     } else {
         "not a file"
-    };
-    Err(ModelError::NotRegularFile { path: path.to_path_buf(), kind })
+    })
 }
 
 #[cfg(test)]

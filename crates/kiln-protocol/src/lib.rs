@@ -14,7 +14,7 @@ pub use report::{
     DECODE_FIELDS, DecodeReport, ESTIMATE_EXPERT_FIELDS, ESTIMATE_FIELDS, EXPERT_FIELDS, EstimateReport,
     OffloadCopyReport, ReportError, SPEC_FIELDS,
 };
-pub use size::{SizeParseError, parse_size};
+pub use size::{MIN_BANDWIDTH_BYTES, SizeParseError, parse_bandwidth_bytes, parse_size};
 
 /// Exit status: success.
 pub const EXIT_SUCCESS: u8 = 0;

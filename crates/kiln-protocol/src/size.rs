@@ -50,9 +50,30 @@ pub fn parse_size(input: &str) -> Result<u64, SizeParseError> {
     }
 }
 
+/// The smallest read-bandwidth buffer `kiln bench-expert-copy --bandwidth-bytes` takes.
+pub const MIN_BANDWIDTH_BYTES: u64 = 1 << 20;
+
+/// `--bandwidth-bytes`: a size of at least [`MIN_BANDWIDTH_BYTES`]. The one rule, read by
+/// the engine and, at parse time, by the harness that passes the flag on.
+pub fn parse_bandwidth_bytes(input: &str) -> Result<u64, String> {
+    let b = parse_size(input).map_err(|e| e.to_string())?;
+    if b < MIN_BANDWIDTH_BYTES || usize::try_from(b).is_err() {
+        return Err(format!("{b} bytes: accepted values are 1MiB or more"));
+    }
+    Ok(b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bandwidth_buffers_are_at_least_a_mebibyte() {
+        assert_eq!(parse_bandwidth_bytes("4MiB"), Ok(4 << 20));
+        assert_eq!(parse_bandwidth_bytes("1048576"), Ok(1 << 20));
+        assert!(parse_bandwidth_bytes("1048575").unwrap_err().contains("1MiB or more"));
+        assert!(parse_bandwidth_bytes("lots").unwrap_err().contains("invalid size \"lots\""));
+    }
 
     #[test]
     fn parses_the_documented_forms() {

@@ -21,6 +21,29 @@ pub const MODEL_HELP: &str = "synthetic:<profile>[@4bit|@8bit|@4bit-g32], a dire
      qwen2.5-7b, llama-3.1-8b; mixture of experts: tiny-moe, tiny-qwen2-moe, qwen1.5-moe-a2.7b, qwen3-30b-a3b, \
      mixtral-8x7b; drafters for --model-draft: tiny-draft, tiny-qwen-draft, smollm-draft, qwen2.5-draft, qwen2.5-7b-draft, mistral-draft, llama-3-draft)";
 
+/// A count flag: a non-negative integer. Negative numbers reach this parser (see
+/// [`with_negative_values`]), so `-n -1` is refused with the accepted range.
+fn count(s: &str) -> Result<usize, String> {
+    let accepted = format!("accepted values are 0 to {}", usize::MAX);
+    match s.parse::<usize>() {
+        Ok(n) => Ok(n),
+        Err(_) if s.len() > 1 && s.starts_with('-') && s[1..].bytes().all(|b| b.is_ascii_digit()) => {
+            Err(format!("{s} is negative: {accepted}"))
+        }
+        Err(e) => Err(format!("{e}: {accepted}")),
+    }
+}
+
+/// `cmd` with every flag that takes a value allowed to take a negative number as it, in
+/// every subcommand: `--threads -1` then gets its parser's message with the accepted
+/// range instead of clap's "unexpected argument '-1'".
+pub fn with_negative_values(cmd: clap::Command) -> clap::Command {
+    cmd.mut_args(|a| {
+        if a.get_action().takes_values() && !a.is_positional() { a.allow_negative_numbers(true) } else { a }
+    })
+    .mut_subcommands(with_negative_values)
+}
+
 /// The kiln inference engine.
 #[derive(Parser, Debug)]
 #[command(name = "kiln", version, about, after_help = EXIT_STATUS)]
@@ -77,7 +100,7 @@ pub struct ExportArgs {
     #[arg(long, value_name = "BITS", value_parser = ["4", "8"])]
     pub quantize: Option<String>,
     /// Worker threads for loading.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = count)]
     pub threads: Option<usize>,
 }
 
@@ -137,7 +160,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "SIZE")]
     pub memory_limit: Option<String>,
     /// Prompt tokens per prefill forward; 0 runs the whole prompt in one forward.
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = count)]
     pub prefill_chunk: usize,
     /// Attention implementation.
     #[arg(long, value_enum, default_value_t = Attention::Streaming)]
@@ -151,12 +174,12 @@ pub struct RunArgs {
     pub quantize: Option<String>,
     /// Worker threads, 1 to 4 per available CPU. Default: RAYON_NUM_THREADS, else one per
     /// CPU.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = count)]
     pub threads: Option<usize>,
     /// Keep S routed experts resident in an expert cache (a MoE model only), copying the
     /// others in from their backing store on use. Accepted: the router's top-k to layers x
     /// experts, and what the memory limit holds. Default: every expert resident.
-    #[arg(long, value_name = "S")]
+    #[arg(long, value_name = "S", value_parser = count)]
     pub expert_slots: Option<usize>,
 }
 
@@ -169,7 +192,7 @@ pub struct SpecArgs {
     #[arg(long)]
     pub speculative: bool,
     /// Tokens drafted per verify (K; the verify forward runs K + 1 positions). Default 4.
-    #[arg(long, value_name = "K")]
+    #[arg(long, value_name = "K", value_parser = count)]
     pub draft_tokens: Option<usize>,
     /// A draft model of the same vocabulary instead of prompt lookup (same forms as
     /// --model; synthetic profiles have drafters such as synthetic:qwen2.5-draft).
@@ -187,13 +210,13 @@ pub struct GenerateArgs {
     #[arg(short, long)]
     pub prompt: String,
     /// Tokens to generate at most (EOS stops earlier).
-    #[arg(short = 'n', long = "max-tokens", value_name = "N", default_value_t = 128)]
+    #[arg(short = 'n', long = "max-tokens", value_name = "N", default_value_t = 128, value_parser = count)]
     pub max_tokens: usize,
     /// Sampling temperature; 0 (or below 1e-6) is greedy.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
     /// Sample only from the K most likely tokens; 0 keeps all.
-    #[arg(long, value_name = "K", default_value_t = 0)]
+    #[arg(long, value_name = "K", default_value_t = 0, value_parser = count)]
     pub top_k: usize,
     /// Sample only from the smallest set of tokens whose probability reaches P.
     #[arg(long, value_name = "P", default_value_t = 1.0)]
@@ -219,14 +242,14 @@ pub struct BenchArgs {
     #[arg(short, long, conflicts_with = "prompt_tokens", required_unless_present = "prompt_tokens")]
     pub prompt: Option<String>,
     /// Build a prompt of exactly N tokens.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = count)]
     pub prompt_tokens: Option<usize>,
     /// Tokens to generate: the first comes out of the prefill, each other from one decode
     /// step. EOS does not stop the measurement.
-    #[arg(short = 'n', long = "max-tokens", value_name = "N", default_value_t = 128)]
+    #[arg(short = 'n', long = "max-tokens", value_name = "N", default_value_t = 128, value_parser = count)]
     pub max_tokens: usize,
     /// Decode steps run before the timed ones.
-    #[arg(long, value_name = "W", default_value_t = 0)]
+    #[arg(long, value_name = "W", default_value_t = 0, value_parser = count)]
     pub warmup_tokens: usize,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Json)]
@@ -247,14 +270,14 @@ pub struct EstimateArgs {
     #[command(flatten)]
     pub run: RunArgs,
     /// Prompt length of the run to predict.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = count)]
     pub prompt_tokens: usize,
     /// Tokens the run generates.
-    #[arg(short = 'n', long = "max-tokens", value_name = "N", default_value_t = 128)]
+    #[arg(short = 'n', long = "max-tokens", value_name = "N", default_value_t = 128, value_parser = count)]
     pub max_tokens: usize,
     /// Accepted so a bench-decode command line can be reused; warmup steps are part of
     /// the generated tokens and change nothing here.
-    #[arg(long, value_name = "W", default_value_t = 0, hide = true)]
+    #[arg(long, value_name = "W", default_value_t = 0, hide = true, value_parser = count)]
     pub warmup_tokens: usize,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Json)]
@@ -268,7 +291,7 @@ pub struct ExpertCopyArgs {
     #[command(flatten)]
     pub run: RunArgs,
     /// Rows (sequences) per simulated decode step.
-    #[arg(long, value_name = "B", default_value_t = 1)]
+    #[arg(long, value_name = "B", default_value_t = 1, value_parser = count)]
     pub batch_size: usize,
     /// Share of expert choices that miss the cache, 0 to 1.
     #[arg(long, value_name = "R", default_value_t = 0.5)]
@@ -299,14 +322,14 @@ pub struct ScoreArgs {
     #[arg(long, value_name = "FILE")]
     pub text_file: std::path::PathBuf,
     /// Tokens per window, BOS included when the tokenizer adds one.
-    #[arg(long, value_name = "N", default_value_t = 512)]
+    #[arg(long, value_name = "N", default_value_t = 512, value_parser = count)]
     pub window: usize,
     /// First position of each window whose next token is scored (the ones before it are
     /// context only).
-    #[arg(long, value_name = "P", default_value_t = 256)]
+    #[arg(long, value_name = "P", default_value_t = 256, value_parser = count)]
     pub first_scored: usize,
     /// Score at most this many windows.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = count)]
     pub max_windows: Option<usize>,
     /// The log-probability file to write (docs/engine-protocol.md).
     #[arg(long, value_name = "FILE", required_unless_present = "ids_only")]

@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use kiln_core::bandwidth::{self, ReadBuffer};
-use kiln_core::size::parse_size;
 use kiln_model::ExpertCache;
 use kiln_protocol::OffloadCopyReport;
 use rand_core::{Rng, SeedableRng};
@@ -48,13 +47,8 @@ fn measure(args: ExpertCopyArgs, threads: usize) -> anyhow::Result<()> {
     if args.steps == 0 {
         return Err(usage("invalid --steps 0: accepted values are 1 or more"));
     }
-    let bw_bytes = parse_size(&args.bandwidth_bytes)
-        .map_err(|e| usage(format!("invalid --bandwidth-bytes: {e}")))
-        .and_then(|b| {
-            usize::try_from(b).ok().filter(|&b| b >= 1 << 20).ok_or_else(|| {
-                usage(format!("invalid --bandwidth-bytes {b}: accepted values are 1MiB or more"))
-            })
-        })?;
+    let bw_bytes = kiln_protocol::parse_bandwidth_bytes(&args.bandwidth_bytes)
+        .map_err(|e| usage(format!("invalid --bandwidth-bytes: {e}")))? as usize;
     let name = &args.run.model;
     let load_opts = runtime::load_options(&args.run, &pool);
     let info = kiln_model::inspect(name, &load_opts).with_context(|| format!("reading model {name}"))?;

@@ -18,6 +18,9 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
 }
 
 fn export(args: ExportArgs) -> anyhow::Result<()> {
+    // Before the model loads: a FIFO or a device is refused at once (exit 2).
+    kiln_model::output::destination(&args.out)
+        .with_context(|| format!("invalid OUT.gguf {}", args.out.display()))?;
     let pool = MemoryPool::from_env()?;
     let opts = LoadOptions { pool, quantize: args.quantize.as_deref().and_then(|b| b.parse().ok()) };
     let model =

@@ -20,6 +20,10 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
 }
 
 fn generate(args: GenerateArgs) -> anyhow::Result<()> {
+    // 0 would decode to the context and then fail: refused, as bench-decode does.
+    if args.max_tokens == 0 {
+        return Err(usage("invalid --max-tokens 0: accepted values are 1 or more"));
+    }
     let pool = runtime::pool(&args.run)?;
     let params = SamplingParams {
         temperature: args.temperature,

@@ -21,7 +21,7 @@ mod speculate;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
 use crate::cli::{Cli, Command};
 
@@ -53,7 +53,8 @@ fn main() -> ExitCode {
     let mut clock = Clock::start();
     exit::install_panic_report();
     // clap prints usage errors itself and exits 2, the protocol's code for bad arguments.
-    let cli = Cli::parse();
+    let cli = cli::with_negative_values(Cli::command()).get_matches();
+    let cli = Cli::from_arg_matches(&cli).unwrap_or_else(|e| e.exit());
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::BenchDecode(args) => bench::run(args, &mut clock),

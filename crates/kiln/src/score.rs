@@ -7,11 +7,11 @@
 //! log-softmax over the whole vocabulary) goes to `--output` in the binary format
 //! docs/engine-protocol.md describes; stdout gets one JSON summary line.
 
-use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::time::Instant;
 
 use anyhow::Context;
+use kiln_model::output::AtomicFile;
 use kiln_model::{Engine, LoadedModel};
 use serde::Serialize;
 
@@ -56,6 +56,11 @@ pub fn run(args: ScoreArgs) -> anyhow::Result<()> {
 }
 
 fn score(args: ScoreArgs) -> anyhow::Result<()> {
+    // Before the model loads: a FIFO or a device is refused at once (exit 2).
+    if let Some(output) = args.output.as_ref().filter(|_| !args.ids_only) {
+        kiln_model::output::destination(output)
+            .with_context(|| format!("invalid --output {}", output.display()))?;
+    }
     let text = std::fs::read_to_string(&args.text_file)
         .with_context(|| format!("reading --text-file {}", args.text_file.display()))?;
     let pool = runtime::pool(&args.run)?;
@@ -117,9 +122,12 @@ fn score(args: ScoreArgs) -> anyhow::Result<()> {
         kv_dtype: kv_name(args.run.kv_dtype),
         act_precision: act_precision.clone(),
     };
-    let tmp = output.with_extension("partial");
-    let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    let mut out = BufWriter::with_capacity(1 << 20, file);
+    // A temporary file beside the output, renamed over it when whole: two runs writing
+    // one output never share a temporary file, and a failed run leaves the old output.
+    let mut file =
+        AtomicFile::create(&output).with_context(|| format!("invalid --output {}", output.display()))?;
+    let tmp = file.tmp_path().to_path_buf();
+    let mut out = BufWriter::with_capacity(1 << 20, file.file());
     let json = serde_json::to_vec(&header).context("encoding the header")?;
     out.write_all(MAGIC)?;
     out.write_all(&(json.len() as u32).to_le_bytes())?;
@@ -149,7 +157,7 @@ fn score(args: ScoreArgs) -> anyhow::Result<()> {
     }
     out.flush().with_context(|| format!("writing {}", tmp.display()))?;
     drop(out);
-    std::fs::rename(&tmp, &output).with_context(|| format!("writing {}", output.display()))?;
+    file.commit().with_context(|| format!("writing {}", output.display()))?;
     let seconds = started.elapsed().as_secs_f64();
     let mean_nll = nll / count as f64;
     let summary = Summary {

@@ -1,6 +1,6 @@
 //! `kiln` on GGUF files: every subcommand takes `-m FILE.gguf`, a malformed file
 //! (truncated, a tensor's data offset out of range, an unknown tensor type, an
-//! architecture kiln does not run) exits 2 naming the tensor or key, `kiln score`
+//! architecture kiln does not run, a NaN or infinite float) exits 2 naming the tensor or key, `kiln score`
 //! writes the documented log-probability file, and a qwen2 file runs while a qwen2 file
 //! holding a block type kiln refuses exits 2 naming the tensor and type.
 
@@ -29,6 +29,13 @@ fn descriptor(bytes: &[u8], name: &str) -> usize {
     let mut key = (name.len() as u64).to_le_bytes().to_vec();
     key.extend_from_slice(name.as_bytes());
     bytes.windows(key.len()).position(|w| w == key.as_slice()).expect("tensor in the fixture") + key.len()
+}
+
+/// Sets the f32 metadata value of `key` (its type, 6, then four bytes follow the key).
+fn set_f32(bytes: &mut [u8], key: &str, value: f32) {
+    let at = descriptor(bytes, key);
+    assert_eq!(bytes[at..at + 4], 6u32.to_le_bytes(), "{key} is an f32 in the fixture");
+    bytes[at + 4..at + 8].copy_from_slice(&value.to_le_bytes());
 }
 
 #[test]
@@ -102,6 +109,17 @@ fn malformed_files_exit_2_naming_the_tensor_or_key() {
                 b[at..at + 5].copy_from_slice(b"gemma");
             }),
             vec!["general.architecture", "\"gemma\"", "llama, qwen2"],
+        ),
+        // Non-finite floats are refused by key, never read as the default.
+        (
+            "nan-freq-base.gguf",
+            Box::new(|b: &mut Vec<u8>| set_f32(b, "llama.rope.freq_base", f32::NAN)),
+            vec!["metadata llama.rope.freq_base", "NaN is not finite"],
+        ),
+        (
+            "inf-eps.gguf",
+            Box::new(|b: &mut Vec<u8>| set_f32(b, "llama.attention.layer_norm_rms_epsilon", f32::INFINITY)),
+            vec!["metadata llama.attention.layer_norm_rms_epsilon", "inf is not finite"],
         ),
     ];
     for (name, edit, needles) in cases {

@@ -266,6 +266,94 @@ fn a_fifo_model_file_is_named_without_blocking() {
 }
 
 #[test]
+fn outputs_that_are_not_regular_files_are_refused_and_left_alone() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = Dir::new();
+    let fifo = dir.path().join("out.fifo");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().expect("running mkfifo").success());
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, "a few words of text to score, repeated. ".repeat(8)).unwrap();
+    let t = text.to_str().unwrap();
+    for out in [fifo.to_str().unwrap(), "/dev/null", dir.path().to_str().unwrap()] {
+        let kind = if out == "/dev/null" {
+            "a device"
+        } else if out.ends_with("fifo") {
+            "a FIFO"
+        } else {
+            "a directory"
+        };
+        let export =
+            run_within(&dir, &["export-gguf", "synthetic:tiny-qwen@4bit-g32", out], Duration::from_secs(60));
+        let score = run_within(
+            &dir,
+            &[
+                "score",
+                "-m",
+                "synthetic:tiny",
+                "--text-file",
+                t,
+                "--window",
+                "16",
+                "--first-scored",
+                "8",
+                "--output",
+                out,
+            ],
+            Duration::from_secs(60),
+        );
+        for (what, run, flag) in [("export-gguf", export, "OUT.gguf"), ("score", score, "--output")] {
+            let stderr = String::from_utf8_lossy(&run.stderr);
+            assert_eq!(run.status.code(), Some(2), "{what} {out}: {stderr}");
+            for n in [flag, out, kind, "expected a new path or a regular file"] {
+                assert!(stderr.contains(n), "{what} {out}: stderr lacks {n:?}: {stderr}");
+            }
+        }
+    }
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO was replaced");
+    assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_char_device());
+    // Nothing was left beside them.
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+}
+
+#[test]
+fn zero_and_negative_counts_are_exit_2_with_the_accepted_range() {
+    let dir = Dir::new();
+    refused(
+        dir.run(&["generate", "-m", "synthetic:tiny", "-p", "hi", "-n", "0"]),
+        &["invalid --max-tokens 0: accepted values are 1 or more"],
+    );
+    for (flag, args) in [
+        ("--max-tokens", vec!["generate", "-m", "synthetic:tiny", "-p", "hi", "-n", "-1"]),
+        ("--threads", vec!["generate", "-m", "synthetic:tiny", "-p", "hi", "--threads", "-1"]),
+        ("--prompt-tokens", vec!["bench-decode", "-m", "synthetic:tiny", "--prompt-tokens", "-5"]),
+        (
+            "--window",
+            vec!["score", "-m", "synthetic:tiny", "--text-file", "x", "--window", "-1", "--output", "o"],
+        ),
+    ] {
+        let run =
+            refused(dir.run(&args), &[flag, "is negative: accepted values are 0 to 18446744073709551615"]);
+        assert!(!run.stderr().contains("unexpected argument"), "{}", run.describe());
+    }
+}
+
+#[test]
+fn a_config_json_symlink_loop_is_exit_2_naming_it() {
+    let dir = Dir::new();
+    let ck = checkpoint_with(&dir, "loop", |_| {});
+    let config = ck.join("config.json");
+    std::fs::remove_file(&config).unwrap();
+    std::os::unix::fs::symlink(&config, &config).unwrap();
+    for args in [
+        vec!["generate", "-m", ck.to_str().unwrap(), "-p", "hi", "-n", "1"],
+        vec!["estimate", "-m", ck.to_str().unwrap(), "--prompt-tokens", "4"],
+    ] {
+        refused(dir.run(&args), &["config.json", "a symbolic link that cannot be followed"]);
+    }
+}
+
+#[test]
 fn quantize_on_a_quantized_model_warns() {
     let dir = Dir::new();
     let fixture = fixture();

@@ -34,10 +34,10 @@ pub enum KvDtype {
 pub struct SweepFlags {
     /// Tokens generated per cell: the first comes from the prefill, the warm-up steps are
     /// part of them [default: 32 on the CPU, 128 on a GPU].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = count(0))]
     pub max_tokens: Option<u64>,
     /// Decode steps run before the timed ones.
-    #[arg(long, value_name = "W", default_value_t = 4)]
+    #[arg(long, value_name = "W", default_value_t = 4, value_parser = count(0))]
     pub warmup_tokens: u64,
     /// The CSV to write [default: benchmarks/<backend>_<host>_<date>_<command>.csv].
     #[arg(long, value_name = "FILE")]
@@ -46,7 +46,7 @@ pub struct SweepFlags {
     #[arg(long, value_name = "SIZE")]
     pub memory_limit: Option<String>,
     /// Passed to the engine: prefill in chunks of N tokens (0 = one forward).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = count(0))]
     pub prefill_chunk: Option<u64>,
     /// Passed to the engine: the attention implementation.
     #[arg(long, value_enum)]
@@ -55,10 +55,10 @@ pub struct SweepFlags {
     #[arg(long, value_enum)]
     pub kv_dtype: Option<KvDtype>,
     /// Passed to the engine: worker threads [default: the engine's].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = count(1))]
     pub threads: Option<u64>,
     /// Seconds before a cell is killed [default: 1800 on the CPU, 900 on a GPU].
-    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "SECS", value_parser = count(1))]
     pub cell_timeout: Option<u64>,
     /// Turn the estimate layer off: launch cells whose estimate is above the budget.
     #[arg(long)]
@@ -212,6 +212,23 @@ impl HarnessEnv {
         };
         let kiln_bin = var("KILN_BENCH_KILN_BIN").filter(|v| !v.is_empty()).map(PathBuf::from);
         Ok(HarnessEnv { fake_oom, ignore_record, kiln_bin })
+    }
+}
+
+/// A count flag's parser: an integer from `min` up. A negative number reaches it (see
+/// `with_negative_values` in main.rs) and is refused with the accepted range, as is any
+/// other value, instead of clap's "unexpected argument '-1'".
+pub fn count(min: u64) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync + 'static {
+    move |s: &str| {
+        let accepted = format!("accepted values are {min} to {}", u64::MAX);
+        match s.parse::<u64>() {
+            Ok(n) if n >= min => Ok(n),
+            Ok(n) => Err(format!("{n}: {accepted}")),
+            Err(_) if s.len() > 1 && s.starts_with('-') && s[1..].bytes().all(|b| b.is_ascii_digit()) => {
+                Err(format!("{s} is negative: {accepted}"))
+            }
+            Err(e) => Err(format!("{e}: {accepted}")),
+        }
     }
 }
 

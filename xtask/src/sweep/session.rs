@@ -169,13 +169,7 @@ impl Session {
     /// which case its rows must have been measured with `knobs`. The OOM record is never
     /// an output, however it is spelled.
     pub fn open_output(&self, path: PathBuf, resume: bool, knobs: &Knobs) -> Result<Output> {
-        if real_path(&path) == real_path(&self.record_path) || same_file(&path, &self.record_path) {
-            usage!(
-                "{} is the OOM record ({}): pass another --output",
-                path.display(),
-                self.record_path.display()
-            );
-        }
+        self.check_output(&path)?;
         if !resume {
             let csv = CsvOut::create(&path)?;
             return Ok(Output { path, csv, resumed: None });
@@ -193,6 +187,19 @@ impl Session {
             );
         }
         Ok(Output { path, csv, resumed: Some(rows) })
+    }
+
+    /// Refuses `path` as an output when it is the OOM record, however it is spelled
+    /// (a link, `..`, a hard link): every sweep's CSV is checked here before it is opened.
+    pub fn check_output(&self, path: &Path) -> Result<()> {
+        if real_path(path) == real_path(&self.record_path) || same_file(path, &self.record_path) {
+            usage!(
+                "{} is the OOM record ({}): pass another --output",
+                path.display(),
+                self.record_path.display()
+            );
+        }
+        Ok(())
     }
 
     /// Whether the chosen backend is a GPU's.

@@ -237,6 +237,7 @@ pub fn merge_rows(
     let mut out = Vec::with_capacity(spec.plan.cells.len());
     for (i, cell) in spec.plan.cells.iter().enumerate() {
         if let Some(row) = task::read_row(run_dir, i)? {
+            check_shard(run_dir, spec, i, cell, &row)?;
             out.push(MergedCell { row, lost: None });
             continue;
         }
@@ -253,6 +254,38 @@ pub fn merge_rows(
         out.push(MergedCell { row: lost_row(spec, cell, &st, &id), lost: Some((id, st)) });
     }
     Ok(out)
+}
+
+/// Refuses a shard whose row is not its cell's: another cell's coordinates (model,
+/// prompt, repetition, engine) or knobs (token counts, attention, prefill chunk, KV
+/// type, memory limit, threads) would merge as a duplicate row and a missing cell.
+fn check_shard(run_dir: &Path, spec: &TaskSpec, index: usize, cell: &Cell, row: &Row) -> Result<()> {
+    let want = spec.row_meta(String::new()).cell_row(cell, &spec.row_knobs);
+    let path = task::row_path(run_dir, index);
+    if row.key() != want.key() {
+        usage!(
+            "{}: the row is for {} (model {:?}, prompt_target_len {:?}, repetition {}), but shard {} is cell {}: \
+             the run directory's rows do not belong to its plan",
+            path.display(),
+            row.model,
+            row.model,
+            row.prompt_target_len,
+            row.repetition,
+            index + 1,
+            cell.label()
+        );
+    }
+    let diff = row.knobs().differences(&want.knobs());
+    if !diff.is_empty() {
+        usage!(
+            "{}: cell {}'s row was measured with other settings than the sweep's ({}): \
+             the run directory's rows do not belong to its plan",
+            path.display(),
+            cell.label(),
+            diff.join("; ").replace("in this run", "in the sweep")
+        );
+    }
+    Ok(())
 }
 
 /// Writes `rows` as the sweep's CSV at `path`: the header, one row per cell, through a
@@ -443,10 +476,38 @@ mod tests {
             date: "2026-01-01T00:00:00Z".into(),
             max_tokens: 6,
             warmup_tokens: 1,
+            threads: Some(2),
             prompt_target_len: Some(len),
             status: status.into(),
+            repetition: 1,
             ..Row::default()
         }
+    }
+
+    #[test]
+    fn a_shard_holding_another_cells_row_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path();
+        fs::create_dir_all(run.join("rows")).unwrap();
+        let spec = spec(run);
+        let jobs = Jobs { submitted_unix: 0.0, job_ids: vec!["41".into(), "42".into()] };
+        let states = BTreeMap::new();
+        // Cell 0 is a@64; a shard holding a@16's row (a copy of cell 1's) would merge
+        // as a duplicate a@16 and no a@64.
+        task::write_row(run, 1, &row("a", 16, "ok")).unwrap();
+        task::write_row(run, 0, &row("a", 16, "ok")).unwrap();
+        let e = format!("{:#}", merge_rows(run, &spec, &jobs, &states).err().expect("refused"));
+        assert!(e.contains("rows/0001.csv") && e.contains("shard 1 is cell a@64"), "{e}");
+        // Another model at the right length, and the right cell with other knobs.
+        task::write_row(run, 0, &row("b", 64, "ok")).unwrap();
+        assert!(merge_rows(run, &spec, &jobs, &states).is_err());
+        let mut other = row("a", 64, "ok");
+        other.threads = Some(8);
+        task::write_row(run, 0, &other).unwrap();
+        let e = format!("{:#}", merge_rows(run, &spec, &jobs, &states).err().expect("refused"));
+        assert!(e.contains("--threads 8 in the file, 2 in the sweep"), "{e}");
+        task::write_row(run, 0, &row("a", 64, "ok")).unwrap();
+        assert_eq!(merge_rows(run, &spec, &jobs, &states).unwrap().len(), 4);
     }
 
     #[test]

@@ -19,10 +19,10 @@
 //! that file's tokenizer metadata; a checkpoint's byte-level BPE `tokenizer.json` becomes
 //! a `gpt2` vocabulary with its merges. Any other tokenizer is refused by name.
 //!
-//! The file is written beside its destination under a temporary name, synced, and
-//! renamed over it, so a reader never sees half a file.
+//! The destination must be a new path or a regular file (a FIFO or a device is refused);
+//! the file is written beside it under a temporary name, synced, and renamed over it, so
+//! a reader never sees half a file ([`crate::output::AtomicFile`]).
 
-use std::fs::{self, File};
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
@@ -36,6 +36,7 @@ use super::writer::{self, MetaValue, TensorDesc};
 use crate::config::{Architecture, ModelConfig, RopeScaling};
 use crate::error::{ModelError, Result};
 use crate::model::LoadedModel;
+use crate::output::AtomicFile;
 use crate::source::ModelSource;
 use crate::tokenizer::{ByteTokenizer, Tokenizer};
 use crate::weights::{LinearWeight, ModelWeights};
@@ -471,38 +472,19 @@ pub fn export(model: &LoadedModel, out: &Path) -> Result<ExportReport> {
     if let Some(ft) = file_type {
         metadata.push(("general.file_type".into(), MetaValue::U32(ft)));
     }
-    let dir = out.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = out.file_name().ok_or_else(|| export_error(out, "expected a file name to write"))?;
-    let tmp = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |cause: std::io::Error| ModelError::Io { path: path.clone(), cause }
-    };
-    let written = (|| -> Result<u64> {
-        let file = File::create(&tmp).map_err(io(&tmp))?;
-        let mut w = BufWriter::with_capacity(1 << 20, file);
-        let mut total = writer::write_header(&mut w, &metadata, &descs).map_err(io(&tmp))?;
-        for ((_, src), d) in list.iter().zip(&descs) {
-            let bytes = tensor_bytes(src, d.ty);
-            debug_assert_eq!(bytes.len() as u64, d.bytes, "{}", d.name);
-            writer::write_tensor(&mut w, &bytes).map_err(io(&tmp))?;
-            total += bytes.len().next_multiple_of(writer::ALIGNMENT as usize) as u64;
-        }
-        let file = w.into_inner().map_err(|e| io(&tmp)(e.into_error()))?;
-        file.sync_all().map_err(io(&tmp))?;
-        Ok(total)
-    })();
-    let total = match written {
-        Ok(t) => t,
-        Err(e) => {
-            let _ = fs::remove_file(&tmp);
-            return Err(e);
-        }
-    };
-    if let Err(cause) = fs::rename(&tmp, out) {
-        let _ = fs::remove_file(&tmp);
-        return Err(ModelError::Io { path: out.to_path_buf(), cause });
+    let mut file = AtomicFile::create(out)?;
+    let tmp = file.tmp_path().to_path_buf();
+    let io = |cause: std::io::Error| ModelError::Io { path: tmp.clone(), cause };
+    let mut w = BufWriter::with_capacity(1 << 20, file.file());
+    let mut total = writer::write_header(&mut w, &metadata, &descs).map_err(io)?;
+    for ((_, src), d) in list.iter().zip(&descs) {
+        let bytes = tensor_bytes(src, d.ty);
+        debug_assert_eq!(bytes.len() as u64, d.bytes, "{}", d.name);
+        writer::write_tensor(&mut w, &bytes).map_err(io)?;
+        total += bytes.len().next_multiple_of(writer::ALIGNMENT as usize) as u64;
     }
+    w.into_inner().map_err(|e| io(e.into_error()))?;
+    file.commit()?;
     report.bytes = total;
     Ok(report)
 }

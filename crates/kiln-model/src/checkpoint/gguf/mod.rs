@@ -128,10 +128,15 @@ impl Meta<'_> {
         self.opt_u64(key)?.map(|n| n as usize).ok_or_else(|| self.error(format!("missing metadata {key}")))
     }
 
+    /// A float, refused by key when it is NaN or infinite: a non-finite value would
+    /// otherwise become JSON `null` in the config document, and so the default.
     fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
         match self.get(key) {
             None => Ok(None),
-            Some(Value::F64(x)) => Ok(Some(*x)),
+            Some(Value::F64(x)) if x.is_finite() => Ok(Some(*x)),
+            Some(Value::F64(x)) => {
+                Err(self.invalid(key, format!("{x} is not finite: expected a finite float")))
+            }
             Some(v) => Err(self.wrong_type(key, v, "a float")),
         }
     }
@@ -157,12 +162,16 @@ impl Meta<'_> {
         }
     }
 
-    /// An array of floats.
+    /// An array of floats; a NaN, which has no order, is refused by key and index.
     pub(crate) fn floats(&self, key: &str) -> Result<Vec<f64>> {
         match self.required(key)? {
             Value::Array(a) => a
                 .iter()
-                .map(|v| match v {
+                .enumerate()
+                .map(|(i, v)| match v {
+                    Value::F64(x) if x.is_nan() => {
+                        Err(self.invalid(key, format!("entry {i} is NaN: expected numbers")))
+                    }
                     Value::F64(x) => Ok(*x),
                     v => Err(self.wrong_type(key, v, "an array of floats")),
                 })
