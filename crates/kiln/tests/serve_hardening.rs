@@ -494,8 +494,9 @@ fn request_lines_in_json_logs_carry_the_same_fields() {
     let s = Serve::start(&["-m", "synthetic:tiny", "--log-format", "json"]);
     let mut bad = completion("synthetic:tiny");
     bad["model"] = serde_json::json!("nonesuch");
+    // An unknown model is OpenAI's 404 `model_not_found`.
     let r = client::post(s.addr, "/v1/completions", &bad);
-    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.status, 404, "{}", r.body);
     assert_eq!(client::post(s.addr, "/v1/completions", &completion("synthetic:tiny")).status, 200);
     let fields = |status: u64| {
         move |s: &Serve| {
@@ -507,11 +508,11 @@ fn request_lines_in_json_logs_carry_the_same_fields() {
             })
         }
     };
-    let line: serde_json::Value = serde_json::from_str(&wait_line(&s, fields(400))).unwrap();
+    let line: serde_json::Value = serde_json::from_str(&wait_line(&s, fields(404))).unwrap();
     let f = &line["fields"];
     assert_eq!(f["method"], "POST", "{line}");
     assert!(f["latency_ms"].as_f64().is_some(), "{line}");
-    assert!(f["error"].as_str().unwrap().contains("unknown model \"nonesuch\""), "{line}");
+    assert!(f["error"].as_str().unwrap().contains("the model \"nonesuch\" does not exist"), "{line}");
     let line: serde_json::Value = serde_json::from_str(&wait_line(&s, fields(200))).unwrap();
     let f = &line["fields"];
     assert_eq!(f["completion_tokens"], 2, "{line}");
