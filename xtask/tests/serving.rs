@@ -282,7 +282,7 @@ fn a_complete_abba_run_pins_both_arms_checks_them_and_writes_the_record() {
     let run = pin_tax(&sb, kiln(), free_port(), "1 0", &[]);
     run.expect_code(0)
         .expect_stdout("| decode B=2 | output tok/s | 1 | 1 |")
-        .expect_stdout("one pair, no interval")
+        .expect_stdout("one pair (n=1): no interval, cannot support a verdict")
         .expect_stdout("failed passes: 0")
         .expect_stdout("contaminated cells (reported, excluded from the tax): 0")
         .expect_stderr("qmv_wide=on pinned=yes")

@@ -778,7 +778,10 @@ fn a_peer_runs_each_cell_interleaved_on_the_exported_model_and_the_summary_gives
     );
     run.expect_code(0)
         .expect_stdout("| synthetic:tiny-qwen@4bit-g32@16 | peer (llama.cpp b7001 (f00dfee)) | 2 / 2")
-        .expect_stdout("| 50.0 ± 0.0 [50.0, 50.0] | 400 ± 0.0 [400, 400] |")
+        // The fake peer reports the same rates every time: an interval of no width, flagged.
+        .expect_stdout(
+            "| 50.0 [50.0, 50.0] (n=2, sd 0.0%, zero width: every value equal, no measured spread) | 400 [400, 400] (n=2, sd 0.0%, zero width: every value equal, no measured spread) |",
+        )
         .expect_stdout("kiln/peer");
     let rows = sb.rows(&sb.csv());
     let order: Vec<(&str, &str, &str)> =

@@ -196,9 +196,13 @@ pub(super) fn render(
             |f: fn(&(f64, f64)) -> f64| c.pairs.iter().map(f).sum::<f64>() / c.pairs.len().max(1) as f64;
         let ratio = student_t::paired_ratio(&c.pairs.iter().map(|(a, b)| (*b, *a)).collect::<Vec<_>>());
         let shown = match ratio {
-            Some(Interval { mean, ci95: Some((lo, hi)), .. }) => format!("{mean:.3} [{lo:.3}, {hi:.3}]"),
-            Some(Interval { mean, .. }) => format!("{mean:.3}"),
-            None => "-".into(),
+            Some(i @ Interval { mean, ci95: Some((lo, hi)), n, .. }) => {
+                let flag =
+                    if i.zero_width() { format!(", {}", student_t::ZERO_WIDTH) } else { String::new() };
+                format!("{mean:.3} [{lo:.3}, {hi:.3}] (n={n}{flag})")
+            }
+            Some(Interval { mean, n, .. }) => format!("{mean:.3} (n={n}: no interval)"),
+            None => "- (n=0)".into(),
         };
         let _ = writeln!(
             s,
@@ -321,9 +325,14 @@ mod tests {
         assert!(text.contains("`main` (0123456789ab) = A"), "{text}");
         assert!(text.contains("| `qmv/q4_g64_n4096_k4096_m1/t1` | 100.0 ns | 130.7 ns | 1.307 ["), "{text}");
         assert!(text.contains("| **regressed** |"), "{text}");
+        // Every ratio carries its n.
+        assert_eq!(text.matches("] (n=3) |").count(), 2, "{text}");
         assert!(text.contains("| within noise |"), "{text}");
         assert!(text.contains("In one tree only (not compared): `x/y/t1`"), "{text}");
         assert_eq!(regex_escape("read_bandwidth/64MiB/t1"), "read_bandwidth/64MiB/t1");
         assert_eq!(regex_escape("a.b(c)"), "a\\.b\\(c\\)");
+        let one = [Compared { id: "x".into(), pairs: vec![(100.0, 130.0)] }];
+        let text = render("main", "0123456789abcdef", 1, 0.01, &one, &[]);
+        assert!(text.contains("| 1.300 (n=1: no interval) | too few pairs |"), "{text}");
     }
 }

@@ -400,6 +400,17 @@ mod tests {
     }
 
     #[test]
+    fn a_share_of_the_read_bandwidth_over_100_percent_is_flagged() {
+        // 28 GB/s against a bandwidth reading of 20 GB/s: printed bare, "140%" reads as a
+        // share the kernel cannot have; the reading met load.
+        assert_eq!(
+            render::share_of_bandwidth(28.0, 20.0),
+            "140% (over 100%: the read bandwidth measured low, not a share)"
+        );
+        assert_eq!(render::share_of_bandwidth(12.6, 20.0), "63%");
+    }
+
+    #[test]
     fn schemes_show_side_by_side() {
         let row = |id: &str, ns: f64| Row {
             id: id.into(),

@@ -186,25 +186,52 @@ fn verdict(r: &TaxRow, trust_pct: f64, design: Design) -> String {
         return "contaminated: outputs differ across arms; excluded".into();
     }
     let Some(ratio) = r.ratio else {
-        return "no pair with data in both arms".into();
+        return no_pair(r, design);
     };
     let untrusted: Vec<String> = [(design.num.as_str(), r.spread_num), (design.den.as_str(), r.spread_den)]
         .iter()
         .filter_map(|(a, s)| s.filter(|s| *s > trust_pct).map(|s| format!("{a} spread {s:.1}%")))
         .collect();
     let cost = design.cost_pct(r.better, ratio.ratio);
+    let n = ratio.pairs;
     let Some((lo, hi)) = ratio.ci95 else {
-        return format!("one pair, no interval: {} {cost:+.1}%", design.cost_short);
+        return format!(
+            "one pair (n=1): no interval, cannot support a verdict ({} {cost:+.1}% is one estimate)",
+            design.cost_short
+        );
     };
     if !untrusted.is_empty() {
-        return format!("untrusted: {} over the {trust_pct}% limit", untrusted.join(", "));
+        return format!(
+            "untrusted: {} over the {trust_pct}% limit ({} {cost:+.1}%, n={n} pairs)",
+            untrusted.join(", "),
+            design.cost_short
+        );
+    }
+    if lo == hi {
+        return format!(
+            "zero-width interval (n={n} pairs, every pair's ratio equal): no measured spread, cannot support a verdict"
+        );
     }
     if lo <= 1.0 && 1.0 <= hi {
-        format!("no tax detected ({cost:+.1}%, interval spans 1)")
+        format!("no tax detected ({cost:+.1}%, interval spans 1, n={n} pairs)")
     } else if cost > 0.0 {
-        format!("{} {cost:.1}%", design.cost_name)
+        format!("{} {cost:.1}% (n={n} pairs)", design.cost_name)
     } else {
-        format!("the pin gains {:.1}%", -cost)
+        format!("the pin gains {:.1}% (n={n} pairs)", -cost)
+    }
+}
+
+/// Why a row has no ratio: an arm without a counted measurement, or (each arm has some)
+/// no ABBA pair whose two boots both counted the same pass or window.
+fn no_pair(r: &TaxRow, design: Design) -> String {
+    let (num, den) = (design.num.as_str(), design.den.as_str());
+    match (r.num_n, r.den_n) {
+        (0, 0) => "no counted measurement in either arm".into(),
+        (0, _) => format!("no counted measurement in arm {num} ({den} has n={})", r.den_n),
+        (_, 0) => format!("no counted measurement in arm {den} ({num} has n={})", r.num_n),
+        (a, b) => format!(
+            "no ABBA pair: {num} has n={a} and {den} n={b} counted, but never in the same pass or window of both boots of a pair (each is compared only with its own pass or window in its partner)"
+        ),
     }
 }
 
@@ -230,7 +257,13 @@ pub fn table(rows: &[TaxRow], design: Design) -> String {
             Some(x) => (
                 x.pairs.to_string(),
                 format!("{:.4}", x.ratio),
-                x.ci95.map_or_else(|| "-".into(), |(lo, hi)| format!("{lo:.4} to {hi:.4}")),
+                x.ci95.map_or_else(
+                    || "- (n=1)".into(),
+                    |(lo, hi)| {
+                        let flag = if lo == hi { " (zero width)" } else { "" };
+                        format!("{lo:.4} to {hi:.4}{flag}")
+                    },
+                ),
             ),
             None => ("0".into(), "-".into(), "-".into()),
         };
@@ -454,7 +487,11 @@ mod tests {
         assert!(contaminated(&same).is_empty());
         let rows = analyse(&cells(), &order, &same, 4.0, Design::SWEEP);
         assert!(!rows[0].contaminated);
-        assert!(rows[0].verdict.starts_with("one pair, no interval: pin +11.1%"), "{}", rows[0].verdict);
+        // One pair gives a point estimate, never a verdict: the row says so.
+        assert_eq!(
+            rows[0].verdict,
+            "one pair (n=1): no interval, cannot support a verdict (pin +11.1% is one estimate)"
+        );
         let differ = vec![pass(1, Arm::Wide, 1, 100.0, "aa"), pass(2, Arm::Narrow, 1, 90.0, "bb")];
         assert_eq!(contaminated(&differ)["decode B=2"], vec!["decode B=2/p1/0".to_string()]);
         let rows = analyse(&cells(), &order, &differ, 4.0, Design::SWEEP);
@@ -494,5 +531,32 @@ mod tests {
         assert!((r.ratio.unwrap().ratio - 80.0 / 50.0).abs() < 1e-12, "{:?}", r.ratio);
         assert_eq!((r.num_n, r.den_n), (1, 2), "each arm still counts all its passes");
         assert_eq!(fnd.failed, vec!["boot 4 (wide) pass 1: ".to_string()]);
+    }
+
+    #[test]
+    fn each_arm_with_data_but_no_pair_and_zero_width_intervals_say_what_they_are() {
+        // Each arm has one counted pass, but in different pass numbers: there is no pair,
+        // and the verdict must not claim an arm has no data.
+        let order = order_arg("1 0").unwrap();
+        let mut lost = pass(2, Arm::Narrow, 1, 90.0, "a");
+        lost.ok = false;
+        let ps = vec![pass(1, Arm::Wide, 1, 100.0, "a"), lost, pass(2, Arm::Narrow, 2, 90.0, "a")];
+        let r = &analyse(&cells(), &order, &ps, 4.0, Design::SWEEP)[0];
+        assert_eq!((r.num_n, r.den_n, r.ratio), (1, 1, None));
+        assert!(r.verdict.starts_with("no ABBA pair: narrow has n=1 and wide n=1 counted"), "{}", r.verdict);
+        let ps = vec![pass(1, Arm::Wide, 1, 100.0, "a")];
+        let r = &analyse(&cells(), &order, &ps, 4.0, Design::SWEEP)[0];
+        assert_eq!(r.verdict, "no counted measurement in arm narrow (wide has n=1)");
+        // Two pairs with the same ratio: an interval of no width is no certainty.
+        let order = order_arg("1 0 0 1").unwrap();
+        let ps = vec![
+            pass(1, Arm::Wide, 1, 100.0, "a"),
+            pass(2, Arm::Narrow, 1, 90.0, "a"),
+            pass(3, Arm::Narrow, 1, 90.0, "a"),
+            pass(4, Arm::Wide, 1, 100.0, "a"),
+        ];
+        let r = &analyse(&cells(), &order, &ps, 4.0, Design::SWEEP)[0];
+        assert!(r.verdict.starts_with("zero-width interval (n=2 pairs"), "{}", r.verdict);
+        assert!(table(std::slice::from_ref(r), Design::SWEEP).contains("(zero width)"));
     }
 }

@@ -102,13 +102,21 @@ fn fmt_rate(v: f64) -> String {
     if v >= 100.0 { format!("{v:.0}") } else { format!("{v:.1}") }
 }
 
-/// `mean ± sd [lo, hi]`, or `mean (n=1)`.
+/// `gmean [lo, hi] (n=N, sd X%)` over the logs, or `gmean (n=1: no interval)`; a
+/// zero-width interval says so.
 fn fmt_interval(i: Option<Interval>) -> String {
     match i {
         None => "-".into(),
-        Some(Interval { mean, ci95: None, .. }) => format!("{} (n=1)", fmt_rate(mean)),
-        Some(Interval { mean, sd, ci95: Some((lo, hi)), .. }) => {
-            format!("{} ± {} [{}, {}]", fmt_rate(mean), fmt_rate(sd), fmt_rate(lo), fmt_rate(hi))
+        Some(Interval { mean, ci95: None, .. }) => format!("{} (n=1: no interval)", fmt_rate(mean)),
+        Some(i @ Interval { mean, sd, n, ci95: Some((lo, hi)) }) => {
+            let flag = if i.zero_width() { format!(", {}", student_t::ZERO_WIDTH) } else { String::new() };
+            format!(
+                "{} [{}, {}] (n={n}, sd {:.1}%{flag})",
+                fmt_rate(mean),
+                fmt_rate(lo),
+                fmt_rate(hi),
+                100.0 * (sd.exp() - 1.0)
+            )
         }
     }
 }
@@ -116,9 +124,10 @@ fn fmt_interval(i: Option<Interval>) -> String {
 fn fmt_ratio(i: Option<Interval>) -> String {
     match i {
         None => "-".into(),
-        Some(Interval { mean, ci95: None, .. }) => format!("{mean:.3}x (n=1)"),
-        Some(Interval { mean, ci95: Some((lo, hi)), n, .. }) => {
-            format!("{mean:.3}x [{lo:.3}, {hi:.3}] (n={n})")
+        Some(Interval { mean, ci95: None, .. }) => format!("{mean:.3}x (n=1: no interval)"),
+        Some(i @ Interval { mean, ci95: Some((lo, hi)), n, .. }) => {
+            let flag = if i.zero_width() { format!(", {}", student_t::ZERO_WIDTH) } else { String::new() };
+            format!("{mean:.3}x [{lo:.3}, {hi:.3}] (n={n}{flag})")
         }
     }
 }
@@ -129,7 +138,9 @@ pub fn applies(plan: &Plan) -> bool {
 }
 
 /// The statistics section of the summary: per cell, each engine's decode and prefill
-/// tok/s as `mean ± sd [95% interval]` over its ok repetitions (with how many ran), and
+/// tok/s as the geometric mean with the 95% interval of the mean of their logs (a rate's
+/// interval is multiplicative and never negative) over its ok repetitions (with how many
+/// ran), and
 /// with a peer kiln/peer for each rate, the geometric mean of the per-repetition ratios
 /// with its 95% interval (paired t on the log ratios).
 pub fn render(plan: &Plan, finished: &[Finished<'_>]) -> String {
@@ -158,7 +169,10 @@ pub fn render(plan: &Plan, finished: &[Finished<'_>]) -> String {
     }
     let peer = plan.cells.iter().any(|c| c.engine == Engine::Peer);
     let mut s = String::new();
-    let _ = writeln!(s, "per cell over its repetitions: tok/s mean ± sd [95% interval of the mean]:\n");
+    let _ = writeln!(
+        s,
+        "per cell over its repetitions: tok/s geometric mean [95% interval, from the mean of the logs] (n = ok repetitions, sd of the logs as a percentage):\n"
+    );
     if peer {
         let _ = writeln!(
             s,
@@ -174,8 +188,10 @@ pub fn render(plan: &Plan, finished: &[Finished<'_>]) -> String {
         for (engine, r) in engines {
             let decode: Vec<f64> = r.ok.values().map(|v| v.0).collect();
             let prefill: Vec<f64> = r.ok.values().map(|v| v.1).collect();
-            let (d, p) =
-                (fmt_interval(student_t::interval(&decode)), fmt_interval(student_t::interval(&prefill)));
+            let (d, p) = (
+                fmt_interval(student_t::log_interval(&decode)),
+                fmt_interval(student_t::log_interval(&prefill)),
+            );
             let mut counts = format!("{} / {}", r.ok.len(), r.runs);
             if r.disturbed > 0 {
                 counts.push_str(&format!(" ({} disturbed)", r.disturbed));
@@ -291,12 +307,20 @@ mod tests {
             rows.insert(c.key(), row(c, status, d, p));
         }
         let text = render(&plan, &summary::pair(&plan, &rows));
-        assert!(text.contains("| a@8 | kiln | 3 / 3 | 40.0 ± 20.0 ["), "{text}");
-        assert!(text.contains("| 2.000x [2.000, 2.000] (n=3) | 0.500x [0.500, 0.500] (n=3) |"), "{text}");
-        assert!(text.contains("| a@8 | peer (llama.cpp b1 (abc)) | 3 / 3 | 20.0 ± 10.0"), "{text}");
+        // Decode 20, 40, 60: geometric mean 36.3, interval exp(mean ± 4.303 sd / sqrt 3)
+        // of the logs, positive however wide.
+        assert!(text.contains("| a@8 | kiln | 3 / 3 | 36.3 [9.1, 144] (n=3, sd 74.3%) |"), "{text}");
+        // Every ratio 2 (and 0.5): an interval of no width is flagged, never shown bare.
         assert!(
             text.contains(
-                "| b@8 | kiln | 3 / 3 | 11.0 ± 1.0 [8.5, 13.5] | 90.0 ± 0.0 [90.0, 90.0] | - | - |"
+                "| 2.000x [2.000, 2.000] (n=3, zero width: every value equal, no measured spread) | 0.500x [0.500, 0.500] (n=3, zero width"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("| a@8 | peer (llama.cpp b1 (abc)) | 3 / 3 | 18.2 [4.6, 72.2] (n=3"), "{text}");
+        assert!(
+            text.contains(
+                "| b@8 | kiln | 3 / 3 | 11.0 [8.7, 13.8] (n=3, sd 9.5%) | 90.0 [90.0, 90.0] (n=3, sd 0.0%, zero width: every value equal, no measured spread) | - | - |"
             ),
             "{text}"
         );
@@ -310,6 +334,7 @@ mod tests {
             plan.cells.iter().map(|c| (c.key(), row(c, "ok", 10.0, 100.0))).collect();
         let text = render(&plan, &summary::pair(&plan, &rows));
         assert!(text.contains("| cell | ok / ran | decode tok/s | prefill tok/s |"), "{text}");
-        assert!(text.contains("| a@8 | 2 / 2 | 10.0 ± 0.0 [10.0, 10.0] | 100 ± 0.0 [100, 100] |"), "{text}");
+        assert!(text.contains("| a@8 | 2 / 2 | 10.0 [10.0, 10.0] (n=2, sd 0.0%, zero width"), "{text}");
+        assert!(text.contains("| 100 [100, 100] (n=2, sd 0.0%, zero width"), "{text}");
     }
 }
