@@ -21,6 +21,7 @@ mod serve_bench;
 mod server;
 mod student_t;
 mod sweep;
+mod verdict;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

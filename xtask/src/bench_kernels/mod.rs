@@ -404,10 +404,10 @@ mod tests {
         // 28 GB/s against a bandwidth reading of 20 GB/s: printed bare, "140%" reads as a
         // share the kernel cannot have; the reading met load.
         assert_eq!(
-            render::share_of_bandwidth(28.0, 20.0),
+            share_of_bandwidth(28.0, 20.0),
             "140% (over 100%: the read bandwidth measured low, not a share)"
         );
-        assert_eq!(render::share_of_bandwidth(12.6, 20.0), "63%");
+        assert_eq!(share_of_bandwidth(12.6, 20.0), "63%");
     }
 
     #[test]

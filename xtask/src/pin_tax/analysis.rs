@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use super::abba::{Better, BootRecord, CellDef, PassRecord};
 use super::arms::{Arm, Order};
 use super::stats::{self, Ratio};
+use crate::verdict::equivalence::Equivalence;
 
 /// Which arms a mode compares, and which way round.
 #[derive(Clone, Copy, Debug)]
@@ -83,6 +84,10 @@ pub struct TaxRow {
     pub contaminated: bool,
     /// What the numbers say.
     pub verdict: String,
+    /// The verdict at `--margin`, when one was given.
+    pub equivalence: Option<Equivalence>,
+    /// The ABBA pairs: (numerator boot, denominator boot) means.
+    pub pairs: Vec<(f64, f64)>,
 }
 
 /// The contamination rule: kiln's kernels are bit-identical across the switch, so a
@@ -107,7 +112,20 @@ pub fn contaminated(passes: &[PassRecord]) -> BTreeMap<String, Vec<String>> {
     out
 }
 
-/// The tax table.
+/// How rows are judged.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Judge {
+    /// An arm's spread trusted up to this percentage.
+    pub trust_pct: f64,
+    /// `--margin`: the equivalence verdict at this percentage.
+    pub margin_pct: Option<f64>,
+    /// `--until-ci`: intervals from the confidence sequence (valid at any stopping time)
+    /// instead of the fixed-n t interval.
+    pub sequential: bool,
+}
+
+/// The tax table with fixed-n intervals and no margin.
+#[cfg(test)]
 pub fn analyse(
     cells: &[CellDef],
     order: &Order,
@@ -115,6 +133,18 @@ pub fn analyse(
     trust_pct: f64,
     design: Design,
 ) -> Vec<TaxRow> {
+    analyse_with(cells, order, passes, &Judge { trust_pct, margin_pct: None, sequential: false }, design)
+}
+
+/// The tax table.
+pub fn analyse_with(
+    cells: &[CellDef],
+    order: &Order,
+    passes: &[PassRecord],
+    judge: &Judge,
+    design: Design,
+) -> Vec<TaxRow> {
+    let trust_pct = judge.trust_pct;
     let dirty = contaminated(passes);
     let mut rows = Vec::new();
     for cell in cells {
@@ -150,7 +180,16 @@ pub fn analyse(
                     (!both.is_empty()).then(|| (mean(&n), mean(&w)))
                 })
                 .collect();
-            let ratio = stats::ratio(&pairs);
+            let pairs: Vec<(f64, f64)> = pairs.into_iter().filter(|(n, w)| *n > 0.0 && *w > 0.0).collect();
+            let ratio = if judge.sequential {
+                crate::verdict::sequence::paired_ratio(&pairs).map(|i| Ratio {
+                    pairs: i.n,
+                    ratio: i.mean,
+                    ci95: i.ci95,
+                })
+            } else {
+                stats::ratio(&pairs)
+            };
             let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
             let mut row = TaxRow {
                 cell: cell.name.clone(),
@@ -165,12 +204,41 @@ pub fn analyse(
                 spread_den: stats::spread_pct(&wv),
                 contaminated: dirty.contains_key(&cell.name),
                 verdict: String::new(),
+                equivalence: None,
+                pairs,
             };
             row.verdict = verdict(&row, trust_pct, design);
+            if let Some(margin) = judge.margin_pct
+                && !row.contaminated
+            {
+                let eq = equivalence(&row.pairs, margin, judge.sequential);
+                let n = row.pairs.len();
+                let text = eq.as_ref().map_or_else(
+                    || format!("undecided at {margin}% (too few pairs for an interval; {n} so far)"),
+                    |v| crate::verdict::equivalence::describe(v, margin, n),
+                );
+                row.verdict = format!("{text}; {}", row.verdict);
+                row.equivalence = eq;
+            }
             rows.push(row);
         }
     }
     rows
+}
+
+/// The equivalence verdict of paired (num, den) boot means at `margin`: the fixed-n
+/// TOST (the 90% t interval inside the bounds), or with `sequential` the confidence
+/// sequence's 95% interval; `None` while there is no interval.
+fn equivalence(pairs: &[(f64, f64)], margin: f64, sequential: bool) -> Option<Equivalence> {
+    use crate::verdict::{equivalence as eq, sequence};
+    if sequential {
+        let r = sequence::paired_ratio(pairs)?;
+        r.ci95?;
+        Some(eq::judge(&r, margin, sequence::half_factor))
+    } else {
+        let logs: Vec<f64> = pairs.iter().map(|(n, w)| (n / w).ln()).collect();
+        Some(eq::tost(&logs, margin)?.verdict)
+    }
 }
 
 /// The narrow arm's cost in percent of the wide arm's (positive: the pin costs).
@@ -195,6 +263,12 @@ fn verdict(r: &TaxRow, trust_pct: f64, design: Design) -> String {
     let cost = design.cost_pct(r.better, ratio.ratio);
     let n = ratio.pairs;
     let Some((lo, hi)) = ratio.ci95 else {
+        if n >= 2 {
+            return format!(
+                "n={n} pairs: the sequential interval is not bounded yet (it needs 4 pairs), cannot support a verdict ({} {cost:+.1}% is an estimate)",
+                design.cost_short
+            );
+        }
         return format!(
             "one pair (n=1): no interval, cannot support a verdict ({} {cost:+.1}% is one estimate)",
             design.cost_short
@@ -558,5 +632,31 @@ mod tests {
         let r = &analyse(&cells(), &order, &ps, 4.0, Design::SWEEP)[0];
         assert!(r.verdict.starts_with("zero-width interval (n=2 pairs"), "{}", r.verdict);
         assert!(table(std::slice::from_ref(r), Design::SWEEP).contains("(zero width)"));
+    }
+
+    #[test]
+    fn a_margin_gives_the_equivalence_verdict_beside_the_old_one() {
+        // Four pairs with ratios 0.99, 1.01, 1.00, 1.00: inside ±5% at 90% (TOST).
+        let order = order_arg("1 0 0 1 0 1 1 0").unwrap();
+        let tok = [100.0, 99.0, 101.0, 100.0, 100.0, 100.0, 100.0, 100.0];
+        let ps: Vec<PassRecord> =
+            order.0.iter().enumerate().map(|(i, &arm)| pass(i + 1, arm, 1, tok[i], "a")).collect();
+        let judge = Judge { trust_pct: 4.0, margin_pct: Some(5.0), sequential: false };
+        let r = &analyse_with(&cells(), &order, &ps, &judge, Design::SWEEP)[0];
+        assert_eq!(r.pairs.len(), 4);
+        assert_eq!(r.equivalence, Some(Equivalence::Equivalent), "{}", r.verdict);
+        assert!(r.verdict.starts_with("equivalent within 5%; no tax detected"), "{}", r.verdict);
+        // The same pairs under the sequence: 4 pairs is where it becomes bounded; its
+        // interval is wider than the fixed-n one.
+        let seq = Judge { sequential: true, ..judge };
+        let s = &analyse_with(&cells(), &order, &ps, &seq, Design::SWEEP)[0];
+        let (flo, fhi) = r.ratio.unwrap().ci95.unwrap();
+        let (slo, shi) = s.ratio.unwrap().ci95.unwrap();
+        assert!(slo < flo && shi > fhi, "{slo} {shi} vs {flo} {fhi}");
+        // Two pairs are not enough for a bounded sequence, and the row says so.
+        let two = order_arg("1 0 0 1").unwrap();
+        let s = &analyse_with(&cells(), &two, &ps[..4], &seq, Design::SWEEP)[0];
+        assert!(s.verdict.contains("the sequential interval is not bounded yet"), "{}", s.verdict);
+        assert!(s.verdict.starts_with("undecided at 5%"), "{}", s.verdict);
     }
 }
