@@ -507,3 +507,59 @@ fn a_mixed_arm_whose_gate_declines_fails_its_boot_and_the_run() {
     let r = mixed(&Sandbox::new(), stand_in(), &["--passes", "2"], &[]);
     r.expect_code(2).expect_stderr("--passes is for --mode sweep");
 }
+
+/// `pin_tax_args` with more flags.
+fn pin_tax_more(sb: &Sandbox, order: &str, more: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut args = pin_tax_args(sb, stand_in(), free_port(), order);
+    args.extend(more.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    sb.run_with("qmv-pin-tax", &args, env)
+}
+
+/// The summary table's line of a cell and metric.
+fn tax_line<'a>(run: &'a Run, cell_metric: &str) -> &'a str {
+    run.stdout.lines().find(|l| l.starts_with(cell_metric)).unwrap_or_else(|| panic!("no {cell_metric}{run}"))
+}
+
+#[test]
+fn until_ci_adds_abba_blocks_to_a_known_cost_judges_the_margin_and_cites_the_aa_floor() {
+    let sb = Sandbox::new();
+    // The stand-in's narrow arm takes 8 ms more per token than its wide arm's 2 ms.
+    let env = [("STAND_IN_TOKEN_MS", "2"), ("STAND_IN_NARROW_TOKEN_MS", "8")];
+    // The A/A run first: both slots run the wide arm, so the injected cost never shows.
+    let aa = pin_tax_more(&sb, "1 0 0 1", &["--aa", "--until-ci", "30", "--max-pairs", "4"], &env);
+    aa.expect_code(0)
+        .expect_stdout("A/A run (both slots wide): every true ratio is 1")
+        .expect_stdout("false-positive rate")
+        .expect_stdout("stopping rule: ")
+        .expect_stdout("95% CI from the Gaussian-mixture t confidence sequence");
+    let aa_dir = run_dir(&sb.path("runs"));
+    let boots = jsonl(&aa_dir.join("boots.jsonl"));
+    assert!(boots.len() == 4 || boots.len() == 8, "two or four pairs{aa}");
+    assert!(boots.iter().all(|b| b["kernel"]["qmv_wide"] == "on"), "every boot ran wide{aa}");
+    assert!(aa_dir.join("aa.json").is_file(), "{aa}");
+
+    let ab = pin_tax_more(&sb, "1 0 0 1", &["--until-ci", "30", "--max-pairs", "6", "--margin", "5"], &env);
+    ab.expect_code(0).expect_stdout("the latest A/A run on this device").expect_stdout("stopping rule: ");
+    // 10 ms against 2 ms per token: far outside the 5% margin, whatever the noise.
+    let tpot = tax_line(&ab, "| decode B=1 | TPOT ms |");
+    assert!(tpot.contains("differs by more than 5%"), "{tpot}{ab}");
+    let dirs: Vec<PathBuf> = {
+        let mut d: Vec<PathBuf> = fs::read_dir(sb.path("runs")).unwrap().map(|e| e.unwrap().path()).collect();
+        d.sort();
+        d
+    };
+    let boots = jsonl(&dirs[1].join("boots.jsonl"));
+    assert!([4, 8, 12].contains(&boots.len()), "whole ABBA blocks, at most 6 pairs{ab}");
+    let arms: Vec<&str> = boots.iter().map(|b| b["arm"].as_str().unwrap()).collect();
+    assert_eq!(arms[..4], ["wide", "narrow", "narrow", "wide"], "{ab}");
+    if arms.len() > 4 {
+        assert_eq!(
+            arms[4..8],
+            ["narrow", "wide", "wide", "narrow"],
+            "the next block opens with the other arm{ab}"
+        );
+    }
+    // The fit names the constant per forward or per token.
+    ab.expect_stdout("per-forward fit:").expect_stdout("- per forward:");
+}
