@@ -79,13 +79,22 @@ pub struct BenchKernels {
     /// the report's verdicts come from these pairs.
     #[arg(long, value_name = "REV", conflicts_with_all = ["baseline", "save_baseline"])]
     compare: Option<String>,
-    /// Rounds (pairs) per benchmark for --compare.
+    /// Rounds (pairs) per benchmark for --compare (with --until-ci: the first rounds,
+    /// before the sequential rule may stop).
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..))]
     rounds: u64,
+    /// For --compare: the sequential rule, its budgets and the equivalence margin.
+    #[command(flatten)]
+    seq: crate::verdict::SequentialFlags,
 }
 
 impl BenchKernels {
     pub fn run(self, sh: &Shell) -> Result<ExitCode> {
+        if self.compare.is_none() && (self.seq.until_ci.is_some() || self.seq.margin.is_some()) {
+            crate::console::usage!(
+                "--until-ci and --margin judge interleaved pairs: they need --compare REV"
+            );
+        }
         let criterion_dir = criterion_dir()?;
         if let Some(rev) = &self.compare {
             let target_dir =
@@ -93,11 +102,14 @@ impl BenchKernels {
             let section = compare::run(
                 &sh.current_dir(),
                 &target_dir,
-                rev,
-                self.filter.as_deref(),
-                self.rounds as usize,
-                self.quick,
-                self.noise_threshold,
+                &compare::CompareRun {
+                    rev,
+                    filter: self.filter.as_deref(),
+                    rounds: self.rounds as usize,
+                    quick: self.quick,
+                    noise: self.noise_threshold,
+                    seq: &self.seq,
+                },
             )?;
             let machine = Machine::probe();
             let report = format!(
