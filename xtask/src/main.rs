@@ -7,6 +7,7 @@ mod bench_kernels;
 mod bench_longprompt;
 mod bench_offload_copy;
 mod bench_quality;
+mod bisect;
 mod child;
 mod console;
 mod engine;
@@ -55,6 +56,8 @@ enum Task {
     ServeBench(serve_bench::ServeBench),
     /// Price the qmv_wide narrow pin with interleaved (ABBA) boots of kiln serve.
     QmvPinTax(pin_tax::QmvPinTax),
+    /// Find the first commit that made a measurement worse, by ABBA pairs at a margin.
+    Bisect(bisect::Bisect),
     /// Join the rows of a `--runner slurm` sweep into its CSV and print the summary.
     Merge(sweep::slurm::merge::Merge),
     /// Run one cell of a planned sweep (what each Slurm task calls).
@@ -87,6 +90,7 @@ fn main() -> ExitCode {
         Task::OomRecord(t) => t.run(&sh),
         Task::ServeBench(t) => t.run(&sh),
         Task::QmvPinTax(t) => t.run(&sh),
+        Task::Bisect(t) => t.run(&sh),
         Task::Merge(t) => t.run(),
         Task::SweepTask(t) => t.run(),
     };
