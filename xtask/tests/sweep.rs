@@ -814,3 +814,23 @@ fn a_peer_runs_each_cell_interleaved_on_the_exported_model_and_the_summary_gives
     assert!(calls[1].contains("-p 0 -n 4 -d 16 -r 1 -t 1 -o json"), "{calls:?}");
     assert_eq!(run.stderr.matches("+peer").count(), 4, "{run}");
 }
+
+#[test]
+fn until_ci_adds_repetitions_on_one_csv_until_narrow_or_the_budget_ends() {
+    let sb = Sandbox::new();
+    let run = sb.run(
+        "bench-longprompt",
+        &args(&["--models", TINY, "--lengths", "64", "--until-ci", "40", "--max-pairs", "6"]),
+    );
+    run.expect_code(0)
+        .expect_stdout(
+            "--until-ci 40%: per cell, tok/s geometric mean [95% interval from the confidence sequence",
+        )
+        .expect_stdout("stopping rule: ");
+    let reps: Vec<u32> = sb.rows(&sb.csv()).iter().map(|r| r.get("repetition").parse().unwrap()).collect();
+    // At least the 4 a bounded interval needs, at most the budget, each once, in order.
+    assert!((4..=6).contains(&reps.len()), "{reps:?}{run}");
+    assert_eq!(reps, (1..=reps.len() as u32).collect::<Vec<_>>(), "{run}");
+    let r = sb.run("bench-longprompt", &args(&["--models", TINY, "--lengths", "64", "--margin", "5"]));
+    r.expect_code(2).expect_stderr("--margin judges paired ratios");
+}

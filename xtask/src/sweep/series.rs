@@ -230,6 +230,82 @@ pub fn render(plan: &Plan, finished: &[Finished<'_>]) -> String {
     s
 }
 
+/// The statistics of a `--until-ci` sweep, from its rows: per cell and engine the
+/// geometric mean of each rate over its ok repetitions with the confidence sequence's
+/// 95% interval of the mean log rate (valid however many repetitions the run added), and
+/// with a peer kiln/peer per repetition the same way. Returns the section and whether
+/// every interval is bounded and narrower than `target_pct`.
+pub fn sequential(rows: &[super::rows::Row], target_pct: f64) -> (String, bool) {
+    use crate::verdict::sequence;
+    // Per (model, prompt length), per engine (peer or not), per repetition: the rates.
+    type Reps = BTreeMap<u32, (f64, f64)>;
+    let mut by: BTreeMap<(String, Option<u64>), BTreeMap<bool, Reps>> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.status == Status::Ok.as_str()) {
+        let (Some(d), Some(p)) = (r.decode_tok_s, r.prefill_tok_s) else { continue };
+        let peer = r.engine != "kiln" && !r.engine.is_empty();
+        by.entry((r.model.clone(), r.prompt_target_len))
+            .or_default()
+            .entry(peer)
+            .or_default()
+            .insert(r.repetition, (d, p));
+    }
+    let mut narrow = !by.is_empty();
+    let show = |i: Option<Interval>, narrow: &mut bool| -> String {
+        let Some(i) = i else {
+            *narrow = false;
+            return "-".into();
+        };
+        match i.ci95 {
+            Some(ci) => {
+                let h = sequence::half_width_pct(i.mean, ci);
+                *narrow &= h < target_pct;
+                format!("{} [{}, {}] (n={}, ±{h:.1}%)", fmt_rate(i.mean), fmt_rate(ci.0), fmt_rate(ci.1), i.n)
+            }
+            None => {
+                *narrow = false;
+                format!("{} (n={}: not bounded yet, it needs 4)", fmt_rate(i.mean), i.n)
+            }
+        }
+    };
+    let log_seq = |v: Vec<f64>| -> Option<Interval> {
+        let logs: Vec<f64> = v.iter().filter(|x| **x > 0.0).map(|x| x.ln()).collect();
+        let i = sequence::interval(&logs)?;
+        Some(Interval { mean: i.mean.exp(), ci95: i.ci95.map(|(lo, hi)| (lo.exp(), hi.exp())), ..i })
+    };
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "--until-ci {target_pct}%: per cell, tok/s geometric mean [95% interval from the confidence sequence on the logs, valid however many repetitions ran] (n, half-width):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| cell | engine | decode tok/s | prefill tok/s | decode kiln/peer | prefill kiln/peer |"
+    );
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|");
+    for ((model, len), engines) in &by {
+        let cell = format!("{}@{}", model.replace('|', "\\|"), len.map_or("text".into(), |l| l.to_string()));
+        for (peer, reps) in engines {
+            let d = show(log_seq(reps.values().map(|v| v.0).collect()), &mut narrow);
+            let p = show(log_seq(reps.values().map(|v| v.1).collect()), &mut narrow);
+            let (rd, rp) = match (peer, engines.get(&true)) {
+                (false, Some(other)) => {
+                    let pairs = |k: fn(&(f64, f64)) -> f64| -> Vec<(f64, f64)> {
+                        reps.iter().filter_map(|(rep, v)| Some((k(v), k(other.get(rep)?)))).collect()
+                    };
+                    (
+                        show(sequence::paired_ratio(&pairs(|v| v.0)), &mut narrow),
+                        show(sequence::paired_ratio(&pairs(|v| v.1)), &mut narrow),
+                    )
+                }
+                _ => (String::new(), String::new()),
+            };
+            let engine = if *peer { "peer" } else { "kiln" };
+            let _ = writeln!(s, "| {cell} | {engine} | {d} | {p} | {rd} | {rp} |");
+        }
+    }
+    (s, narrow)
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap as Map;
@@ -336,5 +412,30 @@ mod tests {
         assert!(text.contains("| cell | ok / ran | decode tok/s | prefill tok/s |"), "{text}");
         assert!(text.contains("| a@8 | 2 / 2 | 10.0 [10.0, 10.0] (n=2, sd 0.0%, zero width"), "{text}");
         assert!(text.contains("| 100 [100, 100] (n=2, sd 0.0%, zero width"), "{text}");
+    }
+
+    #[test]
+    fn a_sequential_sweep_judges_every_interval_against_the_target() {
+        let mk = |rep: u32, d: f64| Row {
+            model: "a".into(),
+            prompt_target_len: Some(8),
+            status: "ok".into(),
+            decode_tok_s: Some(d),
+            prefill_tok_s: Some(100.0),
+            repetition: rep,
+            engine: "kiln".into(),
+            ..Row::default()
+        };
+        let steady: Vec<Row> =
+            (1..=5).map(|r| mk(r, [10.0, 10.1, 9.9, 10.0, 10.05][r as usize - 1])).collect();
+        let (text, narrow) = sequential(&steady, 3.0);
+        assert!(narrow, "{text}");
+        assert!(text.contains("| a@8 | kiln | 10.0 ["), "{text}");
+        assert!(text.contains("(n=5, ±"), "{text}");
+        let (text, narrow) = sequential(&steady[..3], 3.0);
+        assert!(!narrow && text.contains("(n=3: not bounded yet, it needs 4)"), "{text}");
+        let noisy: Vec<Row> = (1..=5).map(|r| mk(r, [5.0, 15.0, 8.0, 12.0, 10.0][r as usize - 1])).collect();
+        assert!(!sequential(&noisy, 3.0).1);
+        assert!(!sequential(&[], 3.0).1, "no rows: nothing converged");
     }
 }
