@@ -566,3 +566,22 @@ fn until_ci_adds_abba_blocks_to_a_known_cost_judges_the_margin_and_cites_the_aa_
     let ms: f64 = line["- per forward: ".len()..].split_whitespace().next().unwrap().parse().unwrap();
     assert!((4.0..12.0).contains(&ms), "{line}{ab}");
 }
+
+#[test]
+fn a_mixed_run_until_ci_adds_blocks_until_its_pair_budget_and_aa_runs_arm_a_only() {
+    let sb = Sandbox::new();
+    // One pair from "A B", then one block (B A A B): 3 pairs, and the next block would
+    // pass --max-pairs 3. Three pairs never bound the sequence, so the budget ends it.
+    let run = mixed(&sb, stand_in(), &["--until-ci", "5", "--max-pairs", "3"], &[]);
+    run.expect_code(0)
+        .expect_stdout("stopping rule: --max-pairs 3 reached")
+        .expect_stdout("the sequential interval is not bounded yet");
+    let boots = jsonl(&run_dir(&sb.path("runs")).join("boots.jsonl"));
+    let arms: Vec<&str> = boots.iter().map(|b| b["arm"].as_str().unwrap()).collect();
+    assert_eq!(arms, ["A", "B", "B", "A", "A", "B"], "{run}");
+    let aa_sb = Sandbox::new();
+    let aa = mixed(&aa_sb, stand_in(), &["--aa"], &[]);
+    aa.expect_code(0).expect_stdout("A/A run (both slots A)");
+    let boots = jsonl(&run_dir(&aa_sb.path("runs")).join("boots.jsonl"));
+    assert!(boots.iter().all(|b| b["kernel"]["pinned"] == "no"), "every boot ran arm A{aa}");
+}
