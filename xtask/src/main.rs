@@ -7,6 +7,7 @@ mod bench_kernels;
 mod bench_longprompt;
 mod bench_offload_copy;
 mod bench_quality;
+mod bisect;
 mod child;
 mod console;
 mod engine;
@@ -23,6 +24,7 @@ mod server;
 mod shell;
 mod student_t;
 mod sweep;
+mod verdict;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -58,6 +60,8 @@ enum Task {
     QmvPinTax(pin_tax::QmvPinTax),
     /// Write report.html for run directories again from their files; compare two or more.
     Report(report::Report),
+    /// Find the first commit that made a measurement worse, by ABBA pairs at a margin.
+    Bisect(bisect::Bisect),
     /// Join the rows of a `--runner slurm` sweep into its CSV and print the summary.
     Merge(sweep::slurm::merge::Merge),
     /// Run one cell of a planned sweep (what each Slurm task calls).
@@ -102,6 +106,7 @@ fn main() -> ExitCode {
         Task::ServeBench(t) => t.run(&sh),
         Task::QmvPinTax(t) => t.run(&sh),
         Task::Report(t) => t.run(),
+        Task::Bisect(t) => t.run(&sh),
         Task::Merge(t) => t.run(),
         Task::SweepTask(t) => t.run(),
     };

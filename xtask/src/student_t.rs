@@ -130,6 +130,28 @@ pub fn interval(xs: &[f64]) -> Option<Interval> {
     Some(Interval { n, mean, sd, ci95: Some((mean - half, mean + half)) })
 }
 
+impl Interval {
+    /// Whether the interval has no width although it has two values or more: every value
+    /// was the same (a quantized or saturated measurement, or too few values), so it says
+    /// nothing about the spread and must be flagged, never read as certainty.
+    pub fn zero_width(&self) -> bool {
+        self.ci95.is_some_and(|(lo, hi)| lo == hi)
+    }
+}
+
+/// What a printed zero-width interval carries beside it.
+pub const ZERO_WIDTH: &str = "zero width: every value equal, no measured spread";
+
+/// A positive quantity (a rate) as its geometric mean with the 95% interval of the mean of
+/// its logs mapped back with `exp`, so the interval is multiplicative and never goes below
+/// zero as an interval of the raw values can (`sd` is of the logs). Non-positive values
+/// are left out; `None` when none is left.
+pub fn log_interval(xs: &[f64]) -> Option<Interval> {
+    let logs: Vec<f64> = xs.iter().filter(|x| **x > 0.0 && x.is_finite()).map(|x| x.ln()).collect();
+    let i = interval(&logs)?;
+    Some(Interval { mean: i.mean.exp(), ci95: i.ci95.map(|(lo, hi)| (lo.exp(), hi.exp())), ..i })
+}
+
 /// The ratio of paired samples as a geometric mean with its 95% interval: the
 /// [`Interval`] of `ln(a_i / b_i)`, mapped back with `exp` (so `sd` is of the logs).
 /// Pairs with a non-positive side are left out.
@@ -155,6 +177,22 @@ mod tests {
         let one = interval(&[7.0]).unwrap();
         assert_eq!((one.mean, one.sd, one.ci95), (7.0, 0.0, None));
         assert!(interval(&[]).is_none());
+    }
+
+    #[test]
+    fn an_interval_of_rates_on_their_logs_stays_positive() {
+        // Rates 600, 9000, 14000 tok/s: the interval of the raw values is
+        // 7867 ± 4.303 * 6730 / sqrt(3), which goes below zero; on the logs it cannot.
+        let raw = interval(&[600.0, 9000.0, 14000.0]).unwrap();
+        assert!(raw.ci95.unwrap().0 < 0.0, "{raw:?}");
+        let r = log_interval(&[600.0, 9000.0, 14000.0]).unwrap();
+        let (lo, hi) = r.ci95.unwrap();
+        assert!(lo > 0.0 && lo < r.mean && r.mean < hi, "{r:?}");
+        assert!((r.mean - (600.0f64 * 9000.0 * 14000.0).cbrt()).abs() < 1e-6, "{}", r.mean);
+        assert!((lo * hi - r.mean * r.mean).abs() < 1e-6 * r.mean * r.mean, "symmetric in log space");
+        assert_eq!(log_interval(&[0.0, -1.0]), None);
+        assert!(log_interval(&[5.0, 5.0]).unwrap().zero_width());
+        assert!(!r.zero_width() && !log_interval(&[5.0]).unwrap().zero_width());
     }
 
     #[test]

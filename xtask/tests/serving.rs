@@ -340,7 +340,7 @@ fn a_complete_abba_run_pins_both_arms_checks_them_and_writes_the_record() {
     let run = pin_tax(&sb, kiln(), free_port(), "1 0", &[]);
     run.expect_code(0)
         .expect_stdout("| decode B=2 | output tok/s | 1 | 1 |")
-        .expect_stdout("one pair, no interval")
+        .expect_stdout("one pair (n=1): no interval, cannot support a verdict")
         .expect_stdout("failed passes: 0")
         .expect_stdout("contaminated cells (reported, excluded from the tax): 0")
         .expect_stderr("qmv_wide=on pinned=yes")
@@ -615,4 +615,82 @@ fn a_mixed_arm_whose_gate_declines_fails_its_boot_and_the_run() {
     r.expect_code(2).expect_stderr("--order: \"1\" is not an arm: expected A (default environment) or B");
     let r = mixed(&Sandbox::new(), stand_in(), &["--passes", "2"], &[]);
     r.expect_code(2).expect_stderr("--passes is for --mode sweep");
+}
+
+/// `pin_tax_args` with more flags.
+fn pin_tax_more(sb: &Sandbox, order: &str, more: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut args = pin_tax_args(sb, stand_in(), free_port(), order);
+    args.extend(more.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    sb.run_with("qmv-pin-tax", &args, env)
+}
+
+/// The summary table's line of a cell and metric.
+fn tax_line<'a>(run: &'a Run, cell_metric: &str) -> &'a str {
+    run.stdout.lines().find(|l| l.starts_with(cell_metric)).unwrap_or_else(|| panic!("no {cell_metric}{run}"))
+}
+
+#[test]
+fn until_ci_adds_abba_blocks_to_a_known_cost_judges_the_margin_and_cites_the_aa_floor() {
+    let sb = Sandbox::new();
+    // The stand-in's narrow arm takes 8 ms more per token than its wide arm's 2 ms.
+    let env = [("STAND_IN_TOKEN_MS", "2"), ("STAND_IN_NARROW_TOKEN_MS", "8")];
+    // The A/A run first: both slots run the wide arm, so the injected cost never shows.
+    let aa = pin_tax_more(&sb, "1 0 0 1", &["--aa", "--until-ci", "30", "--max-pairs", "4"], &env);
+    aa.expect_code(0)
+        .expect_stdout("A/A run (both slots wide): every true ratio is 1")
+        .expect_stdout("false-positive rate")
+        .expect_stdout("stopping rule: ")
+        .expect_stdout("95% CI from the Gaussian-mixture t confidence sequence");
+    let aa_dir = run_dir(&sb.path("runs"));
+    let boots = jsonl(&aa_dir.join("boots.jsonl"));
+    assert!(boots.len() == 4 || boots.len() == 8, "two or four pairs{aa}");
+    assert!(boots.iter().all(|b| b["kernel"]["qmv_wide"] == "on"), "every boot ran wide{aa}");
+    assert!(aa_dir.join("aa.json").is_file(), "{aa}");
+
+    let ab = pin_tax_more(&sb, "1 0 0 1", &["--until-ci", "30", "--max-pairs", "6", "--margin", "5"], &env);
+    ab.expect_code(0).expect_stdout("the latest A/A run on this device").expect_stdout("stopping rule: ");
+    // 10 ms against 2 ms per token: far outside the 5% margin, whatever the noise.
+    let tpot = tax_line(&ab, "| decode B=1 | TPOT ms |");
+    assert!(tpot.contains("differs by more than 5%"), "{tpot}{ab}");
+    let dirs: Vec<PathBuf> = {
+        let mut d: Vec<PathBuf> = fs::read_dir(sb.path("runs")).unwrap().map(|e| e.unwrap().path()).collect();
+        d.sort();
+        d
+    };
+    let boots = jsonl(&dirs[1].join("boots.jsonl"));
+    assert!([4, 8, 12].contains(&boots.len()), "whole ABBA blocks, at most 6 pairs{ab}");
+    let arms: Vec<&str> = boots.iter().map(|b| b["arm"].as_str().unwrap()).collect();
+    assert_eq!(arms[..4], ["wide", "narrow", "narrow", "wide"], "{ab}");
+    if arms.len() > 4 {
+        assert_eq!(
+            arms[4..8],
+            ["narrow", "wide", "wide", "narrow"],
+            "the next block opens with the other arm{ab}"
+        );
+    }
+    // The fit recovers the injected cost: 8 ms more per forward of the narrow arm (within
+    // a loose band: the machine is shared).
+    let line = ab.stdout.lines().find(|l| l.starts_with("- per forward: ")).unwrap_or_else(|| panic!("{ab}"));
+    let ms: f64 = line["- per forward: ".len()..].split_whitespace().next().unwrap().parse().unwrap();
+    assert!((4.0..12.0).contains(&ms), "{line}{ab}");
+}
+
+#[test]
+fn a_mixed_run_until_ci_adds_blocks_until_its_pair_budget_and_aa_runs_arm_a_only() {
+    let sb = Sandbox::new();
+    // One pair from "A B", then one block (B A A B): 3 pairs, and the next block would
+    // pass --max-pairs 3. Three pairs never bound the sequence, so the budget ends it.
+    let run = mixed(&sb, stand_in(), &["--until-ci", "5", "--max-pairs", "3"], &[]);
+    run.expect_code(0)
+        .expect_stdout("stopping rule: --max-pairs 3 reached")
+        .expect_stdout("the sequential interval is not bounded yet");
+    let boots = jsonl(&run_dir(&sb.path("runs")).join("boots.jsonl"));
+    let arms: Vec<&str> = boots.iter().map(|b| b["arm"].as_str().unwrap()).collect();
+    assert_eq!(arms, ["A", "B", "B", "A", "A", "B"], "{run}");
+    let aa_sb = Sandbox::new();
+    let aa = mixed(&aa_sb, stand_in(), &["--aa"], &[]);
+    aa.expect_code(0).expect_stdout("A/A run (both slots A)");
+    let boots = jsonl(&run_dir(&aa_sb.path("runs")).join("boots.jsonl"));
+    assert!(boots.iter().all(|b| b["kernel"]["pinned"] == "no"), "every boot ran arm A{aa}");
 }

@@ -794,7 +794,10 @@ fn a_peer_runs_each_cell_interleaved_on_the_exported_model_and_the_summary_gives
     );
     run.expect_code(0)
         .expect_stdout("| synthetic:tiny-qwen@4bit-g32@16 | peer (llama.cpp b7001 (f00dfee)) | 2 / 2")
-        .expect_stdout("| 50.0 ± 0.0 [50.0, 50.0] | 400 ± 0.0 [400, 400] |")
+        // The fake peer reports the same rates every time: an interval of no width, flagged.
+        .expect_stdout(
+            "| 50.0 [50.0, 50.0] (n=2, sd 0.0%, zero width: every value equal, no measured spread) | 400 [400, 400] (n=2, sd 0.0%, zero width: every value equal, no measured spread) |",
+        )
         .expect_stdout("kiln/peer");
     let rows = sb.rows(&sb.csv());
     let order: Vec<(&str, &str, &str)> =
@@ -826,4 +829,24 @@ fn a_peer_runs_each_cell_interleaved_on_the_exported_model_and_the_summary_gives
     assert!(calls[0].contains("-p 16 -n 0 -d 0 -r 1 -t 1 -o json"), "{calls:?}");
     assert!(calls[1].contains("-p 0 -n 4 -d 16 -r 1 -t 1 -o json"), "{calls:?}");
     assert_eq!(run.stderr.matches("+peer").count(), 4, "{run}");
+}
+
+#[test]
+fn until_ci_adds_repetitions_on_one_csv_until_narrow_or_the_budget_ends() {
+    let sb = Sandbox::new();
+    let run = sb.run(
+        "bench-longprompt",
+        &args(&["--models", TINY, "--lengths", "64", "--until-ci", "40", "--max-pairs", "6"]),
+    );
+    run.expect_code(0)
+        .expect_stdout(
+            "--until-ci 40%: per cell, tok/s geometric mean [95% interval from the confidence sequence",
+        )
+        .expect_stdout("stopping rule: ");
+    let reps: Vec<u32> = sb.rows(&sb.csv()).iter().map(|r| r.get("repetition").parse().unwrap()).collect();
+    // At least the 4 a bounded interval needs, at most the budget, each once, in order.
+    assert!((4..=6).contains(&reps.len()), "{reps:?}{run}");
+    assert_eq!(reps, (1..=reps.len() as u32).collect::<Vec<_>>(), "{run}");
+    let r = sb.run("bench-longprompt", &args(&["--models", TINY, "--lengths", "64", "--margin", "5"]));
+    r.expect_code(2).expect_stderr("--margin judges paired ratios");
 }

@@ -24,6 +24,8 @@ use super::files::{BenchmarkFile, EstimatesFile, ThroughputFile, read_json};
 use super::render::{bandwidth_threads, fmt_time, parse_kernel_id};
 use super::{BENCH_PACKAGE, BENCH_TARGET};
 use crate::student_t::{self, Interval};
+use crate::verdict::equivalence::{self, Equivalence};
+use crate::verdict::sequence::{self, Stopped};
 
 /// Which tree a run measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,6 +179,8 @@ pub(super) struct Compared {
     pub(super) pairs: Vec<(f64, f64)>,
     /// Bytes one iteration reads, when the benchmark declares them.
     pub(super) bytes: Option<u64>,
+    /// With `--until-ci`: why its rounds stopped.
+    pub(super) stopped: Option<Stopped>,
 }
 
 impl Compared {
@@ -205,23 +209,69 @@ fn bandwidth(results: &[Compared], side: Side) -> BTreeMap<usize, f64> {
     bw
 }
 
+/// How the comparison is judged beyond the noise threshold.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Judging {
+    /// `--until-ci`: the confidence sequence's intervals, and the target half-width.
+    pub(super) until_ci: Option<f64>,
+    /// `--margin`: the equivalence verdict.
+    pub(super) margin: Option<f64>,
+}
+
+/// B/A over the rounds: the fixed-n t interval, or with `sequential` the confidence
+/// sequence's (valid however many rounds the run chose to add).
+fn ratio_of(pairs: &[(f64, f64)], sequential: bool) -> Option<Interval> {
+    let ba: Vec<(f64, f64)> = pairs.iter().map(|(a, b)| (*b, *a)).collect();
+    if sequential { sequence::paired_ratio(&ba) } else { student_t::paired_ratio(&ba) }
+}
+
+/// The equivalence verdict of B/A at `margin`, from the interval the run reports (with a
+/// fixed design, the 90% TOST interval).
+fn equivalence_of(pairs: &[(f64, f64)], margin: f64, sequential: bool) -> String {
+    let n = pairs.len();
+    let v = if sequential {
+        ratio_of(pairs, true)
+            .filter(|r| r.ci95.is_some())
+            .map(|r| equivalence::judge(&r, margin, sequence::half_factor))
+    } else {
+        let logs: Vec<f64> =
+            pairs.iter().filter(|(a, b)| *a > 0.0 && *b > 0.0).map(|(a, b)| (b / a).ln()).collect();
+        equivalence::tost(&logs, margin).map(|t| t.verdict)
+    };
+    match v {
+        Some(v) => equivalence::describe(&v, margin, n),
+        None => format!("undecided at {margin}% (too few rounds for an interval; {n} so far)"),
+    }
+}
+
 /// The markdown section of an interleaved comparison.
 pub(super) fn render(
     rev: &str,
     sha: &str,
     rounds: usize,
     noise: f64,
+    judging: Judging,
     results: &[Compared],
     missing: &[String],
 ) -> String {
+    let sequential = judging.until_ci.is_some();
     let mut s = String::new();
+    let interval = if sequential {
+        "the Gaussian-mixture t confidence sequence on the log ratios, valid however many rounds the run added"
+    } else {
+        "Student's t on the log ratios"
+    };
     let _ = writeln!(
         s,
         "### Interleaved comparison: `{rev}` ({}) = A, the working tree = B\n\n\
-         Each benchmark ran {rounds} rounds in ABBA order (A B, B A, ...), each run a fresh \
+         Each benchmark ran {} rounds in ABBA order (A B, B A, ...), each run a fresh \
          criterion process; change = geometric mean of the rounds' B/A time ratios with its 95% \
-         interval (Student's t on the log ratios); a verdict needs the whole interval beyond ±{}%.\n",
+         interval ({interval}); a verdict needs the whole interval beyond ±{}%.\n",
         &sha[..sha.len().min(12)],
+        match judging.until_ci {
+            Some(t) => format!("at least {rounds} and until the interval's half-width was under {t}%"),
+            None => rounds.to_string(),
+        },
         noise * 100.0
     );
     let (bw_a, bw_b) = (bandwidth(results, Side::A), bandwidth(results, Side::B));
@@ -243,11 +293,19 @@ pub(super) fn render(
             list.join(", ")
         );
     }
-    let _ = writeln!(
-        s,
+    let mut header =
         "| benchmark | A (mean of rounds) | B (mean of rounds) | B/A (95% CI) | verdict | GB/s A / B | % of read BW A / B |"
-    );
-    let _ = writeln!(s, "|---|---:|---:|---|---|---:|---:|");
+            .to_string();
+    let mut rule = "|---|---:|---:|---|---|---:|---:|".to_string();
+    if let Some(m) = judging.margin {
+        header.push_str(&format!(" at ±{m}% |"));
+        rule.push_str("---|");
+    }
+    if sequential {
+        header.push_str(" stopped |");
+        rule.push_str("---|");
+    }
+    let _ = writeln!(s, "{header}\n{rule}");
     for c in results {
         let mean =
             |f: fn(&(f64, f64)) -> f64| c.pairs.iter().map(f).sum::<f64>() / c.pairs.len().max(1) as f64;
@@ -257,14 +315,17 @@ pub(super) fn render(
             (Some(g), Some(b)) => format!("{:.0}%", 100.0 * g / b),
             _ => "n/a".to_string(),
         };
-        let ratio = student_t::paired_ratio(&c.pairs.iter().map(|(a, b)| (*b, *a)).collect::<Vec<_>>());
+        let ratio = ratio_of(&c.pairs, sequential);
         let shown = match ratio {
-            Some(Interval { mean, ci95: Some((lo, hi)), .. }) => format!("{mean:.3} [{lo:.3}, {hi:.3}]"),
-            Some(Interval { mean, .. }) => format!("{mean:.3}"),
-            None => "-".into(),
+            Some(i @ Interval { mean, ci95: Some((lo, hi)), n, .. }) => {
+                let flag =
+                    if i.zero_width() { format!(", {}", student_t::ZERO_WIDTH) } else { String::new() };
+                format!("{mean:.3} [{lo:.3}, {hi:.3}] (n={n}{flag})")
+            }
+            Some(Interval { mean, n, .. }) => format!("{mean:.3} (n={n}: no interval)"),
+            None => "- (n=0)".into(),
         };
-        let _ = writeln!(
-            s,
+        let mut line = format!(
             "| `{}` | {} | {} | {shown} | {} | {} / {} | {} / {} |",
             c.id,
             fmt_time(mean(|p| p.0)),
@@ -275,6 +336,16 @@ pub(super) fn render(
             share(Side::A, &bw_a),
             share(Side::B, &bw_b)
         );
+        if let Some(m) = judging.margin {
+            line.push_str(&format!(" {} |", equivalence_of(&c.pairs, m, sequential)));
+        }
+        if let Some(t) = judging.until_ci {
+            let why = c.stopped.as_ref().map_or("-".to_string(), |st| {
+                st.describe(t).trim_start_matches("stopping rule: ").to_string()
+            });
+            line.push_str(&format!(" {why} |"));
+        }
+        let _ = writeln!(s, "{line}");
     }
     if !missing.is_empty() {
         let _ = writeln!(s, "\nIn one tree only (not compared): {}", missing.join(", "));
@@ -282,16 +353,26 @@ pub(super) fn render(
     s
 }
 
+/// What `--compare` runs: the flags that shape it.
+pub(super) struct CompareRun<'a> {
+    /// REV.
+    pub(super) rev: &'a str,
+    /// `--filter`.
+    pub(super) filter: Option<&'a str>,
+    /// `--rounds`.
+    pub(super) rounds: usize,
+    /// `--quick`.
+    pub(super) quick: bool,
+    /// `--noise-threshold`.
+    pub(super) noise: f64,
+    /// `--until-ci`, its budgets and `--margin`.
+    pub(super) seq: &'a crate::verdict::SequentialFlags,
+}
+
 /// Runs the comparison; returns the report section.
-pub(super) fn run(
-    root: &Path,
-    target_dir: &Path,
-    rev: &str,
-    filter: Option<&str>,
-    rounds: usize,
-    quick: bool,
-    noise: f64,
-) -> Result<String> {
+pub(super) fn run(root: &Path, target_dir: &Path, c: &CompareRun<'_>) -> Result<String> {
+    let CompareRun { rev, filter, rounds, quick, noise, seq } = *c;
+    let judging = Judging { until_ci: seq.until_ci, margin: seq.margin };
     let (tree, sha) = worktree(root, target_dir, rev)?;
     let built = build(&tree, target_dir);
     // The worktree is only needed to build REV's benches: unregister it at once, so no
@@ -315,28 +396,62 @@ pub(super) fn run(
     }
     let home = target_dir.join("bench-compare").join("criterion");
     let mut results = Vec::new();
+    let started = std::time::Instant::now();
     for (i, id) in both.iter().enumerate() {
-        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let mut pairs: Vec<(f64, f64)> = Vec::new();
         let mut bytes = None;
-        for side in order(rounds) {
-            let (ns, by) = match side {
-                Side::A => measure(&bin_a, id, &home.join("a"), quick)?,
-                Side::B => measure(&bin_b, id, &home.join("b"), quick)?,
-            };
-            bytes = bytes.or(by);
-            if side == Side::A { a.push(ns) } else { b.push(ns) }
-        }
-        let pairs: Vec<(f64, f64)> = a.into_iter().zip(b).collect();
-        let r = student_t::paired_ratio(&pairs.iter().map(|(a, b)| (*b, *a)).collect::<Vec<_>>());
+        let stopped = loop {
+            let t0 = std::time::Instant::now();
+            // Round r runs A B when r is even, B A when odd: the order of `order`.
+            let r = pairs.len();
+            let (mut a, mut b) = (0.0, 0.0);
+            for side in &order(r + 1)[2 * r..] {
+                let (ns, by) = match side {
+                    Side::A => measure(&bin_a, id, &home.join("a"), quick)?,
+                    Side::B => measure(&bin_b, id, &home.join("b"), quick)?,
+                };
+                bytes = bytes.or(by);
+                if *side == Side::A { a = ns } else { b = ns }
+            }
+            pairs.push((a, b));
+            if pairs.len() < rounds {
+                continue;
+            }
+            let Some(target) = seq.until_ci else { break None };
+            let ratio = ratio_of(&pairs, true);
+            if ratio.and_then(|r| Some(sequence::half_width_pct(r.mean, r.ci95?))).is_some_and(|h| h < target)
+            {
+                break Some(Stopped::Converged);
+            }
+            if let Some(m) = seq.margin
+                && let Some(r) = ratio.filter(|r| r.ci95.is_some())
+                && matches!(
+                    equivalence::judge(&r, m, sequence::half_factor),
+                    Equivalence::Equivalent | Equivalence::Differs
+                )
+            {
+                break Some(Stopped::Decided(m));
+            }
+            if pairs.len() >= seq.max_pairs() {
+                break Some(Stopped::MaxPairs(pairs.len()));
+            }
+            if let Some(max) = seq.max_time
+                && started.elapsed() + t0.elapsed() > max
+            {
+                break Some(Stopped::MaxTime);
+            }
+        };
+        let r = ratio_of(&pairs, seq.until_ci.is_some());
         eprintln!(
-            "[{}/{}] {id}: B/A {}",
+            "[{}/{}] {id}: B/A {} after {} rounds",
             i + 1,
             both.len(),
-            r.map_or("-".into(), |r| format!("{:.3}", r.mean))
+            r.map_or("-".into(), |r| format!("{:.3}", r.mean)),
+            pairs.len()
         );
-        results.push(Compared { id: id.clone(), pairs, bytes });
+        results.push(Compared { id: id.clone(), pairs, bytes, stopped });
     }
-    Ok(render(rev, &sha, rounds, noise, &results, &missing))
+    Ok(render(rev, &sha, rounds, noise, judging, &results, &missing))
 }
 
 #[cfg(test)]
@@ -382,20 +497,24 @@ mod tests {
                 id: "qmv/q4_g64_n4096_k4096_m1/t1".into(),
                 pairs: vec![(100.0, 130.0), (102.0, 134.0), (98.0, 128.0)],
                 bytes: Some(2000),
+                stopped: None,
             },
             Compared {
                 id: "qmv/q4_g64_n4096_k4096_m1/t2".into(),
                 pairs: vec![(100.0, 99.0), (90.0, 92.0), (110.0, 108.0)],
                 bytes: None,
+                stopped: None,
             },
             // 40 GB/s on A, 25 on B (the machine's load, say): each side's share uses its own.
             Compared {
                 id: "read_bandwidth/sum_1024MiB_start/t1".into(),
                 pairs: vec![(25.0, 40.0)],
                 bytes: Some(1000),
+                stopped: None,
             },
         ];
-        let text = render("main", "0123456789abcdef", 3, 0.01, &results, &["`x/y/t1`".into()]);
+        let text =
+            render("main", "0123456789abcdef", 3, 0.01, Judging::default(), &results, &["`x/y/t1`".into()]);
         assert!(text.contains("`main` (0123456789ab) = A"), "{text}");
         assert!(text.contains("| `qmv/q4_g64_n4096_k4096_m1/t1` | 100.0 ns | 130.7 ns | 1.307 ["), "{text}");
         // 2000 bytes in 100 ns: 20 GB/s, half of A's 40; in 130.7 ns: 15.3 GB/s, 61% of B's 25.
@@ -403,9 +522,45 @@ mod tests {
         assert!(text.contains("| within noise | n/a / n/a | n/a / n/a |"), "{text}");
         assert!(text.contains("Read bandwidth A / B (the highest `read_bandwidth` measurement of each side): 40.0 / 25.0 GB/s with 1 thread(s)."), "{text}");
         assert!(text.contains("| **regressed** |"), "{text}");
+        // Every ratio carries its n.
+        assert_eq!(text.matches("] (n=3) |").count(), 2, "{text}");
         assert!(text.contains("| within noise |"), "{text}");
         assert!(text.contains("In one tree only (not compared): `x/y/t1`"), "{text}");
         assert_eq!(regex_escape("read_bandwidth/64MiB/t1"), "read_bandwidth/64MiB/t1");
         assert_eq!(regex_escape("a.b(c)"), "a\\.b\\(c\\)");
+        let one = [Compared { id: "x".into(), pairs: vec![(100.0, 130.0)], bytes: None, stopped: None }];
+        let text = render("main", "0123456789abcdef", 1, 0.01, Judging::default(), &one, &[]);
+        assert!(text.contains("| 1.300 (n=1: no interval) | too few pairs |"), "{text}");
+    }
+
+    #[test]
+    fn a_sequential_comparison_reports_its_margin_verdict_and_why_it_stopped() {
+        let results = [
+            Compared {
+                id: "qmv/a/t1".into(),
+                pairs: vec![(100.0, 130.0), (101.0, 131.0), (99.0, 129.0), (100.0, 130.5), (100.0, 129.5)],
+                bytes: None,
+                stopped: Some(Stopped::Decided(5.0)),
+            },
+            Compared {
+                id: "qmv/b/t1".into(),
+                pairs: vec![(100.0, 100.5), (100.0, 99.5), (100.0, 100.0), (100.0, 100.2)],
+                bytes: None,
+                stopped: Some(Stopped::MaxPairs(4)),
+            },
+        ];
+        let judging = Judging { until_ci: Some(1.0), margin: Some(5.0) };
+        let text = render("main", "0123456789abcdef", 4, 0.01, judging, &results, &[]);
+        assert!(text.contains("the Gaussian-mixture t confidence sequence"), "{text}");
+        assert!(text.contains("| at ±5% | stopped |"), "{text}");
+        let a = text.lines().find(|l| l.contains("qmv/a/t1")).unwrap();
+        assert!(a.contains("| differs by more than 5% | decided, every reported ratio"), "{a}");
+        let b = text.lines().find(|l| l.contains("qmv/b/t1")).unwrap();
+        assert!(b.contains("| equivalent within 5% | --max-pairs 4 reached"), "{b}");
+        // The same 4 rounds judged with a fixed design use the TOST's 90% interval.
+        assert_eq!(equivalence_of(&results[1].pairs, 5.0, false), "equivalent within 5%");
+        assert!(
+            equivalence_of(&results[1].pairs[..1], 5.0, false).starts_with("undecided at 5% (too few rounds")
+        );
     }
 }

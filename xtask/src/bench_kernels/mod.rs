@@ -80,13 +80,22 @@ pub struct BenchKernels {
     /// the report's verdicts come from these pairs.
     #[arg(long, value_name = "REV", conflicts_with_all = ["baseline", "save_baseline"])]
     compare: Option<String>,
-    /// Rounds (pairs) per benchmark for --compare.
+    /// Rounds (pairs) per benchmark for --compare (with --until-ci: the first rounds,
+    /// before the sequential rule may stop).
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..))]
     rounds: u64,
+    /// For --compare: the sequential rule, its budgets and the equivalence margin.
+    #[command(flatten)]
+    seq: crate::verdict::SequentialFlags,
 }
 
 impl BenchKernels {
     pub fn run(self, sh: &Shell) -> Result<ExitCode> {
+        if self.compare.is_none() && (self.seq.until_ci.is_some() || self.seq.margin.is_some()) {
+            crate::console::usage!(
+                "--until-ci and --margin judge interleaved pairs: they need --compare REV"
+            );
+        }
         let criterion_dir = criterion_dir()?;
         if let Some(rev) = &self.compare {
             let target_dir =
@@ -97,11 +106,14 @@ impl BenchKernels {
             let section = compare::run(
                 &sh.current_dir(),
                 &target_dir,
-                rev,
-                filter.as_deref(),
-                self.rounds as usize,
-                self.quick,
-                self.noise_threshold,
+                &compare::CompareRun {
+                    rev,
+                    filter: filter.as_deref(),
+                    rounds: self.rounds as usize,
+                    quick: self.quick,
+                    noise: self.noise_threshold,
+                    seq: &self.seq,
+                },
             )?;
             let machine = Machine::probe();
             let report = format!(
@@ -406,6 +418,17 @@ mod tests {
         assert!(md.contains("**not measured in this run**"), "{md}");
         assert!(md.contains("| no baseline | 10.0 | n/a |"), "{md}");
         assert!(md.contains("`base` (the previous run)") && md.contains("results saved as `x`"), "{md}");
+    }
+
+    #[test]
+    fn a_share_of_the_read_bandwidth_over_100_percent_is_flagged() {
+        // 28 GB/s against a bandwidth reading of 20 GB/s: printed bare, "140%" reads as a
+        // share the kernel cannot have; the reading met load.
+        assert_eq!(
+            share_of_bandwidth(28.0, 20.0),
+            "140% (over 100%: the read bandwidth measured low, not a share)"
+        );
+        assert_eq!(share_of_bandwidth(12.6, 20.0), "63%");
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! variables, test-only, never read by kiln) to misbehave the ways a real server can: a
 //! slow start, a malformed usage, dying mid-run (exiting, or by SIGKILL), answering 500
 //! from some request on while staying up, text that depends on the kernel arm, a
-//! probe of the exactness gate that is not exact. A request with `"speculative": true`
+//! probe of the exactness gate that is not exact, a known extra cost per token in the
+//! narrow arm (`STAND_IN_NARROW_TOKEN_MS`). A request with `"speculative": true`
 //! gets kiln's usage extension and, the first time, the gate's line, decided from
 //! `KILN_QMV_WIDE` and `KILN_SPEC_ALLOW_INEXACT` as kiln decides it (the probe's result
 //! from `STAND_IN_PROBE`: `exact`, the default; `inexact-wide`; `inexact`).
@@ -172,7 +173,9 @@ async fn handle(mut sock: TcpStream, on: bool, pinned: bool) {
     let _ = sock
         .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n")
         .await;
-    let token_ms = env_u64("STAND_IN_TOKEN_MS").max(1);
+    // A known injected cost: the narrow arm (qmv_wide off) takes this much longer per token.
+    let extra = if on { 0 } else { env_u64("STAND_IN_NARROW_TOKEN_MS") };
+    let token_ms = env_u64("STAND_IN_TOKEN_MS").max(1) + extra;
     let mut speculates = false;
     if body["speculative"] == json!(true) {
         GATE.call_once(|| {

@@ -104,6 +104,10 @@ pub trait Mode {
     fn design(&self) -> super::analysis::Design;
     /// The plot beside the tables.
     fn panels(&self, rows: &[super::analysis::TaxRow], passes: &[PassRecord]) -> Vec<crate::plot::Panel>;
+    /// A section fitting the tax across cells, where the mode has one.
+    fn fit(&self, _rows: &[super::analysis::TaxRow]) -> Option<String> {
+        None
+    }
     /// One pass over every cell. `pass` (0 = warm-up) seeds the prompts, so the same pass
     /// of every boot sends the same requests.
     fn run_pass(
@@ -147,6 +151,12 @@ pub struct Plan {
     pub run_dir: PathBuf,
     /// The working directory for the server.
     pub cwd: PathBuf,
+    /// Boots already run before this order (a run that adds ABBA blocks until its
+    /// intervals are narrow runs one block at a time): numbering continues after them.
+    pub first_boot: usize,
+    /// `--aa`: every boot runs this arm's environment and identity, whatever its slot in
+    /// the order says, so the two slots of each pair measure the same thing.
+    pub aa: Option<Arm>,
 }
 
 /// One pass as written to `passes.jsonl`.
@@ -265,8 +275,8 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting tokio")?;
     let mut w = Writer::open(&plan.run_dir)?;
     let mut out = Outcome::default();
-    let boots = plan.order.0.len();
-    let units = boots * (plan.passes + 1);
+    let boots = plan.first_boot + plan.order.0.len();
+    let units = plan.order.0.len() * (plan.passes + 1);
     let mut done_units = 0usize;
     let started = Instant::now();
     let progress = |done: usize| {
@@ -279,12 +289,12 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
         }
     };
     'boots: for (bi, &arm) in plan.order.0.iter().enumerate() {
-        let boot = bi + 1;
+        let boot = plan.first_boot + bi + 1;
         if let Some(sig) = shutdown.pending() {
             out.interrupted = Some(sig);
             break;
         }
-        if bi > 0 && !plan.cooldown.is_zero() {
+        if boot > 1 && !plan.cooldown.is_zero() {
             eprintln!("    cooldown {:.0} s", plan.cooldown.as_secs_f64());
             if let Some(sig) = quiet::pause(shutdown, plan.cooldown) {
                 out.interrupted = Some(sig);
@@ -324,7 +334,7 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
         let spec = ServerSpec {
             bin: plan.kiln_bin.clone(),
             args,
-            env: arm.env(),
+            env: plan.aa.unwrap_or(arm).env(),
             log: plan.run_dir.join(&log_name),
             cwd: plan.cwd.clone(),
         };
@@ -354,7 +364,7 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
         let target = match ready {
             Ready::Up { addr, after_s } => {
                 rec.ready_after_s = Some(after_s);
-                match check_identity(arm, &srv.log_text()) {
+                match check_identity(plan.aa.unwrap_or(arm), &srv.log_text()) {
                     Ok(k) => {
                         eprintln!(
                             "    ready after {after_s:.1} s at http://{addr}; kernels: isa={} threads={} qmv_wide={} pinned={}",
@@ -469,8 +479,8 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
                 );
                 out.passes.push(rp);
                 // The gate logs at the first verify, which the warm-up made happen.
-                if pass == 0 && dead.is_none() && arm.expects_gate() {
-                    match wait_gate(&srv, arm) {
+                if pass == 0 && dead.is_none() && plan.aa.unwrap_or(arm).expects_gate() {
+                    match wait_gate(&srv, plan.aa.unwrap_or(arm)) {
                         Ok(g) => {
                             if let Some(g) = &g {
                                 eprintln!("    gate: outcome={} qmv_wide={}", g.outcome, g.qmv_wide);

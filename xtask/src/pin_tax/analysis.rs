@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use super::abba::{Better, BootRecord, CellDef, PassRecord};
 use super::arms::{Arm, Order};
 use super::stats::{self, Ratio};
+use crate::verdict::equivalence::Equivalence;
 
 /// Which arms a mode compares, and which way round.
 #[derive(Clone, Copy, Debug)]
@@ -83,6 +84,10 @@ pub struct TaxRow {
     pub contaminated: bool,
     /// What the numbers say.
     pub verdict: String,
+    /// The verdict at `--margin`, when one was given.
+    pub equivalence: Option<Equivalence>,
+    /// The ABBA pairs: (numerator boot, denominator boot) means.
+    pub pairs: Vec<(f64, f64)>,
 }
 
 /// The contamination rule: kiln's kernels are bit-identical across the switch, so a
@@ -107,7 +112,20 @@ pub fn contaminated(passes: &[PassRecord]) -> BTreeMap<String, Vec<String>> {
     out
 }
 
-/// The tax table.
+/// How rows are judged.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Judge {
+    /// An arm's spread trusted up to this percentage.
+    pub trust_pct: f64,
+    /// `--margin`: the equivalence verdict at this percentage.
+    pub margin_pct: Option<f64>,
+    /// `--until-ci`: intervals from the confidence sequence (valid at any stopping time)
+    /// instead of the fixed-n t interval.
+    pub sequential: bool,
+}
+
+/// The tax table with fixed-n intervals and no margin.
+#[cfg(test)]
 pub fn analyse(
     cells: &[CellDef],
     order: &Order,
@@ -115,6 +133,18 @@ pub fn analyse(
     trust_pct: f64,
     design: Design,
 ) -> Vec<TaxRow> {
+    analyse_with(cells, order, passes, &Judge { trust_pct, margin_pct: None, sequential: false }, design)
+}
+
+/// The tax table.
+pub fn analyse_with(
+    cells: &[CellDef],
+    order: &Order,
+    passes: &[PassRecord],
+    judge: &Judge,
+    design: Design,
+) -> Vec<TaxRow> {
+    let trust_pct = judge.trust_pct;
     let dirty = contaminated(passes);
     let mut rows = Vec::new();
     for cell in cells {
@@ -155,7 +185,16 @@ pub fn analyse(
                     (!both.is_empty()).then(|| (mean(&n), mean(&w)))
                 })
                 .collect();
-            let ratio = stats::ratio(&pairs);
+            let pairs: Vec<(f64, f64)> = pairs.into_iter().filter(|(n, w)| *n > 0.0 && *w > 0.0).collect();
+            let ratio = if judge.sequential {
+                crate::verdict::sequence::paired_ratio(&pairs).map(|i| Ratio {
+                    pairs: i.n,
+                    ratio: i.mean,
+                    ci95: i.ci95,
+                })
+            } else {
+                stats::ratio(&pairs)
+            };
             let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
             let mut row = TaxRow {
                 cell: cell.name.clone(),
@@ -170,12 +209,41 @@ pub fn analyse(
                 spread_den: stats::spread_pct(&wv),
                 contaminated: dirty.contains_key(&cell.name),
                 verdict: String::new(),
+                equivalence: None,
+                pairs,
             };
             row.verdict = verdict(&row, trust_pct, design);
+            if let Some(margin) = judge.margin_pct
+                && !row.contaminated
+            {
+                let eq = equivalence(&row.pairs, margin, judge.sequential);
+                let n = row.pairs.len();
+                let text = eq.as_ref().map_or_else(
+                    || format!("undecided at {margin}% (too few pairs for an interval; {n} so far)"),
+                    |v| crate::verdict::equivalence::describe(v, margin, n),
+                );
+                row.verdict = format!("{text}; {}", row.verdict);
+                row.equivalence = eq;
+            }
             rows.push(row);
         }
     }
     rows
+}
+
+/// The equivalence verdict of paired (num, den) boot means at `margin`: the fixed-n
+/// TOST (the 90% t interval inside the bounds), or with `sequential` the confidence
+/// sequence's 95% interval; `None` while there is no interval.
+fn equivalence(pairs: &[(f64, f64)], margin: f64, sequential: bool) -> Option<Equivalence> {
+    use crate::verdict::{equivalence as eq, sequence};
+    if sequential {
+        let r = sequence::paired_ratio(pairs)?;
+        r.ci95?;
+        Some(eq::judge(&r, margin, sequence::half_factor))
+    } else {
+        let logs: Vec<f64> = pairs.iter().map(|(n, w)| (n / w).ln()).collect();
+        Some(eq::tost(&logs, margin)?.verdict)
+    }
 }
 
 /// The narrow arm's cost in percent of the wide arm's (positive: the pin costs).
@@ -191,25 +259,58 @@ fn verdict(r: &TaxRow, trust_pct: f64, design: Design) -> String {
         return "contaminated: outputs differ across arms; excluded".into();
     }
     let Some(ratio) = r.ratio else {
-        return "no pair with data in both arms".into();
+        return no_pair(r, design);
     };
     let untrusted: Vec<String> = [(design.num.as_str(), r.spread_num), (design.den.as_str(), r.spread_den)]
         .iter()
         .filter_map(|(a, s)| s.filter(|s| *s > trust_pct).map(|s| format!("{a} spread {s:.1}%")))
         .collect();
     let cost = design.cost_pct(r.better, ratio.ratio);
+    let n = ratio.pairs;
     let Some((lo, hi)) = ratio.ci95 else {
-        return format!("one pair, no interval: {} {cost:+.1}%", design.cost_short);
+        if n >= 2 {
+            return format!(
+                "n={n} pairs: the sequential interval is not bounded yet (it needs 4 pairs), cannot support a verdict ({} {cost:+.1}% is an estimate)",
+                design.cost_short
+            );
+        }
+        return format!(
+            "one pair (n=1): no interval, cannot support a verdict ({} {cost:+.1}% is one estimate)",
+            design.cost_short
+        );
     };
     if !untrusted.is_empty() {
-        return format!("untrusted: {} over the {trust_pct}% limit", untrusted.join(", "));
+        return format!(
+            "untrusted: {} over the {trust_pct}% limit ({} {cost:+.1}%, n={n} pairs)",
+            untrusted.join(", "),
+            design.cost_short
+        );
+    }
+    if lo == hi {
+        return format!(
+            "zero-width interval (n={n} pairs, every pair's ratio equal): no measured spread, cannot support a verdict"
+        );
     }
     if lo <= 1.0 && 1.0 <= hi {
-        format!("no tax detected ({cost:+.1}%, interval spans 1)")
+        format!("no tax detected ({cost:+.1}%, interval spans 1, n={n} pairs)")
     } else if cost > 0.0 {
-        format!("{} {cost:.1}%", design.cost_name)
+        format!("{} {cost:.1}% (n={n} pairs)", design.cost_name)
     } else {
-        format!("the pin gains {:.1}%", -cost)
+        format!("the pin gains {:.1}% (n={n} pairs)", -cost)
+    }
+}
+
+/// Why a row has no ratio: an arm without a counted measurement, or (each arm has some)
+/// no ABBA pair whose two boots both counted the same pass or window.
+fn no_pair(r: &TaxRow, design: Design) -> String {
+    let (num, den) = (design.num.as_str(), design.den.as_str());
+    match (r.num_n, r.den_n) {
+        (0, 0) => "no counted measurement in either arm".into(),
+        (0, _) => format!("no counted measurement in arm {num} ({den} has n={})", r.den_n),
+        (_, 0) => format!("no counted measurement in arm {den} ({num} has n={})", r.num_n),
+        (a, b) => format!(
+            "no ABBA pair: {num} has n={a} and {den} n={b} counted, but never in the same pass or window of both boots of a pair (each is compared only with its own pass or window in its partner)"
+        ),
     }
 }
 
@@ -235,7 +336,13 @@ pub fn table(rows: &[TaxRow], design: Design) -> String {
             Some(x) => (
                 x.pairs.to_string(),
                 format!("{:.4}", x.ratio),
-                x.ci95.map_or_else(|| "-".into(), |(lo, hi)| format!("{lo:.4} to {hi:.4}")),
+                x.ci95.map_or_else(
+                    || "- (n=1)".into(),
+                    |(lo, hi)| {
+                        let flag = if lo == hi { " (zero width)" } else { "" };
+                        format!("{lo:.4} to {hi:.4}{flag}")
+                    },
+                ),
             ),
             None => ("0".into(), "-".into(), "-".into()),
         };
@@ -428,7 +535,11 @@ mod tests {
         assert!(contaminated(&same).is_empty());
         let rows = analyse(&cells(), &order, &same, 4.0, Design::SWEEP);
         assert!(!rows[0].contaminated);
-        assert!(rows[0].verdict.starts_with("one pair, no interval: pin +11.1%"), "{}", rows[0].verdict);
+        // One pair gives a point estimate, never a verdict: the row says so.
+        assert_eq!(
+            rows[0].verdict,
+            "one pair (n=1): no interval, cannot support a verdict (pin +11.1% is one estimate)"
+        );
         let differ = vec![pass(1, Arm::Wide, 1, 100.0, "aa"), pass(2, Arm::Narrow, 1, 90.0, "bb")];
         assert_eq!(contaminated(&differ)["decode B=2"], vec!["decode B=2/p1/0".to_string()]);
         let rows = analyse(&cells(), &order, &differ, 4.0, Design::SWEEP);
@@ -468,5 +579,58 @@ mod tests {
         assert!((r.ratio.unwrap().ratio - 80.0 / 50.0).abs() < 1e-12, "{:?}", r.ratio);
         assert_eq!((r.num_n, r.den_n), (1, 2), "each arm still counts all its passes");
         assert_eq!(fnd.failed, vec!["boot 4 (wide) pass 1: ".to_string()]);
+    }
+
+    #[test]
+    fn each_arm_with_data_but_no_pair_and_zero_width_intervals_say_what_they_are() {
+        // Each arm has one counted pass, but in different pass numbers: there is no pair,
+        // and the verdict must not claim an arm has no data.
+        let order = order_arg("1 0").unwrap();
+        let mut lost = pass(2, Arm::Narrow, 1, 90.0, "a");
+        lost.ok = false;
+        let ps = vec![pass(1, Arm::Wide, 1, 100.0, "a"), lost, pass(2, Arm::Narrow, 2, 90.0, "a")];
+        let r = &analyse(&cells(), &order, &ps, 4.0, Design::SWEEP)[0];
+        assert_eq!((r.num_n, r.den_n, r.ratio), (1, 1, None));
+        assert!(r.verdict.starts_with("no ABBA pair: narrow has n=1 and wide n=1 counted"), "{}", r.verdict);
+        let ps = vec![pass(1, Arm::Wide, 1, 100.0, "a")];
+        let r = &analyse(&cells(), &order, &ps, 4.0, Design::SWEEP)[0];
+        assert_eq!(r.verdict, "no counted measurement in arm narrow (wide has n=1)");
+        // Two pairs with the same ratio: an interval of no width is no certainty.
+        let order = order_arg("1 0 0 1").unwrap();
+        let ps = vec![
+            pass(1, Arm::Wide, 1, 100.0, "a"),
+            pass(2, Arm::Narrow, 1, 90.0, "a"),
+            pass(3, Arm::Narrow, 1, 90.0, "a"),
+            pass(4, Arm::Wide, 1, 100.0, "a"),
+        ];
+        let r = &analyse(&cells(), &order, &ps, 4.0, Design::SWEEP)[0];
+        assert!(r.verdict.starts_with("zero-width interval (n=2 pairs"), "{}", r.verdict);
+        assert!(table(std::slice::from_ref(r), Design::SWEEP).contains("(zero width)"));
+    }
+
+    #[test]
+    fn a_margin_gives_the_equivalence_verdict_beside_the_old_one() {
+        // Four pairs with ratios 0.99, 1.01, 1.00, 1.00: inside ±5% at 90% (TOST).
+        let order = order_arg("1 0 0 1 0 1 1 0").unwrap();
+        let tok = [100.0, 99.0, 101.0, 100.0, 100.0, 100.0, 100.0, 100.0];
+        let ps: Vec<PassRecord> =
+            order.0.iter().enumerate().map(|(i, &arm)| pass(i + 1, arm, 1, tok[i], "a")).collect();
+        let judge = Judge { trust_pct: 4.0, margin_pct: Some(5.0), sequential: false };
+        let r = &analyse_with(&cells(), &order, &ps, &judge, Design::SWEEP)[0];
+        assert_eq!(r.pairs.len(), 4);
+        assert_eq!(r.equivalence, Some(Equivalence::Equivalent), "{}", r.verdict);
+        assert!(r.verdict.starts_with("equivalent within 5%; no tax detected"), "{}", r.verdict);
+        // The same pairs under the sequence: 4 pairs is where it becomes bounded; its
+        // interval is wider than the fixed-n one.
+        let seq = Judge { sequential: true, ..judge };
+        let s = &analyse_with(&cells(), &order, &ps, &seq, Design::SWEEP)[0];
+        let (flo, fhi) = r.ratio.unwrap().ci95.unwrap();
+        let (slo, shi) = s.ratio.unwrap().ci95.unwrap();
+        assert!(slo < flo && shi > fhi, "{slo} {shi} vs {flo} {fhi}");
+        // Two pairs are not enough for a bounded sequence, and the row says so.
+        let two = order_arg("1 0 0 1").unwrap();
+        let s = &analyse_with(&cells(), &two, &ps[..4], &seq, Design::SWEEP)[0];
+        assert!(s.verdict.contains("the sequential interval is not bounded yet"), "{}", s.verdict);
+        assert!(s.verdict.starts_with("undecided at 5%"), "{}", s.verdict);
     }
 }

@@ -4,6 +4,7 @@
 //! `analysis` turn passes into the tax; `sweep` (the batched-decode cells) and `mixed`
 //! (one speculative stream beside classic ones) are the modes, each an [`abba::Mode`].
 
+pub mod aa;
 pub mod abba;
 pub mod analysis;
 pub mod arms;
@@ -144,6 +145,14 @@ pub struct QmvPinTax {
     /// Write no dated record (the run directory still has everything).
     #[arg(long)]
     no_record: bool,
+    /// The sequential rule, its budgets and the equivalence margin.
+    #[command(flatten)]
+    seq: crate::verdict::SequentialFlags,
+    /// A/A: both slots of every pair run the same environment (the sweep's wide arm, the
+    /// mixed mode's A), to measure this machine's false-positive rate and interval width
+    /// per metric; the run writes aa.json, which later A/B runs on the same device cite.
+    #[arg(long)]
+    aa: bool,
 }
 
 impl QmvPinTax {
@@ -271,7 +280,16 @@ impl QmvPinTax {
             "require_quiet": self.require_quiet,
             "busy_cpus": self.busy_cpus,
             "trust_limit_pct": self.trust_limit,
-            "statistics": format!("{} = geometric mean of ABBA pair ratios; 95% CI = paired t interval on log ratios", design.ratio_name()),
+            "statistics": if self.seq.until_ci.is_some() {
+                format!("{} = geometric mean of ABBA pair ratios; 95% CI = Gaussian-mixture t confidence sequence on log ratios (valid at any stopping time)", design.ratio_name())
+            } else {
+                format!("{} = geometric mean of ABBA pair ratios; 95% CI = paired t interval on log ratios", design.ratio_name())
+            },
+            "until_ci_pct": self.seq.until_ci,
+            "max_pairs": self.seq.until_ci.map(|_| self.seq.max_pairs()),
+            "max_time_s": self.seq.max_time.map(|d| d.as_secs_f64()),
+            "margin_pct": self.seq.margin,
+            "aa": self.aa,
         });
         crate::runs::write_env_json(&run_dir, &env)?;
         eprintln!(
@@ -299,18 +317,73 @@ impl QmvPinTax {
             request_timeout: Duration::from_secs(self.request_timeout),
             run_dir: run_dir.clone(),
             cwd: root.clone(),
+            first_boot: 0,
+            aa: self.aa.then_some(design.den),
         };
-        let out = abba::run(mode, &plan, &shutdown)?;
         let skipped = mode.skipped();
         let cells: Vec<abba::CellDef> =
             mode.cells().into_iter().filter(|c| !skipped.iter().any(|(s, _)| *s == c.name)).collect();
-        let rows = analysis::analyse(&cells, &order, &out.passes, self.trust_limit, design);
+        let judge = analysis::Judge {
+            trust_pct: self.trust_limit,
+            margin_pct: self.seq.margin,
+            sequential: self.seq.until_ci.is_some(),
+        };
+        let (out, order, stopped) = self.run_blocks(mode, &plan, &cells, &judge, &shutdown)?;
+        let rows = analysis::analyse_with(&cells, &order, &out.passes, &judge, design);
         let fnd = analysis::findings(&out.passes, unit);
         let mut text = analysis::summary(&rows, &fnd, &out.boots, self.trust_limit, design, unit);
         if !skipped.is_empty() {
             let _ = writeln!(text, "skipped cells (never sent): {}", skipped.len());
             for (cell, why) in &skipped {
                 let _ = writeln!(text, "- {cell}: SKIP:context: {why}");
+            }
+        }
+        if judge.sequential {
+            text = text.replacen(
+                "95% CI by a paired t interval on their logs",
+                "95% CI from the Gaussian-mixture t confidence sequence on their logs (valid however the run stopped; docs/benchmarks.md, \"Running until the answer is known\")",
+                1,
+            );
+        }
+        if let (Some(target), Some(stopped)) = (self.seq.until_ci, &stopped) {
+            let _ = writeln!(
+                text,
+                "{}; {} pairs, {} boots",
+                stopped.describe(target),
+                order.pairs_of(design.num, design.den).len(),
+                order.0.len()
+            );
+        }
+        if let Some(section) = mode.fit(&rows) {
+            let _ = writeln!(text, "\n{section}");
+        }
+        let run_name = run_dir.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned());
+        if self.aa {
+            let f = aa::floor(&device, &run_name, &rows);
+            aa::write(&run_dir, &f)?;
+            let _ = writeln!(
+                text,
+                "A/A run (both slots {}): every true ratio is 1, so an interval excluding 1 is a false positive:\n{}",
+                design.den.as_str(),
+                aa::describe(&f)
+            );
+        } else {
+            match aa::latest(&runs_dir, &device, &run_dir) {
+                Some((dir, f)) => {
+                    let _ = writeln!(
+                        text,
+                        "the latest A/A run on this device ({}), for reading the intervals above:\n{}",
+                        display(&root, &dir),
+                        aa::describe(&f)
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        text,
+                        "no A/A run on this device under {}: `--aa` measures its false-positive rate and interval width\n",
+                        display(&root, &runs_dir)
+                    );
+                }
             }
         }
         let planned = order.0.len() * (passes as usize + 1);
@@ -429,6 +502,96 @@ fn context_skips(
         }
     }
     out
+}
+
+impl QmvPinTax {
+    /// Runs the order, then (with `--until-ci`) further ABBA blocks of four boots, until
+    /// every reported ratio's interval is narrow enough, every ratio is decided at the
+    /// margin, or a budget ends the run. Returns every boot and pass, the order actually
+    /// run, and why the sequential run stopped.
+    fn run_blocks<M: Mode>(
+        &self,
+        mode: &M,
+        plan: &Plan,
+        cells: &[abba::CellDef],
+        judge: &analysis::Judge,
+        shutdown: &Shutdown,
+    ) -> Result<(abba::Outcome, Order, Option<crate::verdict::sequence::Stopped>)> {
+        use crate::verdict::sequence::Stopped;
+        let design = mode.design();
+        let started = std::time::Instant::now();
+        let mut all = abba::Outcome::default();
+        let mut full = Order(Vec::new());
+        let mut block = plan.order.clone();
+        let stopped = loop {
+            let t0 = std::time::Instant::now();
+            let p = Plan { order: block.clone(), first_boot: full.0.len(), ..plan.clone() };
+            let out = abba::run(mode, &p, shutdown)?;
+            full.0.extend(block.0.iter().copied());
+            all.boots.extend(out.boots);
+            all.passes.extend(out.passes);
+            all.interrupted = out.interrupted;
+            all.aborted = out.aborted;
+            let Some(target) = self.seq.until_ci else { break None };
+            if let Some(sig) = all.interrupted {
+                break Some(Stopped::Ended(format!("interrupted by {}", child::signal_name(sig))));
+            }
+            if let Some(why) = &all.aborted {
+                break Some(Stopped::Ended(why.clone()));
+            }
+            let rows = analysis::analyse_with(cells, &full, &all.passes, judge, design);
+            let reported: Vec<&analysis::TaxRow> = rows.iter().filter(|r| !r.contaminated).collect();
+            let widths: Vec<Option<f64>> = reported
+                .iter()
+                .map(|r| {
+                    r.ratio.and_then(|x| Some(crate::verdict::sequence::half_width_pct(x.ratio, x.ci95?)))
+                })
+                .collect();
+            if widths.iter().all(|w| w.is_some_and(|w| w < target)) {
+                break Some(Stopped::Converged);
+            }
+            if let Some(m) = judge.margin_pct
+                && reported.iter().all(|r| {
+                    matches!(
+                        r.equivalence,
+                        Some(crate::verdict::equivalence::Equivalence::Equivalent)
+                            | Some(crate::verdict::equivalence::Equivalence::Differs)
+                    )
+                })
+            {
+                break Some(Stopped::Decided(m));
+            }
+            let pairs = full.pairs_of(design.num, design.den).len();
+            if pairs + 2 > self.seq.max_pairs() {
+                break Some(Stopped::MaxPairs(pairs));
+            }
+            // The next block takes about as long as the last one per boot.
+            let per_boot = t0.elapsed() / block.0.len().max(1) as u32;
+            if let Some(max) = self.seq.max_time
+                && started.elapsed() + per_boot * 4 > max
+            {
+                break Some(Stopped::MaxTime);
+            }
+            let widest = reported
+                .iter()
+                .zip(&widths)
+                .max_by(|a, b| a.1.unwrap_or(f64::INFINITY).total_cmp(&b.1.unwrap_or(f64::INFINITY)));
+            if let Some((r, w)) = widest {
+                eprintln!(
+                    "--until-ci {target}%: {pairs} pairs; widest interval {} ({} {}); adding 4 boots",
+                    w.map_or("unbounded".to_string(), |w| format!("±{w:.1}%")),
+                    r.cell,
+                    r.metric
+                );
+            }
+            // ABBA blocks alternate which arm opens them, so a drift cancels across blocks.
+            let last_open = full.0.get(full.0.len().saturating_sub(4)).copied().unwrap_or(design.num);
+            let (a, b) =
+                if last_open == design.num { (design.den, design.num) } else { (design.num, design.den) };
+            block = Order(vec![a, b, b, a]);
+        };
+        Ok((all, full, stopped))
+    }
 }
 
 /// A short, file-name-safe name for the device: `cpu-epyc-9r14-2cpu`.

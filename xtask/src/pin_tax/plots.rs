@@ -123,6 +123,8 @@ mod tests {
                 spread_den: None,
                 contaminated: false,
                 verdict: String::new(),
+                equivalence: None,
+                pairs: Vec::new(),
             })
             .collect();
         let l = crate::plot::raster::check("pin-tax-sweep", &sweep(&rows));

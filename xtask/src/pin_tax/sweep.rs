@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::abba::{Better, CellDef, CellMeasure, MetricDef, Mode, PassRecord};
@@ -12,6 +13,7 @@ use super::analysis::{Design, TaxRow};
 use crate::serve_bench::client::{Endpoint, Prompt, RequestSpec, Target};
 use crate::serve_bench::load::{self, Arrival};
 use crate::serve_bench::output::LevelSummary;
+use crate::verdict::fit::{self, Obs, Per};
 
 /// The sweep's sizes.
 #[derive(Clone, Debug)]
@@ -69,6 +71,71 @@ impl Sweep {
             speculative: false,
         }
     }
+}
+
+/// The cells whose measured quantity holds one forward inside the `qmv_wide` window, as
+/// observations of the fit: each decode level B >= 2 (TPOT: one forward of M = B per
+/// output token) and the prompt-cache hit (TTFT: one forward of M = the suffix per
+/// request), each with the mean and standard error of its pairs' narrow - wide ms.
+pub fn fit_obs(rows: &[TaxRow], suffix: u64) -> Vec<Obs> {
+    let mut obs = Vec::new();
+    for r in rows.iter().filter(|r| !r.contaminated) {
+        let m = match r.cell.strip_prefix("decode B=").and_then(|b| b.parse::<f64>().ok()) {
+            Some(b) if b >= 2.0 && r.metric == TPOT.name => b,
+            None if r.cell.starts_with("prompt-cache hit") && r.metric == TTFT.name => suffix as f64,
+            _ => continue,
+        };
+        let d: Vec<f64> = r.pairs.iter().map(|(n, w)| n - w).collect();
+        let Some(i) = crate::student_t::interval(&d).filter(|i| i.n >= 2) else { continue };
+        obs.push(Obs { cell: r.cell.clone(), forwards: 1.0, m, y: i.mean, se: i.sd / (i.n as f64).sqrt() });
+    }
+    obs
+}
+
+/// The per-forward fit's section of the summary.
+pub fn fit_section(obs: &[Obs]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "per-forward fit: narrow - wide ms of each cell with one forward in the window (TPOT of decode B >= 2, TTFT of the prompt-cache hit; mean of its pairs, weighted by 1 / se^2), as one constant per forward or per token (row), the better fit first:\n"
+    );
+    let fits = fit::both(obs);
+    if fits.is_empty() {
+        let _ = writeln!(s, "- no cell has two pairs with a spread: nothing to fit");
+        return s;
+    }
+    for f in &fits {
+        let per = match f.per {
+            Per::Forward => "per forward",
+            Per::Token => "per token",
+        };
+        let test = match (f.explains(), f.p) {
+            (Some(true), Some(p)) => format!(
+                "chi2 {:.2} on {} df, p = {p:.3}: one constant explains the {} cells",
+                f.chi2,
+                f.df,
+                f.df + 1
+            ),
+            (Some(false), Some(p)) => format!(
+                "chi2 {:.2} on {} df, p = {p:.3}: one constant does not explain the {} cells (interval widened by sqrt(chi2 / df))",
+                f.chi2,
+                f.df,
+                f.df + 1
+            ),
+            _ => "one cell: no test of whether one constant explains the cells".to_string(),
+        };
+        let residuals: Vec<String> = f.residuals.iter().map(|(c, r)| format!("{c} {r:+.3} ms")).collect();
+        let _ = writeln!(
+            s,
+            "- {per}: {:+.3} ms [{:+.3}, {:+.3}] (95%, n={} cells); {test}; residuals: {}",
+            f.beta,
+            f.ci95.0,
+            f.ci95.1,
+            f.residuals.len(),
+            residuals.join(", ")
+        );
+    }
+    s
 }
 
 fn seed(cell: usize, pass: usize, i: usize) -> u64 {
@@ -131,6 +198,10 @@ impl Mode for Sweep {
 
     fn panels(&self, rows: &[TaxRow], _passes: &[PassRecord]) -> Vec<crate::plot::Panel> {
         super::plots::sweep(rows)
+    }
+
+    fn fit(&self, rows: &[TaxRow]) -> Option<String> {
+        Some(fit_section(&fit_obs(rows, self.suffix)))
     }
 
     fn server_args(&self) -> Vec<OsString> {
@@ -222,5 +293,55 @@ impl Sweep {
             }
         }
         m
+    }
+}
+
+#[cfg(test)]
+mod fit_tests {
+    use super::super::abba::Better;
+    use super::*;
+
+    fn row(cell: &str, metric: &str, pairs: Vec<(f64, f64)>) -> TaxRow {
+        TaxRow {
+            cell: cell.into(),
+            metric: metric.into(),
+            better: Better::Lower,
+            num_n: pairs.len(),
+            den_n: pairs.len(),
+            num_mean: None,
+            den_mean: None,
+            ratio: None,
+            spread_num: None,
+            spread_den: None,
+            contaminated: false,
+            verdict: String::new(),
+            equivalence: None,
+            pairs,
+        }
+    }
+
+    #[test]
+    fn the_fit_takes_the_cells_with_one_forward_in_the_window() {
+        // Narrow - wide: TPOT +2 ms at B = 2 and 4 and TTFT +2 ms on the cache hit, each
+        // +-0.1 over two pairs; B = 1 and the uncached control are not in the window.
+        let rows = vec![
+            row("decode B=1", "TPOT ms", vec![(10.0, 10.0), (10.0, 10.0)]),
+            row("decode B=2", "TPOT ms", vec![(12.1, 10.0), (11.9, 10.0)]),
+            row("decode B=2", "output tok/s", vec![(80.0, 100.0), (80.0, 100.0)]),
+            row("decode B=4", "TPOT ms", vec![(14.1, 12.0), (13.9, 12.0)]),
+            row("prompt-cache hit (suffix 4)", "TTFT ms", vec![(22.1, 20.0), (21.9, 20.0)]),
+            row("uncached prefill 256", "TTFT ms", vec![(50.0, 40.0), (50.0, 40.0)]),
+        ];
+        let obs = fit_obs(&rows, 4);
+        let cells: Vec<(&str, f64)> = obs.iter().map(|o| (o.cell.as_str(), o.m)).collect();
+        assert_eq!(cells, [("decode B=2", 2.0), ("decode B=4", 4.0), ("prompt-cache hit (suffix 4)", 4.0)]);
+        assert!(obs.iter().all(|o| (o.y - 2.0).abs() < 1e-9 && (o.se - 0.1).abs() < 1e-9), "{obs:?}");
+        let text = fit_section(&obs);
+        // Equal taxes at M = 2 and 4: a constant per forward explains them exactly.
+        let first = text.lines().find(|l| l.starts_with("- ")).unwrap();
+        assert!(first.starts_with("- per forward: +2.000 ms [+1.887, +2.113] (95%, n=3 cells)"), "{text}");
+        assert!(first.contains("one constant explains the 3 cells"), "{text}");
+        assert!(text.contains("- per token:") && text.contains("does not explain"), "{text}");
+        assert!(fit_section(&[]).contains("nothing to fit"));
     }
 }

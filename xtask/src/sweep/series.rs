@@ -102,13 +102,21 @@ fn fmt_rate(v: f64) -> String {
     if v >= 100.0 { format!("{v:.0}") } else { format!("{v:.1}") }
 }
 
-/// `mean ± sd [lo, hi]`, or `mean (n=1)`.
+/// `gmean [lo, hi] (n=N, sd X%)` over the logs, or `gmean (n=1: no interval)`; a
+/// zero-width interval says so.
 fn fmt_interval(i: Option<Interval>) -> String {
     match i {
         None => "-".into(),
-        Some(Interval { mean, ci95: None, .. }) => format!("{} (n=1)", fmt_rate(mean)),
-        Some(Interval { mean, sd, ci95: Some((lo, hi)), .. }) => {
-            format!("{} ± {} [{}, {}]", fmt_rate(mean), fmt_rate(sd), fmt_rate(lo), fmt_rate(hi))
+        Some(Interval { mean, ci95: None, .. }) => format!("{} (n=1: no interval)", fmt_rate(mean)),
+        Some(i @ Interval { mean, sd, n, ci95: Some((lo, hi)) }) => {
+            let flag = if i.zero_width() { format!(", {}", student_t::ZERO_WIDTH) } else { String::new() };
+            format!(
+                "{} [{}, {}] (n={n}, sd {:.1}%{flag})",
+                fmt_rate(mean),
+                fmt_rate(lo),
+                fmt_rate(hi),
+                100.0 * (sd.exp() - 1.0)
+            )
         }
     }
 }
@@ -116,9 +124,10 @@ fn fmt_interval(i: Option<Interval>) -> String {
 fn fmt_ratio(i: Option<Interval>) -> String {
     match i {
         None => "-".into(),
-        Some(Interval { mean, ci95: None, .. }) => format!("{mean:.3}x (n=1)"),
-        Some(Interval { mean, ci95: Some((lo, hi)), n, .. }) => {
-            format!("{mean:.3}x [{lo:.3}, {hi:.3}] (n={n})")
+        Some(Interval { mean, ci95: None, .. }) => format!("{mean:.3}x (n=1: no interval)"),
+        Some(i @ Interval { mean, ci95: Some((lo, hi)), n, .. }) => {
+            let flag = if i.zero_width() { format!(", {}", student_t::ZERO_WIDTH) } else { String::new() };
+            format!("{mean:.3}x [{lo:.3}, {hi:.3}] (n={n}{flag})")
         }
     }
 }
@@ -129,7 +138,9 @@ pub fn applies(plan: &Plan) -> bool {
 }
 
 /// The statistics section of the summary: per cell, each engine's decode and prefill
-/// tok/s as `mean ± sd [95% interval]` over its ok repetitions (with how many ran), and
+/// tok/s as the geometric mean with the 95% interval of the mean of their logs (a rate's
+/// interval is multiplicative and never negative) over its ok repetitions (with how many
+/// ran), and
 /// with a peer kiln/peer for each rate, the geometric mean of the per-repetition ratios
 /// with its 95% interval (paired t on the log ratios).
 pub fn render(plan: &Plan, finished: &[Finished<'_>]) -> String {
@@ -158,7 +169,10 @@ pub fn render(plan: &Plan, finished: &[Finished<'_>]) -> String {
     }
     let peer = plan.cells.iter().any(|c| c.engine == Engine::Peer);
     let mut s = String::new();
-    let _ = writeln!(s, "per cell over its repetitions: tok/s mean ± sd [95% interval of the mean]:\n");
+    let _ = writeln!(
+        s,
+        "per cell over its repetitions: tok/s geometric mean [95% interval, from the mean of the logs] (n = ok repetitions, sd of the logs as a percentage):\n"
+    );
     if peer {
         let _ = writeln!(
             s,
@@ -174,8 +188,10 @@ pub fn render(plan: &Plan, finished: &[Finished<'_>]) -> String {
         for (engine, r) in engines {
             let decode: Vec<f64> = r.ok.values().map(|v| v.0).collect();
             let prefill: Vec<f64> = r.ok.values().map(|v| v.1).collect();
-            let (d, p) =
-                (fmt_interval(student_t::interval(&decode)), fmt_interval(student_t::interval(&prefill)));
+            let (d, p) = (
+                fmt_interval(student_t::log_interval(&decode)),
+                fmt_interval(student_t::log_interval(&prefill)),
+            );
             let mut counts = format!("{} / {}", r.ok.len(), r.runs);
             if r.disturbed > 0 {
                 counts.push_str(&format!(" ({} disturbed)", r.disturbed));
@@ -212,6 +228,82 @@ pub fn render(plan: &Plan, finished: &[Finished<'_>]) -> String {
         );
     }
     s
+}
+
+/// The statistics of a `--until-ci` sweep, from its rows: per cell and engine the
+/// geometric mean of each rate over its ok repetitions with the confidence sequence's
+/// 95% interval of the mean log rate (valid however many repetitions the run added), and
+/// with a peer kiln/peer per repetition the same way. Returns the section and whether
+/// every interval is bounded and narrower than `target_pct`.
+pub fn sequential(rows: &[super::rows::Row], target_pct: f64) -> (String, bool) {
+    use crate::verdict::sequence;
+    // Per (model, prompt length), per engine (peer or not), per repetition: the rates.
+    type Reps = BTreeMap<u32, (f64, f64)>;
+    let mut by: BTreeMap<(String, Option<u64>), BTreeMap<bool, Reps>> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.status == Status::Ok.as_str()) {
+        let (Some(d), Some(p)) = (r.decode_tok_s, r.prefill_tok_s) else { continue };
+        let peer = r.engine != "kiln" && !r.engine.is_empty();
+        by.entry((r.model.clone(), r.prompt_target_len))
+            .or_default()
+            .entry(peer)
+            .or_default()
+            .insert(r.repetition, (d, p));
+    }
+    let mut narrow = !by.is_empty();
+    let show = |i: Option<Interval>, narrow: &mut bool| -> String {
+        let Some(i) = i else {
+            *narrow = false;
+            return "-".into();
+        };
+        match i.ci95 {
+            Some(ci) => {
+                let h = sequence::half_width_pct(i.mean, ci);
+                *narrow &= h < target_pct;
+                format!("{} [{}, {}] (n={}, ±{h:.1}%)", fmt_rate(i.mean), fmt_rate(ci.0), fmt_rate(ci.1), i.n)
+            }
+            None => {
+                *narrow = false;
+                format!("{} (n={}: not bounded yet, it needs 4)", fmt_rate(i.mean), i.n)
+            }
+        }
+    };
+    let log_seq = |v: Vec<f64>| -> Option<Interval> {
+        let logs: Vec<f64> = v.iter().filter(|x| **x > 0.0).map(|x| x.ln()).collect();
+        let i = sequence::interval(&logs)?;
+        Some(Interval { mean: i.mean.exp(), ci95: i.ci95.map(|(lo, hi)| (lo.exp(), hi.exp())), ..i })
+    };
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "--until-ci {target_pct}%: per cell, tok/s geometric mean [95% interval from the confidence sequence on the logs, valid however many repetitions ran] (n, half-width):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| cell | engine | decode tok/s | prefill tok/s | decode kiln/peer | prefill kiln/peer |"
+    );
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|");
+    for ((model, len), engines) in &by {
+        let cell = format!("{}@{}", model.replace('|', "\\|"), len.map_or("text".into(), |l| l.to_string()));
+        for (peer, reps) in engines {
+            let d = show(log_seq(reps.values().map(|v| v.0).collect()), &mut narrow);
+            let p = show(log_seq(reps.values().map(|v| v.1).collect()), &mut narrow);
+            let (rd, rp) = match (peer, engines.get(&true)) {
+                (false, Some(other)) => {
+                    let pairs = |k: fn(&(f64, f64)) -> f64| -> Vec<(f64, f64)> {
+                        reps.iter().filter_map(|(rep, v)| Some((k(v), k(other.get(rep)?)))).collect()
+                    };
+                    (
+                        show(sequence::paired_ratio(&pairs(|v| v.0)), &mut narrow),
+                        show(sequence::paired_ratio(&pairs(|v| v.1)), &mut narrow),
+                    )
+                }
+                _ => (String::new(), String::new()),
+            };
+            let engine = if *peer { "peer" } else { "kiln" };
+            let _ = writeln!(s, "| {cell} | {engine} | {d} | {p} | {rd} | {rp} |");
+        }
+    }
+    (s, narrow)
 }
 
 #[cfg(test)]
@@ -291,12 +383,20 @@ mod tests {
             rows.insert(c.key(), row(c, status, d, p));
         }
         let text = render(&plan, &summary::pair(&plan, &rows));
-        assert!(text.contains("| a@8 | kiln | 3 / 3 | 40.0 ± 20.0 ["), "{text}");
-        assert!(text.contains("| 2.000x [2.000, 2.000] (n=3) | 0.500x [0.500, 0.500] (n=3) |"), "{text}");
-        assert!(text.contains("| a@8 | peer (llama.cpp b1 (abc)) | 3 / 3 | 20.0 ± 10.0"), "{text}");
+        // Decode 20, 40, 60: geometric mean 36.3, interval exp(mean ± 4.303 sd / sqrt 3)
+        // of the logs, positive however wide.
+        assert!(text.contains("| a@8 | kiln | 3 / 3 | 36.3 [9.1, 144] (n=3, sd 74.3%) |"), "{text}");
+        // Every ratio 2 (and 0.5): an interval of no width is flagged, never shown bare.
         assert!(
             text.contains(
-                "| b@8 | kiln | 3 / 3 | 11.0 ± 1.0 [8.5, 13.5] | 90.0 ± 0.0 [90.0, 90.0] | - | - |"
+                "| 2.000x [2.000, 2.000] (n=3, zero width: every value equal, no measured spread) | 0.500x [0.500, 0.500] (n=3, zero width"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("| a@8 | peer (llama.cpp b1 (abc)) | 3 / 3 | 18.2 [4.6, 72.2] (n=3"), "{text}");
+        assert!(
+            text.contains(
+                "| b@8 | kiln | 3 / 3 | 11.0 [8.7, 13.8] (n=3, sd 9.5%) | 90.0 [90.0, 90.0] (n=3, sd 0.0%, zero width: every value equal, no measured spread) | - | - |"
             ),
             "{text}"
         );
@@ -310,6 +410,32 @@ mod tests {
             plan.cells.iter().map(|c| (c.key(), row(c, "ok", 10.0, 100.0))).collect();
         let text = render(&plan, &summary::pair(&plan, &rows));
         assert!(text.contains("| cell | ok / ran | decode tok/s | prefill tok/s |"), "{text}");
-        assert!(text.contains("| a@8 | 2 / 2 | 10.0 ± 0.0 [10.0, 10.0] | 100 ± 0.0 [100, 100] |"), "{text}");
+        assert!(text.contains("| a@8 | 2 / 2 | 10.0 [10.0, 10.0] (n=2, sd 0.0%, zero width"), "{text}");
+        assert!(text.contains("| 100 [100, 100] (n=2, sd 0.0%, zero width"), "{text}");
+    }
+
+    #[test]
+    fn a_sequential_sweep_judges_every_interval_against_the_target() {
+        let mk = |rep: u32, d: f64| Row {
+            model: "a".into(),
+            prompt_target_len: Some(8),
+            status: "ok".into(),
+            decode_tok_s: Some(d),
+            prefill_tok_s: Some(100.0),
+            repetition: rep,
+            engine: "kiln".into(),
+            ..Row::default()
+        };
+        let steady: Vec<Row> =
+            (1..=5).map(|r| mk(r, [10.0, 10.1, 9.9, 10.0, 10.05][r as usize - 1])).collect();
+        let (text, narrow) = sequential(&steady, 3.0);
+        assert!(narrow, "{text}");
+        assert!(text.contains("| a@8 | kiln | 10.0 ["), "{text}");
+        assert!(text.contains("(n=5, ±"), "{text}");
+        let (text, narrow) = sequential(&steady[..3], 3.0);
+        assert!(!narrow && text.contains("(n=3: not bounded yet, it needs 4)"), "{text}");
+        let noisy: Vec<Row> = (1..=5).map(|r| mk(r, [5.0, 15.0, 8.0, 12.0, 10.0][r as usize - 1])).collect();
+        assert!(!sequential(&noisy, 3.0).1);
+        assert!(!sequential(&[], 3.0).1, "no rows: nothing converged");
     }
 }

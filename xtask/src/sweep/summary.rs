@@ -29,28 +29,64 @@ fn rate(v: Option<f64>) -> String {
     v.map_or_else(|| "?".into(), |v| if v >= 100.0 { format!("{v:.0}") } else { format!("{v:.1}") })
 }
 
+/// A cell measured once: its rates, or its status.
+fn single_cell(row: Option<&Row>) -> String {
+    match row {
+        None => "not run".to_string(),
+        Some(r) if r.status == Status::Ok.as_str() => {
+            format!("{} / {}", rate(r.decode_tok_s), rate(r.prefill_tok_s))
+        }
+        Some(r) => r.status.clone(),
+    }
+}
+
+/// A cell of a `--repeat` sweep: the geometric mean of each rate over kiln's ok
+/// repetitions with their count, or, when none is ok, the first repetition's status.
+fn repeated_cell(cell: &Cell, finished: &[Finished<'_>]) -> String {
+    let base = cell.base_label();
+    let runs: Vec<&Finished<'_>> =
+        finished.iter().filter(|f| f.cell.engine == Engine::Kiln && f.cell.base_label() == base).collect();
+    let ok: Vec<(f64, f64)> = runs
+        .iter()
+        .filter_map(|f| f.row)
+        .filter(|r| r.status == Status::Ok.as_str())
+        .filter_map(|r| Some((r.decode_tok_s?, r.prefill_tok_s?)))
+        .collect();
+    if ok.is_empty() {
+        let first = runs.iter().find_map(|f| f.row.map(|r| r.status.clone()));
+        return format!("{} (0 of {} ok)", first.unwrap_or_else(|| "not run".into()), runs.len());
+    }
+    let g = |k: fn(&(f64, f64)) -> f64| {
+        crate::student_t::log_interval(&ok.iter().map(k).collect::<Vec<_>>()).map(|i| i.mean)
+    };
+    format!("{} / {} (n={} of {})", rate(g(|v| v.0)), rate(g(|v| v.1)), ok.len(), runs.len())
+}
+
 /// The markdown table and the tally lines.
 pub fn render(plan: &Plan, finished: &[Finished<'_>], interrupted: Option<&str>) -> String {
     let mut s = String::new();
     let by_length = !plan.lengths.is_empty();
     let columns: Vec<String> =
         if by_length { plan.lengths.iter().map(u64::to_string).collect() } else { vec!["prompt".into()] };
-    let _ = writeln!(s, "decode / prefill tok/s, or why the cell has no measurement:\n");
+    let repeated = plan.cells.iter().any(|c| c.repetition > 1);
+    if repeated {
+        let _ = writeln!(
+            s,
+            "decode / prefill tok/s, the geometric mean over the cell's ok repetitions (n = how many), or why the cell has no measurement:\n"
+        );
+    } else {
+        let _ = writeln!(s, "decode / prefill tok/s, or why the cell has no measurement:\n");
+    }
     let _ = writeln!(s, "| model | {} |", columns.join(" | "));
     let _ = writeln!(s, "|---|{}", "---:|".repeat(columns.len()));
     for model in &plan.models {
-        // One column per prompt: the first repetition of kiln's run (the statistics over
+        // One column per prompt: kiln's run, or with --repeat the summary of all its
+        // repetitions, never one repetition standing for the rest (the intervals over
         // repetitions and engines follow in their own section).
         let cells: Vec<String> = finished
             .iter()
             .filter(|f| &f.cell.model == model && f.cell.repetition == 1 && f.cell.engine == Engine::Kiln)
-            .map(|f| match f.row {
-                None => "not run".to_string(),
-                Some(r) if r.status == Status::Ok.as_str() => {
-                    format!("{} / {}", rate(r.decode_tok_s), rate(r.prefill_tok_s))
-                }
-                Some(r) => r.status.clone(),
-            })
+            .map(|f| if repeated { repeated_cell(f.cell, finished) } else { single_cell(f.row) })
             .collect();
         let _ = writeln!(s, "| {} | {} |", model.replace('|', "\\|"), cells.join(" | "));
     }
@@ -225,5 +261,37 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn with_repeat_the_main_table_summarises_every_repetition() {
+        // Repetition 1 of a@512 ran at 10 tok/s, 2 and 3 at 40: the table must not show
+        // repetition 1 as the cell's figure but the geometric mean of all three.
+        let p = super::super::series::expand(&plan(DEFAULTS), 3, false);
+        let mut r: BTreeMap<CellKey, Row> = BTreeMap::new();
+        for c in &p.cells {
+            let (d, status) = match (c.model.as_str(), c.prompt_target_len().unwrap_or(0), c.repetition) {
+                ("a", 512, 1) => (10.0, "ok"),
+                ("a", 512, _) => (40.0, "ok"),
+                ("b", 2048, _) => (1.0, "SKIP:context"),
+                ("b", 512, 2) => (1.0, "FAIL:timeout"),
+                _ => (20.0, "ok"),
+            };
+            let row = Row {
+                model: c.model.clone(),
+                prompt_target_len: c.prompt_target_len(),
+                decode_tok_s: Some(d),
+                prefill_tok_s: Some(100.0 * d),
+                status: status.to_string(),
+                repetition: c.repetition,
+                ..Row::default()
+            };
+            r.insert(c.key(), row);
+        }
+        let text = render(&p, &pair(&p, &r), None);
+        assert!(text.contains("geometric mean over the cell's ok repetitions"), "{text}");
+        // (10 * 40 * 40)^(1/3) = 25.2; prefill 100 times that.
+        assert!(text.contains("| a | 25.2 / 2520 (n=3 of 3) | 20.0 / 2000 (n=3 of 3) |"), "{text}");
+        assert!(text.contains("| b | 20.0 / 2000 (n=2 of 3) | SKIP:context (0 of 3 ok) |"), "{text}");
     }
 }

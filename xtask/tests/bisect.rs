@@ -1,0 +1,167 @@
+//! `cargo xtask bisect` end to end on a scripted history: a temporary git repository
+//! whose stand-in engine (a shell script) gains a sleep in one commit, measured by a
+//! script that times it. The bisect must name that commit, resume without measuring
+//! anything again, and leave no worktree behind, also when interrupted.
+
+#[allow(dead_code)]
+mod util;
+
+use std::fs;
+use std::io::Read as _;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use util::{Run, Sandbox};
+
+fn git(repo: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .current_dir(repo)
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"])
+        .args(args)
+        .output()
+        .expect("git");
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn write_exec(path: &Path, text: &str) {
+    fs::write(path, text).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Six commits; the fourth makes the engine sleep 0.9 s instead of 0.3 s (long enough
+/// that a loaded machine's fork and exec noise stays small beside it). Returns the
+/// commits, oldest first.
+fn history(repo: &Path) -> Vec<String> {
+    fs::create_dir_all(repo).unwrap();
+    git(repo, &["init", "-q", "-b", "main"]);
+    let mut shas = Vec::new();
+    for i in 1..=6 {
+        let sleep = if i >= 4 { "0.9" } else { "0.3" };
+        write_exec(&repo.join("engine.sh"), &format!("#!/bin/sh\nsleep {sleep}\n"));
+        fs::write(repo.join("notes.txt"), format!("change {i}\n")).unwrap();
+        git(repo, &["add", "-A"]);
+        git(repo, &["commit", "-q", "-m", &format!("change {i}")]);
+        shas.push(git(repo, &["rev-parse", "HEAD"]));
+    }
+    shas
+}
+
+/// Times one run of the engine it is given, in milliseconds.
+fn measurer(dir: &Path) -> String {
+    let p = dir.join("measure.sh");
+    write_exec(
+        &p,
+        "#!/bin/sh\nstart=$(date +%s%N)\n\"$1\"\nend=$(date +%s%N)\necho \"time_ms=$(( (end - start) / 1000000 ))\"\n",
+    );
+    p.display().to_string()
+}
+
+fn bisect_args(sb: &Sandbox, repo: &Path, shas: &[String], extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "--good",
+        &shas[0],
+        "--bad",
+        &shas[5],
+        "--metric",
+        "time_ms",
+        "--margin",
+        "25",
+        "--max-pairs",
+        "16",
+        "--no-build",
+        "--bin",
+        "engine.sh",
+        "--repo",
+        &repo.display().to_string(),
+        "--runs-dir",
+        &sb.path("runs").display().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a.extend(["--".to_string(), measurer(sb.dir.path()), "{bin}".to_string()]);
+    a
+}
+
+fn worktrees(repo: &Path) -> usize {
+    git(repo, &["worktree", "list"]).lines().count()
+}
+
+#[test]
+fn bisect_names_the_commit_that_added_the_sleep_and_resumes_without_measuring_again() {
+    let sb = Sandbox::new();
+    let repo = sb.path("repo");
+    let shas = history(&repo);
+    let args = bisect_args(&sb, &repo, &shas, &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = sb.run("bisect", &args);
+    run.expect_code(0).expect_stdout(&format!("first bad commit: {} change 4", shas[3]));
+    // Step 0 confirms the bad revision; then probes, each with its evidence.
+    run.expect_stdout(&format!("| 0 | {} | change 6 |", &shas[5][..12])).expect_stdout("| like bad |");
+    run.expect_stdout("| like good |");
+    assert_eq!(worktrees(&repo), 1, "no worktree is left behind{run}");
+    let dir = fs::read_dir(sb.path("runs")).unwrap().next().unwrap().unwrap().path();
+    let measured = fs::read_to_string(dir.join("measurements.jsonl")).unwrap().lines().count();
+    assert!(measured >= 8, "{run}");
+
+    // Resumed: the same answer from the values already measured, and none taken again.
+    let resumed = bisect_args(&sb, &repo, &shas, &["--resume", &dir.display().to_string()]);
+    let resumed: Vec<&str> = resumed.iter().map(String::as_str).collect();
+    let again = sb.run("bisect", &resumed);
+    again.expect_code(0).expect_stdout(&format!("first bad commit: {} change 4", shas[3]));
+    let after = fs::read_to_string(dir.join("measurements.jsonl")).unwrap().lines().count();
+    assert_eq!(after, measured, "a resumed bisection measured again{again}");
+}
+
+#[test]
+fn a_bad_revision_that_is_not_bad_and_bad_input_end_the_bisection_plainly() {
+    let sb = Sandbox::new();
+    let repo = sb.path("repo");
+    let shas = history(&repo);
+    // change 1 against change 3: the same engine, nothing to bisect.
+    let mut args = bisect_args(&sb, &repo, &shas, &[]);
+    let i = args.iter().position(|a| a == &shas[5]).unwrap();
+    args[i] = shas[2].clone();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    sb.run("bisect", &args).expect_code(1).expect_stdout("nothing to bisect");
+    let mut swapped = bisect_args(&sb, &repo, &shas, &[]);
+    swapped.swap(1, 3);
+    let swapped: Vec<&str> = swapped.iter().map(String::as_str).collect();
+    sb.run("bisect", &swapped).expect_code(2).expect_stderr("is not an ancestor of --bad");
+    assert_eq!(worktrees(&repo), 1);
+}
+
+#[test]
+fn ctrl_c_mid_measurement_exits_130_and_leaves_no_worktree() {
+    let sb = Sandbox::new();
+    let repo = sb.path("repo");
+    let shas = history(&repo);
+    let args = bisect_args(&sb, &repo, &shas, &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (line, mut child) = sb.spawn("bisect", &args, &[]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Wait until it measures (a log of a run exists), then interrupt it.
+    let measuring = || {
+        fs::read_dir(sb.path("runs"))
+            .ok()
+            .and_then(|mut d| d.next())
+            .is_some_and(|e| e.unwrap().path().join("logs").is_dir())
+    };
+    while !measuring() {
+        assert!(Instant::now() < deadline, "no measurement after 60 s: {line}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    rustix::process::kill_process(rustix::process::Pid::from_child(&child), rustix::process::Signal::INT)
+        .unwrap();
+    let status = child.wait().unwrap();
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    let run = Run { cmd: line, status, stdout, stderr };
+    run.expect_code(130).expect_stdout("interrupted by SIGINT: resume with --resume");
+    assert_eq!(worktrees(&repo), 1, "a worktree survived the interrupt{run}");
+}
