@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use client::{get, post, request, send, stream_text};
 use kiln_core::MemoryPool;
-use kiln_model::{EngineOptions, LoadOptions, WorkspaceShape};
+use kiln_model::{
+    EngineOptions, LoadOptions, LogitAdjustments, Penalizer, Sampler, SamplingParams, Session, WorkspaceShape,
+};
 use kiln_serve::{SchedulerOptions, Server, ServerConfig, Shared, ThinkTags};
 use serde_json::{Value, json};
 
@@ -386,13 +388,28 @@ fn malformed_table() -> Vec<(String, u16, &'static str)> {
             ("tools", json!([])),
             ("functions", json!([])),
             ("response_format", json!({"type": "json_object"})),
-            ("presence_penalty", json!(0.5)),
-            ("frequency_penalty", json!(1)),
-            ("logit_bias", json!({})),
             ("suffix", json!("x")),
             ("unknown_field", json!(1)),
         ] {
             t.push((with(base, k, v), 400, "unsupported field"));
+        }
+        for (k, v) in [
+            ("presence_penalty", json!(2.5)),
+            ("presence_penalty", json!("1")),
+            ("frequency_penalty", json!(-2.01)),
+            ("repetition_penalty", json!(0)),
+            ("repetition_penalty", json!(-1)),
+            ("repetition_penalty", json!(1e300)),
+            ("min_p", json!(-0.1)),
+            ("min_p", json!(1.5)),
+            ("logit_bias", json!({"abc": 1})),
+            ("logit_bias", json!({"999999": 1})),
+            ("logit_bias", json!({"01": 1})),
+            ("logit_bias", json!({"1": 101})),
+            ("logit_bias", json!({"1": "x"})),
+            ("logit_bias", json!([1])),
+        ] {
+            t.push((with(base, k, v), 400, "sampling field out of range"));
         }
         t.push((
             with(base, "stream_options", json!({"include_usage": true})),
@@ -677,4 +694,123 @@ fn an_out_of_memory_mid_step_fails_that_request_only() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(metric(s.addr, "kiln_active_slots"), 0.0);
+}
+
+#[test]
+fn penalties_min_p_and_logit_bias_are_accepted_applied_and_range_checked() {
+    let s = boot(config());
+    let tokenizer = &s.shared.model().expect("loaded").tokenizer;
+    let id = |c: &str| {
+        let ids = tokenizer.encode(c, false).unwrap();
+        assert_eq!(ids.len(), 1, "{c:?} is {ids:?}");
+        ids[0]
+    };
+    let (a, b) = (id("a"), id("b"));
+    let chat = json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
+    let plain = json!({"model": "tiny", "prompt": "hi", "max_tokens": 3});
+    let fields = [
+        ("presence_penalty", json!(1.5), json!(2.5)),
+        ("frequency_penalty", json!(-2), json!(3)),
+        ("repetition_penalty", json!(1.3), json!(0)),
+        ("min_p", json!(0.05), json!(1.01)),
+        ("logit_bias", json!({a.to_string(): -100, b.to_string(): 3.5}), json!({"-1": 1})),
+    ];
+    for (path, base) in [("/v1/chat/completions", &chat), ("/v1/completions", &plain)] {
+        for (field, good, bad) in &fields {
+            for stream in [false, true] {
+                let mut body = base.clone();
+                body[*field] = good.clone();
+                body["stream"] = json!(stream);
+                let r = post(s.addr, path, &body);
+                assert_eq!(r.status, 200, "{path} {field}={good}: {}", r.body);
+            }
+            let mut body = base.clone();
+            body[*field] = bad.clone();
+            let r = post(s.addr, path, &body);
+            assert_eq!(r.status, 400, "{path} {field}={bad}: {}", r.body);
+            let e = r.json();
+            assert_eq!(e["error"]["param"], *field, "{}", r.body);
+            let message = e["error"]["message"].as_str().unwrap();
+            assert!(message.starts_with(field) && message.contains("accepted"), "{message}");
+        }
+    }
+
+    // Through the server each field changes the output exactly as the sampling module's
+    // transforms do on a decode of the same model outside the server.
+    let model =
+        kiln_model::load(MODEL, &LoadOptions { pool: MemoryPool::unlimited(), quantize: None }).unwrap();
+    let pool = MemoryPool::unlimited();
+    let reference = |prompt: &str, sampling: SamplingParams, adjust: LogitAdjustments| {
+        let ids = model.tokenizer.encode(prompt, true).unwrap();
+        let mut session = Session::new(&model, &pool, EngineOptions::default()).unwrap();
+        let mut sampler = Sampler::new(sampling, model.config.vocab_size).unwrap();
+        let mut penalizer = Penalizer::new(adjust, &ids);
+        let mut logits = session.prefill(&ids).unwrap().to_vec();
+        let mut out = Vec::new();
+        while out.len() < 8 {
+            penalizer.apply(&mut logits);
+            let t = sampler.sample(&logits);
+            penalizer.observe(t);
+            out.push(t);
+            logits = session.decode_step(t).unwrap().to_vec();
+        }
+        model.tokenizer.decode(&out).unwrap()
+    };
+    let served = |prompt: &str, extra: Value| {
+        let mut body =
+            json!({"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        text_of(&post(s.addr, "/v1/completions", &body))
+    };
+    let greedy = SamplingParams::default();
+    let plain_text = reference("The kiln", greedy, LogitAdjustments::default());
+    assert_eq!(served("The kiln", json!({})), plain_text);
+    let (sa, sb) = (a.to_string(), b.to_string());
+    let bias = vec![(a, 100.0), (b, 100.0)];
+    let cases = [
+        (
+            json!({"logit_bias": {&sa: 100}}),
+            LogitAdjustments { logit_bias: vec![(a, 100.0)], ..Default::default() },
+        ),
+        (
+            json!({"logit_bias": {&sa: 100, &sb: 100}, "frequency_penalty": 2}),
+            LogitAdjustments { logit_bias: bias.clone(), frequency_penalty: 2.0, ..Default::default() },
+        ),
+        (
+            json!({"logit_bias": {&sa: 100, &sb: 100}, "presence_penalty": 2}),
+            LogitAdjustments { logit_bias: bias.clone(), presence_penalty: 2.0, ..Default::default() },
+        ),
+        (json!({"frequency_penalty": 2}), LogitAdjustments { frequency_penalty: 2.0, ..Default::default() }),
+        (json!({"presence_penalty": -2}), LogitAdjustments { presence_penalty: -2.0, ..Default::default() }),
+        (
+            json!({"repetition_penalty": 3}),
+            LogitAdjustments { repetition_penalty: 3.0, ..Default::default() },
+        ),
+    ];
+    for (fields, adjust) in cases {
+        let want = reference("The kiln", greedy, adjust);
+        assert_ne!(want, plain_text, "{fields} changes nothing on this model: pick a case that does");
+        assert_eq!(served("The kiln", fields.clone()), want, "{fields}");
+    }
+    // A bias of 100 makes greedy decoding pick that token every step.
+    assert_eq!(served("The kiln", json!({"logit_bias": {&sa: 100}})), "a".repeat(8));
+    // The repetition penalty counts the prompt too: the prompt's "a"s push "a" below "b"
+    // when both have a bias of 100 (a positive logit divided by the penalty).
+    let both = json!({&sa: 100, &sb: 100});
+    let first = |prompt: &str| {
+        let body = json!({"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0,
+            "ignore_eos": true, "logit_bias": both, "repetition_penalty": 2});
+        text_of(&post(s.addr, "/v1/completions", &body))
+    };
+    assert_eq!(first("aaaa"), "b");
+    assert_eq!(first("bbbb"), "a");
+    // min-p when sampling: the same seed draws the same tokens as the reference, and
+    // differently from sampling without min-p.
+    let sampled = SamplingParams { temperature: 1.0, seed: 7, ..Default::default() };
+    let with_min_p =
+        reference("The kiln", SamplingParams { min_p: 0.5, ..sampled }, LogitAdjustments::default());
+    assert_ne!(with_min_p, reference("The kiln", sampled, LogitAdjustments::default()));
+    assert_eq!(served("The kiln", json!({"temperature": 1, "seed": 7, "min_p": 0.5})), with_min_p);
 }
