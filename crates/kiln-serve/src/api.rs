@@ -466,6 +466,19 @@ fn opt_bool(obj: &Map<String, Value>, name: &str) -> Result<Option<bool>, ApiErr
 /// The chat's messages through the model's template, or, for a model without one (the
 /// synthetic models), the plain rendering [`render_plain`].
 fn chat_prompt(obj: &Map<String, Value>, model: &LoadedModel) -> Result<Vec<u32>, ApiError> {
+    chat_tokens(obj, model, true, None)
+}
+
+/// The token ids of `obj`'s `messages`, rendered as [`chat_prompt`] renders them, with
+/// the generation prompt when `add_generation_prompt`; `add_special` overrides whether
+/// the tokenizer adds its special tokens (by default: not after a chat template, which
+/// writes them itself; yes for the plain rendering).
+pub(crate) fn chat_tokens(
+    obj: &Map<String, Value>,
+    model: &LoadedModel,
+    add_generation_prompt: bool,
+    add_special: Option<bool>,
+) -> Result<Vec<u32>, ApiError> {
     let messages = match obj.get("messages") {
         Some(Value::Array(m)) if !m.is_empty() => m,
         Some(Value::Array(_)) => return Err(ApiError::invalid("messages", "messages must not be empty")),
@@ -483,12 +496,18 @@ fn chat_prompt(obj: &Map<String, Value>, model: &LoadedModel) -> Result<Vec<u32>
     }
     let tokens = match &model.chat_template {
         Some(t) => {
-            let text = t.render(&parsed, true).map_err(|e| {
+            let text = t.render(&parsed, add_generation_prompt).map_err(|e| {
                 ApiError::invalid("messages", format!("the model's chat template refused the messages: {e}"))
             })?;
-            model.tokenizer.encode(&text, false)
+            model.tokenizer.encode(&text, add_special.unwrap_or(false))
         }
-        None => model.tokenizer.encode(&render_plain(&parsed), true),
+        None => {
+            let mut text = render_plain(&parsed);
+            if !add_generation_prompt {
+                text.truncate(text.len() - PLAIN_GENERATION_PROMPT.len());
+            }
+            model.tokenizer.encode(&text, add_special.unwrap_or(true))
+        }
     };
     let tokens =
         tokens.map_err(|e| ApiError::invalid("messages", format!("the messages cannot be encoded: {e}")))?;
@@ -508,9 +527,12 @@ pub fn render_plain(messages: &[ChatMessage]) -> String {
         s.push_str(&m.content);
         s.push('\n');
     }
-    s.push_str("assistant: ");
+    s.push_str(PLAIN_GENERATION_PROMPT);
     s
 }
+
+/// Where the answer begins in [`render_plain`].
+const PLAIN_GENERATION_PROMPT: &str = "assistant: ";
 
 fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
     let param = format!("messages[{i}]");
@@ -605,12 +627,23 @@ fn completion_prompt(obj: &Map<String, Value>, model: &LoadedModel) -> Result<Ve
         }
         None => return Err(ApiError::invalid("prompt", "prompt is required")),
     };
-    let ids = model
-        .tokenizer
-        .encode(&text, true)
-        .map_err(|e| ApiError::invalid("prompt", format!("the prompt cannot be encoded: {e}")))?;
+    let ids = text_tokens(&text, "prompt", model, true)?;
     if ids.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt encodes to no tokens"));
     }
     Ok(ids)
+}
+
+/// The token ids of a text prompt (the request field `field`), with the tokenizer's
+/// special tokens when `add_special`, as `/v1/completions` encodes its prompt.
+pub(crate) fn text_tokens(
+    text: &str,
+    field: &str,
+    model: &LoadedModel,
+    add_special: bool,
+) -> Result<Vec<u32>, ApiError> {
+    model
+        .tokenizer
+        .encode(text, add_special)
+        .map_err(|e| ApiError::invalid(field, format!("the {field} cannot be encoded: {e}")))
 }

@@ -814,3 +814,87 @@ fn penalties_min_p_and_logit_bias_are_accepted_applied_and_range_checked() {
     assert_ne!(with_min_p, reference("The kiln", sampled, LogitAdjustments::default()));
     assert_eq!(served("The kiln", json!({"temperature": 1, "seed": 7, "min_p": 0.5})), with_min_p);
 }
+
+#[test]
+fn tokenize_counts_what_the_completion_endpoints_count_and_detokenize_inverts_it() {
+    let mut c = config();
+    c.api_key = Some("sesame".into());
+    let s = boot(c);
+    let auth = [("Authorization", "Bearer sesame"), ("Content-Type", "application/json")];
+    let call = |path: &str, body: &Value| request(s.addr, "POST", path, body.to_string().as_bytes(), &auth);
+    let prompt = "The kiln was built into the side of the hill";
+    let messages = json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": prompt}]);
+
+    // The same ids the completion endpoints count as prompt_tokens.
+    let t = call("/tokenize", &json!({"model": "tiny", "prompt": prompt}));
+    assert_eq!(t.status, 200, "{}", t.body);
+    let t = t.json();
+    let ids: Vec<u64> = t["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(t["count"], ids.len());
+    assert_eq!(t["max_model_len"], s.shared.model().unwrap().config.max_position_embeddings);
+    let done = call("/v1/completions", &json!({"model": "tiny", "prompt": prompt, "max_tokens": 1}));
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert_eq!(done.json()["usage"]["prompt_tokens"], ids.len());
+    // The ids as a prompt give the same completion as the text.
+    let by_ids =
+        call("/v1/completions", &json!({"model": "tiny", "prompt": ids, "max_tokens": 4, "temperature": 0}));
+    let by_text = call(
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(text_of(&by_ids), text_of(&by_text));
+
+    let chat = call("/tokenize", &json!({"messages": messages}));
+    assert_eq!(chat.status, 200, "{}", chat.body);
+    let chat_count = chat.json()["count"].as_u64().unwrap();
+    let done = call("/v1/chat/completions", &json!({"model": "tiny", "messages": messages, "max_tokens": 1}));
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert_eq!(done.json()["usage"]["prompt_tokens"], chat_count);
+
+    // Without the generation prompt ("assistant: ") and without BOS.
+    let bare = call("/tokenize", &json!({"messages": messages, "add_generation_prompt": false}));
+    assert_eq!(
+        bare.json()["count"].as_u64().unwrap(),
+        chat_count - "assistant: ".len() as u64,
+        "{}",
+        bare.body
+    );
+    let no_bos = call("/tokenize", &json!({"prompt": prompt, "add_special_tokens": false}));
+    assert_eq!(no_bos.json()["count"].as_u64().unwrap(), ids.len() as u64 - 1, "{}", no_bos.body);
+
+    // Detokenize gives the text back.
+    let back = call("/detokenize", &json!({"model": "tiny", "tokens": no_bos.json()["tokens"]}));
+    assert_eq!(back.status, 200, "{}", back.body);
+    assert_eq!(back.json()["prompt"], prompt);
+    let back = call("/detokenize", &json!({"tokens": ids}));
+    assert_eq!(back.json()["prompt"], prompt, "BOS is skipped: {}", back.body);
+
+    // Bad input is a 400 naming the field; another model a 404; no key a 401.
+    for (path, body, param) in [
+        ("/tokenize", json!({}), "prompt"),
+        ("/tokenize", json!({"prompt": prompt, "messages": messages}), "prompt"),
+        ("/tokenize", json!({"prompt": 5}), "prompt"),
+        ("/tokenize", json!({"prompt": prompt, "add_generation_prompt": true}), "add_generation_prompt"),
+        ("/tokenize", json!({"prompt": prompt, "add_special_tokens": "no"}), "add_special_tokens"),
+        ("/tokenize", json!({"prompt": prompt, "return_token_strs": true}), "return_token_strs"),
+        ("/tokenize", json!({"messages": []}), "messages"),
+        ("/tokenize", json!({"messages": [{"role": "tool", "content": "x"}]}), "messages[0].role"),
+        ("/detokenize", json!({}), "tokens"),
+        ("/detokenize", json!({"tokens": "abc"}), "tokens"),
+        ("/detokenize", json!({"tokens": [1, 999_999]}), "tokens"),
+        ("/detokenize", json!({"tokens": [-1]}), "tokens"),
+        ("/detokenize", json!({"tokens": [1], "prompt": "x"}), "prompt"),
+    ] {
+        let r = call(path, &body);
+        assert_eq!(r.status, 400, "{path} {body}: {}", r.body);
+        assert_eq!(r.json()["error"]["param"], param, "{path} {body}: {}", r.body);
+    }
+    let r = call("/tokenize", &json!({"model": "other", "prompt": prompt}));
+    assert_eq!(r.status, 404, "{}", r.body);
+    let r = request(s.addr, "POST", "/tokenize", json!({"prompt": prompt}).to_string().as_bytes(), &[]);
+    assert_eq!(r.status, 401, "{}", r.body);
+    let r = request(s.addr, "POST", "/detokenize", json!({"tokens": [1]}).to_string().as_bytes(), &[]);
+    assert_eq!(r.status, 401, "{}", r.body);
+    let r = request(s.addr, "GET", "/tokenize", b"", &auth);
+    assert_eq!(r.status, 405, "{}", r.body);
+}
