@@ -1,7 +1,8 @@
 //! The server in-process on synthetic:tiny, bound to port 0: both endpoints streaming and
 //! not, usage, batched greedy decoding against sequential, the prompt cache, stop
-//! strings, the malformed-request table, disconnects, queue and memory limits, and the
-//! API key.
+//! strings, the malformed-request table, disconnects, queue and memory limits, the API
+//! key, the penalties, min-p and logit bias against a decode outside the server, and the
+//! tokenizer endpoints against the completion endpoints' prompt counts.
 
 mod client;
 
