@@ -1,6 +1,6 @@
-//! `POST /tokenize` and `POST /detokenize` in vLLM's shapes: a prompt or a chat's
-//! messages to the token ids the completion endpoints would count as `prompt_tokens`,
-//! and token ids back to text.
+//! `POST /tokenize` and `POST /detokenize` in vLLM's shapes (and llama-server's): a
+//! prompt or a chat's messages to the token ids the completion endpoints would count as
+//! `prompt_tokens`, and token ids back to text.
 
 use kiln_model::LoadedModel;
 use serde_json::{Map, Value, json};
@@ -9,7 +9,7 @@ use crate::api::{self, model_not_found};
 use crate::error::ApiError;
 
 const TOKENIZE_FIELDS: &[&str] =
-    &["model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"];
+    &["model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "content", "add_special"];
 const DETOKENIZE_FIELDS: &[&str] = &["model", "tokens"];
 
 /// The body of a `/tokenize` or `/detokenize` request as an object, its fields checked
@@ -53,9 +53,36 @@ fn opt_bool(obj: &Map<String, Value>, name: &str) -> Result<Option<bool>, ApiErr
 /// `add_special_tokens: false`, as `/v1/completions` encodes a prompt) or
 /// `{"messages": [...]}` (through the chat template with the generation prompt unless
 /// `add_generation_prompt: false`, as `/v1/chat/completions` renders them) to
-/// `{"tokens": [...], "count": N, "max_model_len": M}`.
+/// `{"tokens": [...], "count": N, "max_model_len": M}`; or, in llama-server's shape,
+/// `{"content": "..."}` (special tokens only with `add_special: true`) to the same answer.
 pub fn tokenize(body: &[u8], model_id: &str, model: &LoadedModel) -> Result<Value, ApiError> {
     let obj = object(body, "/tokenize", TOKENIZE_FIELDS, model_id)?;
+    if let Some(content) = obj.get("content") {
+        // llama-server's shape: special tokens only when `add_special` asks for them.
+        if let Some(k) = ["prompt", "messages", "add_special_tokens", "add_generation_prompt"]
+            .into_iter()
+            .find(|k| obj.contains_key(*k))
+        {
+            return Err(ApiError::invalid(
+                k,
+                format!(
+                    "{k} is vLLM's field and content llama-server's: send prompt or content, not both shapes"
+                ),
+            ));
+        }
+        let Value::String(text) = content else {
+            return Err(ApiError::invalid("content", "content must be a string"));
+        };
+        let tokens =
+            api::text_tokens(text, "content", model, opt_bool(&obj, "add_special")?.unwrap_or(false))?;
+        return Ok(answer(tokens, model));
+    }
+    if obj.contains_key("add_special") {
+        return Err(ApiError::invalid(
+            "add_special",
+            "add_special goes with content (llama-server's shape); with prompt or messages send add_special_tokens",
+        ));
+    }
     let add_special = opt_bool(&obj, "add_special_tokens")?;
     let tokens = match (obj.get("prompt"), obj.get("messages")) {
         (Some(_), Some(_)) => {
@@ -79,15 +106,19 @@ pub fn tokenize(body: &[u8], model_id: &str, model: &LoadedModel) -> Result<Valu
             return Err(ApiError::invalid("prompt", "prompt (a string) or messages (a chat) is required"));
         }
     };
-    Ok(json!({
+    Ok(answer(tokens, model))
+}
+
+fn answer(tokens: Vec<u32>, model: &LoadedModel) -> Value {
+    json!({
         "count": tokens.len(),
         "max_model_len": model.config.max_position_embeddings,
         "tokens": tokens,
-    }))
+    })
 }
 
-/// `POST /detokenize`: `{"tokens": [...]}` to `{"prompt": "..."}`, special tokens
-/// skipped.
+/// `POST /detokenize`: `{"tokens": [...]}` to `{"prompt": "..."}` (and the same text as
+/// `content`, llama-server's name), special tokens skipped.
 pub fn detokenize(body: &[u8], model_id: &str, model: &LoadedModel) -> Result<Value, ApiError> {
     let obj = object(body, "/detokenize", DETOKENIZE_FIELDS, model_id)?;
     let vocab = model.config.vocab_size;
@@ -121,5 +152,5 @@ pub fn detokenize(body: &[u8], model_id: &str, model: &LoadedModel) -> Result<Va
         .tokenizer
         .decode(&ids)
         .map_err(|e| ApiError::invalid("tokens", format!("the tokens cannot be decoded: {e}")))?;
-    Ok(json!({"prompt": text}))
+    Ok(json!({"prompt": text, "content": text}))
 }

@@ -870,6 +870,13 @@ fn tokenize_counts_what_the_completion_endpoints_count_and_detokenize_inverts_it
     let back = call("/detokenize", &json!({"tokens": ids}));
     assert_eq!(back.json()["prompt"], prompt, "BOS is skipped: {}", back.body);
 
+    // llama-server's shape: content, special tokens only with add_special.
+    let llama = call("/tokenize", &json!({"content": prompt}));
+    assert_eq!(llama.json()["tokens"], no_bos.json()["tokens"], "{}", llama.body);
+    let llama = call("/tokenize", &json!({"content": prompt, "add_special": true}));
+    assert_eq!(llama.json()["tokens"], json!(ids), "{}", llama.body);
+    assert_eq!(call("/detokenize", &json!({"tokens": ids})).json()["content"], prompt);
+
     // Bad input is a 400 naming the field; another model a 404; no key a 401.
     for (path, body, param) in [
         ("/tokenize", json!({}), "prompt"),
@@ -880,6 +887,9 @@ fn tokenize_counts_what_the_completion_endpoints_count_and_detokenize_inverts_it
         ("/tokenize", json!({"prompt": prompt, "return_token_strs": true}), "return_token_strs"),
         ("/tokenize", json!({"messages": []}), "messages"),
         ("/tokenize", json!({"messages": [{"role": "tool", "content": "x"}]}), "messages[0].role"),
+        ("/tokenize", json!({"content": 5}), "content"),
+        ("/tokenize", json!({"content": prompt, "prompt": prompt}), "prompt"),
+        ("/tokenize", json!({"prompt": prompt, "add_special": true}), "add_special"),
         ("/detokenize", json!({}), "tokens"),
         ("/detokenize", json!({"tokens": "abc"}), "tokens"),
         ("/detokenize", json!({"tokens": [1, 999_999]}), "tokens"),
