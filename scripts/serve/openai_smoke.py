@@ -1,5 +1,7 @@
 """The official `openai` Python client against a running `kiln serve`: a streamed chat
-with usage and a non-streamed completion, asserting content and usage. Usage:
+with usage and a non-streamed completion, asserting content and usage, and the sampling
+fields the client sends (penalties, logit bias, vLLM's min_p and repetition_penalty).
+Usage:
 
     python openai_smoke.py http://127.0.0.1:PORT MODEL_ID
 
@@ -56,6 +58,38 @@ def main() -> None:
         assert e.status_code == 400 and "max_tokens" in str(e), e
     else:
         raise AssertionError("max_tokens=0 was accepted")
+    # The client's own sampling fields and vLLM's extensions: accepted, and a bias of 100
+    # on "a" (byte 97 in the synthetic byte tokenizer) makes greedy output all "a".
+    biased = client.completions.create(
+        model=model,
+        prompt="The kiln",
+        max_tokens=6,
+        temperature=0,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        logit_bias={"97": 100},
+        extra_body={"ignore_eos": True, "repetition_penalty": 1.1, "min_p": 0.05},
+    )
+    assert biased.choices[0].text == "a" * 6, biased
+    chat = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        temperature=0.8,
+        presence_penalty=-1,
+        frequency_penalty=2,
+        logit_bias={"98": -100},
+        extra_body={"min_p": 0.1},
+    )
+    assert chat.usage.completion_tokens >= 1, chat.usage
+    try:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=1, presence_penalty=3
+        )
+    except openai.BadRequestError as e:
+        assert e.status_code == 400 and "presence_penalty" in str(e), e
+    else:
+        raise AssertionError("presence_penalty=3 was accepted")
     print(f"openai {openai.__version__}: streamed chat {usage.completion_tokens} tokens, completion ok")
 
 

@@ -41,6 +41,6 @@ pub use attention::AttentionKind;
 pub use engine::{Engine, EngineOptions, Session};
 pub use kv_cache::{KV_BLOCK_TOKENS, KvCache, KvDtype, KvLayout};
 pub use plan::{MemoryPlan, RunShape, WorkspaceShape, plan};
-pub use sampling::{Sampler, SamplingParams};
+pub use sampling::{LogitAdjustments, Penalizer, Sampler, SamplingParams};
 pub use transformer::{Logits, SeqChunk, Transformer};
 pub use workspace::Workspace;

@@ -430,7 +430,7 @@ fn seeded_sampling_reproduces_a_generation() {
     let tokens = prompt(12, 7);
     let generate = |seed| {
         let mut s = Session::new(&model, &pool, EngineOptions::default()).unwrap();
-        let params = SamplingParams { temperature: 1.0, top_k: 40, top_p: 0.95, seed };
+        let params = SamplingParams { temperature: 1.0, top_k: 40, top_p: 0.95, min_p: 0.0, seed };
         let mut sampler = Sampler::new(params, model.config.vocab_size).unwrap();
         let mut out = vec![sampler.sample(s.prefill(&tokens).unwrap())];
         for _ in 0..24 {

@@ -150,7 +150,7 @@ fn draft_models() {
     assert_eq!(got, want, "{stats:?}");
     assert!(stats.verifies > 0);
 
-    let sampled = SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, seed: 5 };
+    let sampled = SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, min_p: 0.0, seed: 5 };
     let same = DraftModel::new(&model, 512, &pool, options, sampled).unwrap();
     let (got, stats, _) = speculate(&model, &pool, options, Box::new(same), sampled, 4, &ids, 40);
     assert_eq!(got.len(), 40);
@@ -178,7 +178,7 @@ fn a_draft_model_of_another_vocabulary_is_refused() {
 fn sampled_speculation_is_reproducible() {
     let (model, pool) = load("synthetic:tiny-qwen", None);
     let ids = prompt(model.config.vocab_size);
-    let p = SamplingParams { temperature: 0.7, top_k: 0, top_p: 0.9, seed: 3 };
+    let p = SamplingParams { temperature: 0.7, top_k: 0, top_p: 0.9, min_p: 0.0, seed: 3 };
     let run = || {
         speculate(&model, &pool, EngineOptions::default(), Box::new(PromptLookup::default()), p, 4, &ids, 40)
             .0

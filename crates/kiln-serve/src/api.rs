@@ -1,10 +1,10 @@
 //! The OpenAI request bodies kiln accepts, checked field by field: a field of the wrong
 //! type or out of range is a 400 naming it; a field kiln does not implement is refused by
-//! name unless it carries the value that means "off" (`n: 1`, `logprobs: false`, zero
-//! penalties), which clients send by default.
+//! name unless it carries the value that means "off" (`n: 1`, `logprobs: false`), which
+//! clients send by default.
 
 use kiln_model::chat_template::ChatMessage;
-use kiln_model::{LoadedModel, ModelError, SamplingParams};
+use kiln_model::{LoadedModel, LogitAdjustments, ModelError, SamplingParams};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -37,6 +37,8 @@ pub struct GenerationRequest {
     pub max_tokens: usize,
     /// How to choose tokens.
     pub sampling: SamplingParams,
+    /// Logit bias and penalties, applied to the logits row before `sampling`.
+    pub adjust: LogitAdjustments,
     /// Keep generating past EOS until `max_tokens`.
     pub ignore_eos: bool,
     /// Strings that end generation.
@@ -69,6 +71,9 @@ const COMMON_FIELDS: &[&str] = &[
     "logprobs",
     "presence_penalty",
     "frequency_penalty",
+    "repetition_penalty",
+    "min_p",
+    "logit_bias",
     "speculative",
 ];
 /// Fields of `stream_options`.
@@ -252,12 +257,27 @@ pub fn parse(
     {
         return Err(ApiError::invalid("user", "user must be a string"));
     }
-    let sampling = SamplingParams { temperature: temperature as f32, top_k, top_p: top_p as f32, seed };
+    let min_p = opt_f64(&obj, "min_p")?.unwrap_or(0.0);
+    if !(0.0..=1.0).contains(&min_p) {
+        return Err(ApiError::invalid(
+            "min_p",
+            format!("min_p {min_p} is out of range: accepted values are 0 to 1"),
+        ));
+    }
+    let sampling = SamplingParams {
+        temperature: temperature as f32,
+        top_k,
+        top_p: top_p as f32,
+        min_p: min_p as f32,
+        seed,
+    };
     sampling.validate().map_err(sampling_error)?;
+    let adjust = adjustments(&obj, model.config.vocab_size)?;
     Ok(GenerationRequest {
         prompt,
         max_tokens,
         sampling,
+        adjust,
         ignore_eos,
         stop,
         stream,
@@ -265,6 +285,77 @@ pub fn parse(
         continuous_usage,
         speculative,
     })
+}
+
+/// `logit_bias`, `repetition_penalty`, `frequency_penalty` and `presence_penalty`,
+/// checked against `vocab` token ids.
+fn adjustments(obj: &Map<String, Value>, vocab: usize) -> Result<LogitAdjustments, ApiError> {
+    let mut a = LogitAdjustments::default();
+    for (name, slot) in
+        [("frequency_penalty", &mut a.frequency_penalty), ("presence_penalty", &mut a.presence_penalty)]
+    {
+        let v = opt_f64(obj, name)?.unwrap_or(0.0);
+        if !(-2.0..=2.0).contains(&v) {
+            return Err(ApiError::invalid(
+                name,
+                format!("{name} {v} is out of range: accepted values are -2 to 2"),
+            ));
+        }
+        *slot = v as f32;
+    }
+    let r = opt_f64(obj, "repetition_penalty")?.unwrap_or(1.0);
+    // Single precision: a positive value below its smallest would become 0, a huge one
+    // infinite.
+    if !(r > 0.0 && (r as f32) > 0.0 && (r as f32).is_finite()) {
+        return Err(ApiError::invalid(
+            "repetition_penalty",
+            format!(
+                "repetition_penalty {r} is out of range: accepted values are above 0 (1 = off, above 1 \
+                 discourages repeats) and representable in single precision"
+            ),
+        ));
+    }
+    a.repetition_penalty = r as f32;
+    match obj.get("logit_bias") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(map)) => {
+            for (key, value) in map {
+                let id = match key.parse::<u32>() {
+                    Ok(id) if (id as usize) < vocab && key == &id.to_string() => id,
+                    _ => {
+                        return Err(ApiError::invalid(
+                            "logit_bias",
+                            format!(
+                                "logit_bias key {key:?} is not a token id of this model: accepted keys are \
+                                 token ids 0 to {} written as decimal strings",
+                                vocab.saturating_sub(1)
+                            ),
+                        ));
+                    }
+                };
+                let bias = match value.as_f64() {
+                    Some(b) if (-100.0..=100.0).contains(&b) => b as f32,
+                    _ => {
+                        return Err(ApiError::invalid(
+                            "logit_bias",
+                            format!(
+                                "logit_bias[{key:?}] {value} is out of range: accepted values are numbers -100 to 100"
+                            ),
+                        ));
+                    }
+                };
+                a.logit_bias.push((id, bias));
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                "logit_bias must be an object mapping token ids (as strings) to numbers -100 to 100",
+            ));
+        }
+    }
+    a.validate(vocab).map_err(sampling_error)?;
+    Ok(a)
 }
 
 /// A sampler's refusal as a 400 naming the request field it is about (`top_p` for the
@@ -312,9 +403,6 @@ fn refuse_unless_off(obj: &Map<String, Value>) -> Result<(), ApiError> {
             "n" | "best_of" => matches!(value, Value::Null) || value.as_i64() == Some(1),
             "logprobs" | "echo" => matches!(value, Value::Null | Value::Bool(false)),
             "top_logprobs" => matches!(value, Value::Null) || value.as_i64() == Some(0),
-            "presence_penalty" | "frequency_penalty" => {
-                matches!(value, Value::Null) || value.as_f64() == Some(0.0)
-            }
             "parallel_tool_calls" => matches!(value, Value::Null | Value::Bool(_)),
             _ => true,
         };
@@ -378,6 +466,19 @@ fn opt_bool(obj: &Map<String, Value>, name: &str) -> Result<Option<bool>, ApiErr
 /// The chat's messages through the model's template, or, for a model without one (the
 /// synthetic models), the plain rendering [`render_plain`].
 fn chat_prompt(obj: &Map<String, Value>, model: &LoadedModel) -> Result<Vec<u32>, ApiError> {
+    chat_tokens(obj, model, true, None)
+}
+
+/// The token ids of `obj`'s `messages`, rendered as [`chat_prompt`] renders them, with
+/// the generation prompt when `add_generation_prompt`; `add_special` overrides whether
+/// the tokenizer adds its special tokens (by default: not after a chat template, which
+/// writes them itself; yes for the plain rendering).
+pub(crate) fn chat_tokens(
+    obj: &Map<String, Value>,
+    model: &LoadedModel,
+    add_generation_prompt: bool,
+    add_special: Option<bool>,
+) -> Result<Vec<u32>, ApiError> {
     let messages = match obj.get("messages") {
         Some(Value::Array(m)) if !m.is_empty() => m,
         Some(Value::Array(_)) => return Err(ApiError::invalid("messages", "messages must not be empty")),
@@ -395,12 +496,18 @@ fn chat_prompt(obj: &Map<String, Value>, model: &LoadedModel) -> Result<Vec<u32>
     }
     let tokens = match &model.chat_template {
         Some(t) => {
-            let text = t.render(&parsed, true).map_err(|e| {
+            let text = t.render(&parsed, add_generation_prompt).map_err(|e| {
                 ApiError::invalid("messages", format!("the model's chat template refused the messages: {e}"))
             })?;
-            model.tokenizer.encode(&text, false)
+            model.tokenizer.encode(&text, add_special.unwrap_or(false))
         }
-        None => model.tokenizer.encode(&render_plain(&parsed), true),
+        None => {
+            let mut text = render_plain(&parsed);
+            if !add_generation_prompt {
+                text.truncate(text.len() - PLAIN_GENERATION_PROMPT.len());
+            }
+            model.tokenizer.encode(&text, add_special.unwrap_or(true))
+        }
     };
     let tokens =
         tokens.map_err(|e| ApiError::invalid("messages", format!("the messages cannot be encoded: {e}")))?;
@@ -420,9 +527,12 @@ pub fn render_plain(messages: &[ChatMessage]) -> String {
         s.push_str(&m.content);
         s.push('\n');
     }
-    s.push_str("assistant: ");
+    s.push_str(PLAIN_GENERATION_PROMPT);
     s
 }
+
+/// Where the answer begins in [`render_plain`].
+const PLAIN_GENERATION_PROMPT: &str = "assistant: ";
 
 fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
     let param = format!("messages[{i}]");
@@ -517,12 +627,23 @@ fn completion_prompt(obj: &Map<String, Value>, model: &LoadedModel) -> Result<Ve
         }
         None => return Err(ApiError::invalid("prompt", "prompt is required")),
     };
-    let ids = model
-        .tokenizer
-        .encode(&text, true)
-        .map_err(|e| ApiError::invalid("prompt", format!("the prompt cannot be encoded: {e}")))?;
+    let ids = text_tokens(&text, "prompt", model, true)?;
     if ids.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt encodes to no tokens"));
     }
     Ok(ids)
+}
+
+/// The token ids of a text prompt (the request field `field`), with the tokenizer's
+/// special tokens when `add_special`, as `/v1/completions` encodes its prompt.
+pub(crate) fn text_tokens(
+    text: &str,
+    field: &str,
+    model: &LoadedModel,
+    add_special: bool,
+) -> Result<Vec<u32>, ApiError> {
+    model
+        .tokenizer
+        .encode(text, add_special)
+        .map_err(|e| ApiError::invalid(field, format!("the {field} cannot be encoded: {e}")))
 }

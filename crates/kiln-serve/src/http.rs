@@ -28,8 +28,8 @@ use crate::scheduler::{Command, Event, FinishReason, Job};
 use crate::text::{Channel, Detokenizer, Emitter, Piece};
 use crate::{Shared, system_fingerprint};
 
-/// The app: `/health`, `/metrics`, `/v1/models` (and `/v1/models/{id}`), `/v1/chat/completions` and
-/// `/v1/completions`, serving from `shared`.
+/// The app: `/health`, `/metrics`, `/v1/models` (and `/v1/models/{id}`), `/v1/chat/completions`,
+/// `/v1/completions`, `/tokenize` and `/detokenize`, serving from `shared`.
 pub fn app(shared: Arc<Shared>) -> Router {
     let limit = shared.config.max_body_bytes;
     let v1 = Router::new()
@@ -38,6 +38,9 @@ pub fn app(shared: Arc<Shared>) -> Router {
         .route("/v1/models/{*id}", get(model))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        // vLLM serves these beside /v1, behind the same key.
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .layer(middleware::from_fn_with_state(shared.clone(), authorize));
     Router::new()
         .route("/health", get(health))
@@ -141,6 +144,60 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
+async fn tokenize(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>) -> Response {
+    tokenizer_endpoint(&s, "/tokenize", body, crate::tokenize::tokenize)
+}
+
+async fn detokenize(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>) -> Response {
+    tokenizer_endpoint(&s, "/detokenize", body, crate::tokenize::detokenize)
+}
+
+/// Answers a tokenizer endpoint with `answer`'s JSON once the model is loaded.
+fn tokenizer_endpoint(
+    s: &Shared,
+    path: &'static str,
+    body: Result<Bytes, BytesRejection>,
+    answer: fn(&[u8], &str, &LoadedModel) -> Result<Value, ApiError>,
+) -> Response {
+    let result = body_bytes(s, body).and_then(|body| {
+        let model = s.model().ok_or_else(loading)?;
+        answer(&body, &s.config.model_id, model)
+    });
+    let response = match result {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    };
+    s.metrics.request(path, response.status().as_u16());
+    response
+}
+
+/// The body, or the error for one over the limit or unreadable.
+fn body_bytes(s: &Shared, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::status(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!(
+                    "the request body is over the limit of {} bytes (--max-body-bytes)",
+                    s.config.max_body_bytes
+                ),
+            )
+        } else {
+            ApiError::bad_request("invalid_body", format!("the request body could not be read: {r}"))
+        }
+    })
+}
+
+/// The 503 of a request that arrives before the model is loaded.
+fn loading() -> ApiError {
+    ApiError::status(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "loading",
+        "the model is still loading: retry when GET /health answers 200",
+    )
+}
+
 async fn chat(
     State(s): State<Arc<Shared>>,
     Extension(stats): Extension<Arc<RequestStats>>,
@@ -193,20 +250,7 @@ async fn start(
     stats: Arc<RequestStats>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Started, ApiError> {
-    let body = body.map_err(|r| {
-        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::status(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                format!(
-                    "the request body is over the limit of {} bytes (--max-body-bytes)",
-                    s.config.max_body_bytes
-                ),
-            )
-        } else {
-            ApiError::bad_request("invalid_body", format!("the request body could not be read: {r}"))
-        }
-    })?;
+    let body = body_bytes(s, body)?;
     if s.draining() {
         return Err(ApiError::status(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -214,13 +258,7 @@ async fn start(
             "the server is shutting down",
         ));
     }
-    let Some(model) = s.model().cloned() else {
-        return Err(ApiError::status(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "loading",
-            "the model is still loading: retry when GET /health answers 200",
-        ));
-    };
+    let model = s.model().cloned().ok_or_else(loading)?;
     let request = api::parse(endpoint, &body, &s.config.model_id, &model)?;
     stats.set_prompt_tokens(request.prompt.len());
     let depth = s.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);

@@ -4,6 +4,7 @@
 //! scheduler over a channel and streams the tokens back. `kiln serve` is the binary's
 //! front end; tests build the same [`Server`] and bind port 0. [`conn::serve`] is the
 //! connection loop the binary runs the app on (header, keep-alive and connection bounds).
+//! [`tokenize`] answers `/tokenize` and `/detokenize`.
 #![deny(missing_docs)]
 
 pub mod access_log;
@@ -16,6 +17,7 @@ pub mod metrics;
 pub mod prompt_cache;
 pub mod scheduler;
 pub mod text;
+pub mod tokenize;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;

@@ -24,7 +24,9 @@ use kiln_core::{MemoryPool, Tag};
 use kiln_model::speculative::{
     DraftModel, Drafter, ExactnessGate, GateKey, PromptLookup, SpecStats, SpecStream,
 };
-use kiln_model::{Engine, KvCache, KvLayout, LoadedModel, Logits, Sampler, SeqChunk, WorkspaceShape};
+use kiln_model::{
+    Engine, KvCache, KvLayout, LoadedModel, Logits, Penalizer, Sampler, SeqChunk, WorkspaceShape,
+};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::api::GenerationRequest;
@@ -115,6 +117,11 @@ struct Slot<'m> {
     job: Job,
     cache: KvCache,
     sampler: Sampler,
+    /// Logit bias and penalties with the sequence's token counts, when the request has
+    /// any; such a slot never decodes speculatively.
+    penalizer: Option<Penalizer>,
+    /// The slot's logits row after the penalizer.
+    adjusted: Vec<f32>,
     /// Prompt tokens in the cache.
     prefilled: usize,
     /// Tokens sampled and sent.
@@ -424,6 +431,8 @@ impl<'m> Scheduler<'m> {
                 return;
             }
         };
+        let adjust = &job.request.adjust;
+        let penalizer = (!adjust.is_off()).then(|| Penalizer::new(adjust.clone(), &job.request.prompt));
         let mut cache = self.engine.new_cache();
         let mut cached = 0;
         if let Some(hit) = self.prompt_cache.lookup(&job.request.prompt) {
@@ -444,6 +453,8 @@ impl<'m> Scheduler<'m> {
             job,
             cache,
             sampler,
+            penalizer,
+            adjusted: Vec::new(),
             prefilled: cached,
             generated: Vec::new(),
             planned_bytes,
@@ -534,10 +545,22 @@ impl<'m> Scheduler<'m> {
                     continue;
                 }
             }
-            let token = s.sampler.sample(&logits[row * vocab..(row + 1) * vocab]);
+            let row = &logits[row * vocab..(row + 1) * vocab];
+            let token = match &mut s.penalizer {
+                Some(p) => {
+                    s.adjusted.clear();
+                    s.adjusted.extend_from_slice(row);
+                    p.apply(&mut s.adjusted);
+                    s.sampler.sample(&s.adjusted)
+                }
+                None => s.sampler.sample(row),
+            };
             if self.eos.contains(&token) && !s.job.request.ignore_eos {
                 s.done = Some(Outcome::Finished(FinishReason::Stop));
                 continue;
+            }
+            if let Some(p) = &mut s.penalizer {
+                p.observe(token);
             }
             s.generated.push(token);
             self.metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
@@ -566,7 +589,9 @@ impl<'m> Scheduler<'m> {
             if held >= self.options.spec_slots || declined {
                 break;
             }
-            let wants = self.options.speculative || s.job.request.speculative;
+            // The speculative stream samples the model's rows as they are: a request with
+            // a logit bias or penalties decodes in the joint forward.
+            let wants = (self.options.speculative || s.job.request.speculative) && s.penalizer.is_none();
             if !wants || s.spec.is_some() || s.spec_stats.is_some() || s.done.is_some() || !s.decoding() {
                 continue;
             }

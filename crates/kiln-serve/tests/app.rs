@@ -1,7 +1,8 @@
 //! The server in-process on synthetic:tiny, bound to port 0: both endpoints streaming and
 //! not, usage, batched greedy decoding against sequential, the prompt cache, stop
-//! strings, the malformed-request table, disconnects, queue and memory limits, and the
-//! API key.
+//! strings, the malformed-request table, disconnects, queue and memory limits, the API
+//! key, the penalties, min-p and logit bias against a decode outside the server, and the
+//! tokenizer endpoints against the completion endpoints' prompt counts.
 
 mod client;
 
@@ -11,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use client::{get, post, request, send, stream_text};
 use kiln_core::MemoryPool;
-use kiln_model::{EngineOptions, LoadOptions, WorkspaceShape};
+use kiln_model::{
+    EngineOptions, LoadOptions, LogitAdjustments, Penalizer, Sampler, SamplingParams, Session, WorkspaceShape,
+};
 use kiln_serve::{SchedulerOptions, Server, ServerConfig, Shared, ThinkTags};
 use serde_json::{Value, json};
 
@@ -386,13 +389,28 @@ fn malformed_table() -> Vec<(String, u16, &'static str)> {
             ("tools", json!([])),
             ("functions", json!([])),
             ("response_format", json!({"type": "json_object"})),
-            ("presence_penalty", json!(0.5)),
-            ("frequency_penalty", json!(1)),
-            ("logit_bias", json!({})),
             ("suffix", json!("x")),
             ("unknown_field", json!(1)),
         ] {
             t.push((with(base, k, v), 400, "unsupported field"));
+        }
+        for (k, v) in [
+            ("presence_penalty", json!(2.5)),
+            ("presence_penalty", json!("1")),
+            ("frequency_penalty", json!(-2.01)),
+            ("repetition_penalty", json!(0)),
+            ("repetition_penalty", json!(-1)),
+            ("repetition_penalty", json!(1e300)),
+            ("min_p", json!(-0.1)),
+            ("min_p", json!(1.5)),
+            ("logit_bias", json!({"abc": 1})),
+            ("logit_bias", json!({"999999": 1})),
+            ("logit_bias", json!({"01": 1})),
+            ("logit_bias", json!({"1": 101})),
+            ("logit_bias", json!({"1": "x"})),
+            ("logit_bias", json!([1])),
+        ] {
+            t.push((with(base, k, v), 400, "sampling field out of range"));
         }
         t.push((
             with(base, "stream_options", json!({"include_usage": true})),
@@ -677,4 +695,217 @@ fn an_out_of_memory_mid_step_fails_that_request_only() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(metric(s.addr, "kiln_active_slots"), 0.0);
+}
+
+#[test]
+fn penalties_min_p_and_logit_bias_are_accepted_applied_and_range_checked() {
+    let s = boot(config());
+    let tokenizer = &s.shared.model().expect("loaded").tokenizer;
+    let id = |c: &str| {
+        let ids = tokenizer.encode(c, false).unwrap();
+        assert_eq!(ids.len(), 1, "{c:?} is {ids:?}");
+        ids[0]
+    };
+    let (a, b) = (id("a"), id("b"));
+    let chat = json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
+    let plain = json!({"model": "tiny", "prompt": "hi", "max_tokens": 3});
+    let fields = [
+        ("presence_penalty", json!(1.5), json!(2.5)),
+        ("frequency_penalty", json!(-2), json!(3)),
+        ("repetition_penalty", json!(1.3), json!(0)),
+        ("min_p", json!(0.05), json!(1.01)),
+        ("logit_bias", json!({a.to_string(): -100, b.to_string(): 3.5}), json!({"-1": 1})),
+    ];
+    for (path, base) in [("/v1/chat/completions", &chat), ("/v1/completions", &plain)] {
+        for (field, good, bad) in &fields {
+            for stream in [false, true] {
+                let mut body = base.clone();
+                body[*field] = good.clone();
+                body["stream"] = json!(stream);
+                let r = post(s.addr, path, &body);
+                assert_eq!(r.status, 200, "{path} {field}={good}: {}", r.body);
+            }
+            let mut body = base.clone();
+            body[*field] = bad.clone();
+            let r = post(s.addr, path, &body);
+            assert_eq!(r.status, 400, "{path} {field}={bad}: {}", r.body);
+            let e = r.json();
+            assert_eq!(e["error"]["param"], *field, "{}", r.body);
+            let message = e["error"]["message"].as_str().unwrap();
+            assert!(message.starts_with(field) && message.contains("accepted"), "{message}");
+        }
+    }
+
+    // Through the server each field changes the output exactly as the sampling module's
+    // transforms do on a decode of the same model outside the server.
+    let model =
+        kiln_model::load(MODEL, &LoadOptions { pool: MemoryPool::unlimited(), quantize: None }).unwrap();
+    let pool = MemoryPool::unlimited();
+    let reference = |prompt: &str, sampling: SamplingParams, adjust: LogitAdjustments| {
+        let ids = model.tokenizer.encode(prompt, true).unwrap();
+        let mut session = Session::new(&model, &pool, EngineOptions::default()).unwrap();
+        let mut sampler = Sampler::new(sampling, model.config.vocab_size).unwrap();
+        let mut penalizer = Penalizer::new(adjust, &ids);
+        let mut logits = session.prefill(&ids).unwrap().to_vec();
+        let mut out = Vec::new();
+        while out.len() < 8 {
+            penalizer.apply(&mut logits);
+            let t = sampler.sample(&logits);
+            penalizer.observe(t);
+            out.push(t);
+            logits = session.decode_step(t).unwrap().to_vec();
+        }
+        model.tokenizer.decode(&out).unwrap()
+    };
+    let served = |prompt: &str, extra: Value| {
+        let mut body =
+            json!({"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        text_of(&post(s.addr, "/v1/completions", &body))
+    };
+    let greedy = SamplingParams::default();
+    let plain_text = reference("The kiln", greedy, LogitAdjustments::default());
+    assert_eq!(served("The kiln", json!({})), plain_text);
+    let (sa, sb) = (a.to_string(), b.to_string());
+    let bias = vec![(a, 100.0), (b, 100.0)];
+    let cases = [
+        (
+            json!({"logit_bias": {&sa: 100}}),
+            LogitAdjustments { logit_bias: vec![(a, 100.0)], ..Default::default() },
+        ),
+        (
+            json!({"logit_bias": {&sa: 100, &sb: 100}, "frequency_penalty": 2}),
+            LogitAdjustments { logit_bias: bias.clone(), frequency_penalty: 2.0, ..Default::default() },
+        ),
+        (
+            json!({"logit_bias": {&sa: 100, &sb: 100}, "presence_penalty": 2}),
+            LogitAdjustments { logit_bias: bias.clone(), presence_penalty: 2.0, ..Default::default() },
+        ),
+        (json!({"frequency_penalty": 2}), LogitAdjustments { frequency_penalty: 2.0, ..Default::default() }),
+        (json!({"presence_penalty": -2}), LogitAdjustments { presence_penalty: -2.0, ..Default::default() }),
+        (
+            json!({"repetition_penalty": 3}),
+            LogitAdjustments { repetition_penalty: 3.0, ..Default::default() },
+        ),
+    ];
+    for (fields, adjust) in cases {
+        let want = reference("The kiln", greedy, adjust);
+        assert_ne!(want, plain_text, "{fields} changes nothing on this model: pick a case that does");
+        assert_eq!(served("The kiln", fields.clone()), want, "{fields}");
+    }
+    // A bias of 100 makes greedy decoding pick that token every step.
+    assert_eq!(served("The kiln", json!({"logit_bias": {&sa: 100}})), "a".repeat(8));
+    // The repetition penalty counts the prompt too: the prompt's "a"s push "a" below "b"
+    // when both have a bias of 100 (a positive logit divided by the penalty).
+    let both = json!({&sa: 100, &sb: 100});
+    let first = |prompt: &str| {
+        let body = json!({"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0,
+            "ignore_eos": true, "logit_bias": both, "repetition_penalty": 2});
+        text_of(&post(s.addr, "/v1/completions", &body))
+    };
+    assert_eq!(first("aaaa"), "b");
+    assert_eq!(first("bbbb"), "a");
+    // min-p when sampling: the same seed draws the same tokens as the reference, and
+    // differently from sampling without min-p.
+    let sampled = SamplingParams { temperature: 1.0, seed: 7, ..Default::default() };
+    let with_min_p =
+        reference("The kiln", SamplingParams { min_p: 0.5, ..sampled }, LogitAdjustments::default());
+    assert_ne!(with_min_p, reference("The kiln", sampled, LogitAdjustments::default()));
+    assert_eq!(served("The kiln", json!({"temperature": 1, "seed": 7, "min_p": 0.5})), with_min_p);
+}
+
+#[test]
+fn tokenize_counts_what_the_completion_endpoints_count_and_detokenize_inverts_it() {
+    let mut c = config();
+    c.api_key = Some("sesame".into());
+    let s = boot(c);
+    let auth = [("Authorization", "Bearer sesame"), ("Content-Type", "application/json")];
+    let call = |path: &str, body: &Value| request(s.addr, "POST", path, body.to_string().as_bytes(), &auth);
+    let prompt = "The kiln was built into the side of the hill";
+    let messages = json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": prompt}]);
+
+    // The same ids the completion endpoints count as prompt_tokens.
+    let t = call("/tokenize", &json!({"model": "tiny", "prompt": prompt}));
+    assert_eq!(t.status, 200, "{}", t.body);
+    let t = t.json();
+    let ids: Vec<u64> = t["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(t["count"], ids.len());
+    assert_eq!(t["max_model_len"], s.shared.model().unwrap().config.max_position_embeddings);
+    let done = call("/v1/completions", &json!({"model": "tiny", "prompt": prompt, "max_tokens": 1}));
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert_eq!(done.json()["usage"]["prompt_tokens"], ids.len());
+    // The ids as a prompt give the same completion as the text.
+    let by_ids =
+        call("/v1/completions", &json!({"model": "tiny", "prompt": ids, "max_tokens": 4, "temperature": 0}));
+    let by_text = call(
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(text_of(&by_ids), text_of(&by_text));
+
+    let chat = call("/tokenize", &json!({"messages": messages}));
+    assert_eq!(chat.status, 200, "{}", chat.body);
+    let chat_count = chat.json()["count"].as_u64().unwrap();
+    let done = call("/v1/chat/completions", &json!({"model": "tiny", "messages": messages, "max_tokens": 1}));
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert_eq!(done.json()["usage"]["prompt_tokens"], chat_count);
+
+    // Without the generation prompt ("assistant: ") and without BOS.
+    let bare = call("/tokenize", &json!({"messages": messages, "add_generation_prompt": false}));
+    assert_eq!(
+        bare.json()["count"].as_u64().unwrap(),
+        chat_count - "assistant: ".len() as u64,
+        "{}",
+        bare.body
+    );
+    let no_bos = call("/tokenize", &json!({"prompt": prompt, "add_special_tokens": false}));
+    assert_eq!(no_bos.json()["count"].as_u64().unwrap(), ids.len() as u64 - 1, "{}", no_bos.body);
+
+    // Detokenize gives the text back.
+    let back = call("/detokenize", &json!({"model": "tiny", "tokens": no_bos.json()["tokens"]}));
+    assert_eq!(back.status, 200, "{}", back.body);
+    assert_eq!(back.json()["prompt"], prompt);
+    let back = call("/detokenize", &json!({"tokens": ids}));
+    assert_eq!(back.json()["prompt"], prompt, "BOS is skipped: {}", back.body);
+
+    // llama-server's shape: content, special tokens only with add_special.
+    let llama = call("/tokenize", &json!({"content": prompt}));
+    assert_eq!(llama.json()["tokens"], no_bos.json()["tokens"], "{}", llama.body);
+    let llama = call("/tokenize", &json!({"content": prompt, "add_special": true}));
+    assert_eq!(llama.json()["tokens"], json!(ids), "{}", llama.body);
+    assert_eq!(call("/detokenize", &json!({"tokens": ids})).json()["content"], prompt);
+
+    // Bad input is a 400 naming the field; another model a 404; no key a 401.
+    for (path, body, param) in [
+        ("/tokenize", json!({}), "prompt"),
+        ("/tokenize", json!({"prompt": prompt, "messages": messages}), "prompt"),
+        ("/tokenize", json!({"prompt": 5}), "prompt"),
+        ("/tokenize", json!({"prompt": prompt, "add_generation_prompt": true}), "add_generation_prompt"),
+        ("/tokenize", json!({"prompt": prompt, "add_special_tokens": "no"}), "add_special_tokens"),
+        ("/tokenize", json!({"prompt": prompt, "return_token_strs": true}), "return_token_strs"),
+        ("/tokenize", json!({"messages": []}), "messages"),
+        ("/tokenize", json!({"messages": [{"role": "tool", "content": "x"}]}), "messages[0].role"),
+        ("/tokenize", json!({"content": 5}), "content"),
+        ("/tokenize", json!({"content": prompt, "prompt": prompt}), "prompt"),
+        ("/tokenize", json!({"prompt": prompt, "add_special": true}), "add_special"),
+        ("/detokenize", json!({}), "tokens"),
+        ("/detokenize", json!({"tokens": "abc"}), "tokens"),
+        ("/detokenize", json!({"tokens": [1, 999_999]}), "tokens"),
+        ("/detokenize", json!({"tokens": [-1]}), "tokens"),
+        ("/detokenize", json!({"tokens": [1], "prompt": "x"}), "prompt"),
+    ] {
+        let r = call(path, &body);
+        assert_eq!(r.status, 400, "{path} {body}: {}", r.body);
+        assert_eq!(r.json()["error"]["param"], param, "{path} {body}: {}", r.body);
+    }
+    let r = call("/tokenize", &json!({"model": "other", "prompt": prompt}));
+    assert_eq!(r.status, 404, "{}", r.body);
+    let r = request(s.addr, "POST", "/tokenize", json!({"prompt": prompt}).to_string().as_bytes(), &[]);
+    assert_eq!(r.status, 401, "{}", r.body);
+    let r = request(s.addr, "POST", "/detokenize", json!({"tokens": [1]}).to_string().as_bytes(), &[]);
+    assert_eq!(r.status, 401, "{}", r.body);
+    let r = request(s.addr, "GET", "/tokenize", b"", &auth);
+    assert_eq!(r.status, 405, "{}", r.body);
 }

@@ -29,6 +29,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         temperature: args.temperature,
         top_k: args.top_k,
         top_p: args.top_p,
+        min_p: 0.0,
         seed: args.seed,
     };
     params.validate()?;

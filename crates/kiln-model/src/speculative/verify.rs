@@ -93,7 +93,7 @@ mod tests {
     fn the_rejection_rule_samples_the_target_distribution() {
         let v = 4;
         let logits = [1.0f32, 0.2, -0.5, 0.7];
-        let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 11 };
+        let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 11 };
         let mut sampler = Sampler::new(params, v).unwrap();
         let mut p = Vec::new();
         sampler.distribution(&logits, &mut p);
