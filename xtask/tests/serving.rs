@@ -694,3 +694,16 @@ fn a_mixed_run_until_ci_adds_blocks_until_its_pair_budget_and_aa_runs_arm_a_only
     let boots = jsonl(&run_dir(&aa_sb.path("runs")).join("boots.jsonl"));
     assert!(boots.iter().all(|b| b["kernel"]["pinned"] == "no"), "every boot ran arm A{aa}");
 }
+
+#[test]
+fn max_time_stops_the_first_order_at_a_pair_boundary() {
+    let sb = Sandbox::new();
+    // Boots of at least 1.5 s against a 5 s budget: after the first pair there is no room
+    // for a second, so the order "1 0 0 1" stops after two boots, a whole pair.
+    let env = [("STAND_IN_START_DELAY_MS", "1500")];
+    let run = pin_tax_more(&sb, "1 0 0 1", &["--until-ci", "1", "--max-time", "5s"], &env);
+    run.expect_code(0).expect_stdout("stopping rule: --max-time reached").expect_stdout("; 1 pairs, 2 boots");
+    run.expect_stderr("--max-time: no time for another pair of boots; stopping after 2 boots");
+    let boots = jsonl(&run_dir(&sb.path("runs")).join("boots.jsonl"));
+    assert_eq!(boots.len(), 2, "{run}");
+}

@@ -157,6 +157,8 @@ pub struct Plan {
     /// `--aa`: every boot runs this arm's environment and identity, whatever its slot in
     /// the order says, so the two slots of each pair measure the same thing.
     pub aa: Option<Arm>,
+    /// `--max-time`: no pair of boots is started that would likely end after this.
+    pub deadline: Option<Instant>,
 }
 
 /// One pass as written to `passes.jsonl`.
@@ -227,6 +229,8 @@ pub struct Outcome {
     pub interrupted: Option<i32>,
     /// A reason the driver stopped before the order was done.
     pub aborted: Option<String>,
+    /// The time budget ended the order early (at a pair boundary).
+    pub out_of_time: bool,
 }
 
 struct Writer {
@@ -293,6 +297,19 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
         if let Some(sig) = shutdown.pending() {
             out.interrupted = Some(sig);
             break;
+        }
+        // Pairs are consecutive boots (0-1, 2-3, ...): before a pair starts, the budget
+        // must leave room for two boots of the mean length so far.
+        if let Some(deadline) = plan.deadline
+            && bi % 2 == 0
+            && bi > 0
+        {
+            let per_boot = started.elapsed() / bi as u32;
+            if Instant::now() + per_boot * 2 > deadline {
+                eprintln!("--max-time: no time for another pair of boots; stopping after {bi} boots");
+                out.out_of_time = true;
+                break;
+            }
         }
         if boot > 1 && !plan.cooldown.is_zero() {
             eprintln!("    cooldown {:.0} s", plan.cooldown.as_secs_f64());

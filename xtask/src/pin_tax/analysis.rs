@@ -337,7 +337,7 @@ pub fn table(rows: &[TaxRow], design: Design) -> String {
                 x.pairs.to_string(),
                 format!("{:.4}", x.ratio),
                 x.ci95.map_or_else(
-                    || "- (n=1)".into(),
+                    || format!("- (n={}: no interval)", x.pairs),
                     |(lo, hi)| {
                         let flag = if lo == hi { " (zero width)" } else { "" };
                         format!("{lo:.4} to {hi:.4}{flag}")

@@ -319,6 +319,7 @@ impl QmvPinTax {
             cwd: root.clone(),
             first_boot: 0,
             aa: self.aa.then_some(design.den),
+            deadline: self.seq.until_ci.and(self.seq.max_time).map(|d| std::time::Instant::now() + d),
         };
         let skipped = mode.skipped();
         let cells: Vec<abba::CellDef> =
@@ -328,7 +329,7 @@ impl QmvPinTax {
             margin_pct: self.seq.margin,
             sequential: self.seq.until_ci.is_some(),
         };
-        let (out, order, stopped) = self.run_blocks(mode, &plan, &cells, &judge, &shutdown)?;
+        let (out, order, stopped, scheduled) = self.run_blocks(mode, &plan, &cells, &judge, &shutdown)?;
         let rows = analysis::analyse_with(&cells, &order, &out.passes, &judge, design);
         let fnd = analysis::findings(&out.passes, unit);
         let mut text = analysis::summary(&rows, &fnd, &out.boots, self.trust_limit, design, unit);
@@ -386,7 +387,7 @@ impl QmvPinTax {
                 }
             }
         }
-        let planned = order.0.len() * (passes as usize + 1);
+        let planned = scheduled * (passes as usize + 1);
         let _ =
             writeln!(text, "{} written: {} of {planned} planned", analysis::plural(unit), out.passes.len());
         // Samples per arm: an arm without a counted measurement leaves no ratio at all.
@@ -508,7 +509,7 @@ impl QmvPinTax {
     /// Runs the order, then (with `--until-ci`) further ABBA blocks of four boots, until
     /// every reported ratio's interval is narrow enough, every ratio is decided at the
     /// margin, or a budget ends the run. Returns every boot and pass, the order actually
-    /// run, and why the sequential run stopped.
+    /// run, why the sequential run stopped, and how many boots were scheduled.
     fn run_blocks<M: Mode>(
         &self,
         mode: &M,
@@ -516,23 +517,29 @@ impl QmvPinTax {
         cells: &[abba::CellDef],
         judge: &analysis::Judge,
         shutdown: &Shutdown,
-    ) -> Result<(abba::Outcome, Order, Option<crate::verdict::sequence::Stopped>)> {
+    ) -> Result<(abba::Outcome, Order, Option<crate::verdict::sequence::Stopped>, usize)> {
         use crate::verdict::sequence::Stopped;
         let design = mode.design();
         let started = std::time::Instant::now();
         let mut all = abba::Outcome::default();
         let mut full = Order(Vec::new());
         let mut block = plan.order.clone();
+        let mut scheduled = 0usize;
         let stopped = loop {
             let t0 = std::time::Instant::now();
             let p = Plan { order: block.clone(), first_boot: full.0.len(), ..plan.clone() };
             let out = abba::run(mode, &p, shutdown)?;
-            full.0.extend(block.0.iter().copied());
+            scheduled += block.0.len();
+            // Only the boots that ran: the budget or a signal may end a block early.
+            full.0.extend(block.0.iter().copied().take(out.boots.len()));
             all.boots.extend(out.boots);
             all.passes.extend(out.passes);
             all.interrupted = out.interrupted;
             all.aborted = out.aborted;
             let Some(target) = self.seq.until_ci else { break None };
+            if out.out_of_time {
+                break Some(Stopped::MaxTime);
+            }
             if let Some(sig) = all.interrupted {
                 break Some(Stopped::Ended(format!("interrupted by {}", child::signal_name(sig))));
             }
@@ -590,7 +597,7 @@ impl QmvPinTax {
                 if last_open == design.num { (design.den, design.num) } else { (design.num, design.den) };
             block = Order(vec![a, b, b, a]);
         };
-        Ok((all, full, stopped))
+        Ok((all, full, stopped, scheduled))
     }
 }
 
