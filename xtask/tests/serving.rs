@@ -641,7 +641,9 @@ fn until_ci_adds_abba_blocks_to_a_known_cost_judges_the_margin_and_cites_the_aa_
         .expect_stdout("A/A run (both slots wide): every true ratio is 1")
         .expect_stdout("false-positive rate")
         .expect_stdout("stopping rule: ")
-        .expect_stdout("95% CI from the Gaussian-mixture t confidence sequence");
+        .expect_stdout("95% CI from the Gaussian-mixture t confidence sequence")
+        // The progress line names the environment every boot ran, not the slot's own.
+        .expect_stderr("narrow slot, A/A: wide (KILN_QMV_WIDE=1): booting");
     let aa_dir = run_dir(&sb.path("runs"));
     let boots = jsonl(&aa_dir.join("boots.jsonl"));
     assert!(boots.len() == 4 || boots.len() == 8, "two or four pairs{aa}");

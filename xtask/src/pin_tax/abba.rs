@@ -372,8 +372,14 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
             ended: String::new(),
             log: log_name,
         };
+        // In an A/A run the slot keeps its name and every boot runs the one environment:
+        // name that environment, not the slot's own.
+        let runs = match plan.aa {
+            Some(env) => format!("{} slot, A/A: {env}", arm.as_str()),
+            None => arm.to_string(),
+        };
         eprintln!(
-            "[boot {boot}/{boots}] {arm}: booting kiln serve (pid {}); {}",
+            "[boot {boot}/{boots}] {runs}: booting kiln serve (pid {}); {}",
             srv.pid(),
             progress(done_units)
         );
