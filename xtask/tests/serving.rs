@@ -709,3 +709,21 @@ fn max_time_stops_the_first_order_at_a_pair_boundary() {
     let boots = jsonl(&run_dir(&sb.path("runs")).join("boots.jsonl"));
     assert_eq!(boots.len(), 2, "{run}");
 }
+
+#[test]
+fn negative_counts_name_the_flag_and_the_accepted_range() {
+    let sb = Sandbox::new();
+    let cases: [(&str, &[&str]); 4] = [
+        ("serve-bench", &["--max-tokens", "-1"]),
+        ("serve-bench", &["--warmup-rounds", "-2"]),
+        ("qmv-pin-tax", &["--cooldown", "-1"]),
+        ("qmv-pin-tax", &["--cache-requests", "-3"]),
+    ];
+    for (task, args) in cases {
+        let r = sb.run(task, args);
+        r.expect_code(2)
+            .expect_stderr(args[0])
+            .expect_stderr(&format!("{} is negative: accepted values are 0 to", args[1]));
+        assert!(!r.stderr.contains("invalid digit"), "{r}");
+    }
+}

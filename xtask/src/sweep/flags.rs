@@ -232,6 +232,15 @@ pub fn count(min: u64) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + 
     }
 }
 
+/// [`count`] for a flag held as `usize`: the same messages, the same range check.
+pub fn count_usize(min: u64) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync + 'static {
+    let parse = count(min);
+    move |s: &str| {
+        let n = parse(s)?;
+        usize::try_from(n).map_err(|_| format!("{n}: accepted values are {min} to {}", usize::MAX))
+    }
+}
+
 /// Resolves a path the user typed against the directory they typed it in.
 pub fn user_path(p: &Path) -> Result<PathBuf> {
     if p.is_absolute() {
