@@ -21,12 +21,9 @@ use util::Dir;
 /// How long a command that should stop at once may run before the test calls it hung.
 const QUICK: Duration = Duration::from_secs(60);
 
-/// `kiln ARGS` with `env`, killed after `within` (a server that should have refused its
-/// arguments would otherwise run forever). Returns the output and whether it was killed.
-fn run_bounded(args: &[&str], env: &[(&str, &str)], within: Duration) -> (Output, bool) {
-    let dir = Dir::new();
-    let mut cmd = dir.command(args);
-    cmd.envs(env.iter().copied()).stdout(Stdio::piped()).stderr(Stdio::piped());
+/// Spawns `cmd` and waits for it, killing it after `within`. Returns the output and
+/// whether it was killed.
+fn spawn_bounded(mut cmd: std::process::Command, within: Duration) -> (Output, bool) {
     let mut child = cmd.spawn().expect("starting kiln");
     let t = Instant::now();
     let mut killed = false;
@@ -39,6 +36,15 @@ fn run_bounded(args: &[&str], env: &[(&str, &str)], within: Duration) -> (Output
         std::thread::sleep(Duration::from_millis(25));
     }
     (child.wait_with_output().unwrap(), killed)
+}
+
+/// `kiln ARGS` with `env`, killed after `within` (a server that should have refused its
+/// arguments would otherwise run forever). Returns the output and whether it was killed.
+fn run_bounded(args: &[&str], env: &[(&str, &str)], within: Duration) -> (Output, bool) {
+    let dir = Dir::new();
+    let mut cmd = dir.command(args);
+    cmd.envs(env.iter().copied()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    spawn_bounded(cmd, within)
 }
 
 fn describe(args: &[&str], out: &Output, killed: bool) -> String {
@@ -419,18 +425,7 @@ fn run_limited(args: &[&str], nofile: u64, within: Duration) -> (Output, bool) {
             Ok(())
         });
     }
-    let mut child = cmd.spawn().expect("starting kiln");
-    let t = Instant::now();
-    let mut killed = false;
-    while child.try_wait().unwrap().is_none() {
-        if t.elapsed() > within {
-            let _ = child.kill();
-            killed = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    (child.wait_with_output().unwrap(), killed)
+    spawn_bounded(cmd, within)
 }
 
 /// The request lines among `lines` (text format).
