@@ -24,7 +24,7 @@ use crate::access_log::{self, RequestStats};
 use crate::api::{self, Endpoint, GenerationRequest};
 use crate::body;
 use crate::error::ApiError;
-use crate::scheduler::{Command, Event, FinishReason, Job};
+use crate::scheduler::{Command, Event, Failure, FinishReason, Job};
 use crate::text::{Channel, Detokenizer, Emitter, Piece};
 use crate::{Shared, system_fingerprint};
 
@@ -288,8 +288,28 @@ async fn start(
             shared: s.clone(),
             stats,
         }),
-        Some(Event::Failed(e)) => Err(e),
+        Some(Event::Failed(f)) => Err(failed(f)),
         Some(_) | None => Err(gone()),
+    }
+}
+
+/// The client's status and body for a job the scheduler failed: the one place a
+/// scheduler failure becomes HTTP. An out-of-memory is the server's state, not the
+/// request's fault: 503, as a memory limit without room is.
+fn failed(f: Failure) -> ApiError {
+    let unavailable = StatusCode::SERVICE_UNAVAILABLE;
+    match f {
+        Failure::ShuttingDown => ApiError::status(
+            unavailable,
+            "shutting_down",
+            "the server is shutting down and its grace period ran out",
+        ),
+        Failure::MemoryLimit(message) => ApiError::status(unavailable, "memory_limit", message),
+        Failure::Sampling(e) => api::sampling_error(e),
+        Failure::OutOfMemory(message) => ApiError::status(unavailable, "out_of_memory", message),
+        Failure::Engine(message) => {
+            ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "engine_error", message)
+        }
     }
 }
 
@@ -349,7 +369,7 @@ impl Progress {
                 self.speculative = Some((drafted, accepted));
                 Ok(Vec::new())
             }
-            Some(Event::Failed(e)) => Err(e),
+            Some(Event::Failed(f)) => Err(failed(f)),
             Some(Event::Started { .. }) | None => Err(gone()),
         }
     }
@@ -539,6 +559,38 @@ fn unix_now() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_scheduler_failure_has_its_status_and_code() {
+        let oom = kiln_model::ModelError::from(kiln_core::OutOfMemory {
+            requested: 8,
+            tag: kiln_core::Tag::Kv,
+            in_use: 0,
+            limit: 4,
+        });
+        let cases = [
+            (Failure::ShuttingDown, 503, "shutting_down"),
+            (Failure::MemoryLimit("no room".into()), 503, "memory_limit"),
+            (Failure::Engine("boom".into()), 500, "engine_error"),
+            (Failure::engine(&oom), 503, "out_of_memory"),
+            (
+                Failure::Sampling(kiln_model::ModelError::InvalidArgument {
+                    what: "top-p".into(),
+                    message: "must be in (0, 1]".into(),
+                }),
+                400,
+                "invalid_value",
+            ),
+        ];
+        for (f, status, code) in cases {
+            let e = failed(f);
+            assert_eq!((e.status.as_u16(), e.code), (status, code), "{e}");
+        }
+        let e = failed(Failure::ShuttingDown);
+        assert_eq!(e.message, "the server is shutting down and its grace period ran out");
+        let e = failed(Failure::engine(&oom));
+        assert!(e.message.starts_with("out of memory:"), "{e}");
+    }
 
     #[test]
     fn keys_compare_by_content() {

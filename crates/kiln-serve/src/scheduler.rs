@@ -19,7 +19,6 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Instant;
 
-use axum::http::StatusCode;
 use kiln_core::{MemoryPool, Tag};
 use kiln_model::speculative::{
     DraftModel, Drafter, ExactnessGate, GateKey, PromptLookup, SpecStats, SpecStream,
@@ -30,7 +29,6 @@ use kiln_model::{
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::api::GenerationRequest;
-use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::prompt_cache::PromptCache;
 
@@ -74,7 +72,7 @@ pub enum Event {
     /// Generation ended.
     Done(FinishReason),
     /// The job failed; nothing more follows.
-    Failed(ApiError),
+    Failed(Failure),
 }
 
 /// A request handed to the scheduler.
@@ -140,7 +138,7 @@ struct Slot<'m> {
 enum Outcome {
     Finished(FinishReason),
     Cancelled,
-    Failed(ApiError),
+    Failed(Failure),
 }
 
 impl Slot<'_> {
@@ -306,19 +304,12 @@ impl<'m> Scheduler<'m> {
         match c {
             Command::Submit(job) => self.waiting.push_back(job),
             Command::CancelAll => {
-                let err = || {
-                    ApiError::status(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "shutting_down",
-                        "the server is shutting down and its grace period ran out",
-                    )
-                };
                 for job in self.waiting.drain(..) {
-                    let _ = job.events.send(Event::Failed(err()));
+                    let _ = job.events.send(Event::Failed(Failure::ShuttingDown));
                     self.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
                 }
                 for s in &mut self.slots {
-                    s.done = Some(Outcome::Failed(err()));
+                    s.done = Some(Outcome::Failed(Failure::ShuttingDown));
                 }
                 self.retire();
             }
@@ -365,25 +356,17 @@ impl<'m> Scheduler<'m> {
                     // Nothing runs that could free memory: waiting would never end.
                     let job = self.waiting.pop_front().expect("a front job");
                     left += 1;
-                    let _ = job.events.send(Event::Failed(ApiError::status(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "memory_limit",
-                        format!(
-                            "the request needs {need} bytes of KV cache and the memory limit of {} bytes \
-                             (--memory-limit) leaves no room for it",
-                            self.pool.limit()
-                        ),
-                    )));
+                    let _ = job.events.send(Event::Failed(Failure::MemoryLimit(format!(
+                        "the request needs {need} bytes of KV cache and the memory limit of {} bytes \
+                         (--memory-limit) leaves no room for it",
+                        self.pool.limit()
+                    ))));
                     continue;
                 }
                 Room::Never(message) => {
                     let job = self.waiting.pop_front().expect("a front job");
                     left += 1;
-                    let _ = job.events.send(Event::Failed(ApiError::status(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "memory_limit",
-                        message,
-                    )));
+                    let _ = job.events.send(Event::Failed(Failure::MemoryLimit(message)));
                     continue;
                 }
             }
@@ -427,7 +410,7 @@ impl<'m> Scheduler<'m> {
         let sampler = match Sampler::new(job.request.sampling, self.model.config.vocab_size) {
             Ok(s) => s,
             Err(e) => {
-                let _ = job.events.send(Event::Failed(crate::api::sampling_error(e)));
+                let _ = job.events.send(Event::Failed(Failure::Sampling(e)));
                 return;
             }
         };
@@ -512,11 +495,6 @@ impl<'m> Scheduler<'m> {
         let logits = match result {
             Ok(l) => l,
             Err(e) => {
-                let (status, code) = if e.is_out_of_memory() {
-                    (StatusCode::SERVICE_UNAVAILABLE, "out_of_memory")
-                } else {
-                    (StatusCode::INTERNAL_SERVER_ERROR, "engine_error")
-                };
                 // An out-of-memory fails the youngest request in the forward, not the
                 // server; the others run again next step. Any other engine error fails
                 // every request in the forward.
@@ -526,7 +504,7 @@ impl<'m> Scheduler<'m> {
                     order.clone()
                 };
                 for i in victims {
-                    self.slots[i].done = Some(Outcome::Failed(ApiError::status(status, code, e.to_string())));
+                    self.slots[i].done = Some(Outcome::Failed(Failure::engine(&e)));
                 }
                 self.retire();
                 return Some(took);
@@ -607,7 +585,7 @@ impl<'m> Scheduler<'m> {
                     ) {
                         Ok(d) => Box::new(d),
                         Err(e) => {
-                            s.done = Some(Outcome::Failed(engine_error(&e)));
+                            s.done = Some(Outcome::Failed(Failure::engine(&e)));
                             continue;
                         }
                     }
@@ -635,7 +613,7 @@ impl<'m> Scheduler<'m> {
             let step = match result {
                 Ok(step) => step,
                 Err(e) => {
-                    s.done = Some(Outcome::Failed(engine_error(&e)));
+                    s.done = Some(Outcome::Failed(Failure::engine(&e)));
                     continue;
                 }
             };
@@ -701,8 +679,8 @@ impl<'m> Scheduler<'m> {
                 i += 1;
                 continue;
             }
-            let s = self.slots.swap_remove(i);
-            let keep = match s.done {
+            let mut s = self.slots.swap_remove(i);
+            let keep = match s.done.take() {
                 Some(Outcome::Finished(r)) => {
                     if let Some(st) = s.spec_stats {
                         let _ = s
@@ -713,8 +691,8 @@ impl<'m> Scheduler<'m> {
                     let _ = s.job.events.send(Event::Done(r));
                     true
                 }
-                Some(Outcome::Failed(ref e)) => {
-                    let _ = s.job.events.send(Event::Failed(e.clone()));
+                Some(Outcome::Failed(e)) => {
+                    let _ = s.job.events.send(Event::Failed(e));
                     false
                 }
                 Some(Outcome::Cancelled) | None => true,
@@ -743,11 +721,30 @@ enum Room {
     Never(String),
 }
 
-/// The API error of a failed engine call: 503 for an out-of-memory, else 500.
-fn engine_error(e: &kiln_model::ModelError) -> ApiError {
-    if e.is_out_of_memory() {
-        ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "out_of_memory", e.to_string())
-    } else {
-        ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "engine_error", e.to_string())
+/// Why the scheduler failed a job. The scheduler says what happened; `http` alone turns
+/// it into the client's status and body.
+#[derive(Debug)]
+pub enum Failure {
+    /// The shutdown grace period ran out before the job finished.
+    ShuttingDown,
+    /// The memory limit leaves no room for the request's KV cache, now or ever: how much
+    /// it needs and what to change.
+    MemoryLimit(String),
+    /// The sampler refused the request's sampling parameters.
+    Sampling(kiln_model::ModelError),
+    /// The engine ran out of memory in a forward (its `out of memory:` message).
+    OutOfMemory(String),
+    /// Any other engine error, with its message.
+    Engine(String),
+}
+
+impl Failure {
+    /// A failed engine call: an out-of-memory, or any other engine error.
+    pub(crate) fn engine(e: &kiln_model::ModelError) -> Failure {
+        if e.is_out_of_memory() {
+            Failure::OutOfMemory(e.to_string())
+        } else {
+            Failure::Engine(e.to_string())
+        }
     }
 }
