@@ -14,41 +14,66 @@ use super::classify::Status;
 use super::plan::CellKey;
 use crate::console::usage;
 
+/// The fingerprint every sweep's rows carry, in this order: when, where and with what
+/// build a row was measured. The decode sweeps' header and bench-offload-copy's take it
+/// from here, between their own columns ([`with_fingerprint`]).
+pub const FINGERPRINT: [&str; 7] =
+    ["date", "host", "device", "backend", "kiln_version", "commit", "features"];
+
+/// A header: `head`, then [`FINGERPRINT`], then `tail`. `N` must be their total length,
+/// checked when the constant is built.
+pub const fn with_fingerprint<const H: usize, const T: usize, const N: usize>(
+    head: [&'static str; H],
+    tail: [&'static str; T],
+) -> [&'static str; N] {
+    assert!(H + FINGERPRINT.len() + T == N, "a header's length is its columns and the fingerprint's");
+    let mut out = [""; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = if i < H {
+            head[i]
+        } else if i < H + FINGERPRINT.len() {
+            FINGERPRINT[i - H]
+        } else {
+            tail[i - H - FINGERPRINT.len()]
+        };
+        i += 1;
+    }
+    out
+}
+
 /// The header, exactly.
-pub const HEADER: [&str; 32] = [
-    "model",
-    "model_path",
-    "prompt_tokens",
-    "generated_tokens",
-    "prefill_ms",
-    "prefill_tok_s",
-    "decode_ms",
-    "decode_tok_s",
-    "peak_bytes",
-    "max_rss_bytes",
-    "date",
-    "host",
-    "device",
-    "backend",
-    "kiln_version",
-    "commit",
-    "features",
-    "max_tokens",
-    "warmup_tokens",
-    "attention",
-    "prefill_chunk",
-    "kv_dtype",
-    "memory_limit_bytes",
-    "threads",
-    "prompt",
-    "prompt_target_len",
-    "status",
-    "repetition",
-    "engine",
-    "engine_version",
-    "reason",
-    "disturbed",
-];
+pub const HEADER: [&str; 32] = with_fingerprint(
+    [
+        "model",
+        "model_path",
+        "prompt_tokens",
+        "generated_tokens",
+        "prefill_ms",
+        "prefill_tok_s",
+        "decode_ms",
+        "decode_tok_s",
+        "peak_bytes",
+        "max_rss_bytes",
+    ],
+    [
+        "max_tokens",
+        "warmup_tokens",
+        "attention",
+        "prefill_chunk",
+        "kv_dtype",
+        "memory_limit_bytes",
+        "threads",
+        "prompt",
+        "prompt_target_len",
+        "status",
+        "repetition",
+        "engine",
+        "engine_version",
+        "reason",
+        "disturbed",
+    ],
+);
 
 /// One row. Measurements are empty when the cell was not measured; a knob is empty when
 /// the engine's default applied.
