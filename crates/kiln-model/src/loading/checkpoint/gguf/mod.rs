@@ -732,8 +732,3 @@ pub fn tokenizer_from_file(path: &Path) -> Result<Tokenizer> {
     })?;
     Ok(Tokenizer::Hf(Box::new(tk)))
 }
-
-/// Whether `path` names a GGUF file (by its extension).
-pub fn is_gguf_path(path: &Path) -> bool {
-    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-}
