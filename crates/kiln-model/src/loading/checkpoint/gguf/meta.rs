@@ -1,40 +1,21 @@
-//! llama.cpp's GGUF files: one memory-mapped file holding the model's metadata, its
-//! tokenizer and chat template, and its tensors.
-//!
-//! The header is parsed strictly (`header.rs`); `general.architecture` `llama` and `qwen2`
-//! become a [`ModelConfig`] through the same validation as a `config.json`; tensors of the
-//! block types with an exact kiln form (`tensors.rs`) are repacked into MLX-affine groups
-//! of 32 straight from the map, and llama.cpp's permutation of llama's Q and K rows (its
-//! rope pairs adjacent elements, Hugging Face's pairs the two halves of a head) is undone
-//! on the way; the tokenizer is rebuilt from the metadata (`tokenizer.rs`).
-
-mod export;
-mod header;
-mod tensors;
-mod tokenizer;
-mod writer;
-
-pub use export::{ExportReport, export};
+//! A GGUF file's metadata to a [`ModelConfig`]: the parsed file ([`Parsed`], [`Gguf`]),
+//! typed reads whose errors name the key ([`Meta`]), and the mapping of `llama` and `qwen2`
+//! metadata onto a `config.json` document, validated by the same parser, with every tensor
+//! checked against the layout the config implies and its block type recorded as the
+//! config's quantization.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use half::f16;
-use kiln_core::{Buffer, DenseMatrix, MemoryPool, QuantSpec, QuantizedMatrix, ScaleData, SharedBytes, Tag};
-use rayon::prelude::*;
+use kiln_core::{QuantSpec, SharedBytes};
 use serde_json::json;
 
-use self::header::{Header, TensorInfo, Value};
-use self::tensors::{Form, GROUP, GgmlType};
-use super::mmap::MappedFile;
-use crate::chat_template::ChatTemplate;
+use super::header::{self, Header, TensorInfo, Value, as_strings};
+use super::tensors::{Form, GROUP, GgmlType};
+use crate::checkpoint::mmap::MappedFile;
 use crate::config::{ModelConfig, QuantizationConfig};
 use crate::error::{ModelError, Result};
-use crate::model::{LoadOptions, LoadedModel, ModelInfo, TextModel};
-use crate::source::ModelSource;
-use crate::tokenizer::Tokenizer;
-use crate::weights::{DenseMlp, Layer, Linear, LinearWeight, Mlp, ModelWeights, RmsNorm};
 
 /// Errors about metadata are [`ModelError`]s naming the file and the key.
 pub(crate) type MetaError = ModelError;
@@ -66,8 +47,8 @@ const ARCH_KEYS: &[&str] = &[
 
 /// A GGUF file's metadata with the file's path, for typed reads whose errors name the key.
 pub(crate) struct Meta<'a> {
-    map: &'a BTreeMap<String, Value>,
-    path: &'a Path,
+    pub(super) map: &'a BTreeMap<String, Value>,
+    pub(super) path: &'a Path,
 }
 
 impl Meta<'_> {
@@ -144,7 +125,7 @@ impl Meta<'_> {
     /// An array of strings.
     pub(crate) fn strings(&self, key: &str) -> Result<Vec<String>> {
         let v = self.required(key)?;
-        tokenizer::as_strings(v).ok_or_else(|| self.wrong_type(key, v, "an array of strings"))
+        as_strings(v).ok_or_else(|| self.wrong_type(key, v, "an array of strings"))
     }
 
     /// An array of integers.
@@ -182,14 +163,14 @@ impl Meta<'_> {
 }
 
 /// A parsed GGUF file: its map and header.
-struct Parsed {
-    file: Arc<MappedFile>,
-    header: Header,
-    tensors: BTreeMap<String, TensorInfo>,
+pub(super) struct Parsed {
+    pub(super) file: Arc<MappedFile>,
+    pub(super) header: Header,
+    pub(super) tensors: BTreeMap<String, TensorInfo>,
 }
 
 impl Parsed {
-    fn open(path: &Path) -> Result<Self> {
+    pub(super) fn open(path: &Path) -> Result<Self> {
         let file = MappedFile::open(path)?;
         let header = header::parse(file.bytes())
             .map_err(|e| ModelError::Checkpoint { path: path.to_path_buf(), message: e.0 })?;
@@ -197,31 +178,31 @@ impl Parsed {
         Ok(Parsed { file, header, tensors })
     }
 
-    fn path(&self) -> &Path {
+    pub(super) fn path(&self) -> &Path {
         self.file.path()
     }
 
-    fn meta(&self) -> Meta<'_> {
+    pub(super) fn meta(&self) -> Meta<'_> {
         Meta { map: &self.header.metadata, path: self.file.path() }
     }
 
-    fn error(&self, message: String) -> ModelError {
+    pub(super) fn error(&self, message: String) -> ModelError {
         ModelError::Checkpoint { path: self.path().to_path_buf(), message }
     }
 
-    fn tensor(&self, name: &str) -> Result<&TensorInfo> {
+    pub(super) fn tensor(&self, name: &str) -> Result<&TensorInfo> {
         self.tensors.get(name).ok_or_else(|| self.error(format!("missing tensor {name}")))
     }
 }
 
 /// A GGUF file with the model configuration its metadata describes.
-struct Gguf {
-    parsed: Parsed,
-    config: ModelConfig,
+pub(super) struct Gguf {
+    pub(super) parsed: Parsed,
+    pub(super) config: ModelConfig,
 }
 
 impl Gguf {
-    fn open(path: &Path) -> Result<Self> {
+    pub(super) fn open(path: &Path) -> Result<Self> {
         let parsed = Parsed::open(path)?;
         let config = config(&parsed.meta(), &parsed.tensors)?;
         Ok(Gguf { parsed, config })
@@ -238,7 +219,7 @@ impl std::ops::Deref for Gguf {
 
 /// The GGUF name of every tensor the decoder needs, with its shape `[K, N]` (vectors `[N]`)
 /// and whether it is a matrix; `None` for tensors that are optional and absent.
-fn layout(c: &ModelConfig, present: &BTreeMap<String, TensorInfo>) -> Vec<(String, Vec<usize>)> {
+pub(super) fn layout(c: &ModelConfig, present: &BTreeMap<String, TensorInfo>) -> Vec<(String, Vec<usize>)> {
     let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
     let mut out = vec![("token_embd.weight".to_string(), vec![h, c.vocab_size])];
     for i in 0..c.num_hidden_layers {
@@ -448,292 +429,4 @@ fn hf_module(name: &str) -> String {
         other => other,
     };
     format!("model.layers.{layer}.{module}")
-}
-
-/// Bytes a tensor of `form` with `n` rows of `k` takes in the pool.
-fn pool_bytes(form: Form, n: usize, k: usize) -> u64 {
-    let (n, k) = (n as u64, k as u64);
-    match form {
-        Form::Dense => n * k * 4,
-        Form::Quantized { bits, f32_scales } => {
-            n * k * u64::from(bits) / 8 + 2 * (n * k / GROUP as u64) * if f32_scales { 4 } else { 2 }
-        }
-    }
-}
-
-/// Configuration and weight size of a GGUF file, from its header.
-pub fn inspect(path: &Path, _opts: &LoadOptions) -> Result<ModelInfo> {
-    let g = Gguf::open(path)?;
-    let (mut bytes, mut transient) = (0, 0);
-    for (name, shape) in layout(&g.config, &g.tensors) {
-        let t = g.tensor(&name)?;
-        bytes += match shape.as_slice() {
-            [n] => *n as u64 * 4,
-            [k, n] => {
-                let form = t.ty.kiln_form().map_err(|m| g.error(format!("tensor {name}: {m}")))?;
-                if let Form::Quantized { .. } = form {
-                    // The f32 scales and biases one matrix decodes through (see `matrix`).
-                    transient = transient.max(2 * (*n * *k / GROUP) as u64 * 4);
-                }
-                pool_bytes(form, *n, *k)
-            }
-            _ => 0,
-        };
-    }
-    let weight_bytes = bytes + transient;
-    // GGUF files of mixture-of-experts models are refused when the config is read.
-    Ok(ModelInfo {
-        source: ModelSource::Gguf(path.to_path_buf()),
-        config: g.config,
-        weight_bytes,
-        expert_slot_bytes: None,
-    })
-}
-
-/// Loads a GGUF file: weights repacked from the mapped file into pool-counted buffers,
-/// the tokenizer and chat template from its metadata. `--quantize` does not apply: the
-/// file's own block types are kept.
-pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
-    let g = Gguf::open(path)?;
-    let (tokenizer, chat_template) = text_side(&g)?;
-    let weights = build(&g, &opts.pool)?;
-    Ok(LoadedModel {
-        source: ModelSource::Gguf(path.to_path_buf()),
-        config: g.config,
-        weights,
-        tokenizer,
-        chat_template,
-    })
-}
-
-/// The tokenizer and chat template of a parsed file.
-fn text_side(p: &Parsed) -> Result<(Tokenizer, Option<ChatTemplate>)> {
-    let meta = p.meta();
-    let path = p.path();
-    let doc = tokenizer::tokenizer_json(&meta)?;
-    let tk = doc.to_string().parse::<tokenizers::Tokenizer>().map_err(|e| ModelError::Tokenizer {
-        path: path.to_path_buf(),
-        message: format!("the tokenizer in the GGUF metadata could not be built: {e}"),
-    })?;
-    let tokenizer = Tokenizer::Hf(Box::new(tk));
-    let chat_template = match meta.get("tokenizer.chat_template") {
-        None => None,
-        Some(_) => {
-            let tokens = meta.strings("tokenizer.ggml.tokens")?;
-            let token = |key: &str| -> Result<Option<String>> {
-                Ok(meta.opt_u64(key)?.and_then(|id| tokens.get(id as usize).cloned()))
-            };
-            Some(ChatTemplate::new(
-                meta.str("tokenizer.chat_template")?,
-                token("tokenizer.ggml.bos_token_id")?,
-                token("tokenizer.ggml.eos_token_id")?,
-                path.join("tokenizer.chat_template"),
-            )?)
-        }
-    };
-    Ok((tokenizer, chat_template))
-}
-
-/// The configuration, tokenizer and chat template of a GGUF file, without its weights.
-pub fn load_text(path: &Path) -> Result<TextModel> {
-    let g = Gguf::open(path)?;
-    let (tokenizer, chat_template) = text_side(&g)?;
-    Ok(TextModel {
-        source: ModelSource::Gguf(path.to_path_buf()),
-        config: g.config,
-        tokenizer,
-        chat_template,
-    })
-}
-
-/// The file's `general.name`, when it has a non-empty one on a single line.
-pub fn general_name(path: &Path) -> Result<Option<String>> {
-    let p = Parsed::open(path)?;
-    Ok(match p.meta().get("general.name") {
-        Some(Value::Str(s)) if !s.trim().is_empty() && !s.chars().any(char::is_control) => {
-            Some(s.trim().to_string())
-        }
-        _ => None,
-    })
-}
-
-/// Which rows of a stored matrix feed each row of kiln's: identity, or llama.cpp's Q/K
-/// permutation undone for `heads` heads.
-#[derive(Clone, Copy)]
-enum Rows {
-    Same,
-    Unpermute { heads: usize },
-}
-
-impl Rows {
-    /// The stored row holding kiln's row `r` of `n`.
-    fn source(self, r: usize, n: usize) -> usize {
-        match self {
-            Rows::Same => r,
-            Rows::Unpermute { heads } => {
-                // llama.cpp stores row h*hd + 2a + b where Hugging Face has h*hd + b*hd/2 + a.
-                let hd = n / heads;
-                let (h, i) = (r / hd, r % hd);
-                let (b, a) = (i / (hd / 2), i % (hd / 2));
-                h * hd + 2 * a + b
-            }
-        }
-    }
-}
-
-fn build(g: &Gguf, pool: &MemoryPool) -> Result<ModelWeights> {
-    let c = &g.config;
-    let permuted = c.architecture == crate::config::Architecture::Llama;
-    let (q_rows, k_rows) = if permuted {
-        (Rows::Unpermute { heads: c.num_attention_heads }, Rows::Unpermute { heads: c.num_key_value_heads })
-    } else {
-        (Rows::Same, Rows::Same)
-    };
-    let matrix = |name: &str, rows: Rows| matrix(g, pool, name, rows);
-    let vector = |name: &str, rows: Rows| vector(g, pool, name, rows);
-    let norm = |name: &str| -> Result<RmsNorm> {
-        Ok(RmsNorm { weight: vector(name, Rows::Same)?, eps: c.rms_norm_eps })
-    };
-    let linear = |base: &str, bias: bool, rows: Rows| -> Result<Linear> {
-        Ok(Linear {
-            weight: matrix(&format!("{base}.weight"), rows)?,
-            bias: if bias { Some(vector(&format!("{base}.bias"), rows)?) } else { None },
-        })
-    };
-    let embed_tokens = matrix("token_embd.weight", Rows::Same)?;
-    let mut layers = Vec::with_capacity(c.num_hidden_layers);
-    for i in 0..c.num_hidden_layers {
-        let b = |s: &str| format!("blk.{i}.{s}");
-        layers.push(Layer {
-            input_layernorm: norm(&b("attn_norm.weight"))?,
-            q_proj: linear(&b("attn_q"), c.attention_bias, q_rows)?,
-            k_proj: linear(&b("attn_k"), c.attention_bias, k_rows)?,
-            v_proj: linear(&b("attn_v"), c.attention_bias, Rows::Same)?,
-            o_proj: linear(&b("attn_output"), c.o_proj_bias, Rows::Same)?,
-            q_norm: None,
-            k_norm: None,
-            post_attention_layernorm: norm(&b("ffn_norm.weight"))?,
-            mlp: Mlp::Dense(DenseMlp {
-                gate_proj: linear(&b("ffn_gate"), false, Rows::Same)?,
-                up_proj: linear(&b("ffn_up"), false, Rows::Same)?,
-                down_proj: linear(&b("ffn_down"), false, Rows::Same)?,
-            }),
-        });
-    }
-    let norm = norm("output_norm.weight")?;
-    let lm_head = if g.tensors.contains_key("output.weight") {
-        Some(Linear { weight: matrix("output.weight", Rows::Same)?, bias: None })
-    } else {
-        None
-    };
-    Ok(ModelWeights { embed_tokens, layers, norm, lm_head, experts: None })
-}
-
-/// A 1-D float tensor widened to f32, rows reordered by `rows`.
-fn vector(g: &Parsed, pool: &MemoryPool, name: &str, rows: Rows) -> Result<Buffer<f32>> {
-    let t = g.tensor(name)?;
-    let n = t.dims[0] as usize;
-    let mut flat = vec![0f32; n];
-    tensors::widen_row(t.ty, &g.file.bytes()[t.start..t.end], &mut flat);
-    let mut v = pool.alloc_zeroed::<f32>(Tag::Weights, n)?;
-    for (r, o) in v.iter_mut().enumerate() {
-        *o = flat[rows.source(r, n)];
-    }
-    Ok(Buffer::from_pool(v))
-}
-
-/// A matrix in its kiln form, rows reordered by `rows`.
-fn matrix(g: &Parsed, pool: &MemoryPool, name: &str, rows: Rows) -> Result<LinearWeight> {
-    let t = g.tensor(name)?;
-    let (k, n) = (t.dims[0] as usize, t.dims[1] as usize);
-    let data = &g.file.bytes()[t.start..t.end];
-    let row_bytes = data.len() / n;
-    let src = |r: usize| &data[rows.source(r, n) * row_bytes..][..row_bytes];
-    match t.ty.kiln_form().map_err(|m| g.error(format!("tensor {name}: {m}")))? {
-        Form::Dense => {
-            let mut v = pool.alloc_zeroed::<f32>(Tag::Weights, n * k)?;
-            v.par_chunks_mut(k).enumerate().for_each(|(r, out)| tensors::widen_row(t.ty, src(r), out));
-            Ok(LinearWeight::Dense(DenseMatrix::new(n, k, Buffer::from_pool(v))))
-        }
-        Form::Quantized { bits, f32_scales } => {
-            let spec = QuantSpec::new(bits, GROUP)
-                .map_err(|cause| ModelError::Geometry { tensor: name.to_string(), cause })?;
-            let (wpr, gpr) = (spec.words_per_row(k), spec.groups_per_row(k));
-            let mut packed = pool.alloc_zeroed::<u32>(Tag::Weights, n * wpr)?;
-            // Scales and biases are decoded to f32 first (counted while they live), then
-            // stored in their final dtype.
-            let _transient = pool.reserve(Tag::Weights, (2 * n * gpr * 4) as u64)?;
-            let mut row_scales = vec![0f32; n * gpr];
-            let mut row_biases = vec![0f32; n * gpr];
-            packed
-                .par_chunks_mut(wpr)
-                .zip(row_scales.par_chunks_mut(gpr))
-                .zip(row_biases.par_chunks_mut(gpr))
-                .enumerate()
-                .for_each(|(r, ((words, sc), bi))| {
-                    let mut codes = Vec::with_capacity(k);
-                    let mut gi = 0;
-                    tensors::decode_row(t.ty, src(r), |grp| {
-                        codes.extend_from_slice(&grp.codes);
-                        sc[gi] = grp.scale;
-                        bi[gi] = grp.bias;
-                        gi += 1;
-                    });
-                    tensors::pack_codes(codes.into_iter(), bits, words);
-                });
-            let (scales, biases) = if f32_scales {
-                let mut scales = pool.alloc_zeroed::<f32>(Tag::Weights, n * gpr)?;
-                let mut biases = pool.alloc_zeroed::<f32>(Tag::Weights, n * gpr)?;
-                scales.copy_from_slice(&row_scales);
-                biases.copy_from_slice(&row_biases);
-                (ScaleData::F32(Buffer::from_pool(scales)), ScaleData::F32(Buffer::from_pool(biases)))
-            } else {
-                let mut scales = pool.alloc_zeroed::<f16>(Tag::Weights, n * gpr)?;
-                let mut biases = pool.alloc_zeroed::<f16>(Tag::Weights, n * gpr)?;
-                for (i, (&s, &b)) in row_scales.iter().zip(&row_biases).enumerate() {
-                    let (hs, hb) = (f16::from_f32(s), f16::from_f32(b));
-                    if hs.to_f32() != s || hb.to_f32() != b {
-                        return Err(g.error(format!(
-                            "tensor {name}: group {i}'s scale {s} or bias {b} is not exact in f16 \
-                             (the block scale is too large for kiln's exact form)"
-                        )));
-                    }
-                    scales[i] = hs;
-                    biases[i] = hb;
-                }
-                (ScaleData::F16(Buffer::from_pool(scales)), ScaleData::F16(Buffer::from_pool(biases)))
-            };
-            let q = QuantizedMatrix::new(n, k, spec, Buffer::from_pool(packed), scales, biases)
-                .map_err(|cause| ModelError::Geometry { tensor: name.to_string(), cause })?;
-            Ok(LinearWeight::Quantized(q))
-        }
-    }
-}
-
-/// One matrix of a GGUF file in its kiln form, with no model around it (tools and tests
-/// that check a tensor's mapping read it this way).
-pub fn read_matrix(path: &Path, name: &str, pool: &MemoryPool) -> Result<LinearWeight> {
-    let p = Parsed::open(path)?;
-    let t = p.tensor(name)?;
-    if t.dims.len() != 2 {
-        return Err(p.error(format!("tensor {name}: {} dimensions, expected a matrix", t.dims.len())));
-    }
-    matrix(&p, pool, name, Rows::Same)
-}
-
-/// The tokenizer a GGUF file describes, without loading its weights (for tests and tools
-/// that compare token ids).
-pub fn tokenizer_from_file(path: &Path) -> Result<Tokenizer> {
-    let p = Parsed::open(path)?;
-    let doc = tokenizer::tokenizer_json(&p.meta())?;
-    let tk = doc.to_string().parse::<tokenizers::Tokenizer>().map_err(|e| ModelError::Tokenizer {
-        path: path.to_path_buf(),
-        message: format!("the tokenizer in the GGUF metadata could not be built: {e}"),
-    })?;
-    Ok(Tokenizer::Hf(Box::new(tk)))
-}
-
-/// Whether `path` names a GGUF file (by its extension).
-pub fn is_gguf_path(path: &Path) -> bool {
-    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
 }

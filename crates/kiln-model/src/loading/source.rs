@@ -40,7 +40,7 @@ impl ModelSource {
             return Ok(ModelSource::Synthetic(rest.to_string()));
         }
         let direct = root.join(spec);
-        if crate::checkpoint::gguf::is_gguf_path(&direct) {
+        if is_gguf_path(&direct) {
             if regular_file(&direct)? {
                 return Ok(ModelSource::Gguf(direct));
             }
@@ -68,6 +68,11 @@ impl ModelSource {
             ModelSource::Dir(d) | ModelSource::Gguf(d) => d.display().to_string(),
         }
     }
+}
+
+/// Whether `path` names a GGUF file (by its extension).
+pub fn is_gguf_path(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
 }
 
 /// Whether `path` is present as a regular file (symbolic links followed): `Ok(false)`

@@ -48,6 +48,20 @@ impl Value {
     }
 }
 
+/// `value` as a list of strings, if it is one.
+pub(crate) fn as_strings(value: &Value) -> Option<Vec<String>> {
+    match value {
+        Value::Array(a) => a
+            .iter()
+            .map(|v| match v {
+                Value::Str(s) => Some(s.clone()),
+                _ => None,
+            })
+            .collect(),
+        _ => None,
+    }
+}
+
 /// One tensor's descriptor.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct TensorInfo {

@@ -94,55 +94,6 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// Plans the load of `ck` as `config` describes it. `quantize` applies to float
-    /// matrices of a checkpoint without a `quantization` block.
-    pub(crate) fn new(config: &ModelConfig, ck: &Checkpoint, quantize: Option<QuantSpec>) -> Result<Self> {
-        let p = Planner { config, ck, quantize };
-        let (h, q_dim, kv_dim, inter) =
-            (config.hidden_size, config.q_dim(), config.kv_dim(), config.intermediate_size);
-        let mut steps = Vec::with_capacity(2 + config.num_hidden_layers * 9 + 1);
-        let mut expert_slot_bytes = None;
-        steps.push(Step::Linear(p.linear("model.embed_tokens", config.vocab_size, h, false)?));
-        for i in 0..config.num_hidden_layers {
-            let l = format!("model.layers.{i}");
-            let attn_bias = config.attention_bias;
-            let mlp_bias = config.mlp_bias;
-            steps.push(Step::Vector(p.vector(&format!("{l}.input_layernorm.weight"), h)?));
-            steps.push(Step::Linear(p.linear(&format!("{l}.self_attn.q_proj"), q_dim, h, attn_bias)?));
-            steps.push(Step::Linear(p.linear(&format!("{l}.self_attn.k_proj"), kv_dim, h, attn_bias)?));
-            steps.push(Step::Linear(p.linear(&format!("{l}.self_attn.v_proj"), kv_dim, h, attn_bias)?));
-            steps.push(Step::Linear(p.linear(
-                &format!("{l}.self_attn.o_proj"),
-                h,
-                q_dim,
-                config.o_proj_bias,
-            )?));
-            if config.qk_norm {
-                let why = "head_dim in config.json";
-                let hd = config.head_dim;
-                steps.push(Step::Vector(p.vector_of(&format!("{l}.self_attn.q_norm.weight"), hd, why)?));
-                steps.push(Step::Vector(p.vector_of(&format!("{l}.self_attn.k_norm.weight"), hd, why)?));
-            }
-            steps.push(Step::Vector(p.vector(&format!("{l}.post_attention_layernorm.weight"), h)?));
-            match &config.moe {
-                Some(moe) => {
-                    let slot = super::moe::plan_layer(&p, &l, moe, &mut steps)?;
-                    expert_slot_bytes = expert_slot_bytes.or(slot);
-                }
-                None => {
-                    steps.push(Step::Linear(p.linear(&format!("{l}.mlp.gate_proj"), inter, h, mlp_bias)?));
-                    steps.push(Step::Linear(p.linear(&format!("{l}.mlp.up_proj"), inter, h, mlp_bias)?));
-                    steps.push(Step::Linear(p.linear(&format!("{l}.mlp.down_proj"), h, inter, mlp_bias)?));
-                }
-            }
-        }
-        steps.push(Step::Vector(p.vector("model.norm.weight", h)?));
-        if !config.tie_word_embeddings {
-            steps.push(Step::Linear(p.linear("lm_head", config.vocab_size, h, false)?));
-        }
-        Ok(Plan { steps, expert_slot_bytes })
-    }
-
     /// The most bytes loading holds under the weights tag at once: what each step keeps,
     /// accumulated, plus the temporaries of the step in progress.
     pub(crate) fn peak_bytes(&self) -> u64 {
@@ -269,12 +220,12 @@ impl Planner<'_> {
         Ok(())
     }
 
-    fn vector(&self, name: &str, len: usize) -> Result<VectorPlan> {
+    pub(crate) fn vector(&self, name: &str, len: usize) -> Result<VectorPlan> {
         self.vector_of(name, len, "hidden_size in config.json")
     }
 
     /// A norm weight of `len` elements, `why` naming the config field that sets `len`.
-    fn vector_of(&self, name: &str, len: usize, why: &str) -> Result<VectorPlan> {
+    pub(crate) fn vector_of(&self, name: &str, len: usize, why: &str) -> Result<VectorPlan> {
         let tensor = self.require(name, &format!("a vector of {len} ({why})"))?;
         self.expect_float(name, &tensor, "")?;
         self.expect_shape(name, &tensor, &[len], why)?;

@@ -288,7 +288,7 @@ fn byte_vocab(c: &ModelConfig) -> Vec<(String, MetaValue)> {
 
 /// The tokenizer metadata of the GGUF file the model came from, in llama.cpp's types.
 fn gguf_vocab(file: &Path, out: &Path) -> Result<Vec<(String, MetaValue)>> {
-    let parsed = super::Parsed::open(file)?;
+    let parsed = super::meta::Parsed::open(file)?;
     let mut m = Vec::new();
     for (key, v) in &parsed.header.metadata {
         if !key.starts_with("tokenizer.") {
@@ -310,7 +310,7 @@ fn gguf_vocab(file: &Path, out: &Path) -> Result<Vec<(String, MetaValue)>> {
                     })
                     .collect::<Result<_>>()?,
             ),
-            (_, Value::Array(_)) => MetaValue::Strs(super::tokenizer::as_strings(v).ok_or_else(bad)?),
+            (_, Value::Array(_)) => MetaValue::Strs(super::header::as_strings(v).ok_or_else(bad)?),
             (_, Value::Str(s)) => MetaValue::Str(s.clone()),
             (_, Value::Bool(b)) => MetaValue::Bool(*b),
             (_, Value::U64(n)) => MetaValue::U32(u32::try_from(*n).map_err(|_| bad())?),

@@ -2,9 +2,9 @@
 //! `generation_config.json`), safetensors weights (single file or sharded, memory-mapped),
 //! `tokenizer.json` and the chat template.
 //!
-//! Loading is planned first (`plan.rs`): every tensor the decoder needs is found, its
-//! dtype and shape checked against the config, and its cost in the pool computed from the
-//! safetensors headers alone. [`inspect`] returns that cost; [`load`] then reads the
+//! Loading is planned first (`plan_load` here, over `plan.rs`'s types and checks): every
+//! tensor the decoder needs is found, its dtype and shape checked against the config, and
+//! its cost in the pool computed from the safetensors headers alone. [`inspect`] returns that cost; [`load`] then reads the
 //! tensors in the plan's order (`build.rs`). Mixture-of-experts checkpoints (`qwen2_moe`,
 //! `qwen3_moe`, `mixtral`) add their routers, shared experts and routed experts to the
 //! plan (`moe.rs`), in MLX's stacked layout or Hugging Face's per-expert one; the routed
@@ -24,7 +24,7 @@ use std::path::Path;
 use kiln_core::QuantSpec;
 use serde_json::Value;
 
-use self::plan::Plan;
+use self::plan::{Plan, Planner, Step};
 use self::safetensors::Checkpoint;
 use self::tensor::TensorReader;
 use crate::chat_template::ChatTemplate;
@@ -46,7 +46,7 @@ pub const QUANTIZE_BITS: [u32; 2] = [4, 8];
 pub fn inspect(dir: &Path, opts: &LoadOptions) -> Result<ModelInfo> {
     let config = read_config(dir)?;
     let ck = Checkpoint::open(dir)?;
-    let plan = Plan::new(&config, &ck, quantize_spec(opts, &config)?)?;
+    let plan = plan_load(&config, &ck, quantize_spec(opts, &config)?)?;
     Ok(ModelInfo {
         source: ModelSource::Dir(dir.to_path_buf()),
         config,
@@ -62,12 +62,58 @@ pub fn inspect(dir: &Path, opts: &LoadOptions) -> Result<ModelInfo> {
 pub fn load(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let config = read_config(dir)?;
     let ck = Checkpoint::open(dir)?;
-    let plan = Plan::new(&config, &ck, quantize_spec(opts, &config)?)?;
+    let plan = plan_load(&config, &ck, quantize_spec(opts, &config)?)?;
     // Tokenizer and template first: they are cheap and their errors are common.
     let tokenizer = Tokenizer::from_dir(dir)?;
     let chat_template = ChatTemplate::from_dir(dir)?;
     let weights = build::build(plan, &config, &TensorReader { ck: &ck, pool: &opts.pool })?;
     Ok(LoadedModel { source: ModelSource::Dir(dir.to_path_buf()), config, weights, tokenizer, chat_template })
+}
+
+/// Plans the load of `ck` as `config` describes it: the decoder's steps in order, the
+/// dense ones from `plan.rs`, a mixture of experts' from `moe.rs` (both build on the
+/// plan's types, so the walk over both lives here). `quantize` applies to float matrices
+/// of a checkpoint without a `quantization` block.
+fn plan_load(config: &ModelConfig, ck: &Checkpoint, quantize: Option<QuantSpec>) -> Result<Plan> {
+    let p = Planner { config, ck, quantize };
+    let (h, q_dim, kv_dim, inter) =
+        (config.hidden_size, config.q_dim(), config.kv_dim(), config.intermediate_size);
+    let mut steps = Vec::with_capacity(2 + config.num_hidden_layers * 9 + 1);
+    let mut expert_slot_bytes = None;
+    steps.push(Step::Linear(p.linear("model.embed_tokens", config.vocab_size, h, false)?));
+    for i in 0..config.num_hidden_layers {
+        let l = format!("model.layers.{i}");
+        let attn_bias = config.attention_bias;
+        let mlp_bias = config.mlp_bias;
+        steps.push(Step::Vector(p.vector(&format!("{l}.input_layernorm.weight"), h)?));
+        steps.push(Step::Linear(p.linear(&format!("{l}.self_attn.q_proj"), q_dim, h, attn_bias)?));
+        steps.push(Step::Linear(p.linear(&format!("{l}.self_attn.k_proj"), kv_dim, h, attn_bias)?));
+        steps.push(Step::Linear(p.linear(&format!("{l}.self_attn.v_proj"), kv_dim, h, attn_bias)?));
+        steps.push(Step::Linear(p.linear(&format!("{l}.self_attn.o_proj"), h, q_dim, config.o_proj_bias)?));
+        if config.qk_norm {
+            let why = "head_dim in config.json";
+            let hd = config.head_dim;
+            steps.push(Step::Vector(p.vector_of(&format!("{l}.self_attn.q_norm.weight"), hd, why)?));
+            steps.push(Step::Vector(p.vector_of(&format!("{l}.self_attn.k_norm.weight"), hd, why)?));
+        }
+        steps.push(Step::Vector(p.vector(&format!("{l}.post_attention_layernorm.weight"), h)?));
+        match &config.moe {
+            Some(moe) => {
+                let slot = moe::plan_layer(&p, &l, moe, &mut steps)?;
+                expert_slot_bytes = expert_slot_bytes.or(slot);
+            }
+            None => {
+                steps.push(Step::Linear(p.linear(&format!("{l}.mlp.gate_proj"), inter, h, mlp_bias)?));
+                steps.push(Step::Linear(p.linear(&format!("{l}.mlp.up_proj"), inter, h, mlp_bias)?));
+                steps.push(Step::Linear(p.linear(&format!("{l}.mlp.down_proj"), h, inter, mlp_bias)?));
+            }
+        }
+    }
+    steps.push(Step::Vector(p.vector("model.norm.weight", h)?));
+    if !config.tie_word_embeddings {
+        steps.push(Step::Linear(p.linear("lm_head", config.vocab_size, h, false)?));
+    }
+    Ok(Plan { steps, expert_slot_bytes })
 }
 
 /// The configuration, tokenizer and chat template of a checkpoint, without its weights.

@@ -21,6 +21,8 @@
 //! stores on x86-64 when the slot is 1 MiB or more. Every page of every slot is written
 //! when the cache is built, so no miss pays a first-touch page fault.
 
+pub use crate::error::CacheGeometryError;
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
@@ -93,63 +95,6 @@ impl CacheGeometry {
     pub fn total(&self) -> usize {
         self.layers * self.experts
     }
-}
-
-/// A cache geometry the rules refuse. Each message names the geometry
-/// (`<model> @ cache_slots=S`), the rule and the bound.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum CacheGeometryError {
-    /// Fewer slots than the router's top-k.
-    #[error(
-        "{model} @ cache_slots={slots}: {slots} is below the floor of top-k = {top_k} slots (every expert \
-         one token routes to must be resident at once); accepted values are {top_k} to {most}"
-    )]
-    BelowFloor {
-        /// The model.
-        model: String,
-        /// Slots asked for.
-        slots: usize,
-        /// The floor.
-        top_k: usize,
-        /// The most slots accepted.
-        most: String,
-    },
-    /// More slots than experts.
-    #[error(
-        "{model} @ cache_slots={slots}: {slots} exceeds the total of layers x experts = {layers} x {experts} \
-         = {total}; accepted values are {top_k} to {total}"
-    )]
-    AboveTotal {
-        /// The model.
-        model: String,
-        /// Slots asked for.
-        slots: usize,
-        /// Decoder layers.
-        layers: usize,
-        /// Experts per layer.
-        experts: usize,
-        /// layers x experts.
-        total: usize,
-        /// The floor.
-        top_k: usize,
-    },
-    /// More slots than the backend can hold.
-    #[error(
-        "{model} @ cache_slots={slots}: {slots} exceeds the {backend} backend's slot limit of {cap} ({reason}); \
-         reduce --expert-slots or raise --memory-limit"
-    )]
-    AboveCap {
-        /// The model.
-        model: String,
-        /// Slots asked for.
-        slots: usize,
-        /// The backend.
-        backend: &'static str,
-        /// Its cap.
-        cap: u64,
-        /// Where the cap comes from.
-        reason: String,
-    },
 }
 
 /// Bytes of one slot holding an expert of `moe` in a model of residual width `hidden`

@@ -75,7 +75,7 @@ pub(crate) fn build(plan: Plan, config: &ModelConfig, reader: &TensorReader<'_>)
 }
 
 /// Hands out built layers and norm weights in plan order; running short would be a bug in
-/// [`Plan::new`], reported rather than panicking.
+/// the plan (`plan_load`), reported rather than panicking.
 struct Assembler {
     linears: VecDeque<Linear>,
     vectors: VecDeque<Buffer<f32>>,

@@ -9,8 +9,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value as Json, json};
 
-use super::header::Value;
-use super::{Meta, MetaError};
+use super::meta::{Meta, MetaError};
 
 /// ggml token types (`tokenizer.ggml.token_type`).
 const TYPE_CONTROL: i64 = 3;
@@ -198,22 +197,9 @@ fn spm_merges(tokens: &[String], types: &[i64], scores: &[f64]) -> Vec<Json> {
     merges.into_iter().map(|(_, _, _, a, b)| json!([a, b])).collect()
 }
 
-/// `value` as a list of strings, if it is one.
-pub(crate) fn as_strings(value: &Value) -> Option<Vec<String>> {
-    match value {
-        Value::Array(a) => a
-            .iter()
-            .map(|v| match v {
-                Value::Str(s) => Some(s.clone()),
-                _ => None,
-            })
-            .collect(),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::header::Value;
     use super::*;
 
     fn strs(v: &[&str]) -> Value {

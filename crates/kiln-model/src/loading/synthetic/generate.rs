@@ -21,8 +21,6 @@ use rand_core::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rayon::prelude::*;
 
-use super::HostTier;
-use super::host_tier;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::experts::{Expert, ExpertStore};
@@ -259,27 +257,30 @@ impl SharedBytes for Arena {
     }
 }
 
+/// Where the routed experts' segments go instead of the arena: given them, it returns
+/// their bytes (a file-backed host tier writes or reuses its file and maps it).
+pub type PlaceExperts<'a> = &'a dyn Fn(&[Segment]) -> Result<Arc<dyn SharedBytes>>;
+
 /// Generates the weights of `config`'s model from `seed` with routers biased by
-/// `router_skew`, the routed experts (if any) in `tier`: in the same pool-counted arena
-/// as the rest, or in a file mapped read-only.
+/// `router_skew`, the routed experts (if any) in the same pool-counted arena as the rest,
+/// or, with `place_experts`, wherever it puts them (a file mapped read-only).
 pub fn generate(
     config: &ModelConfig,
     quant: QuantSpec,
     seed: u64,
     pool: &MemoryPool,
-    tier: &HostTier,
-    key: &str,
+    place_experts: Option<PlaceExperts<'_>>,
     router_skew: f32,
 ) -> Result<ModelWeights> {
     // The skew changes only the router biases, never the experts a file tier holds.
     let mut segs = segments(config, quant, seed, router_skew);
     let mut sources = Vec::with_capacity(2);
-    match tier {
-        HostTier::Memory => sources.push((arena(&segs, pool)?, segs)),
-        HostTier::File(dir) => {
+    match place_experts {
+        None => sources.push((arena(&segs, pool)?, segs)),
+        Some(place) => {
             let experts = segs.split_off(segs.len() - expert_segments(config));
             sources.push((arena(&segs, pool)?, segs));
-            sources.push((host_tier::open(dir, key, &experts)?, experts));
+            sources.push((place(&experts)?, experts));
         }
     }
     let mut views =
