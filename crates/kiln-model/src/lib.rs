@@ -12,6 +12,7 @@ pub mod error;
 pub mod expert_cache;
 pub mod experts;
 pub mod kv_cache;
+pub mod logprobs;
 pub mod model;
 pub mod moe;
 pub mod ops;
