@@ -1123,7 +1123,10 @@ fn n_greedy_choices_are_identical_share_the_prompt_and_sum_their_usage() {
     }
     assert_eq!(v["usage"]["completion_tokens"], 15, "{v}");
     assert_eq!(v["usage"]["prompt_tokens"], prompt.len() + " Again.".len() + 1, "{v}");
-    // The second and third choices adopted the first's prompt from its live slot.
+    // The second and third choices waited for the first's prefill and adopted its
+    // prompt from its live slot: the prompt ran once, plus its last token for each.
+    let tokens = prompt.len() + " Again.".len() + 1;
+    assert_eq!(metric(fresh.addr, "kiln_prefill_tokens_total"), (tokens + 2) as f64);
     assert_eq!(metric(fresh.addr, "kiln_prompt_cache_hits_total"), 2.0);
     drop(fresh);
     assert_eq!(metric(s.addr, "kiln_prompt_cache_hits_total"), hits);
