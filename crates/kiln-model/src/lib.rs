@@ -17,7 +17,7 @@ pub mod model;
 pub mod output;
 
 pub use forward::{
-    attention, engine, expert_cache, experts, kv_cache, moe, ops, plan, rope, sampling, speculative,
+    attention, engine, expert_cache, experts, kv_cache, logprobs, moe, ops, plan, rope, sampling, speculative,
     transformer, weights, workspace,
 };
 pub use loading::{

@@ -13,6 +13,12 @@
 //! it, each runs its own verify forward of K + 1 positions through
 //! `kiln_model::speculative`, so a verify block never shares a forward with other
 //! sequences. A stream the exactness gate declines returns to the joint forward.
+//!
+//! A request for its prompt's log-probabilities (`echo` with `logprobs`) prefills whole
+//! in its own forward, every row's logits computed, through the function `kiln score`
+//! uses ([`kiln_model::logprobs::score_sequence`]). A job whose prompt another slot is
+//! still prefilling waits for it and then adopts its KV prefix, as the choices of an
+//! `n > 1` request do.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -61,6 +67,12 @@ pub enum Event {
     },
     /// A sampled token (EOS is never sent).
     Token(u32),
+    /// The log-probability of the token the next [`Event::Token`] carries, sent just
+    /// before it when the request asks for `logprobs`.
+    Logprob(TokenLogprob),
+    /// The log-probabilities of the prompt's tokens after the first, sent after
+    /// [`Event::Started`] when the request asks for `prompt_logprobs`.
+    PromptLogprobs(Vec<TokenLogprob>),
     /// The request held a speculative slot: its drafted and accepted tokens, sent just
     /// before [`Event::Done`].
     Speculation {
@@ -73,6 +85,26 @@ pub enum Event {
     Done(FinishReason),
     /// The job failed; nothing more follows.
     Failed(Failure),
+}
+
+/// A token's log-probability under the model's own distribution (the raw logits'
+/// log-softmax: before logit bias, penalties and temperature) and the most likely
+/// alternatives there.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    /// The token.
+    pub token: u32,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely tokens and their log-probabilities, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprob {
+    /// `token`'s entry in the log-probability row `lp`, with `top` alternatives.
+    pub fn of(lp: &[f32], token: u32, top: usize) -> Self {
+        TokenLogprob { token, logprob: lp[token as usize], top: kiln_model::logprobs::top_logprobs(lp, top) }
+    }
 }
 
 /// A request handed to the scheduler.
@@ -120,6 +152,8 @@ struct Slot<'m> {
     penalizer: Option<Penalizer>,
     /// The slot's logits row after the penalizer.
     adjusted: Vec<f32>,
+    /// The log-softmax of the slot's last logits row, when it asks for log-probabilities.
+    logprobs: Vec<f32>,
     /// Prompt tokens in the cache.
     prefilled: usize,
     /// Tokens sampled and sent.
@@ -328,12 +362,10 @@ impl<'m> Scheduler<'m> {
         }
         self.retire();
         self.admit();
+        let scored = self.score_prompts();
         let forward = self.forward();
         let verify = self.speculate();
-        let forward = match (forward, verify) {
-            (Some(a), Some(b)) => Some(a + b),
-            (a, b) => a.or(b),
-        };
+        let forward = [scored, forward, verify].into_iter().flatten().reduce(|a, b| a + b);
         let step = t.elapsed();
         if let Some(f) = forward {
             self.metrics.step_nanos.fetch_add(step.as_nanos() as u64, Ordering::Relaxed);
@@ -348,6 +380,10 @@ impl<'m> Scheduler<'m> {
         let mut left = before - self.waiting.len();
         while self.slots.len() < self.options.parallel {
             let Some(job) = self.waiting.front() else { break };
+            if self.shares_a_prefilling_prompt(&job.request.prompt) {
+                // Its prefix is adopted once that prefill is done: a step or a few.
+                break;
+            }
             let need = self.layout.bytes_for(job.request.prompt.len() + job.request.max_tokens);
             match self.plan_room(need) {
                 Room::Fits => {}
@@ -376,6 +412,12 @@ impl<'m> Scheduler<'m> {
         }
         self.metrics.queue_depth.fetch_sub(left as u64, Ordering::Relaxed);
         self.publish();
+    }
+
+    /// Whether a slot still prefilling holds the same prompt, long enough to share.
+    fn shares_a_prefilling_prompt(&self, prompt: &[u32]) -> bool {
+        prompt.len() > crate::prompt_cache::MIN_PREFIX_TOKENS
+            && self.slots.iter().any(|s| !s.decoding() && s.job.request.prompt == prompt)
     }
 
     /// Whether `need` more KV bytes fit now, after evicting prompt-cache entries, or ever.
@@ -416,12 +458,40 @@ impl<'m> Scheduler<'m> {
         };
         let adjust = &job.request.adjust;
         let penalizer = (!adjust.is_off()).then(|| Penalizer::new(adjust.clone(), &job.request.prompt));
+        let request = &job.request;
+        if request.max_tokens == 0 && !request.prompt_logprobs {
+            // Nothing to compute (an echo without log-probabilities).
+            if job.events.send(Event::Started { cached_tokens: 0 }).is_ok() {
+                let _ = job.events.send(Event::Done(FinishReason::Length));
+            }
+            return;
+        }
         let mut cache = self.engine.new_cache();
         let mut cached = 0;
-        if let Some(hit) = self.prompt_cache.lookup(&job.request.prompt) {
-            match cache.copy_prefix_from(hit.cache, hit.tokens) {
-                Ok(()) => cached = hit.tokens,
-                Err(_) => cache = self.engine.new_cache(),
+        // The prompt's log-probabilities need every prompt row computed: no prefix.
+        if !request.prompt_logprobs {
+            let prompt = &request.prompt;
+            let usable = prompt.len().saturating_sub(1);
+            // The longest prefix a live slot holds (a sibling choice), if it beats the
+            // prompt cache's.
+            let live = self
+                .slots
+                .iter()
+                .map(|s| (s, common_prefix(&s.cached_tokens(), prompt).min(usable)))
+                .filter(|&(_, n)| n >= crate::prompt_cache::MIN_PREFIX_TOKENS)
+                .max_by_key(|&(_, n)| n);
+            let hit = self.prompt_cache.lookup(prompt).map(|h| (h.cache, h.tokens));
+            let best = match (live, hit) {
+                (Some((s, n)), Some((_, m))) if n > m => Some((&s.cache, n)),
+                (_, Some(h)) => Some(h),
+                (Some((s, n)), None) => Some((&s.cache, n)),
+                (None, None) => None,
+            };
+            if let Some((from, n)) = best {
+                match cache.copy_prefix_from(from, n) {
+                    Ok(()) => cached = n,
+                    Err(_) => cache = self.engine.new_cache(),
+                }
             }
         }
         if cached > 0 {
@@ -438,6 +508,7 @@ impl<'m> Scheduler<'m> {
             sampler,
             penalizer,
             adjusted: Vec::new(),
+            logprobs: Vec::new(),
             prefilled: cached,
             generated: Vec::new(),
             planned_bytes,
@@ -460,6 +531,10 @@ impl<'m> Scheduler<'m> {
             .map(|s| {
                 if s.spec.is_some() {
                     // Decodes in its own verify forward (`speculate`).
+                    return None;
+                }
+                if s.job.request.prompt_logprobs && !s.decoding() {
+                    // Prefills in its own forward (`score_prompts`).
                     return None;
                 }
                 if s.decoding() {
@@ -523,33 +598,53 @@ impl<'m> Scheduler<'m> {
                     continue;
                 }
             }
-            let row = &logits[row * vocab..(row + 1) * vocab];
-            let token = match &mut s.penalizer {
-                Some(p) => {
-                    s.adjusted.clear();
-                    s.adjusted.extend_from_slice(row);
-                    p.apply(&mut s.adjusted);
-                    s.sampler.sample(&s.adjusted)
-                }
-                None => s.sampler.sample(row),
-            };
-            if self.eos.contains(&token) && !s.job.request.ignore_eos {
-                s.done = Some(Outcome::Finished(FinishReason::Stop));
-                continue;
-            }
-            if let Some(p) = &mut s.penalizer {
-                p.observe(token);
-            }
-            s.generated.push(token);
-            self.metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
-            if s.job.events.send(Event::Token(token)).is_err() {
-                s.done = Some(Outcome::Cancelled);
-            } else if s.generated.len() >= s.job.request.max_tokens {
-                s.done = Some(Outcome::Finished(FinishReason::Length));
-            }
+            sample_and_send(s, &logits[row * vocab..(row + 1) * vocab], &self.eos, &self.metrics);
         }
         self.retire();
         Some(took)
+    }
+
+    /// Prefills every newly admitted slot that asks for its prompt's log-probabilities,
+    /// each in its own forward with every row's logits, sends them, and samples the first
+    /// token from the last row. Returns the time spent.
+    fn score_prompts(&mut self) -> Option<std::time::Duration> {
+        let mut took = None;
+        for s in &mut self.slots {
+            if !s.job.request.prompt_logprobs || s.prefilled != 0 || s.done.is_some() {
+                continue;
+            }
+            let prompt = &s.job.request.prompt;
+            let top = s.job.request.logprobs.unwrap_or(0);
+            let mut scored = Vec::with_capacity(prompt.len().saturating_sub(1));
+            let mut last = Vec::new();
+            let t = Instant::now();
+            let result = kiln_model::logprobs::score_sequence(
+                &mut self.engine,
+                &mut s.cache,
+                prompt,
+                0,
+                |pos, row, lp| match prompt.get(pos + 1) {
+                    Some(&next) => scored.push(TokenLogprob::of(lp, next, top)),
+                    None => last.extend_from_slice(row),
+                },
+            );
+            *took.get_or_insert(std::time::Duration::ZERO) += t.elapsed();
+            if let Err(e) = result {
+                s.done = Some(Outcome::Failed(Failure::engine(&e)));
+                continue;
+            }
+            s.prefilled = prompt.len();
+            self.metrics.prefill_tokens.fetch_add(prompt.len() as u64, Ordering::Relaxed);
+            if s.job.events.send(Event::PromptLogprobs(scored)).is_err() {
+                s.done = Some(Outcome::Cancelled);
+            } else if s.job.request.max_tokens == 0 {
+                s.done = Some(Outcome::Finished(FinishReason::Length));
+            } else {
+                sample_and_send(s, &last, &self.eos, &self.metrics);
+            }
+        }
+        self.retire();
+        took
     }
 
     /// Hands free speculative slots to decoding slots that ask for one, then runs one
@@ -569,7 +664,10 @@ impl<'m> Scheduler<'m> {
             }
             // The speculative stream samples the model's rows as they are: a request with
             // a logit bias or penalties decodes in the joint forward.
-            let wants = (self.options.speculative || s.job.request.speculative) && s.penalizer.is_none();
+            // So does one asking for log-probabilities, which need every row.
+            let wants = (self.options.speculative || s.job.request.speculative)
+                && s.penalizer.is_none()
+                && s.job.request.logprobs.is_none();
             if !wants || s.spec.is_some() || s.spec_stats.is_some() || s.done.is_some() || !s.decoding() {
                 continue;
             }
@@ -713,6 +811,47 @@ impl<'m> Scheduler<'m> {
         self.metrics.spec_active_slots.store(speculating as u64, Ordering::Relaxed);
         self.metrics.prompt_cache_bytes.store(self.prompt_cache.bytes(), Ordering::Relaxed);
     }
+}
+
+/// Samples `s`'s next token from its logits `row` (after its penalizer), and sends it
+/// (with its log-probability when asked for) unless it ends the sequence.
+fn sample_and_send(s: &mut Slot<'_>, row: &[f32], eos: &[u32], metrics: &Metrics) {
+    let token = match &mut s.penalizer {
+        Some(p) => {
+            s.adjusted.clear();
+            s.adjusted.extend_from_slice(row);
+            p.apply(&mut s.adjusted);
+            s.sampler.sample(&s.adjusted)
+        }
+        None => s.sampler.sample(row),
+    };
+    if eos.contains(&token) && !s.job.request.ignore_eos {
+        s.done = Some(Outcome::Finished(FinishReason::Stop));
+        return;
+    }
+    if let Some(p) = &mut s.penalizer {
+        p.observe(token);
+    }
+    s.generated.push(token);
+    metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
+    if let Some(top) = s.job.request.logprobs {
+        // The model's distribution, before bias, penalties and temperature (vLLM's default).
+        s.logprobs.resize(row.len(), 0.0);
+        kiln_model::logprobs::log_softmax(row, &mut s.logprobs);
+        if s.job.events.send(Event::Logprob(TokenLogprob::of(&s.logprobs, token, top))).is_err() {
+            s.done = Some(Outcome::Cancelled);
+            return;
+        }
+    }
+    if s.job.events.send(Event::Token(token)).is_err() {
+        s.done = Some(Outcome::Cancelled);
+    } else if s.generated.len() >= s.job.request.max_tokens {
+        s.done = Some(Outcome::Finished(FinishReason::Length));
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 enum Room {

@@ -136,17 +136,31 @@ impl<'m> Engine<'m> {
     /// Like [`Self::prefill`], but returns the logits of every token (`[tokens, vocab]`),
     /// as reference comparisons need.
     pub fn prefill_all_logits(&mut self, cache: &mut KvCache, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.check_context(cache, tokens.len())?;
         let mut all = Vec::with_capacity(tokens.len() * self.config().vocab_size);
-        for part in tokens.chunks(self.chunk(tokens.len())) {
+        self.prefill_each_logits(cache, tokens, |_, logits| all.extend_from_slice(logits))?;
+        Ok(all)
+    }
+
+    /// Like [`Self::prefill_all_logits`], but hands each chunk's logits to `each` as it
+    /// is computed (`each(first token index, [chunk tokens, vocab])`), so no more than
+    /// one chunk's logits are held.
+    pub fn prefill_each_logits(
+        &mut self,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        mut each: impl FnMut(usize, &[f32]),
+    ) -> Result<()> {
+        self.check_context(cache, tokens.len())?;
+        let chunk = self.chunk(tokens.len());
+        for (i, part) in tokens.chunks(chunk).enumerate() {
             let logits = self.transformer.forward(
                 &mut self.workspace,
                 &mut [SeqChunk { cache, tokens: part }],
                 Logits::All,
             )?;
-            all.extend_from_slice(logits);
+            each(i * chunk, logits);
         }
-        Ok(all)
+        Ok(())
     }
 
     /// Appends one token and returns the logits after it (`[vocab]`).

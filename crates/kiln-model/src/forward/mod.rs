@@ -2,13 +2,15 @@
 //! routed experts' [`experts`] store and its [`expert_cache`], one [`transformer`] forward
 //! over any mix of sequences ([`attention`], [`rope`], [`moe`], [`ops`]), the
 //! [`kv_cache`], the [`workspace`] the [`plan`] sizes, the [`engine`] that drives prefill
-//! and decode, [`sampling`], and [`speculative`] decoding on top.
+//! and decode, [`logprobs`] (log-softmax and a text's scores, for `kiln score` and the
+//! server), [`sampling`], and [`speculative`] decoding on top.
 
 pub mod attention;
 pub mod engine;
 pub mod expert_cache;
 pub mod experts;
 pub mod kv_cache;
+pub mod logprobs;
 pub mod moe;
 pub mod ops;
 pub mod plan;
