@@ -362,6 +362,58 @@ fn qmv_wide_and_per_row_qmv_are_bit_identical() {
     }
 }
 
+/// `int16-wide8`: `qmv_wide` over two rows or more gives 4-bit weights `int8`'s bits, a
+/// row run alone (`qmv`, and `qmv_wide` over one row) and `qmm` keep `int16`'s, each
+/// equal to `reference::qmv_int` under that scheme on every path; so for 4-bit weights
+/// the wide kernel is not interchangeable with per-row `qmv` under this scheme, while
+/// 8-bit weights run identically to `int16`.
+#[test]
+fn int16_wide8_gives_wide_rows_int8_codes_and_single_rows_int16() {
+    let act = ActScheme::Int16Wide8;
+    let mut seed = 5000;
+    for bits in [4, 8] {
+        for g in [32, 64, 128] {
+            let k = ks(g)[1];
+            for m in [1, 2, 3, 5, 8, 9, 17] {
+                seed += 1;
+                let case = Case::new(19, k, m, bits, g, ScaleDtype::F16, seed);
+                let n = case.w.n();
+                let single = reference::qmv_int(&case.x, m, &case.w, ActScheme::Int16).unwrap();
+                let wide_rows = if m >= 2 && bits == 4 { ActScheme::Int8 } else { ActScheme::Int16 };
+                let wide_def = reference::qmv_int(&case.x, m, &case.w, wide_rows).unwrap();
+                assert!(bits_identical(
+                    &reference::qmv_wide_int(&case.x, m, &case.w, act).unwrap(),
+                    &wide_def
+                ));
+                assert!(bits_identical(&reference::qmv_int(&case.x, m, &case.w, act).unwrap(), &single));
+                let refy = reference_y(&case);
+                for isa in Isa::available() {
+                    let what = |k: &str| format!("{} [int16-wide8]", case.label(k, isa));
+                    let mut per_row = vec![0f32; m * n];
+                    for (xr, yr) in case.x.chunks_exact(k).zip(per_row.chunks_exact_mut(n)) {
+                        qmv_scheme_on(isa, act, xr, &case.w, yr);
+                    }
+                    assert!(bits_identical(&per_row, &single), "{}", what("qmv per row"));
+                    let mut mm = vec![0f32; m * n];
+                    qmm_scheme_on(isa, act, &case.x, m, &case.w, &mut mm);
+                    assert!(bits_identical(&mm, &single), "{}", what("qmm"));
+                    let mut wide = vec![0f32; m * n];
+                    qmv_wide_scheme_on(isa, act, &case.x, m, &case.w, &mut wide);
+                    assert!(bits_identical(&wide, &wide_def), "{}", what("qmv_wide"));
+                    case.check(&what("qmv_wide"), scheme_for(bits, wide_rows), &wide, &refy);
+                    if m >= 2 && bits == 4 {
+                        assert!(
+                            !bits_identical(&wide, &per_row),
+                            "{}: no row rounded differently",
+                            what("qmv_wide")
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Rows of Llama-sized width (more than 8192 elements, where the activation codes no
 /// longer sit in L1 beside the weights), with a partial last step of five groups: exact
 /// against the other paths and within the bound.

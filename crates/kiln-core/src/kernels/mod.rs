@@ -17,7 +17,11 @@
 //! So `qmv`, `qmv_wide` and `qmm` give bit-identical rows, on AVX2, NEON and the portable
 //! path alike, under each scheme; [`reference::qmv_int`] defines the result exactly. The
 //! price is the activation rounding, at most half a code step per element (see
-//! [`ActivationPrecision`]). `KILN_ACT_PRECISION=f32` turns the integer scheme off for
+//! [`ActivationPrecision`]). The opt-in `KILN_ACT_PRECISION=int16-wide8` breaks the
+//! identity on purpose: `qmv_wide` then gives 4-bit weights 8-bit codes (one `maddubs`
+//! plane, about half the wide kernel's integer work) while `qmv` and `qmm` keep 16-bit
+//! ones, so a batched row equals [`reference::qmv_int`] under `int8` and a row run alone
+//! equals it under `int16`. `KILN_ACT_PRECISION=f32` turns the integer scheme off for
 //! every width, as the reference for quality measurements. Other widths (2, 3, 5, 6 bits)
 //! keep f32 activations: `qmv` and `qmv_wide` share one per-row loop, and `qmm`
 //! dequantizes tiles to f32 for `matrixmultiply::sgemm`.
@@ -397,7 +401,8 @@ pub fn qmv_wide_on(isa: Isa, x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [
     qmv_wide_scheme_on(isa, act_scheme(), x, m, w, y)
 }
 
-/// [`qmv_wide_on`] under a chosen activation scheme.
+/// [`qmv_wide_on`] under a chosen activation scheme (for `int16-wide8`, the codes of
+/// [`ActScheme::rows_scheme`]`(m)`).
 ///
 /// # Panics
 /// As [`qmv_wide_on`].
@@ -411,7 +416,8 @@ pub fn qmv_wide_scheme_on(
 ) {
     check_shapes("qmv_wide", x, m, w, y);
     check_isa("qmv_wide", isa);
-    match (isa, integer_codes(w, scheme)) {
+    // `int16-wide8` gives these rows 8-bit codes from two rows on.
+    match (isa, integer_codes(w, scheme.rows_scheme(m))) {
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx512Vnni | Isa::Avx512 | Isa::Avx2, Some(codes)) => {
             // SAFETY: `check_isa` confirmed AVX2, FMA and F16C at run time (every x86
