@@ -9,13 +9,16 @@ mod common;
 use std::sync::Mutex;
 
 use kiln_core::act_precision::ActScheme;
+use kiln_core::crossover::Crossover;
 use kiln_core::format::{QuantSpec, SUPPORTED_BITS, write_code};
 use kiln_core::kernels::{
     self, ActivationPrecision, Isa, KernelChoice, qmm_on, qmm_scheme_on, qmv_batch_limit, qmv_on,
     qmv_scheme_on, qmv_wide_on, qmv_wide_scheme_on, reference, select_kernel,
 };
 use kiln_core::matrix::{QuantizedMatrix, ScaleData, ScaleDtype};
-use kiln_core::wide::{qmv_wide_enabled, set_qmv_wide};
+use kiln_core::wide::{
+    crossover, qmv_wide_enabled, qmv_wide_pinned_by_operator, set_crossover, set_qmv_wide, wide_for,
+};
 use kiln_core::{Buffer, quantized_matmul};
 
 use common::Rng;
@@ -611,6 +614,42 @@ fn dispatch_follows_the_batch_limit_and_the_wide_switch() {
             assert!(bits_identical(&y, &want), "m {m}, switch {on}");
         }
     }
+    set_qmv_wide(before);
+}
+
+/// The measured crossover picks `qmv_wide` or `qmv` per row for each M (the switch on and
+/// not pinned), and since both give the same bits row for row under the default scheme,
+/// whatever it picks `quantized_matmul` gives the bits of both.
+#[test]
+fn the_crossover_picks_per_m_and_every_pick_gives_the_same_bits() {
+    let _guard = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let (before, before_c) = (qmv_wide_enabled(), crossover());
+    let (k, n) = (288, 40);
+    set_qmv_wide(true);
+    let act = kiln_core::act_precision::act_scheme();
+    for c in [Crossover::ALL_WIDE, Crossover::wide_from(16), Crossover::from_bits(0b1010_1010_1010_1000)] {
+        set_crossover(c);
+        for m in 2..qmv_batch_limit(k, n) {
+            // A `KILN_QMV_WIDE` pin in the test's environment forces wide at every M.
+            let wide_here = wide_for(m, true, qmv_wide_pinned_by_operator(), c);
+            let want = if wide_here { KernelChoice::QmvWide } else { KernelChoice::QmvPerRow };
+            assert_eq!(select_kernel(m, k, n), want, "m {m}, crossover {c}");
+            let case = Case::new(n, k, m, 4, 32, ScaleDtype::F16, 77 + m as u64);
+            let mut y = vec![0f32; m * n];
+            quantized_matmul(&case.x, m, &case.w, &mut y);
+            let mut wide = vec![0f32; m * n];
+            kernels::qmv_wide(&case.x, m, &case.w, &mut wide);
+            let mut per_row = vec![0f32; m * n];
+            for (xr, yr) in case.x.chunks_exact(k).zip(per_row.chunks_exact_mut(n)) {
+                kernels::qmv(xr, &case.w, yr);
+            }
+            if !act.wide_differs() {
+                assert!(bits_identical(&y, &wide) && bits_identical(&y, &per_row), "m {m}, crossover {c}");
+            }
+            assert!(bits_identical(&y, if wide_here { &wide } else { &per_row }), "m {m}, crossover {c}");
+        }
+    }
+    set_crossover(before_c);
     set_qmv_wide(before);
 }
 

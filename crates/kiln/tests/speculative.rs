@@ -151,8 +151,10 @@ fn every_gate_recipe_logs_its_line_and_acts_on_it() {
 fn the_wide8_scheme_is_probed_inexact_and_drops_the_wide_path() {
     let dir = Dir::new();
     let scheme = ("KILN_ACT_PRECISION", "int16-wide8");
-    let classic = generate(&dir, "synthetic:tiny", &[], &[scheme]);
-    let run = generate(&dir, "synthetic:tiny", &["--speculative"], &[scheme]);
+    // The verify block (K + 1 = 5 rows) runs wide whatever a cached crossover says.
+    let wide = ("KILN_QMV_CROSSOVER", "2");
+    let classic = generate(&dir, "synthetic:tiny", &[], &[scheme, wide]);
+    let run = generate(&dir, "synthetic:tiny", &["--speculative"], &[scheme, wide]);
     let line = "WARN speculative gate outcome=exact-without-qmv-wide model=synthetic:tiny k=4 kv_dtype=f16 qmv_wide=off:";
     assert!(run.stderr().lines().any(|l| l.starts_with(line)), "expected {line:?}{}", run.describe());
     let (drafted, _) = counts(&run);

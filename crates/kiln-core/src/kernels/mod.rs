@@ -3,7 +3,9 @@
 //! `quantized_matmul(x[M, K], W[N, K]) -> y[M, N]` picks:
 //! - M = 1: `qmv`, one activation row per pass over the weights;
 //! - 2 <= M < `qmv_batch_limit(K, N)`: `qmv_wide` (one pass, each weight group reused for
-//!   every row of a tile) when the process-wide switch is on, else `qmv` once per row;
+//!   every row of a tile) when the process-wide switch is on and the measured crossover
+//!   ([`crate::crossover`]) says it beats `qmv` once per row at this M (or `KILN_QMV_WIDE`
+//!   pins it on), else `qmv` once per row;
 //! - M >= the limit: `qmm`, a tiled GEMM.
 //!
 //! **How they compute.** For 4- and 8-bit weights every kernel, on every ISA, follows one
@@ -53,7 +55,7 @@ use std::sync::OnceLock;
 
 use crate::act_precision::{ActScheme, act_scheme};
 use crate::matrix::QuantizedMatrix;
-use crate::wide::qmv_wide_enabled;
+use crate::wide::{crossover, qmv_wide_enabled, qmv_wide_pinned_by_operator, wide_for};
 
 /// Which kernel runs a product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -243,12 +245,17 @@ pub fn qmv_batch_limit(_k: usize, _n: usize) -> usize {
 }
 
 /// The kernel [`quantized_matmul`] runs for an `[m, k] x [n, k]^T` product now (it
-/// depends on the wide switch).
+/// depends on the wide switch and, unless `KILN_QMV_WIDE` pins it, on the measured
+/// crossover: see [`crate::wide`] and [`crate::crossover`]).
 pub fn select_kernel(m: usize, k: usize, n: usize) -> KernelChoice {
     if m <= 1 {
         KernelChoice::Qmv
     } else if m < qmv_batch_limit(k, n) {
-        if qmv_wide_enabled() { KernelChoice::QmvWide } else { KernelChoice::QmvPerRow }
+        if wide_for(m, qmv_wide_enabled(), qmv_wide_pinned_by_operator(), crossover()) {
+            KernelChoice::QmvWide
+        } else {
+            KernelChoice::QmvPerRow
+        }
     } else {
         KernelChoice::Qmm
     }
