@@ -11,6 +11,7 @@ pub mod act_precision;
 pub mod bandwidth;
 pub mod buffer;
 pub mod copy;
+pub mod crossover;
 pub mod dense;
 pub mod format;
 pub mod kernels;

@@ -220,6 +220,7 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         decode_steps: Some(decode_steps as u64),
         kv_dtype: Some(options.kv_dtype.as_str().into()),
         qmv_wide: Some(qmv_wide_enabled()),
+        qmv_wide_rows: Some(kiln_core::wide::wide_rows().to_string()),
         weights_bytes: Some(info.weight_bytes),
         estimated_peak_bytes: Some(plan.total_bytes),
         bytes_read_per_token: Some(bytes_read_per_token),

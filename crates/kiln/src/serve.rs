@@ -162,6 +162,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     // Refuse a bad gate variable now, not at the first speculative request.
     kiln_model::speculative::GatePolicy::from_env().map_err(|e| usage(e.to_string()))?;
+    runtime::check_kernel_env()?;
     if args.max_queue == 0 {
         return Err(usage("invalid --max-queue 0: accepted values are 1 or more"));
     }
@@ -232,12 +233,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         builder = builder.num_threads(n);
     }
     let workers = Arc::new(builder.build().context("starting the worker threads")?);
+    // A server batches: it measures the crossover on its own workers when none is cached.
+    let (_, crossover_source) = workers.install(|| runtime::configure_kernels(true))?;
     tracing::info!(
-        "kernel configuration: isa={} threads={} qmv_wide={} qmv_wide_pinned={}",
+        "kernel configuration: isa={} threads={} qmv_wide={} qmv_wide_pinned={} qmv_wide_rows={} qmv_crossover={}",
         Isa::detected().as_str(),
         workers.current_num_threads(),
         if qmv_wide_enabled() { "on" } else { "off" },
         if qmv_wide_pinned_by_operator() { "yes" } else { "no" },
+        kiln_core::wide::wide_rows(),
+        crossover_source.as_str(),
     );
 
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -54,6 +54,49 @@ fn logs_the_kernel_configuration_then_serves_the_same_greedy_text_as_generate() 
     }
 }
 
+/// The `qmv_wide` crossover: measured at the first boot and cached under
+/// `$XDG_CACHE_HOME/kiln`, read back at the next, measured again over a corrupt file, set
+/// by `KILN_QMV_CROSSOVER=<M>`, overridden by the `KILN_QMV_WIDE` pin; each boot's kernel
+/// line reports the rows that run wide and where the choice came from.
+#[test]
+fn the_crossover_is_measured_once_cached_and_reported_on_the_kernel_line() {
+    let cache = tempfile::tempdir().unwrap();
+    let xdg = cache.path().to_str().unwrap().to_string();
+    let file = cache.path().join("kiln").join("qmv-crossover");
+    let boot = |env: &[(&str, &str)]| {
+        let mut all = vec![("XDG_CACHE_HOME", xdg.as_str())];
+        all.extend_from_slice(env);
+        let s = Serve::start_env(&["-m", "synthetic:tiny", "--threads", "1"], &all);
+        let line = s.wait_for("kernel configuration: isa=");
+        let field = |name: &str| {
+            line.split(' ')
+                .find_map(|w| w.strip_prefix(name))
+                .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+                .to_string()
+        };
+        (field("qmv_wide_rows="), field("qmv_crossover="))
+    };
+    let (rows, source) = boot(&[]);
+    assert_eq!(source, "measured");
+    assert!(rows == "none" || rows.starts_with(|c: char| c.is_ascii_digit()), "{rows}");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains("threads=1 ") && text.ends_with(&format!("\t{rows}\n")), "{text:?}");
+    assert_eq!(boot(&[]), (rows.clone(), "cached".to_string()));
+    std::fs::write(&file, b"\xff garbage\n").unwrap();
+    assert_eq!(boot(&[]).1, "measured");
+    assert!(std::fs::read_to_string(&file).unwrap().contains("threads=1 "));
+    assert_eq!(boot(&[("KILN_QMV_CROSSOVER", "5")]), ("5-15".to_string(), "env".to_string()));
+    assert_eq!(boot(&[("KILN_QMV_WIDE", "1")]), ("2-15".to_string(), "pinned".to_string()));
+    assert_eq!(boot(&[("KILN_QMV_WIDE", "0")]), ("none".to_string(), "pinned".to_string()));
+    let bad =
+        Dir::new().run_env(&["serve", "-m", "synthetic:tiny"], &[("KILN_QMV_CROSSOVER", "1")]).expect_code(2);
+    assert!(
+        bad.stderr().contains("invalid KILN_QMV_CROSSOVER \"1\": accepted values are"),
+        "{}",
+        bad.describe()
+    );
+}
+
 /// The default id is the checkpoint's own name, never its path; the path is an unknown
 /// model (OpenAI's 404), and `GET /v1/models/{id}` answers the id.
 #[test]
