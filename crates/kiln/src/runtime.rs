@@ -79,6 +79,7 @@ pub fn in_pool<R: Send>(
 ) -> anyhow::Result<R> {
     check_threads(threads)?;
     kiln_core::act_precision::ActScheme::from_env().map_err(usage)?;
+    kiln_core::workers::SpinBudget::from_env().map_err(usage)?;
     let mut builder = rayon::ThreadPoolBuilder::new();
     if let Some(n) = threads {
         builder = builder.num_threads(n);

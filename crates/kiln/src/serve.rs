@@ -162,6 +162,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     // Refuse a bad gate variable now, not at the first speculative request.
     kiln_model::speculative::GatePolicy::from_env().map_err(|e| usage(e.to_string()))?;
+    kiln_core::workers::SpinBudget::from_env().map_err(usage)?;
     if args.max_queue == 0 {
         return Err(usage("invalid --max-queue 0: accepted values are 1 or more"));
     }
