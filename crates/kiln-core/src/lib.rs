@@ -21,6 +21,7 @@ pub mod pool;
 pub mod quantize;
 pub mod size;
 pub mod wide;
+pub mod workers;
 
 pub use buffer::{Buffer, BufferError, PoolVec, SharedBytes};
 pub use dense::DenseMatrix;

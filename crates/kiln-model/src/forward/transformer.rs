@@ -156,6 +156,8 @@ impl<'m> Transformer<'m> {
             Logits::All => rows,
         };
         ws.ensure(c, rows, logit_rows)?;
+        // The other workers spin between this forward's regions instead of parking.
+        kiln_core::workers::keep_warm();
         for s in seqs.iter_mut() {
             let end = s.cache.len() + s.tokens.len();
             s.cache.reserve(end)?;
