@@ -17,8 +17,8 @@ pub mod model;
 pub mod output;
 
 pub use forward::{
-    attention, engine, expert_cache, experts, kv_cache, logprobs, moe, ops, plan, rope, sampling, speculative,
-    transformer, weights, workspace,
+    attention, engine, expert_cache, experts, kv_cache, logprobs, moe, ops, plan, rope, sampling,
+    speculative, transformer, weights, workspace,
 };
 pub use loading::{
     chat_template, checkpoint, config, default_model_id, inspect, load, load_text, source, synthetic,
