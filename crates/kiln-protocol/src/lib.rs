@@ -9,12 +9,14 @@
 
 mod report;
 mod size;
+mod usage;
 
 pub use report::{
     DECODE_FIELDS, DecodeReport, ESTIMATE_EXPERT_FIELDS, ESTIMATE_FIELDS, EXPERT_FIELDS, EstimateReport,
     OffloadCopyReport, ReportError, SPEC_FIELDS,
 };
 pub use size::{MIN_BANDWIDTH_BYTES, SizeParseError, parse_bandwidth_bytes, parse_size};
+pub use usage::UsageError;
 
 /// Exit status: success.
 pub const EXIT_SUCCESS: u8 = 0;
