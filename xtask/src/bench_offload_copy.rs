@@ -723,7 +723,7 @@ impl Run<'_> {
             rate.to_string(),
         ];
         args.extend(self.engine_args.iter().cloned());
-        args.extend(self.runner.knobs.args());
+        args.extend(self.runner.knobs.to_args());
         let i = self.next_index();
         Ok(match self.runner.run_kiln(i, &cell, &args, OffloadCopyReport::parse)? {
             Ran::Done((c, _log)) => Ran::Done((

@@ -126,7 +126,8 @@ pub fn parse(
         Endpoint::Completions => completion_prompt(&obj, model)?,
     };
     let context = model.config.max_position_embeddings;
-    if prompt.len() >= context {
+    // At least one token must be left to generate.
+    if kiln_protocol::check_context(prompt.len(), 1, context).is_err() {
         return Err(ApiError::invalid(
             if endpoint == Endpoint::Chat { "messages" } else { "prompt" },
             format!(
@@ -136,7 +137,7 @@ pub fn parse(
             ),
         ));
     }
-    let room = context - prompt.len();
+    let room = kiln_protocol::context_room(prompt.len(), context);
     let max_tokens = match max_tokens_field(&obj, endpoint)? {
         Some((name, n)) => {
             if n < 1 {
