@@ -173,9 +173,10 @@ pub fn parse(
     };
     let prompt_field = if endpoint == Endpoint::Chat { "messages" } else { "prompt" };
     let context = model.config.max_position_embeddings;
-    // Checked against the longest prompt: one limit holds for every choice.
+    // Checked against the longest prompt: one limit holds for every choice. At least one
+    // token must be left to generate.
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    if longest >= context {
+    if kiln_protocol::check_context(longest, 1, context).is_err() {
         return Err(ApiError::invalid(
             prompt_field,
             format!(
@@ -185,6 +186,7 @@ pub fn parse(
         ));
     }
     let least = if echo { 0 } else { 1 };
+    let room = kiln_protocol::context_room(longest, context);
     let max_tokens = match max_tokens_field(&obj, endpoint)? {
         Some((name, n)) => {
             if n < least {
@@ -199,7 +201,6 @@ pub fn parse(
                 ));
             }
             let n = n as usize;
-            let room = context - longest;
             if n > room {
                 return Err(ApiError::invalid(
                     name,

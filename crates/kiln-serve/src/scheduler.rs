@@ -725,11 +725,11 @@ impl<'m> Scheduler<'m> {
             let wide_after = kiln_core::wide::qmv_wide_enabled();
             if wide_after != wide_before {
                 // The start-up kernel line no longer says what every stream runs.
-                tracing::warn!(
-                    "kernel configuration changed: qmv_wide={} qmv_wide_pinned={}: the speculative gate switched qmv_wide for the whole process",
-                    if wide_after { "on" } else { "off" },
-                    if kiln_core::wide::qmv_wide_pinned_by_operator() { "yes" } else { "no" }
-                );
+                let changed = kiln_protocol::KernelChangedLine {
+                    qmv_wide: wide_after,
+                    qmv_wide_pinned: kiln_core::wide::qmv_wide_pinned_by_operator(),
+                };
+                tracing::warn!("{changed}");
             }
             let after = stream.stats();
             let m = &self.metrics;

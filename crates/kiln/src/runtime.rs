@@ -125,9 +125,9 @@ pub fn pool(args: &RunArgs) -> anyhow::Result<MemoryPool> {
 /// Options of the forward pass.
 pub fn engine_options(args: &RunArgs) -> EngineOptions {
     EngineOptions {
-        attention: args.attention.into(),
+        attention: args.attention,
         prefill_chunk: args.prefill_chunk,
-        kv_dtype: args.kv_dtype.into(),
+        kv_dtype: args.kv_dtype,
         expert_slots: args.expert_slots,
     }
 }

@@ -120,7 +120,7 @@ fn score(args: ScoreArgs) -> anyhow::Result<()> {
         positions: windows * per_window,
         text_tokens: tokens.len(),
         bos,
-        kv_dtype: kv_name(args.run.kv_dtype),
+        kv_dtype: args.run.kv_dtype.as_str(),
         act_precision: act_precision.clone(),
     };
     // A temporary file beside the output, renamed over it when whole: two runs writing
@@ -183,13 +183,6 @@ fn bos_token(model: &LoadedModel) -> anyhow::Result<Option<u32>> {
     let with = model.tokenizer.encode("a", true).context("encoding a probe")?;
     let without = model.tokenizer.encode("a", false).context("encoding a probe")?;
     Ok((with.len() > without.len()).then(|| with[0]))
-}
-
-fn kv_name(kv: crate::cli::KvType) -> &'static str {
-    match kv {
-        crate::cli::KvType::F16 => "f16",
-        crate::cli::KvType::F32 => "f32",
-    }
 }
 
 /// One scored position: the next token's id, then the log-softmax over the vocabulary.

@@ -42,38 +42,56 @@ pub const fn with_fingerprint<const H: usize, const T: usize, const N: usize>(
     out
 }
 
-/// The header, exactly.
-pub const HEADER: [&str; 32] = with_fingerprint(
-    [
-        "model",
-        "model_path",
-        "prompt_tokens",
-        "generated_tokens",
-        "prefill_ms",
-        "prefill_tok_s",
-        "decode_ms",
-        "decode_tok_s",
-        "peak_bytes",
-        "max_rss_bytes",
-    ],
-    [
-        "max_tokens",
-        "warmup_tokens",
-        "attention",
-        "prefill_chunk",
-        "kv_dtype",
-        "memory_limit_bytes",
-        "threads",
-        "prompt",
-        "prompt_target_len",
-        "status",
-        "repetition",
-        "engine",
-        "engine_version",
-        "reason",
-        "disturbed",
-    ],
-);
+/// The header, exactly: the measurement, the [`FINGERPRINT`], the token counts, the engine
+/// knobs' columns (kiln-protocol's list, `KNOB_COLUMNS`) and the cell's identity.
+pub const HEADER: [&str; 32] =
+    concat(&[&HEADER_HEAD, &FINGERPRINT, &HEADER_TOKENS, &kiln_protocol::KNOB_COLUMNS, &HEADER_TAIL]);
+
+/// The columns before the fingerprint.
+const HEADER_HEAD: [&str; 10] = [
+    "model",
+    "model_path",
+    "prompt_tokens",
+    "generated_tokens",
+    "prefill_ms",
+    "prefill_tok_s",
+    "decode_ms",
+    "decode_tok_s",
+    "peak_bytes",
+    "max_rss_bytes",
+];
+
+/// The token counts, between the fingerprint and the knobs.
+const HEADER_TOKENS: [&str; 2] = ["max_tokens", "warmup_tokens"];
+
+/// The columns after the knobs.
+const HEADER_TAIL: [&str; 8] = [
+    "prompt",
+    "prompt_target_len",
+    "status",
+    "repetition",
+    "engine",
+    "engine_version",
+    "reason",
+    "disturbed",
+];
+
+/// `parts` end to end, in a constant; `N` must be their total length.
+const fn concat<const N: usize>(parts: &[&[&'static str]]) -> [&'static str; N] {
+    let mut out = [""; N];
+    let (mut i, mut p) = (0, 0);
+    while p < parts.len() {
+        let mut j = 0;
+        while j < parts[p].len() {
+            out[i] = parts[p][j];
+            i += 1;
+            j += 1;
+        }
+        p += 1;
+    }
+    assert!(i == N, "the header's parts do not add up to its length");
+    out
+}
 
 /// One row. Measurements are empty when the cell was not measured; a knob is empty when
 /// the engine's default applied.
@@ -165,6 +183,20 @@ pub struct Knobs {
 }
 
 impl Knobs {
+    /// The engine knobs `k` as the CSV records them (the memory limit in bytes, a knob
+    /// left at the engine's default empty), token counts left at zero.
+    pub fn of_engine(k: &kiln_protocol::Knobs, memory_limit_bytes: Option<u64>) -> Knobs {
+        Knobs {
+            max_tokens: 0,
+            warmup_tokens: 0,
+            attention: k.attention.map(|a| a.to_string()).unwrap_or_default(),
+            prefill_chunk: k.prefill_chunk,
+            kv_dtype: k.kv_dtype.map(|d| d.to_string()).unwrap_or_default(),
+            memory_limit_bytes,
+            threads: k.threads,
+        }
+    }
+
     /// The knobs that differ between `self` (the file's) and `run` (this run's), as
     /// `--flag file-value` / `run-value` pairs for a message.
     pub fn differences(&self, run: &Knobs) -> Vec<String> {

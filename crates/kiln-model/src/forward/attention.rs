@@ -58,25 +58,8 @@ pub const FUSED_ROWS: usize = 64;
 /// f32 scores of one tile for every query a task multiplies at once.
 const SCORE_VALUES: usize = BLOCK_ROWS * KV_BLOCK_TOKENS;
 
-/// Which attention implementation runs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum AttentionKind {
-    /// Tiled online softmax; memory independent of the sequence length.
-    #[default]
-    Streaming,
-    /// Materialised scores; memory grows with rows times context.
-    Naive,
-}
-
-impl AttentionKind {
-    /// `streaming` or `naive`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AttentionKind::Streaming => "streaming",
-            AttentionKind::Naive => "naive",
-        }
-    }
-}
+/// Which attention implementation runs: the protocol's `--attention` knob.
+pub use kiln_protocol::Attention as AttentionKind;
 
 /// The head geometry attention needs.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -109,12 +109,8 @@ impl<'m> Engine<'m> {
     }
 
     fn check_context(&self, cache: &KvCache, new: usize) -> Result<()> {
-        let limit = self.config().max_position_embeddings;
-        let requested = cache.len() + new;
-        if requested > limit {
-            return Err(ModelError::ContextExceeded { requested, limit });
-        }
-        Ok(())
+        kiln_protocol::check_context(cache.len(), new, self.config().max_position_embeddings)
+            .map_err(|e| ModelError::ContextExceeded { requested: e.requested, limit: e.limit })
     }
 
     /// Appends `tokens` to the sequence of `cache` in chunks of the engine's

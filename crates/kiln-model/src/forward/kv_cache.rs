@@ -18,33 +18,8 @@ use crate::config::ModelConfig;
 /// never straddles two blocks.
 pub const KV_BLOCK_TOKENS: usize = 256;
 
-/// Storage type of cached keys and values.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum KvDtype {
-    /// IEEE half precision: half the memory, rounding at 11 significant bits.
-    #[default]
-    F16,
-    /// Single precision, as the activations are.
-    F32,
-}
-
-impl KvDtype {
-    /// Bytes per stored value.
-    pub fn size(self) -> usize {
-        match self {
-            KvDtype::F16 => 2,
-            KvDtype::F32 => 4,
-        }
-    }
-
-    /// `f16` or `f32`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KvDtype::F16 => "f16",
-            KvDtype::F32 => "f32",
-        }
-    }
-}
+/// Storage type of cached keys and values: the protocol's `--kv-dtype` knob.
+pub use kiln_protocol::KvDtype;
 
 /// The shape of a model's cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -145,10 +145,8 @@ impl<'m> Transformer<'m> {
                     message: format!("{t} is outside the vocabulary: accepted ids are 0..{}", c.vocab_size),
                 });
             }
-            let end = s.cache.len() + s.tokens.len();
-            if end > c.max_position_embeddings {
-                return Err(ModelError::ContextExceeded { requested: end, limit: c.max_position_embeddings });
-            }
+            kiln_protocol::check_context(s.cache.len(), s.tokens.len(), c.max_position_embeddings)
+                .map_err(|e| ModelError::ContextExceeded { requested: e.requested, limit: e.limit })?;
         }
         let logit_rows = match logits {
             Logits::None => 0,

@@ -37,66 +37,9 @@ pub struct GateKey {
     pub kv_dtype: KvDtype,
 }
 
-/// The five outcomes, each with its fixed log line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum GateOutcome {
-    /// The probe was exact with the kernels as they were.
-    Exact,
-    /// Exact only after turning `qmv_wide` off; it stays off for the process.
-    ExactWithoutWide,
-    /// Not exact, and `KILN_SPEC_ALLOW_INEXACT=1` allows speculating anyway.
-    InexactAllowed,
-    /// Not exact (with `qmv_wide` dropped too, when it could be): classic decode.
-    InexactDeclined,
-    /// Not exact, and the operator pinned `KILN_QMV_WIDE` so it was not dropped:
-    /// classic decode.
-    DeclinedPinned,
-}
-
-impl GateOutcome {
-    /// The outcome's name in the log line.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            GateOutcome::Exact => "exact",
-            GateOutcome::ExactWithoutWide => "exact-without-qmv-wide",
-            GateOutcome::InexactAllowed => "inexact-allowed",
-            GateOutcome::InexactDeclined => "inexact-declined",
-            GateOutcome::DeclinedPinned => "declined-pinned",
-        }
-    }
-
-    /// Whether streams of this key speculate.
-    pub fn speculates(self) -> bool {
-        matches!(self, GateOutcome::Exact | GateOutcome::ExactWithoutWide | GateOutcome::InexactAllowed)
-    }
-
-    /// Whether the line is a warning (anything but a plain exact result).
-    pub fn is_warning(self) -> bool {
-        self != GateOutcome::Exact
-    }
-
-    fn explanation(self) -> &'static str {
-        match self {
-            GateOutcome::Exact => "verify block matches the single-token chain; speculative decoding on",
-            GateOutcome::ExactWithoutWide => {
-                "verify block matches the single-token chain only with qmv_wide off; qmv_wide stays off \
-                 for the whole process; speculative decoding on"
-            }
-            GateOutcome::InexactAllowed => {
-                "verify block differs from the single-token chain; KILN_SPEC_ALLOW_INEXACT=1 allows it; \
-                 speculative decoding on"
-            }
-            GateOutcome::InexactDeclined => {
-                "verify block differs from the single-token chain, with qmv_wide off too; classic decode \
-                 (KILN_SPEC_ALLOW_INEXACT=1 would speculate anyway)"
-            }
-            GateOutcome::DeclinedPinned => {
-                "verify block differs from the single-token chain and KILN_QMV_WIDE pins the kernel, so \
-                 qmv_wide was not dropped; classic decode (KILN_SPEC_ALLOW_INEXACT=1 would speculate anyway)"
-            }
-        }
-    }
-}
+/// The five outcomes, each with its fixed log line (the protocol's type: the harness
+/// reads it back from the line).
+pub use kiln_protocol::GateOutcome;
 
 /// One decision, as it is logged.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -113,15 +56,15 @@ impl GateReport {
     /// The fixed-wording line: `speculative gate outcome=<o> model=<m> k=<K>
     /// kv_dtype=<d> qmv_wide=<on|off>: <explanation>`.
     pub fn message(&self) -> String {
-        format!(
-            "speculative gate outcome={} model={} k={} kv_dtype={} qmv_wide={}: {}",
-            self.outcome.as_str(),
-            self.key.model,
-            self.key.k,
-            self.key.kv_dtype.as_str(),
-            if self.qmv_wide { "on" } else { "off" },
-            self.outcome.explanation()
-        )
+        kiln_protocol::SpecGateLine {
+            outcome: self.outcome,
+            model: self.key.model.clone(),
+            k: self.key.k,
+            kv_dtype: self.key.kv_dtype,
+            qmv_wide: self.qmv_wide,
+            reason: self.outcome.explanation().to_string(),
+        }
+        .to_string()
     }
 }
 
