@@ -10,10 +10,114 @@
 //! pinned on (`KILN_QMV_WIDE=1`) it forces `qmv_wide` at every M; off (pinned with `0`,
 //! or turned off by the exactness gate) it forces `qmv` per row.
 
+use std::fmt;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 
-use crate::crossover::Crossover;
+/// The batch sizes `2 <= M < 16` that run `qmv_wide`, as a bit set (bit M): what the
+/// measured crossover ([`crate::crossover`]) installs with [`set_crossover`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Crossover(u16);
+
+impl Crossover {
+    /// Every M from 2 on runs wide (the behaviour before any measurement).
+    pub const ALL_WIDE: Crossover = Crossover::wide_from(2);
+
+    /// Wide from `m0` on (per row below it); `m0 >= 16` is per row for every M.
+    pub const fn wide_from(m0: usize) -> Crossover {
+        let m0 = if m0 < 2 { 2 } else { m0 };
+        if m0 >= 16 { Crossover(0) } else { Crossover(!((1u16 << m0) - 1)) }
+    }
+
+    /// The raw bit set (bit M set: M runs wide).
+    pub const fn bits(self) -> u16 {
+        self.0
+    }
+
+    /// From a raw bit set (bits 0 and 1 are ignored).
+    pub fn from_bits(bits: u16) -> Crossover {
+        Crossover(bits & !0b11)
+    }
+
+    /// Whether `m` rows run `qmv_wide` (M outside `2..16` is never asked: M = 1 is `qmv`,
+    /// M >= the limit `qmm`).
+    pub fn wide_at(self, m: usize) -> bool {
+        (2..16).contains(&m) && self.0 & (1 << m) != 0
+    }
+
+    /// The decision from timings: `timings[i] = (m, per_row_s, wide_s)` for the measured
+    /// M, wide where it took no longer than per row. M from the largest measured one up
+    /// to 15 follow it. Unmeasured smaller M stay wide.
+    pub fn from_timings(timings: &[(usize, f64, f64)]) -> Crossover {
+        let mut bits = Crossover::ALL_WIDE.0;
+        let mut last: Option<(usize, bool)> = None;
+        for &(m, per_row, wide) in timings {
+            if !(2..16).contains(&m) {
+                continue;
+            }
+            let w = wide <= per_row;
+            set(&mut bits, m, w);
+            if last.is_none_or(|(lm, _)| m > lm) {
+                last = Some((m, w));
+            }
+        }
+        if let Some((lm, w)) = last {
+            for m in lm + 1..16 {
+                set(&mut bits, m, w);
+            }
+        }
+        Crossover(bits)
+    }
+
+    /// Parses [`Crossover`]'s `Display` form: `none`, or M values and ranges joined by
+    /// commas (`2-15`, `3,5-15`).
+    pub fn parse(text: &str) -> Option<Crossover> {
+        let text = text.trim();
+        if text == "none" {
+            return Some(Crossover(0));
+        }
+        let mut bits = 0u16;
+        for part in text.split(',') {
+            let (a, b) = match part.split_once('-') {
+                Some((a, b)) => (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?),
+                None => {
+                    let a = part.parse::<usize>().ok()?;
+                    (a, a)
+                }
+            };
+            if a < 2 || b >= 16 || a > b {
+                return None;
+            }
+            for m in a..=b {
+                bits |= 1 << m;
+            }
+        }
+        Some(Crossover(bits))
+    }
+}
+
+fn set(bits: &mut u16, m: usize, on: bool) {
+    if on { *bits |= 1 << m } else { *bits &= !(1 << m) }
+}
+
+impl fmt::Display for Crossover {
+    /// The M that run wide as ranges (`2-15`, `3,5-15`), or `none`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        let mut m = 2;
+        while m < 16 {
+            if self.wide_at(m) {
+                let start = m;
+                while m + 1 < 16 && self.wide_at(m + 1) {
+                    m += 1;
+                }
+                parts.push(if start == m { format!("{m}") } else { format!("{start}-{m}") });
+            }
+            m += 1;
+        }
+        if parts.is_empty() { f.write_str("none") } else { f.write_str(&parts.join(",")) }
+    }
+}
 
 /// The environment variable seeding the switch.
 pub const QMV_WIDE_ENV: &str = "KILN_QMV_WIDE";
