@@ -26,6 +26,7 @@ use crate::body;
 use crate::error::ApiError;
 use crate::scheduler::{Command, Event, FinishReason, Job};
 use crate::text::{Channel, Detokenizer, Emitter, Piece};
+use crate::tools::{self, CallSyntax, ToolCall};
 use crate::{Shared, system_fingerprint};
 
 /// The app: `/health`, `/metrics`, `/v1/models` (and `/v1/models/{id}`), `/v1/chat/completions`,
@@ -259,7 +260,10 @@ async fn start(
         ));
     }
     let model = s.model().cloned().ok_or_else(loading)?;
-    let request = api::parse(endpoint, &body, &s.config.model_id, &model)?;
+    let mut request = api::parse(endpoint, &body, &s.config.model_id, &model)?;
+    if let Some(c) = request.constraint.as_mut() {
+        s.grammars(&model, c.field)?.compile(c)?;
+    }
     stats.set_prompt_tokens(request.prompt.len());
     let depth = s.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
     if depth >= s.config.max_queue as u64 {
@@ -305,6 +309,8 @@ struct Progress {
     finish: Option<FinishReason>,
     /// Drafted and accepted tokens, when the request held a speculative slot.
     speculative: Option<(u64, u64)>,
+    /// Masks and their nanoseconds, when the request's output was constrained.
+    structured: Option<(u64, u64)>,
 }
 
 impl Progress {
@@ -316,6 +322,7 @@ impl Progress {
             completion_tokens: 0,
             finish: None,
             speculative: None,
+            structured: None,
         }
     }
 
@@ -349,6 +356,10 @@ impl Progress {
                 self.speculative = Some((drafted, accepted));
                 Ok(Vec::new())
             }
+            Some(Event::Structured { masks, mask_nanos }) => {
+                self.structured = Some((masks, mask_nanos));
+                Ok(Vec::new())
+            }
             Some(Event::Failed(e)) => Err(e),
             Some(Event::Started { .. }) | None => Err(gone()),
         }
@@ -364,6 +375,9 @@ impl Progress {
         });
         if let Some((drafted, accepted)) = self.speculative {
             usage["speculative"] = json!({"drafted": drafted, "accepted": accepted});
+        }
+        if let Some((masks, nanos)) = self.structured {
+            usage["structured"] = json!({"masks": masks, "mask_ms": nanos as f64 / 1e6});
         }
         usage
     }
@@ -391,11 +405,20 @@ async fn collect(mut st: Started) -> Response {
     }
     // A stop string ended it: the scheduler frees the slot at its next step.
     st.events.close();
-    let finish = p.finish.unwrap_or(FinishReason::Stop).as_str();
+    let mut finish = p.finish.unwrap_or(FinishReason::Stop).as_str();
     let created = unix_now();
     let body = match st.endpoint {
         Endpoint::Chat => {
             let mut message = json!({"role": "assistant", "content": content});
+            if let Some((before, calls)) =
+                call_syntax(&st).and_then(|syntax| tools::parse_calls(syntax, &content))
+            {
+                message["content"] = if before.is_empty() { Value::Null } else { Value::String(before) };
+                message["tool_calls"] = Value::Array(
+                    calls.iter().enumerate().map(|(i, c)| tool_call_object(&st.id, i, c)).collect(),
+                );
+                finish = "tool_calls";
+            }
             if !reasoning.is_empty() {
                 message["reasoning_content"] = Value::String(reasoning);
             }
@@ -416,6 +439,26 @@ async fn collect(mut st: Started) -> Response {
     Json(body).into_response()
 }
 
+/// The call syntax to parse a response's output with: the request's tools', unless
+/// `tool_choice` is `none`.
+fn call_syntax(st: &Started) -> Option<CallSyntax> {
+    st.request.tools.as_ref().filter(|t| t.parses_calls()).map(|t| t.syntax)
+}
+
+/// The `id` of a response's call `i`: unique as the response's id is.
+fn tool_call_id(response_id: &str, i: usize) -> String {
+    let unique = response_id.split_once('-').map_or(response_id, |(_, rest)| rest);
+    format!("call_{unique}-{i}")
+}
+
+/// One call as OpenAI's `message.tool_calls[i]`.
+fn tool_call_object(response_id: &str, i: usize, c: &ToolCall) -> Value {
+    json!({
+        "id": tool_call_id(response_id, i), "type": "function",
+        "function": {"name": c.name, "arguments": c.arguments},
+    })
+}
+
 /// State of one event stream.
 struct StreamState {
     st: Started,
@@ -423,6 +466,9 @@ struct StreamState {
     created: u64,
     queue: std::collections::VecDeque<String>,
     ended: bool,
+    /// Content held back while it may still be the opening of a tool call (requests with
+    /// tools); `None` once it cannot, or without tools.
+    held: Option<String>,
 }
 
 impl StreamState {
@@ -455,7 +501,18 @@ impl StreamState {
     }
 
     fn pieces(&mut self, pieces: Vec<Piece>) {
-        for piece in pieces {
+        for mut piece in pieces {
+            if piece.channel == Channel::Content
+                && let Some(held) = &mut self.held
+            {
+                held.push_str(&piece.text);
+                if call_syntax(&self.st).is_some_and(|syntax| tools::may_be_call(syntax, held)) {
+                    continue;
+                }
+                // Plain text after all: send what was held, and stop looking for a call.
+                piece.text = std::mem::take(held);
+                self.held = None;
+            }
             let delta = match piece.channel {
                 Channel::Content => json!({"content": piece.text}),
                 Channel::Reasoning => json!({"reasoning_content": piece.text}),
@@ -466,7 +523,37 @@ impl StreamState {
     }
 
     fn finish(&mut self) {
-        let finish = self.progress.finish.unwrap_or(FinishReason::Stop).as_str();
+        let mut finish = self.progress.finish.unwrap_or(FinishReason::Stop).as_str();
+        if let Some(held) = self.held.take() {
+            match call_syntax(&self.st).and_then(|syntax| tools::parse_calls(syntax, &held)) {
+                Some((before, calls)) => {
+                    if !before.is_empty() {
+                        let c = self.chunk(json!({"content": before}), None);
+                        self.queue.push_back(c);
+                    }
+                    // As OpenAI streams a call: its index, id, type and name with empty
+                    // arguments first, then the arguments.
+                    for (i, call) in calls.iter().enumerate() {
+                        let head = json!({"tool_calls": [{
+                            "index": i, "id": tool_call_id(&self.st.id, i), "type": "function",
+                            "function": {"name": call.name, "arguments": ""},
+                        }]});
+                        let c = self.chunk(head, None);
+                        self.queue.push_back(c);
+                        let args =
+                            json!({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]});
+                        let c = self.chunk(args, None);
+                        self.queue.push_back(c);
+                    }
+                    finish = "tool_calls";
+                }
+                None if !held.is_empty() => {
+                    let c = self.chunk(json!({"content": held}), None);
+                    self.queue.push_back(c);
+                }
+                None => {}
+            }
+        }
         let c = self.chunk(json!({}), Some(finish));
         self.queue.push_back(c);
         if self.st.request.include_usage {
@@ -487,8 +574,9 @@ impl StreamState {
 /// away) drops the event receiver, which frees the slot at the scheduler's next step.
 fn stream_response(st: Started) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let progress = Progress::new(&st);
+    let held = call_syntax(&st).map(|_| String::new());
     let mut state =
-        StreamState { st, progress, created: unix_now(), queue: Default::default(), ended: false };
+        StreamState { st, progress, created: unix_now(), queue: Default::default(), ended: false, held };
     if state.st.endpoint == Endpoint::Chat {
         let c = state.chunk(json!({"role": "assistant", "content": ""}), None);
         state.queue.push_back(c);
@@ -507,14 +595,15 @@ fn stream_response(st: Started) -> Sse<impl Stream<Item = Result<SseEvent, Infal
             state.st.stats.set_completion_tokens(state.progress.completion_tokens);
             match event {
                 Ok(pieces) => {
-                    if token && pieces.is_empty() && state.progress.finish.is_none() {
+                    let queued = state.queue.len();
+                    state.pieces(pieces);
+                    if token && state.queue.len() == queued && state.progress.finish.is_none() {
                         // One chunk per sampled token even while its text is held back
-                        // (an incomplete character, a possible stop string or tag), so
-                        // clients can time every token.
+                        // (an incomplete character, a possible stop string, tag or tool
+                        // call), so clients can time every token.
                         let c = state.chunk(json!({"content": ""}), None);
                         state.queue.push_back(c);
                     }
-                    state.pieces(pieces);
                     if state.progress.finish.is_some() {
                         state.finish();
                     }

@@ -71,6 +71,14 @@ pub enum Event {
         /// Of those, tokens accepted.
         accepted: u64,
     },
+    /// The request's output was constrained: the masks computed for it and their time,
+    /// sent just before [`Event::Done`].
+    Structured {
+        /// Token masks computed (one per sampled token, and one for a final EOS).
+        masks: u64,
+        /// Nanoseconds computing and applying them.
+        mask_nanos: u64,
+    },
     /// Generation ended.
     Done(FinishReason),
     /// The job failed; nothing more follows.
@@ -120,8 +128,13 @@ struct Slot<'m> {
     /// Logit bias and penalties with the sequence's token counts, when the request has
     /// any; such a slot never decodes speculatively.
     penalizer: Option<Penalizer>,
-    /// The slot's logits row after the penalizer.
+    /// The slot's logits row after the penalizer and the structured-output mask.
     adjusted: Vec<f32>,
+    /// The structured-output grammar's state, when the request constrains its output;
+    /// such a slot never decodes speculatively.
+    matcher: Option<Box<llguidance::Matcher>>,
+    /// Masks computed for the slot, and their nanoseconds.
+    masks: (u64, u64),
     /// Prompt tokens in the cache.
     prefilled: usize,
     /// Tokens sampled and sent.
@@ -249,11 +262,7 @@ impl<'m> Scheduler<'m> {
         }
         let gate = ExactnessGate::from_env()?;
         let layout = KvLayout::new(&model.config, engine.options().kv_dtype);
-        // Stop at the config's EOS ids and at the chat template's end token, as `kiln
-        // generate` does.
-        let mut eos = model.config.eos_token_ids.clone();
-        let template_eos = model.chat_template.as_ref().and_then(|t| t.eos_token.as_deref());
-        eos.extend(template_eos.and_then(|t| model.tokenizer.token_to_id(t)));
+        let eos = eos_tokens(model);
         Ok(Scheduler {
             model,
             engine,
@@ -423,7 +432,7 @@ impl<'m> Scheduler<'m> {
     }
 
     /// Gives `job` a slot, adopting a cached prefix when one matches.
-    fn start(&mut self, job: Job, planned_bytes: u64) {
+    fn start(&mut self, mut job: Job, planned_bytes: u64) {
         let sampler = match Sampler::new(job.request.sampling, self.model.config.vocab_size) {
             Ok(s) => s,
             Err(e) => {
@@ -433,6 +442,7 @@ impl<'m> Scheduler<'m> {
         };
         let adjust = &job.request.adjust;
         let penalizer = (!adjust.is_off()).then(|| Penalizer::new(adjust.clone(), &job.request.prompt));
+        let matcher = job.request.constraint.as_mut().and_then(|c| c.take_matcher());
         let mut cache = self.engine.new_cache();
         let mut cached = 0;
         if let Some(hit) = self.prompt_cache.lookup(&job.request.prompt) {
@@ -455,6 +465,8 @@ impl<'m> Scheduler<'m> {
             sampler,
             penalizer,
             adjusted: Vec::new(),
+            matcher,
+            masks: (0, 0),
             prefilled: cached,
             generated: Vec::new(),
             planned_bytes,
@@ -546,26 +558,50 @@ impl<'m> Scheduler<'m> {
                 }
             }
             let row = &logits[row * vocab..(row + 1) * vocab];
-            let token = match &mut s.penalizer {
-                Some(p) => {
-                    s.adjusted.clear();
-                    s.adjusted.extend_from_slice(row);
+            let token = if s.penalizer.is_none() && s.matcher.is_none() {
+                s.sampler.sample(row)
+            } else {
+                s.adjusted.clear();
+                s.adjusted.extend_from_slice(row);
+                if let Some(p) = &s.penalizer {
                     p.apply(&mut s.adjusted);
-                    s.sampler.sample(&s.adjusted)
                 }
-                None => s.sampler.sample(row),
+                if let Some(m) = &mut s.matcher {
+                    let t = Instant::now();
+                    let masked = crate::structured::mask(m, &mut s.adjusted);
+                    let took = t.elapsed();
+                    self.metrics.mask(took);
+                    s.masks.0 += 1;
+                    s.masks.1 += took.as_nanos() as u64;
+                    if let Err(e) = masked {
+                        s.done = Some(Outcome::Failed(grammar_error(&e)));
+                        continue;
+                    }
+                }
+                s.sampler.sample(&s.adjusted)
             };
-            if self.eos.contains(&token) && !s.job.request.ignore_eos {
+            // The mask allows EOS only where the grammar may end.
+            if self.eos.contains(&token) && (!s.job.request.ignore_eos || s.matcher.is_some()) {
                 s.done = Some(Outcome::Finished(FinishReason::Stop));
                 continue;
             }
             if let Some(p) = &mut s.penalizer {
                 p.observe(token);
             }
+            let mut grammar_ended = false;
+            if let Some(m) = &mut s.matcher {
+                if let Err(e) = m.consume_token(token) {
+                    s.done = Some(Outcome::Failed(grammar_error(&e.to_string())));
+                    continue;
+                }
+                grammar_ended = m.is_stopped();
+            }
             s.generated.push(token);
             self.metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
             if s.job.events.send(Event::Token(token)).is_err() {
                 s.done = Some(Outcome::Cancelled);
+            } else if grammar_ended {
+                s.done = Some(Outcome::Finished(FinishReason::Stop));
             } else if s.generated.len() >= s.job.request.max_tokens {
                 s.done = Some(Outcome::Finished(FinishReason::Length));
             }
@@ -591,7 +627,9 @@ impl<'m> Scheduler<'m> {
             }
             // The speculative stream samples the model's rows as they are: a request with
             // a logit bias or penalties decodes in the joint forward.
-            let wants = (self.options.speculative || s.job.request.speculative) && s.penalizer.is_none();
+            let wants = (self.options.speculative || s.job.request.speculative)
+                && s.penalizer.is_none()
+                && s.matcher.is_none();
             if !wants || s.spec.is_some() || s.spec_stats.is_some() || s.done.is_some() || !s.decoding() {
                 continue;
             }
@@ -710,6 +748,10 @@ impl<'m> Scheduler<'m> {
                             .events
                             .send(Event::Speculation { drafted: st.drafted, accepted: st.accepted });
                     }
+                    if s.matcher.is_some() {
+                        let (masks, mask_nanos) = s.masks;
+                        let _ = s.job.events.send(Event::Structured { masks, mask_nanos });
+                    }
                     let _ = s.job.events.send(Event::Done(r));
                     true
                 }
@@ -741,6 +783,25 @@ enum Room {
     Fits,
     Later,
     Never(String),
+}
+
+/// The tokens that end a sequence: the config's EOS ids and the chat template's end
+/// token, as `kiln generate` stops.
+pub fn eos_tokens(model: &LoadedModel) -> Vec<u32> {
+    let mut eos = model.config.eos_token_ids.clone();
+    let template_eos = model.chat_template.as_ref().and_then(|t| t.eos_token.as_deref());
+    eos.extend(template_eos.and_then(|t| model.tokenizer.token_to_id(t)));
+    eos
+}
+
+/// The 500 of a structured-output grammar that failed mid-sequence (the mask left no
+/// token, or rejected the one sampled).
+fn grammar_error(e: &str) -> ApiError {
+    ApiError::status(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "grammar_error",
+        format!("the output's grammar failed: {e}"),
+    )
 }
 
 /// The API error of a failed engine call: 503 for an out-of-memory, else 500.
