@@ -1,8 +1,10 @@
 """The official `openai` Python client against a running `kiln serve`: a streamed chat
-with usage and a non-streamed completion, asserting content and usage, and the sampling
-fields the client sends (penalties, logit bias, vLLM's min_p and repetition_penalty), a
-`json_schema` response format whose output parses, and a tool call round trip (the call
-forced by `tool_choice`, streamed and not, then the tool's result and an answer).
+with usage and a non-streamed completion, asserting content and usage, the sampling
+fields the client sends (penalties, logit bias, vLLM's min_p and repetition_penalty),
+log-probabilities streamed and not, `n` choices, the prompt's log-probabilities (`echo`
+with `max_tokens` 0, as lm-evaluation-harness asks for a loglikelihood), a `json_schema`
+response format whose output parses, and a tool call round trip (the call forced by
+`tool_choice`, streamed and not, then the tool's result and an answer).
 Usage:
 
     python openai_smoke.py http://127.0.0.1:PORT MODEL_ID
@@ -191,11 +193,102 @@ def main() -> None:
         assert e.status_code == 400 and "presence_penalty" in str(e), e
     else:
         raise AssertionError("presence_penalty=3 was accepted")
+
+    check_logprobs(client, model)
+    check_n(client, model)
+    check_echo(client, model)
     structured_and_tools(client, model)
     print(
         f"openai {openai.__version__}: streamed chat {usage.completion_tokens} tokens, completion ok, "
-        "json_schema ok, tool call round trip ok"
+        "logprobs, n and echo ok, json_schema ok, tool call round trip ok"
     )
+
+
+def check_logprobs(client: "openai.OpenAI", model: str) -> None:
+    """Chat log-probabilities with alternatives, whole and streamed, agree."""
+    args = dict(
+        model=model,
+        messages=[{"role": "user", "content": "Say something about kilns."}],
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
+    whole = client.chat.completions.create(**args)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == 6, whole
+    for e in content:
+        assert e.logprob <= 0 and isinstance(e.bytes, list), e
+        assert len(e.top_logprobs) == 3, e
+        # Greedy: the chosen token is the most likely one.
+        assert e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob, e
+    assert "".join(e.token for e in content) == whole.choices[0].message.content, whole
+    streamed = []
+    for chunk in client.chat.completions.create(stream=True, **args):
+        for choice in chunk.choices:
+            if choice.logprobs is not None and choice.logprobs.content:
+                streamed.extend(choice.logprobs.content)
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content], streamed
+    done = client.completions.create(
+        model=model, prompt="The kiln", max_tokens=4, temperature=0, logprobs=2, extra_body={"ignore_eos": True}
+    )
+    lp = done.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 4, lp
+    assert all(len(t) <= 2 for t in lp.top_logprobs), lp
+
+
+def check_n(client: "openai.OpenAI", model: str) -> None:
+    """`n=3` greedy: three identical texts, each indexed, the usage three times one."""
+    done = client.completions.create(
+        model=model, prompt="The kiln was built", max_tokens=1, temperature=0, n=3, extra_body={"ignore_eos": True}
+    )
+    assert [c.index for c in done.choices] == [0, 1, 2], done
+    assert len({c.text for c in done.choices}) == 1, done
+    assert done.usage.completion_tokens == 3 * 1, done.usage
+    chat = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        temperature=0,
+        n=3,
+        extra_body={"ignore_eos": True},
+    )
+    assert len({c.message.content for c in chat.choices}) == 1 and len(chat.choices) == 3, chat
+    assert chat.usage.completion_tokens == 3 * 4, chat.usage
+    texts = {}
+    for chunk in client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        temperature=0,
+        n=3,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    ):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+    assert texts == {k: chat.choices[0].message.content for k in range(3)}, texts
+    try:
+        client.completions.create(model=model, prompt="x", max_tokens=1, n=17)
+    except openai.BadRequestError as e:
+        assert e.status_code == 400 and "n 17" in str(e), e
+    else:
+        raise AssertionError("n=17 was accepted")
+
+
+def check_echo(client: "openai.OpenAI", model: str) -> None:
+    """The prompt's own log-probabilities: the first token's is null, every other one's a
+    log-probability, and the text is the prompt."""
+    prompt = "The kiln was built into the hill"
+    done = client.completions.create(model=model, prompt=prompt, max_tokens=0, echo=True, logprobs=1, temperature=0)
+    choice = done.choices[0]
+    assert choice.text == prompt, choice
+    lp = choice.logprobs
+    assert len(lp.token_logprobs) == done.usage.prompt_tokens == len(prompt.encode()) + 1, (lp, done.usage)
+    assert lp.token_logprobs[0] is None, lp
+    assert all(v <= 0 for v in lp.token_logprobs[1:]), lp
+    assert done.usage.completion_tokens == 0, done.usage
 
 
 if __name__ == "__main__":

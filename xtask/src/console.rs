@@ -5,16 +5,7 @@ use std::fmt;
 use std::io::{self, Write};
 
 /// Bad input found before anything ran: exit 2, like a clap usage error.
-#[derive(Debug)]
-pub struct UsageError(pub String);
-
-impl fmt::Display for UsageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
+pub use kiln_protocol::UsageError;
 
 /// stdout's reader went away: stop quietly.
 #[derive(Debug)]

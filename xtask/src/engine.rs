@@ -26,38 +26,22 @@ pub enum BackendArg {
     Metal,
 }
 
-/// A backend the engine is built for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    /// CPU.
-    Cpu,
-    /// CUDA.
-    Cuda,
-    /// Metal.
-    Metal,
+/// A backend the engine is built for: the protocol's (`cpu`, `cuda`, `metal`, as the
+/// reports' `backend` field says).
+pub use kiln_protocol::Backend;
+
+/// What building for a backend takes.
+pub trait BackendFeatures {
+    /// The features `kiln` is built with: the backend's name, except for the CPU.
+    fn features(self) -> Vec<String>;
 }
 
-impl Backend {
-    /// `cpu`, `cuda`, `metal`: also the name of the `kiln` feature, except for the CPU.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Backend::Cpu => "cpu",
-            Backend::Cuda => "cuda",
-            Backend::Metal => "metal",
-        }
-    }
-
-    /// The features `kiln` is built with.
-    pub fn features(self) -> Vec<String> {
+impl BackendFeatures for Backend {
+    fn features(self) -> Vec<String> {
         match self {
             Backend::Cpu => Vec::new(),
             other => vec![other.as_str().to_string()],
         }
-    }
-
-    /// Whether it runs on a GPU.
-    pub fn is_gpu(self) -> bool {
-        self != Backend::Cpu
     }
 }
 

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
 use crate::child::Shutdown;
-use crate::engine::{self, Backend, BackendArg, EnginePackage};
+use crate::engine::{self, Backend, BackendArg, BackendFeatures, EnginePackage};
 use crate::machine::{self, Machine};
 
 /// The flags every task that boots `kiln serve` takes: extra server arguments, the

@@ -6,7 +6,7 @@
 use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -98,12 +98,7 @@ pub fn served_name(model: &str, serve_args: &[String]) -> (String, Vec<OsString>
 
 /// The address of the first `listening on http://IP:PORT` in `log`.
 pub fn listening_addr(log: &str) -> Option<SocketAddr> {
-    let at = log.find("listening on http://")? + "listening on http://".len();
-    let rest = &log[at..];
-    let end = rest
-        .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '[' | ']')))
-        .unwrap_or(rest.len());
-    rest[..end].to_socket_addrs().ok()?.next()
+    kiln_protocol::ListeningLine::find(log).map(|l| l.addr)
 }
 
 impl Server {

@@ -11,6 +11,7 @@ pub mod act_precision;
 pub mod bandwidth;
 pub mod buffer;
 pub mod copy;
+pub mod crossover;
 pub mod dense;
 pub mod format;
 pub mod kernels;
@@ -20,6 +21,7 @@ pub mod pool;
 pub mod quantize;
 pub mod size;
 pub mod wide;
+pub mod workers;
 
 pub use buffer::{Buffer, BufferError, PoolVec, SharedBytes};
 pub use dense::DenseMatrix;

@@ -9,13 +9,16 @@ mod common;
 use std::sync::Mutex;
 
 use kiln_core::act_precision::ActScheme;
+use kiln_core::crossover::Crossover;
 use kiln_core::format::{QuantSpec, SUPPORTED_BITS, write_code};
 use kiln_core::kernels::{
     self, ActivationPrecision, Isa, KernelChoice, qmm_on, qmm_scheme_on, qmv_batch_limit, qmv_on,
     qmv_scheme_on, qmv_wide_on, qmv_wide_scheme_on, reference, select_kernel,
 };
 use kiln_core::matrix::{QuantizedMatrix, ScaleData, ScaleDtype};
-use kiln_core::wide::{qmv_wide_enabled, set_qmv_wide};
+use kiln_core::wide::{
+    crossover, qmv_wide_enabled, qmv_wide_pinned_by_operator, set_crossover, set_qmv_wide, wide_for,
+};
 use kiln_core::{Buffer, quantized_matmul};
 
 use common::Rng;
@@ -362,6 +365,58 @@ fn qmv_wide_and_per_row_qmv_are_bit_identical() {
     }
 }
 
+/// `int16-wide8`: `qmv_wide` over two rows or more gives 4-bit weights `int8`'s bits, a
+/// row run alone (`qmv`, and `qmv_wide` over one row) and `qmm` keep `int16`'s, each
+/// equal to `reference::qmv_int` under that scheme on every path; so for 4-bit weights
+/// the wide kernel is not interchangeable with per-row `qmv` under this scheme, while
+/// 8-bit weights run identically to `int16`.
+#[test]
+fn int16_wide8_gives_wide_rows_int8_codes_and_single_rows_int16() {
+    let act = ActScheme::Int16Wide8;
+    let mut seed = 5000;
+    for bits in [4, 8] {
+        for g in [32, 64, 128] {
+            let k = ks(g)[1];
+            for m in [1, 2, 3, 5, 8, 9, 17] {
+                seed += 1;
+                let case = Case::new(19, k, m, bits, g, ScaleDtype::F16, seed);
+                let n = case.w.n();
+                let single = reference::qmv_int(&case.x, m, &case.w, ActScheme::Int16).unwrap();
+                let wide_rows = if m >= 2 && bits == 4 { ActScheme::Int8 } else { ActScheme::Int16 };
+                let wide_def = reference::qmv_int(&case.x, m, &case.w, wide_rows).unwrap();
+                assert!(bits_identical(
+                    &reference::qmv_wide_int(&case.x, m, &case.w, act).unwrap(),
+                    &wide_def
+                ));
+                assert!(bits_identical(&reference::qmv_int(&case.x, m, &case.w, act).unwrap(), &single));
+                let refy = reference_y(&case);
+                for isa in Isa::available() {
+                    let what = |k: &str| format!("{} [int16-wide8]", case.label(k, isa));
+                    let mut per_row = vec![0f32; m * n];
+                    for (xr, yr) in case.x.chunks_exact(k).zip(per_row.chunks_exact_mut(n)) {
+                        qmv_scheme_on(isa, act, xr, &case.w, yr);
+                    }
+                    assert!(bits_identical(&per_row, &single), "{}", what("qmv per row"));
+                    let mut mm = vec![0f32; m * n];
+                    qmm_scheme_on(isa, act, &case.x, m, &case.w, &mut mm);
+                    assert!(bits_identical(&mm, &single), "{}", what("qmm"));
+                    let mut wide = vec![0f32; m * n];
+                    qmv_wide_scheme_on(isa, act, &case.x, m, &case.w, &mut wide);
+                    assert!(bits_identical(&wide, &wide_def), "{}", what("qmv_wide"));
+                    case.check(&what("qmv_wide"), scheme_for(bits, wide_rows), &wide, &refy);
+                    if m >= 2 && bits == 4 {
+                        assert!(
+                            !bits_identical(&wide, &per_row),
+                            "{}: no row rounded differently",
+                            what("qmv_wide")
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Rows of Llama-sized width (more than 8192 elements, where the activation codes no
 /// longer sit in L1 beside the weights), with a partial last step of five groups: exact
 /// against the other paths and within the bound.
@@ -559,6 +614,42 @@ fn dispatch_follows_the_batch_limit_and_the_wide_switch() {
             assert!(bits_identical(&y, &want), "m {m}, switch {on}");
         }
     }
+    set_qmv_wide(before);
+}
+
+/// The measured crossover picks `qmv_wide` or `qmv` per row for each M (the switch on and
+/// not pinned), and since both give the same bits row for row under the default scheme,
+/// whatever it picks `quantized_matmul` gives the bits of both.
+#[test]
+fn the_crossover_picks_per_m_and_every_pick_gives_the_same_bits() {
+    let _guard = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let (before, before_c) = (qmv_wide_enabled(), crossover());
+    let (k, n) = (288, 40);
+    set_qmv_wide(true);
+    let act = kiln_core::act_precision::act_scheme();
+    for c in [Crossover::ALL_WIDE, Crossover::wide_from(16), Crossover::from_bits(0b1010_1010_1010_1000)] {
+        set_crossover(c);
+        for m in 2..qmv_batch_limit(k, n) {
+            // A `KILN_QMV_WIDE` pin in the test's environment forces wide at every M.
+            let wide_here = wide_for(m, true, qmv_wide_pinned_by_operator(), c);
+            let want = if wide_here { KernelChoice::QmvWide } else { KernelChoice::QmvPerRow };
+            assert_eq!(select_kernel(m, k, n), want, "m {m}, crossover {c}");
+            let case = Case::new(n, k, m, 4, 32, ScaleDtype::F16, 77 + m as u64);
+            let mut y = vec![0f32; m * n];
+            quantized_matmul(&case.x, m, &case.w, &mut y);
+            let mut wide = vec![0f32; m * n];
+            kernels::qmv_wide(&case.x, m, &case.w, &mut wide);
+            let mut per_row = vec![0f32; m * n];
+            for (xr, yr) in case.x.chunks_exact(k).zip(per_row.chunks_exact_mut(n)) {
+                kernels::qmv(xr, &case.w, yr);
+            }
+            if !act.wide_differs() {
+                assert!(bits_identical(&y, &wide) && bits_identical(&y, &per_row), "m {m}, crossover {c}");
+            }
+            assert!(bits_identical(&y, if wide_here { &wide } else { &per_row }), "m {m}, crossover {c}");
+        }
+    }
+    set_crossover(before_c);
     set_qmv_wide(before);
 }
 

@@ -178,7 +178,7 @@ pub enum ModelError {
     /// An expert cache geometry the rules refuse (the message names the geometry, the
     /// rule and the cap).
     #[error("invalid --expert-slots: {0}")]
-    CacheGeometry(crate::expert_cache::CacheGeometryError),
+    CacheGeometry(CacheGeometryError),
     /// A run option is out of range.
     #[error("invalid {what}: {message}")]
     InvalidArgument {
@@ -189,10 +189,67 @@ pub enum ModelError {
     },
 }
 
+/// An expert cache geometry the rules refuse (`expert_cache::check_cache_geometry`). Each message names the geometry
+/// (`<model> @ cache_slots=S`), the rule and the bound.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CacheGeometryError {
+    /// Fewer slots than the router's top-k.
+    #[error(
+        "{model} @ cache_slots={slots}: {slots} is below the floor of top-k = {top_k} slots (every expert \
+         one token routes to must be resident at once); accepted values are {top_k} to {most}"
+    )]
+    BelowFloor {
+        /// The model.
+        model: String,
+        /// Slots asked for.
+        slots: usize,
+        /// The floor.
+        top_k: usize,
+        /// The most slots accepted.
+        most: String,
+    },
+    /// More slots than experts.
+    #[error(
+        "{model} @ cache_slots={slots}: {slots} exceeds the total of layers x experts = {layers} x {experts} \
+         = {total}; accepted values are {top_k} to {total}"
+    )]
+    AboveTotal {
+        /// The model.
+        model: String,
+        /// Slots asked for.
+        slots: usize,
+        /// Decoder layers.
+        layers: usize,
+        /// Experts per layer.
+        experts: usize,
+        /// layers x experts.
+        total: usize,
+        /// The floor.
+        top_k: usize,
+    },
+    /// More slots than the backend can hold.
+    #[error(
+        "{model} @ cache_slots={slots}: {slots} exceeds the {backend} backend's slot limit of {cap} ({reason}); \
+         reduce --expert-slots or raise --memory-limit"
+    )]
+    AboveCap {
+        /// The model.
+        model: String,
+        /// Slots asked for.
+        slots: usize,
+        /// The backend.
+        backend: &'static str,
+        /// Its cap.
+        cap: u64,
+        /// Where the cap comes from.
+        reason: String,
+    },
+}
+
 /// Not `#[from]`: the rule is part of the message, not a chained source, so a report
 /// that prints the chain says it once.
-impl From<crate::expert_cache::CacheGeometryError> for ModelError {
-    fn from(e: crate::expert_cache::CacheGeometryError) -> Self {
+impl From<CacheGeometryError> for ModelError {
+    fn from(e: CacheGeometryError) -> Self {
         ModelError::CacheGeometry(e)
     }
 }

@@ -7,14 +7,22 @@
 
 #![deny(missing_docs)]
 
+mod knobs;
+mod lines;
 mod report;
 mod size;
+mod tokens;
+mod usage;
 
+pub use knobs::{Attention, Backend, KNOB_COLUMNS, KNOBS, Knob, KnobError, Knobs, KvDtype};
+pub use lines::{GateOutcome, KernelChangedLine, KernelConfigLine, ListeningLine, SpecGateLine};
 pub use report::{
     DECODE_FIELDS, DecodeReport, ESTIMATE_EXPERT_FIELDS, ESTIMATE_FIELDS, EXPERT_FIELDS, EstimateReport,
     OffloadCopyReport, ReportError, SPEC_FIELDS,
 };
 pub use size::{MIN_BANDWIDTH_BYTES, SizeParseError, parse_bandwidth_bytes, parse_size};
+pub use tokens::{ContextExceeded, WarmupError, check_context, context_room, timed_decode_steps};
+pub use usage::UsageError;
 
 /// Exit status: success.
 pub const EXIT_SUCCESS: u8 = 0;

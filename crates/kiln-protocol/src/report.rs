@@ -149,6 +149,10 @@ pub struct DecodeReport {
     /// kiln (`--expert-slots`): time those copies took.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expert_copy_ms: Option<f64>,
+    /// kiln: the batch sizes M that run `qmv_wide` (`2-15`, `3,5-15`, `none`), as the
+    /// wide switch, its pin and the measured crossover decide together. JSON only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qmv_wide_rows: Option<String>,
     /// Per tag (`weights`, `kv`, `scratch`, `experts`, `other`): bytes held at the peak.
     /// JSON only.
     pub peak_breakdown: BTreeMap<String, u64>,

@@ -1,7 +1,8 @@
 //! The OpenAI request bodies kiln accepts, checked field by field: a field of the wrong
 //! type or out of range is a 400 naming it; a field kiln does not implement is refused by
-//! name unless it carries the value that means "off" (`n: 1`, `logprobs: false`), which
-//! clients send by default.
+//! name unless it carries the value that means "off", which clients send by default.
+//! A request becomes one [`GenerationRequest`] per choice: `n` per prompt, and a
+//! completion may carry a list of prompts.
 
 use kiln_model::chat_template::ChatMessage;
 use kiln_model::{LoadedModel, LogitAdjustments, ModelError, SamplingParams};
@@ -59,7 +60,51 @@ pub struct GenerationRequest {
     pub constraint: Option<Box<Constraint>>,
     /// The request's tools, whose calls are parsed out of the output.
     pub tools: Option<Box<Tools>>,
+    /// Log-probabilities of each sampled token with this many most likely alternatives
+    /// (chat's `top_logprobs`, a completion's `logprobs`); `None` for none.
+    pub logprobs: Option<usize>,
+    /// Put the prompt's text before the completion (a completion's `echo`).
+    pub echo: bool,
+    /// Compute the prompt's own log-probabilities (`echo` with `logprobs`; set on the
+    /// first choice of each prompt only, the others share its values).
+    pub prompt_logprobs: bool,
 }
+
+/// A checked request: its choices in the order of their `index` (prompt `i`'s choice
+/// `j` at `i * n + j`).
+#[derive(Clone, Debug)]
+pub struct ParsedRequest {
+    /// One request per choice.
+    pub choices: Vec<GenerationRequest>,
+    /// Choices per prompt.
+    pub n: usize,
+}
+
+impl ParsedRequest {
+    /// The first choice, which every field but the prompt, the seed and
+    /// `prompt_logprobs` is shared with.
+    pub fn first(&self) -> &GenerationRequest {
+        &self.choices[0]
+    }
+
+    /// Distinct prompts.
+    pub fn prompts(&self) -> usize {
+        self.choices.len() / self.n
+    }
+
+    /// Prompt tokens over the distinct prompts (the usage's `prompt_tokens`).
+    pub fn prompt_tokens(&self) -> usize {
+        self.choices.iter().step_by(self.n).map(|c| c.prompt.len()).sum()
+    }
+}
+
+/// The most choices per prompt (`n`).
+pub const MAX_N: usize = 16;
+/// The most alternatives per token on chat completions (`top_logprobs`), as OpenAI has it.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+/// The most alternatives per token on completions (`logprobs`), as OpenAI's legacy
+/// endpoint has it.
+pub const MAX_COMPLETION_LOGPROBS: usize = 5;
 
 /// Fields each endpoint understands.
 const COMMON_FIELDS: &[&str] = &[
@@ -100,7 +145,7 @@ pub fn parse(
     body: &[u8],
     model_id: &str,
     model: &LoadedModel,
-) -> Result<GenerationRequest, ApiError> {
+) -> Result<ParsedRequest, ApiError> {
     let value: Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request("invalid_json", format!("the request body is not valid JSON: {e}"))
     })?;
@@ -150,28 +195,38 @@ pub fn parse(
         }
     }
 
-    let prompt = match endpoint {
-        Endpoint::Chat => chat_prompt(&obj, model)?,
-        Endpoint::Completions => completion_prompt(&obj, model)?,
+    let (n, echo, logprobs) = choices_and_logprobs(&obj, endpoint)?;
+    let prompts = match endpoint {
+        Endpoint::Chat => vec![chat_prompt(&obj, model)?],
+        Endpoint::Completions => completion_prompts(&obj, model)?,
     };
+    let prompt_field = if endpoint == Endpoint::Chat { "messages" } else { "prompt" };
     let context = model.config.max_position_embeddings;
-    if prompt.len() >= context {
+    // Checked against the longest prompt: one limit holds for every choice. At least one
+    // token must be left to generate.
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    if kiln_protocol::check_context(longest, 1, context).is_err() {
         return Err(ApiError::invalid(
-            if endpoint == Endpoint::Chat { "messages" } else { "prompt" },
+            prompt_field,
             format!(
-                "the prompt is {} tokens, past the model's context of {context} tokens \
-                 (at least one token must be left to generate)",
-                prompt.len()
+                "the prompt is {longest} tokens, past the model's context of {context} tokens \
+                 (at least one token must be left to generate)"
             ),
         ));
     }
-    let room = context - prompt.len();
+    let least = if echo { 0 } else { 1 };
+    let room = kiln_protocol::context_room(longest, context);
     let max_tokens = match max_tokens_field(&obj, endpoint)? {
         Some((name, n)) => {
-            if n < 1 {
+            if n < least {
+                let accepted = if endpoint == Endpoint::Completions {
+                    "1 or more (0 only with echo: true)"
+                } else {
+                    "1 or more"
+                };
                 return Err(ApiError::invalid(
                     name,
-                    format!("{name} {n} is out of range: accepted values are 1 or more"),
+                    format!("{name} {n} is out of range: accepted values are {accepted}"),
                 ));
             }
             let n = n as usize;
@@ -179,15 +234,14 @@ pub fn parse(
                 return Err(ApiError::invalid(
                     name,
                     format!(
-                        "{name} {n} plus the prompt's {} tokens exceed the model's context of {context} tokens: \
-                         accepted values are 1 to {room}",
-                        prompt.len()
+                        "{name} {n} plus the prompt's {longest} tokens exceed the model's context of {context} tokens: \
+                         accepted values are {least} to {room}"
                     ),
                 ));
             }
-            n
+            Some(n)
         }
-        None => room,
+        None => None,
     };
 
     let temperature = opt_f64(&obj, "temperature")?.unwrap_or(1.0);
@@ -302,20 +356,113 @@ pub fn parse(
     };
     sampling.validate().map_err(sampling_error)?;
     let adjust = adjustments(&obj, model.config.vocab_size)?;
-    Ok(GenerationRequest {
-        prompt,
-        max_tokens,
-        sampling,
-        adjust,
-        ignore_eos,
-        stop,
-        stream,
-        include_usage,
-        continuous_usage,
-        speculative,
-        constraint: constraint.map(Box::new),
-        tools: tools.map(Box::new),
-    })
+    let mut choices = Vec::with_capacity(prompts.len() * n);
+    for prompt in prompts {
+        for j in 0..n {
+            let index = choices.len() as u64;
+            choices.push(GenerationRequest {
+                max_tokens: max_tokens.unwrap_or(kiln_protocol::context_room(prompt.len(), context)),
+                prompt: prompt.clone(),
+                // Choice k samples with seed + k: a seeded request reproduces, and its
+                // choices differ.
+                sampling: SamplingParams { seed: seed.wrapping_add(index), ..sampling },
+                adjust: adjust.clone(),
+                ignore_eos,
+                stop: stop.clone(),
+                stream,
+                include_usage,
+                continuous_usage,
+                speculative,
+                logprobs,
+                echo,
+                prompt_logprobs: echo && logprobs.is_some() && j == 0,
+                constraint: constraint.clone().map(Box::new),
+                tools: tools.clone().map(Box::new),
+            });
+        }
+    }
+    Ok(ParsedRequest { choices, n })
+}
+
+/// `n` (with `best_of`, which must equal it), `echo`, and the alternatives per token of
+/// `logprobs`/`top_logprobs`, checked for `endpoint`.
+fn choices_and_logprobs(
+    obj: &Map<String, Value>,
+    endpoint: Endpoint,
+) -> Result<(usize, bool, Option<usize>), ApiError> {
+    let n = match opt_i64(obj, "n")? {
+        None => 1,
+        Some(n) if (1..=MAX_N as i64).contains(&n) => n as usize,
+        Some(n) => {
+            return Err(ApiError::invalid(
+                "n",
+                format!("n {n} is out of range: accepted values are 1 to {MAX_N}"),
+            ));
+        }
+    };
+    if let Some(b) = opt_i64(obj, "best_of")?
+        && b != n as i64
+    {
+        return Err(ApiError::invalid(
+            "best_of",
+            format!(
+                "unsupported best_of {b}: kiln returns every sequence it generates, so best_of must equal n ({n}) \
+                 or be left out"
+            ),
+        ));
+    }
+    match endpoint {
+        Endpoint::Chat => {
+            let on = opt_bool(obj, "logprobs")?.unwrap_or(false);
+            let top = match opt_i64(obj, "top_logprobs")? {
+                None => None,
+                Some(k) if (0..=MAX_TOP_LOGPROBS as i64).contains(&k) => Some(k as usize),
+                Some(k) => {
+                    return Err(ApiError::invalid(
+                        "top_logprobs",
+                        format!(
+                            "top_logprobs {k} is out of range: accepted values are 0 to {MAX_TOP_LOGPROBS}"
+                        ),
+                    ));
+                }
+            };
+            if top.is_some_and(|k| k > 0) && !on {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "top_logprobs needs logprobs: true (it is the number of alternatives per token)",
+                ));
+            }
+            Ok((n, false, on.then(|| top.unwrap_or(0))))
+        }
+        Endpoint::Completions => {
+            let echo = opt_bool(obj, "echo")?.unwrap_or(false);
+            let logprobs = match obj.get("logprobs") {
+                None | Some(Value::Null) => None,
+                Some(Value::Number(v)) => match v.as_i64() {
+                    Some(k) if (0..=MAX_COMPLETION_LOGPROBS as i64).contains(&k) => Some(k as usize),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            "logprobs",
+                            format!(
+                                "logprobs {v} is out of range: accepted values are integers 0 to \
+                                 {MAX_COMPLETION_LOGPROBS} (alternatives per token) or null"
+                            ),
+                        ));
+                    }
+                },
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "logprobs",
+                        format!(
+                            "logprobs must be an integer 0 to {MAX_COMPLETION_LOGPROBS} (alternatives per token) or null \
+                             on /v1/completions"
+                        ),
+                    ));
+                }
+            };
+            Ok((n, echo, logprobs))
+        }
+    }
 }
 
 /// `logit_bias`, `repetition_penalty`, `frequency_penalty` and `presence_penalty`,
@@ -431,17 +578,11 @@ fn refuse_unless_off(obj: &Map<String, Value>) -> Result<(), ApiError> {
     };
     for (name, value) in obj {
         let off = match name.as_str() {
-            "n" | "best_of" => matches!(value, Value::Null) || value.as_i64() == Some(1),
-            "logprobs" | "echo" => matches!(value, Value::Null | Value::Bool(false)),
-            "top_logprobs" => matches!(value, Value::Null) || value.as_i64() == Some(0),
             "parallel_tool_calls" => matches!(value, Value::Null | Value::Bool(_)),
             _ => true,
         };
         if !off {
             let accepted = match name.as_str() {
-                "n" | "best_of" => "1",
-                "logprobs" | "echo" => "false",
-                "top_logprobs" => "0",
                 "parallel_tool_calls" => "a boolean",
                 _ => "0",
             };
@@ -745,44 +886,61 @@ fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
     Ok(Message { role, content, name, tool_calls, tool_call_id })
 }
 
-fn completion_prompt(obj: &Map<String, Value>, model: &LoadedModel) -> Result<Vec<u32>, ApiError> {
-    let vocab = model.config.vocab_size;
-    let text = match obj.get("prompt") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(items)) if items.len() == 1 && items[0].is_string() => {
-            items[0].as_str().unwrap_or_default().to_string()
-        }
+/// The prompts of a completion: a string, a list of token ids, or a list of either.
+fn completion_prompts(obj: &Map<String, Value>, model: &LoadedModel) -> Result<Vec<Vec<u32>>, ApiError> {
+    const SHAPES: &str = "prompt must be a string, an array of token ids, or a non-empty array of strings or of \
+                          token-id arrays";
+    match obj.get("prompt") {
+        Some(Value::String(s)) => Ok(vec![text_prompt(s, "prompt", model)?]),
         Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_number) => {
-            let mut ids = Vec::with_capacity(items.len());
-            for item in items {
-                match item.as_u64() {
-                    Some(t) if (t as usize) < vocab => ids.push(t as u32),
-                    _ => {
-                        return Err(ApiError::invalid(
-                            "prompt",
-                            format!(
-                                "token id {item} is outside the vocabulary: accepted ids are 0 to {}",
-                                vocab - 1
-                            ),
-                        ));
-                    }
+            Ok(vec![id_prompt(items, "prompt", model)?])
+        }
+        Some(Value::Array(items)) if !items.is_empty() => items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| {
+                let field = format!("prompt[{i}]");
+                match item {
+                    Value::String(s) => text_prompt(s, &field, model),
+                    Value::Array(ids) if !ids.is_empty() => id_prompt(ids, &field, model),
+                    _ => Err(ApiError::invalid(
+                        "prompt",
+                        format!("{field} is neither a string nor token ids: {SHAPES}"),
+                    )),
                 }
-            }
-            return Ok(ids);
-        }
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "prompt",
-                "prompt must be a string, an array of one string, or an array of token ids",
-            ));
-        }
-        None => return Err(ApiError::invalid("prompt", "prompt is required")),
-    };
-    let ids = text_tokens(&text, "prompt", model, true)?;
+            })
+            .collect(),
+        Some(_) => Err(ApiError::invalid("prompt", SHAPES)),
+        None => Err(ApiError::invalid("prompt", "prompt is required")),
+    }
+}
+
+/// A text prompt's token ids (the tokenizer's special tokens added); `field` names it.
+fn text_prompt(text: &str, field: &str, model: &LoadedModel) -> Result<Vec<u32>, ApiError> {
+    let ids =
+        text_tokens(text, field, model, true).map_err(|e| ApiError { param: Some("prompt".into()), ..e })?;
     if ids.is_empty() {
-        return Err(ApiError::invalid("prompt", "the prompt encodes to no tokens"));
+        return Err(ApiError::invalid("prompt", format!("{field} encodes to no tokens")));
     }
     Ok(ids)
+}
+
+/// A prompt given as token ids, each checked against the vocabulary.
+fn id_prompt(items: &[Value], field: &str, model: &LoadedModel) -> Result<Vec<u32>, ApiError> {
+    let vocab = model.config.vocab_size;
+    items
+        .iter()
+        .map(|item| match item.as_u64() {
+            Some(t) if (t as usize) < vocab => Ok(t as u32),
+            _ => Err(ApiError::invalid(
+                "prompt",
+                format!(
+                    "{field}: token id {item} is outside the vocabulary: accepted ids are 0 to {}",
+                    vocab - 1
+                ),
+            )),
+        })
+        .collect()
 }
 
 /// The token ids of a text prompt (the request field `field`), with the tokenizer's

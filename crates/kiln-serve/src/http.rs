@@ -21,10 +21,11 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::access_log::{self, RequestStats};
-use crate::api::{self, Endpoint, GenerationRequest};
+use crate::api::{self, Endpoint, GenerationRequest, ParsedRequest};
 use crate::body;
 use crate::error::ApiError;
-use crate::scheduler::{Command, Event, FinishReason, Job};
+use crate::logprobs;
+use crate::scheduler::{Command, Event, Failure, FinishReason, Job, TokenLogprob};
 use crate::text::{Channel, Detokenizer, Emitter, Piece};
 use crate::tools::{self, CallSyntax, ToolCall};
 use crate::{Shared, system_fingerprint};
@@ -222,7 +223,7 @@ async fn generate(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let response = match start(endpoint, &s, stats, body).await {
-        Ok(started) if started.request.stream => stream_response(started).into_response(),
+        Ok(started) if started.request.first().stream => stream_response(started).into_response(),
         Ok(started) => collect(started).await,
         Err(e) => e.into_response(),
     };
@@ -230,19 +231,26 @@ async fn generate(
     response
 }
 
-/// A request the scheduler has given a slot.
+/// A request whose every choice the scheduler has given a slot (or finished).
 struct Started {
     endpoint: Endpoint,
     id: String,
     model_id: String,
     model: Arc<LoadedModel>,
-    request: GenerationRequest,
-    cached_tokens: usize,
-    events: UnboundedReceiver<Event>,
-    reasoning: bool,
-    shared: Arc<Shared>,
+    request: ParsedRequest,
+    choices: Vec<Choice>,
     /// For the request's log line.
     stats: Arc<RequestStats>,
+}
+
+/// One choice: its events and what they have made so far.
+struct Choice {
+    /// `None` once the choice ended and its receiver was closed.
+    events: Option<UnboundedReceiver<Event>>,
+    cached_tokens: usize,
+    progress: Progress,
+    /// The prompt's log-probabilities (after the first token), when echoed with them.
+    prompt_logprobs: Option<Vec<TokenLogprob>>,
 }
 
 async fn start(
@@ -261,39 +269,117 @@ async fn start(
     }
     let model = s.model().cloned().ok_or_else(loading)?;
     let mut request = api::parse(endpoint, &body, &s.config.model_id, &model)?;
-    if let Some(c) = request.constraint.as_mut() {
+    // The constraint is the request's: compiled once, each choice gets its own copy.
+    if let Some(c) = request.choices[0].constraint.as_mut() {
         s.grammars(&model, c.field)?.compile(c)?;
+        let compiled = request.choices[0].constraint.clone();
+        for choice in &mut request.choices[1..] {
+            choice.constraint = compiled.clone();
+        }
     }
-    stats.set_prompt_tokens(request.prompt.len());
-    let depth = s.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
-    if depth >= s.config.max_queue as u64 {
-        s.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+    let count = request.choices.len();
+    let max_queue = s.config.max_queue;
+    if count > max_queue {
+        let (field, what) = if request.prompts() > 1 {
+            ("prompt", format!("{} prompts times n {}", request.prompts(), request.n))
+        } else {
+            ("n", format!("n {}", request.n))
+        };
+        return Err(ApiError::invalid(
+            field,
+            format!(
+                "{what} make {count} sequences, more than the server's queue holds (--max-queue {max_queue}): \
+                 accepted are at most {max_queue} sequences per request"
+            ),
+        ));
+    }
+    stats.set_prompt_tokens(request.prompt_tokens());
+    let depth = s.metrics.queue_depth.fetch_add(count as u64, Ordering::Relaxed);
+    if depth + count as u64 > max_queue as u64 {
+        s.metrics.queue_depth.fetch_sub(count as u64, Ordering::Relaxed);
         return Err(ApiError::status(
             StatusCode::TOO_MANY_REQUESTS,
             "queue_full",
             format!("{depth} requests are already waiting, the limit (--max-queue): retry later"),
         ));
     }
-    let (tx, mut rx) = unbounded_channel();
-    if !s.send(Command::Submit(Job { request: request.clone(), events: tx })) {
-        s.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
-        return Err(gone());
+    let mut receivers = Vec::with_capacity(count);
+    for (k, choice) in request.choices.iter().enumerate() {
+        let (tx, rx) = unbounded_channel();
+        if !s.send(Command::Submit(Job { request: choice.clone(), events: tx })) {
+            s.metrics.queue_depth.fetch_sub((count - k) as u64, Ordering::Relaxed);
+            return Err(gone());
+        }
+        receivers.push(rx);
     }
-    match rx.recv().await {
-        Some(Event::Started { cached_tokens }) => Ok(Started {
-            endpoint,
-            id: s.response_id(if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" }),
-            model_id: s.config.model_id.clone(),
-            model,
-            request,
+    let tags = (endpoint == Endpoint::Chat).then(|| s.config.think_tags.clone());
+    let mut choices = Vec::with_capacity(count);
+    // Every choice's first events: a failure to start is the request's error, and the
+    // prompt's log-probabilities are known before any text is sent. Choices not yet
+    // admitted only buffer their events meanwhile.
+    for (mut rx, choice) in receivers.into_iter().zip(&request.choices) {
+        let cached_tokens = match rx.recv().await {
+            Some(Event::Started { cached_tokens }) => cached_tokens,
+            Some(Event::Failed(f)) => return Err(failed(f)),
+            Some(_) | None => return Err(gone()),
+        };
+        let prompt_logprobs = if choice.prompt_logprobs {
+            match rx.recv().await {
+                Some(Event::PromptLogprobs(l)) => Some(l),
+                Some(Event::Failed(f)) => return Err(failed(f)),
+                Some(_) | None => return Err(gone()),
+            }
+        } else {
+            None
+        };
+        choices.push(Choice {
+            events: Some(rx),
             cached_tokens,
-            events: rx,
-            reasoning: endpoint == Endpoint::Chat,
-            shared: s.clone(),
-            stats,
-        }),
-        Some(Event::Failed(e)) => Err(e),
-        Some(_) | None => Err(gone()),
+            progress: Progress::new(choice, tags.clone()),
+            prompt_logprobs,
+        });
+    }
+    // The other choices of a prompt share its first choice's prompt log-probabilities.
+    if request.first().echo && request.first().logprobs.is_some() {
+        for k in 0..count {
+            if choices[k].prompt_logprobs.is_none() {
+                choices[k].prompt_logprobs = choices[k - k % request.n].prompt_logprobs.clone();
+            }
+        }
+    }
+    Ok(Started {
+        endpoint,
+        id: s.response_id(if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" }),
+        model_id: s.config.model_id.clone(),
+        model,
+        request,
+        choices,
+        stats,
+    })
+}
+
+/// The client's status and body for a job the scheduler failed: the one place a
+/// scheduler failure becomes HTTP. An out-of-memory is the server's state, not the
+/// request's fault: 503, as a memory limit without room is.
+fn failed(f: Failure) -> ApiError {
+    let unavailable = StatusCode::SERVICE_UNAVAILABLE;
+    match f {
+        Failure::ShuttingDown => ApiError::status(
+            unavailable,
+            "shutting_down",
+            "the server is shutting down and its grace period ran out",
+        ),
+        Failure::MemoryLimit(message) => ApiError::status(unavailable, "memory_limit", message),
+        Failure::Sampling(e) => api::sampling_error(e),
+        Failure::OutOfMemory(message) => ApiError::status(unavailable, "out_of_memory", message),
+        Failure::Engine(message) => {
+            ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "engine_error", message)
+        }
+        Failure::Grammar(e) => ApiError::status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "grammar_error",
+            format!("the output's grammar failed: {e}"),
+        ),
     }
 }
 
@@ -309,19 +395,21 @@ struct Progress {
     finish: Option<FinishReason>,
     /// Drafted and accepted tokens, when the request held a speculative slot.
     speculative: Option<(u64, u64)>,
+    /// Log-probabilities of tokens received and not yet sent.
+    logprobs: Vec<TokenLogprob>,
     /// Masks and their nanoseconds, when the request's output was constrained.
     structured: Option<(u64, u64)>,
 }
 
 impl Progress {
-    fn new(st: &Started) -> Self {
-        let tags = st.reasoning.then(|| st.shared.config.think_tags.clone());
+    fn new(request: &GenerationRequest, tags: Option<crate::text::ThinkTags>) -> Self {
         Progress {
             detok: Detokenizer::default(),
-            emitter: Emitter::new(st.request.stop.clone(), tags),
+            emitter: Emitter::new(request.stop.clone(), tags),
             completion_tokens: 0,
             finish: None,
             speculative: None,
+            logprobs: Vec::new(),
             structured: None,
         }
     }
@@ -332,6 +420,10 @@ impl Progress {
         let internal = |e: kiln_model::ModelError| {
             ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "detokenize", e.to_string())
         };
+        if self.finish.is_some() {
+            // A stop string ended the text: what the scheduler sent since is dropped.
+            return Ok(Vec::new());
+        }
         match event {
             Some(Event::Token(t)) => {
                 self.completion_tokens += 1;
@@ -341,6 +433,10 @@ impl Progress {
                     self.finish = Some(FinishReason::Stop);
                 }
                 Ok(pieces)
+            }
+            Some(Event::Logprob(l)) => {
+                self.logprobs.push(l);
+                Ok(Vec::new())
             }
             Some(Event::Done(r)) => {
                 self.finish = Some(r);
@@ -360,101 +456,174 @@ impl Progress {
                 self.structured = Some((masks, mask_nanos));
                 Ok(Vec::new())
             }
-            Some(Event::Failed(e)) => Err(e),
-            Some(Event::Started { .. }) | None => Err(gone()),
+            Some(Event::Failed(f)) => Err(failed(f)),
+            Some(Event::Started { .. } | Event::PromptLogprobs(_)) | None => Err(gone()),
         }
     }
+}
 
-    fn usage(&self, st: &Started) -> Value {
-        let prompt = st.request.prompt.len();
+impl Started {
+    /// The usage so far, summed over the choices (each prompt's tokens counted once).
+    fn usage(&self) -> Value {
+        let prompt = self.request.prompt_tokens();
+        let completion: usize = self.choices.iter().map(|c| c.progress.completion_tokens).sum();
+        let cached: usize = self.choices.iter().step_by(self.request.n).map(|c| c.cached_tokens).sum();
         let mut usage = json!({
             "prompt_tokens": prompt,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": prompt + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": st.cached_tokens},
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
         });
-        if let Some((drafted, accepted)) = self.speculative {
+        let spec: Vec<(u64, u64)> = self.choices.iter().filter_map(|c| c.progress.speculative).collect();
+        if !spec.is_empty() {
+            let (drafted, accepted) = spec.iter().fold((0, 0), |(d, a), &(x, y)| (d + x, a + y));
             usage["speculative"] = json!({"drafted": drafted, "accepted": accepted});
         }
-        if let Some((masks, nanos)) = self.structured {
+        let masked: Vec<(u64, u64)> = self.choices.iter().filter_map(|c| c.progress.structured).collect();
+        if !masked.is_empty() {
+            let (masks, nanos) = masked.iter().fold((0, 0), |(m, n), &(x, y)| (m + x, n + y));
             usage["structured"] = json!({"masks": masks, "mask_ms": nanos as f64 / 1e6});
         }
         usage
+    }
+
+    fn completion_tokens(&self) -> usize {
+        self.choices.iter().map(|c| c.progress.completion_tokens).sum()
+    }
+
+    /// The prompt's text as the completion's `echo` puts it before the answer.
+    fn echo_text(&self, k: usize) -> Result<String, ApiError> {
+        self.model
+            .tokenizer
+            .decode(&self.request.choices[k].prompt)
+            .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "detokenize", e.to_string()))
+    }
+
+    /// Log-probabilities of `entries` in the endpoint's shape; for a completion, `echo`
+    /// puts choice `k`'s prompt tokens first (the first with null values) and `offset`
+    /// counts characters before the first token, and advances past the last.
+    fn logprobs(&self, k: usize, entries: &[TokenLogprob], echo: bool, offset: &mut usize) -> Value {
+        let tok = &self.model;
+        match self.endpoint {
+            Endpoint::Chat => {
+                let content: Vec<Value> = entries
+                    .iter()
+                    .map(|e| {
+                        let mut v = logprobs::chat_entry(tok, e.token, e.logprob);
+                        v["top_logprobs"] =
+                            e.top.iter().map(|&(t, l)| logprobs::chat_entry(tok, t, l)).collect();
+                        v
+                    })
+                    .collect();
+                json!({"content": content})
+            }
+            Endpoint::Completions => {
+                let mut c = logprobs::CompletionLogprobs::default();
+                if echo {
+                    let prompt = &self.request.choices[k].prompt;
+                    c.push_first(tok, prompt[0], offset);
+                    for e in self.choices[k].prompt_logprobs.iter().flatten() {
+                        c.push(tok, e, offset);
+                    }
+                }
+                for e in entries {
+                    c.push(tok, e, offset);
+                }
+                c.into_value()
+            }
+        }
     }
 }
 
 /// Waits for the whole generation and answers with one JSON object.
 async fn collect(mut st: Started) -> Response {
-    let mut p = Progress::new(&st);
-    let (mut content, mut reasoning) = (String::new(), String::new());
-    while p.finish.is_none() {
-        let event = st.events.recv().await;
-        let event = p.on(&st.model, event);
-        st.stats.set_completion_tokens(p.completion_tokens);
-        match event {
-            Ok(pieces) => {
-                for piece in pieces {
-                    match piece.channel {
-                        Channel::Content => content.push_str(&piece.text),
-                        Channel::Reasoning => reasoning.push_str(&piece.text),
+    let first = st.request.first().clone();
+    let mut bodies = Vec::with_capacity(st.choices.len());
+    for k in 0..st.choices.len() {
+        let (mut content, mut reasoning) = (String::new(), String::new());
+        let mut logprobs = Vec::new();
+        let mut events = st.choices[k].events.take().expect("a choice's events");
+        while st.choices[k].progress.finish.is_none() {
+            let event = events.recv().await;
+            let event = st.choices[k].progress.on(&st.model, event);
+            st.stats.set_completion_tokens(st.completion_tokens());
+            match event {
+                Ok(pieces) => {
+                    for piece in pieces {
+                        match piece.channel {
+                            Channel::Content => content.push_str(&piece.text),
+                            Channel::Reasoning => reasoning.push_str(&piece.text),
+                        }
+                    }
+                    logprobs.append(&mut st.choices[k].progress.logprobs);
+                }
+                Err(e) => return e.into_response(),
+            }
+        }
+        // A stop string ended it: the scheduler frees the slot at its next step.
+        drop(events);
+        let mut finish = st.choices[k].progress.finish.unwrap_or(FinishReason::Stop).as_str();
+        let logprobs = match first.logprobs {
+            Some(_) => st.logprobs(k, &logprobs, first.echo, &mut 0),
+            None => Value::Null,
+        };
+        let body = match st.endpoint {
+            Endpoint::Chat => {
+                let mut message = json!({"role": "assistant", "content": content});
+                if let Some((before, calls)) =
+                    call_syntax(&st).and_then(|syntax| tools::parse_calls(syntax, &content))
+                {
+                    message["content"] = if before.is_empty() { Value::Null } else { Value::String(before) };
+                    message["tool_calls"] = Value::Array(
+                        calls.iter().enumerate().map(|(i, c)| tool_call_object(&st.id, k, i, c)).collect(),
+                    );
+                    finish = "tool_calls";
+                }
+                if !reasoning.is_empty() {
+                    message["reasoning_content"] = Value::String(reasoning);
+                }
+                json!({"index": k, "message": message, "logprobs": logprobs, "finish_reason": finish})
+            }
+            Endpoint::Completions => {
+                if first.echo {
+                    match st.echo_text(k) {
+                        Ok(prompt) => content.insert_str(0, &prompt),
+                        Err(e) => return e.into_response(),
                     }
                 }
+                json!({"index": k, "text": content, "logprobs": logprobs, "finish_reason": finish})
             }
-            Err(e) => return e.into_response(),
-        }
+        };
+        bodies.push(body);
     }
-    // A stop string ended it: the scheduler frees the slot at its next step.
-    st.events.close();
-    let mut finish = p.finish.unwrap_or(FinishReason::Stop).as_str();
     let created = unix_now();
-    let body = match st.endpoint {
-        Endpoint::Chat => {
-            let mut message = json!({"role": "assistant", "content": content});
-            if let Some((before, calls)) =
-                call_syntax(&st).and_then(|syntax| tools::parse_calls(syntax, &content))
-            {
-                message["content"] = if before.is_empty() { Value::Null } else { Value::String(before) };
-                message["tool_calls"] = Value::Array(
-                    calls.iter().enumerate().map(|(i, c)| tool_call_object(&st.id, i, c)).collect(),
-                );
-                finish = "tool_calls";
-            }
-            if !reasoning.is_empty() {
-                message["reasoning_content"] = Value::String(reasoning);
-            }
-            json!({
-                "id": st.id, "object": "chat.completion", "created": created, "model": st.model_id,
-                "system_fingerprint": system_fingerprint(),
-                "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
-                "usage": p.usage(&st),
-            })
-        }
-        Endpoint::Completions => json!({
-            "id": st.id, "object": "text_completion", "created": created, "model": st.model_id,
-            "system_fingerprint": system_fingerprint(),
-            "choices": [{"index": 0, "text": content, "logprobs": null, "finish_reason": finish}],
-            "usage": p.usage(&st),
-        }),
+    let object = match st.endpoint {
+        Endpoint::Chat => "chat.completion",
+        Endpoint::Completions => "text_completion",
     };
-    Json(body).into_response()
+    Json(json!({
+        "id": st.id, "object": object, "created": created, "model": st.model_id,
+        "system_fingerprint": system_fingerprint(), "choices": bodies, "usage": st.usage(),
+    }))
+    .into_response()
 }
 
 /// The call syntax to parse a response's output with: the request's tools', unless
 /// `tool_choice` is `none`.
 fn call_syntax(st: &Started) -> Option<CallSyntax> {
-    st.request.tools.as_ref().filter(|t| t.parses_calls()).map(|t| t.syntax)
+    st.request.first().tools.as_ref().filter(|t| t.parses_calls()).map(|t| t.syntax)
 }
 
-/// The `id` of a response's call `i`: unique as the response's id is.
-fn tool_call_id(response_id: &str, i: usize) -> String {
+/// The `id` of choice `k`'s call `i`: unique as the response's id is.
+fn tool_call_id(response_id: &str, k: usize, i: usize) -> String {
     let unique = response_id.split_once('-').map_or(response_id, |(_, rest)| rest);
-    format!("call_{unique}-{i}")
+    if k == 0 { format!("call_{unique}-{i}") } else { format!("call_{unique}-{k}-{i}") }
 }
 
 /// One call as OpenAI's `message.tool_calls[i]`.
-fn tool_call_object(response_id: &str, i: usize, c: &ToolCall) -> Value {
+fn tool_call_object(response_id: &str, k: usize, i: usize, c: &ToolCall) -> Value {
     json!({
-        "id": tool_call_id(response_id, i), "type": "function",
+        "id": tool_call_id(response_id, k, i), "type": "function",
         "function": {"name": c.name, "arguments": c.arguments},
     })
 }
@@ -462,32 +631,38 @@ fn tool_call_object(response_id: &str, i: usize, c: &ToolCall) -> Value {
 /// State of one event stream.
 struct StreamState {
     st: Started,
-    progress: Progress,
     created: u64,
     queue: std::collections::VecDeque<String>,
+    /// Characters of each completion choice's text sent so far (`text_offset`).
+    offsets: Vec<usize>,
+    /// The choice polled first next time, so no choice starves the others.
+    next: usize,
     ended: bool,
-    /// Content held back while it may still be the opening of a tool call (requests with
-    /// tools); `None` once it cannot, or without tools.
-    held: Option<String>,
+    /// Per choice, content held back while it may still be the opening of a tool call
+    /// (requests with tools); `None` once it cannot, or without tools.
+    held: Vec<Option<String>>,
 }
 
 impl StreamState {
-    fn chunk(&self, delta: Value, finish: Option<&str>) -> String {
+    fn chunk(&self, k: usize, delta: Value, logprobs: Value, finish: Option<&str>) -> String {
         let choice = match self.st.endpoint {
-            Endpoint::Chat => json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}),
+            Endpoint::Chat => {
+                json!({"index": k, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+            }
             Endpoint::Completions => json!({
-                "index": 0, "text": delta.get("content").cloned().unwrap_or(Value::String(String::new())),
-                "logprobs": null, "finish_reason": finish,
+                "index": k, "text": delta.get("content").cloned().unwrap_or(Value::String(String::new())),
+                "logprobs": logprobs, "finish_reason": finish,
             }),
         };
         let mut c = json!({
             "id": self.st.id, "object": self.object(), "created": self.created, "model": self.st.model_id,
             "system_fingerprint": system_fingerprint(), "choices": [choice],
         });
-        if self.st.request.continuous_usage {
+        let first = self.st.request.first();
+        if first.continuous_usage {
             // The counts so far, the token this chunk carries included.
-            c["usage"] = self.progress.usage(&self.st);
-        } else if self.st.request.include_usage {
+            c["usage"] = self.st.usage();
+        } else if first.include_usage {
             c["usage"] = Value::Null;
         }
         c.to_string()
@@ -500,86 +675,188 @@ impl StreamState {
         }
     }
 
-    fn pieces(&mut self, pieces: Vec<Piece>) {
-        for mut piece in pieces {
-            if piece.channel == Channel::Content
-                && let Some(held) = &mut self.held
-            {
-                held.push_str(&piece.text);
-                if call_syntax(&self.st).is_some_and(|syntax| tools::may_be_call(syntax, held)) {
-                    continue;
-                }
-                // Plain text after all: send what was held, and stop looking for a call.
-                piece.text = std::mem::take(held);
-                self.held = None;
-            }
+    /// The log-probabilities choice `k` has received and not sent, in the chunk's shape
+    /// (null when the request asks for none).
+    fn take_logprobs(&mut self, k: usize, echo: bool) -> Value {
+        if self.st.request.first().logprobs.is_none() {
+            return Value::Null;
+        }
+        let entries = std::mem::take(&mut self.st.choices[k].progress.logprobs);
+        if entries.is_empty() && !echo {
+            return Value::Null;
+        }
+        let mut offset = self.offsets[k];
+        let v = self.st.logprobs(k, &entries, echo, &mut offset);
+        self.offsets[k] = offset;
+        v
+    }
+
+    /// The chunks of choice `k`'s `pieces`, the log-probabilities received with them on
+    /// the first; one empty chunk carries them when there is no text.
+    fn pieces(&mut self, k: usize, pieces: Vec<Piece>, token: bool) {
+        let pieces = self.release(k, pieces);
+        let held = pieces.is_empty();
+        if held && !(token && self.st.choices[k].progress.finish.is_none()) {
+            // Nothing to send yet: log-probabilities wait for the next chunk.
+            return;
+        }
+        let mut logprobs = self.take_logprobs(k, false);
+        if held {
+            // One chunk per sampled token even while its text is held back (an
+            // incomplete character, a possible stop string, tag or tool call), so
+            // clients can time every token.
+            let c = self.chunk(k, json!({"content": ""}), logprobs, None);
+            self.queue.push_back(c);
+            return;
+        }
+        for piece in pieces {
             let delta = match piece.channel {
                 Channel::Content => json!({"content": piece.text}),
                 Channel::Reasoning => json!({"reasoning_content": piece.text}),
             };
-            let c = self.chunk(delta, None);
+            let c = self.chunk(k, delta, std::mem::replace(&mut logprobs, Value::Null), None);
             self.queue.push_back(c);
         }
     }
 
-    fn finish(&mut self) {
-        let mut finish = self.progress.finish.unwrap_or(FinishReason::Stop).as_str();
-        if let Some(held) = self.held.take() {
+    /// Choice `k`'s pieces less the content held back while it may open a tool call;
+    /// what turns out to be plain text is released with the piece that shows it.
+    fn release(&mut self, k: usize, pieces: Vec<Piece>) -> Vec<Piece> {
+        let syntax = call_syntax(&self.st);
+        let mut out = Vec::with_capacity(pieces.len());
+        for mut piece in pieces {
+            if piece.channel == Channel::Content
+                && let Some(held) = &mut self.held[k]
+            {
+                held.push_str(&piece.text);
+                if syntax.is_some_and(|syntax| tools::may_be_call(syntax, held)) {
+                    continue;
+                }
+                // Plain text after all: send what was held, and stop looking for a call.
+                piece.text = std::mem::take(held);
+                self.held[k] = None;
+            }
+            out.push(piece);
+        }
+        out
+    }
+
+    fn finish_choice(&mut self, k: usize) {
+        let mut finish = self.st.choices[k].progress.finish.unwrap_or(FinishReason::Stop).as_str();
+        if let Some(held) = self.held[k].take() {
             match call_syntax(&self.st).and_then(|syntax| tools::parse_calls(syntax, &held)) {
                 Some((before, calls)) => {
                     if !before.is_empty() {
-                        let c = self.chunk(json!({"content": before}), None);
+                        let c = self.chunk(k, json!({"content": before}), Value::Null, None);
                         self.queue.push_back(c);
                     }
                     // As OpenAI streams a call: its index, id, type and name with empty
                     // arguments first, then the arguments.
                     for (i, call) in calls.iter().enumerate() {
                         let head = json!({"tool_calls": [{
-                            "index": i, "id": tool_call_id(&self.st.id, i), "type": "function",
+                            "index": i, "id": tool_call_id(&self.st.id, k, i), "type": "function",
                             "function": {"name": call.name, "arguments": ""},
                         }]});
-                        let c = self.chunk(head, None);
+                        let c = self.chunk(k, head, Value::Null, None);
                         self.queue.push_back(c);
                         let args =
                             json!({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]});
-                        let c = self.chunk(args, None);
+                        let c = self.chunk(k, args, Value::Null, None);
                         self.queue.push_back(c);
                     }
                     finish = "tool_calls";
                 }
                 None if !held.is_empty() => {
-                    let c = self.chunk(json!({"content": held}), None);
+                    let c = self.chunk(k, json!({"content": held}), Value::Null, None);
                     self.queue.push_back(c);
                 }
                 None => {}
             }
         }
-        let c = self.chunk(json!({}), Some(finish));
+        let logprobs = self.take_logprobs(k, false);
+        let c = self.chunk(k, json!({}), logprobs, Some(finish));
         self.queue.push_back(c);
-        if self.st.request.include_usage {
+        // A stop string ended it: the scheduler frees the slot at its next step.
+        self.st.choices[k].events = None;
+        if self.st.choices.iter().all(|c| c.events.is_none()) {
+            self.finish();
+        }
+    }
+
+    fn finish(&mut self) {
+        if self.st.request.first().include_usage {
             let u = json!({
                 "id": self.st.id, "object": self.object(), "created": self.created, "model": self.st.model_id,
-                "system_fingerprint": system_fingerprint(), "choices": [], "usage": self.progress.usage(&self.st),
+                "system_fingerprint": system_fingerprint(), "choices": [], "usage": self.st.usage(),
             });
             self.queue.push_back(u.to_string());
         }
         self.queue.push_back("[DONE]".into());
         self.ended = true;
         self.st.stats.end_stream();
-        self.st.events.close();
+    }
+
+    /// The next event of any choice still running, with the choice's position.
+    async fn next_event(&mut self) -> (usize, Option<Event>) {
+        let count = self.st.choices.len();
+        let start = self.next;
+        let choices = &mut self.st.choices;
+        let (k, event) = std::future::poll_fn(|cx| {
+            for step in 0..count {
+                let k = (start + step) % count;
+                if let Some(rx) = choices[k].events.as_mut()
+                    && let std::task::Poll::Ready(e) = rx.poll_recv(cx)
+                {
+                    return std::task::Poll::Ready((k, e));
+                }
+            }
+            std::task::Poll::Pending
+        })
+        .await;
+        self.next = (k + 1) % count;
+        (k, event)
     }
 }
 
 /// Streams the generation as server-sent events. Dropping the stream (the client went
-/// away) drops the event receiver, which frees the slot at the scheduler's next step.
+/// away) drops the event receivers, which frees the slots at the scheduler's next step.
 fn stream_response(st: Started) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-    let progress = Progress::new(&st);
-    let held = call_syntax(&st).map(|_| String::new());
-    let mut state =
-        StreamState { st, progress, created: unix_now(), queue: Default::default(), ended: false, held };
-    if state.st.endpoint == Endpoint::Chat {
-        let c = state.chunk(json!({"role": "assistant", "content": ""}), None);
-        state.queue.push_back(c);
+    let count = st.choices.len();
+    let held = vec![call_syntax(&st).map(|_| String::new()); count];
+    let mut state = StreamState {
+        st,
+        created: unix_now(),
+        queue: Default::default(),
+        offsets: vec![0; count],
+        next: 0,
+        ended: false,
+        held,
+    };
+    let first = state.st.request.first().clone();
+    for k in 0..count {
+        match state.st.endpoint {
+            Endpoint::Chat => {
+                let c = state.chunk(k, json!({"role": "assistant", "content": ""}), Value::Null, None);
+                state.queue.push_back(c);
+            }
+            Endpoint::Completions if first.echo => {
+                // The prompt first, with its log-probabilities.
+                let logprobs = state.take_logprobs(k, true);
+                match state.st.echo_text(k) {
+                    Ok(text) => {
+                        let c = state.chunk(k, json!({"content": text}), logprobs, None);
+                        state.queue.push_back(c);
+                    }
+                    Err(e) => {
+                        state.queue.push_back(e.body().to_string());
+                        state.queue.push_back("[DONE]".into());
+                        state.ended = true;
+                        break;
+                    }
+                }
+            }
+            Endpoint::Completions => {}
+        }
     }
     Sse::new(stream::unfold(state, |mut state| async move {
         loop {
@@ -589,23 +866,15 @@ fn stream_response(st: Started) -> Sse<impl Stream<Item = Result<SseEvent, Infal
             if state.ended {
                 return None;
             }
-            let event = state.st.events.recv().await;
+            let (k, event) = state.next_event().await;
             let token = matches!(event, Some(Event::Token(_)));
-            let event = state.progress.on(&state.st.model, event);
-            state.st.stats.set_completion_tokens(state.progress.completion_tokens);
+            let event = state.st.choices[k].progress.on(&state.st.model, event);
+            state.st.stats.set_completion_tokens(state.st.completion_tokens());
             match event {
                 Ok(pieces) => {
-                    let queued = state.queue.len();
-                    state.pieces(pieces);
-                    if token && state.queue.len() == queued && state.progress.finish.is_none() {
-                        // One chunk per sampled token even while its text is held back
-                        // (an incomplete character, a possible stop string, tag or tool
-                        // call), so clients can time every token.
-                        let c = state.chunk(json!({"content": ""}), None);
-                        state.queue.push_back(c);
-                    }
-                    if state.progress.finish.is_some() {
-                        state.finish();
+                    state.pieces(k, pieces, token);
+                    if state.st.choices[k].progress.finish.is_some() {
+                        state.finish_choice(k);
                     }
                 }
                 Err(e) => {
@@ -628,6 +897,38 @@ fn unix_now() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_scheduler_failure_has_its_status_and_code() {
+        let oom = kiln_model::ModelError::from(kiln_core::OutOfMemory {
+            requested: 8,
+            tag: kiln_core::Tag::Kv,
+            in_use: 0,
+            limit: 4,
+        });
+        let cases = [
+            (Failure::ShuttingDown, 503, "shutting_down"),
+            (Failure::MemoryLimit("no room".into()), 503, "memory_limit"),
+            (Failure::Engine("boom".into()), 500, "engine_error"),
+            (Failure::engine(&oom), 503, "out_of_memory"),
+            (
+                Failure::Sampling(kiln_model::ModelError::InvalidArgument {
+                    what: "top-p".into(),
+                    message: "must be in (0, 1]".into(),
+                }),
+                400,
+                "invalid_value",
+            ),
+        ];
+        for (f, status, code) in cases {
+            let e = failed(f);
+            assert_eq!((e.status.as_u16(), e.code), (status, code), "{e}");
+        }
+        let e = failed(Failure::ShuttingDown);
+        assert_eq!(e.message, "the server is shutting down and its grace period ran out");
+        let e = failed(Failure::engine(&oom));
+        assert!(e.message.starts_with("out of memory:"), "{e}");
+    }
 
     #[test]
     fn keys_compare_by_content() {

@@ -13,6 +13,7 @@ mod body;
 pub mod conn;
 pub mod error;
 pub mod http;
+pub mod logprobs;
 pub mod metrics;
 pub mod prompt_cache;
 pub mod scheduler;

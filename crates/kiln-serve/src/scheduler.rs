@@ -13,13 +13,18 @@
 //! it, each runs its own verify forward of K + 1 positions through
 //! `kiln_model::speculative`, so a verify block never shares a forward with other
 //! sequences. A stream the exactness gate declines returns to the joint forward.
+//!
+//! A request for its prompt's log-probabilities (`echo` with `logprobs`) prefills whole
+//! in its own forward, every row's logits computed, through the function `kiln score`
+//! uses ([`kiln_model::logprobs::score_sequence`]). A job whose prompt another slot is
+//! still prefilling waits for it and then adopts its KV prefix, as the choices of an
+//! `n > 1` request do.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Instant;
 
-use axum::http::StatusCode;
 use kiln_core::{MemoryPool, Tag};
 use kiln_model::speculative::{
     DraftModel, Drafter, ExactnessGate, GateKey, PromptLookup, SpecStats, SpecStream,
@@ -30,7 +35,6 @@ use kiln_model::{
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::api::GenerationRequest;
-use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::prompt_cache::PromptCache;
 
@@ -63,6 +67,12 @@ pub enum Event {
     },
     /// A sampled token (EOS is never sent).
     Token(u32),
+    /// The log-probability of the token the next [`Event::Token`] carries, sent just
+    /// before it when the request asks for `logprobs`.
+    Logprob(TokenLogprob),
+    /// The log-probabilities of the prompt's tokens after the first, sent after
+    /// [`Event::Started`] when the request asks for `prompt_logprobs`.
+    PromptLogprobs(Vec<TokenLogprob>),
     /// The request held a speculative slot: its drafted and accepted tokens, sent just
     /// before [`Event::Done`].
     Speculation {
@@ -82,7 +92,27 @@ pub enum Event {
     /// Generation ended.
     Done(FinishReason),
     /// The job failed; nothing more follows.
-    Failed(ApiError),
+    Failed(Failure),
+}
+
+/// A token's log-probability under the model's own distribution (the raw logits'
+/// log-softmax: before logit bias, penalties and temperature) and the most likely
+/// alternatives there.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    /// The token.
+    pub token: u32,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely tokens and their log-probabilities, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprob {
+    /// `token`'s entry in the log-probability row `lp`, with `top` alternatives.
+    pub fn of(lp: &[f32], token: u32, top: usize) -> Self {
+        TokenLogprob { token, logprob: lp[token as usize], top: kiln_model::logprobs::top_logprobs(lp, top) }
+    }
 }
 
 /// A request handed to the scheduler.
@@ -135,6 +165,8 @@ struct Slot<'m> {
     matcher: Option<Box<llguidance::Matcher>>,
     /// Masks computed for the slot, and their nanoseconds.
     masks: (u64, u64),
+    /// The log-softmax of the slot's last logits row, when it asks for log-probabilities.
+    logprobs: Vec<f32>,
     /// Prompt tokens in the cache.
     prefilled: usize,
     /// Tokens sampled and sent.
@@ -153,7 +185,7 @@ struct Slot<'m> {
 enum Outcome {
     Finished(FinishReason),
     Cancelled,
-    Failed(ApiError),
+    Failed(Failure),
 }
 
 impl Slot<'_> {
@@ -315,19 +347,12 @@ impl<'m> Scheduler<'m> {
         match c {
             Command::Submit(job) => self.waiting.push_back(job),
             Command::CancelAll => {
-                let err = || {
-                    ApiError::status(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "shutting_down",
-                        "the server is shutting down and its grace period ran out",
-                    )
-                };
                 for job in self.waiting.drain(..) {
-                    let _ = job.events.send(Event::Failed(err()));
+                    let _ = job.events.send(Event::Failed(Failure::ShuttingDown));
                     self.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
                 }
                 for s in &mut self.slots {
-                    s.done = Some(Outcome::Failed(err()));
+                    s.done = Some(Outcome::Failed(Failure::ShuttingDown));
                 }
                 self.retire();
             }
@@ -346,12 +371,10 @@ impl<'m> Scheduler<'m> {
         }
         self.retire();
         self.admit();
+        let scored = self.score_prompts();
         let forward = self.forward();
         let verify = self.speculate();
-        let forward = match (forward, verify) {
-            (Some(a), Some(b)) => Some(a + b),
-            (a, b) => a.or(b),
-        };
+        let forward = [scored, forward, verify].into_iter().flatten().reduce(|a, b| a + b);
         let step = t.elapsed();
         if let Some(f) = forward {
             self.metrics.step_nanos.fetch_add(step.as_nanos() as u64, Ordering::Relaxed);
@@ -366,6 +389,10 @@ impl<'m> Scheduler<'m> {
         let mut left = before - self.waiting.len();
         while self.slots.len() < self.options.parallel {
             let Some(job) = self.waiting.front() else { break };
+            if self.shares_a_prefilling_prompt(&job.request.prompt) {
+                // Its prefix is adopted once that prefill is done: a step or a few.
+                break;
+            }
             let need = self.layout.bytes_for(job.request.prompt.len() + job.request.max_tokens);
             match self.plan_room(need) {
                 Room::Fits => {}
@@ -374,25 +401,17 @@ impl<'m> Scheduler<'m> {
                     // Nothing runs that could free memory: waiting would never end.
                     let job = self.waiting.pop_front().expect("a front job");
                     left += 1;
-                    let _ = job.events.send(Event::Failed(ApiError::status(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "memory_limit",
-                        format!(
-                            "the request needs {need} bytes of KV cache and the memory limit of {} bytes \
-                             (--memory-limit) leaves no room for it",
-                            self.pool.limit()
-                        ),
-                    )));
+                    let _ = job.events.send(Event::Failed(Failure::MemoryLimit(format!(
+                        "the request needs {need} bytes of KV cache and the memory limit of {} bytes \
+                         (--memory-limit) leaves no room for it",
+                        self.pool.limit()
+                    ))));
                     continue;
                 }
                 Room::Never(message) => {
                     let job = self.waiting.pop_front().expect("a front job");
                     left += 1;
-                    let _ = job.events.send(Event::Failed(ApiError::status(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "memory_limit",
-                        message,
-                    )));
+                    let _ = job.events.send(Event::Failed(Failure::MemoryLimit(message)));
                     continue;
                 }
             }
@@ -402,6 +421,12 @@ impl<'m> Scheduler<'m> {
         }
         self.metrics.queue_depth.fetch_sub(left as u64, Ordering::Relaxed);
         self.publish();
+    }
+
+    /// Whether a slot still prefilling holds the same prompt, long enough to share.
+    fn shares_a_prefilling_prompt(&self, prompt: &[u32]) -> bool {
+        prompt.len() > crate::prompt_cache::MIN_PREFIX_TOKENS
+            && self.slots.iter().any(|s| !s.decoding() && s.job.request.prompt == prompt)
     }
 
     /// Whether `need` more KV bytes fit now, after evicting prompt-cache entries, or ever.
@@ -436,19 +461,47 @@ impl<'m> Scheduler<'m> {
         let sampler = match Sampler::new(job.request.sampling, self.model.config.vocab_size) {
             Ok(s) => s,
             Err(e) => {
-                let _ = job.events.send(Event::Failed(crate::api::sampling_error(e)));
+                let _ = job.events.send(Event::Failed(Failure::Sampling(e)));
                 return;
             }
         };
         let adjust = &job.request.adjust;
         let penalizer = (!adjust.is_off()).then(|| Penalizer::new(adjust.clone(), &job.request.prompt));
         let matcher = job.request.constraint.as_mut().and_then(|c| c.take_matcher());
+        let request = &job.request;
+        if request.max_tokens == 0 && !request.prompt_logprobs {
+            // Nothing to compute (an echo without log-probabilities).
+            if job.events.send(Event::Started { cached_tokens: 0 }).is_ok() {
+                let _ = job.events.send(Event::Done(FinishReason::Length));
+            }
+            return;
+        }
         let mut cache = self.engine.new_cache();
         let mut cached = 0;
-        if let Some(hit) = self.prompt_cache.lookup(&job.request.prompt) {
-            match cache.copy_prefix_from(hit.cache, hit.tokens) {
-                Ok(()) => cached = hit.tokens,
-                Err(_) => cache = self.engine.new_cache(),
+        // The prompt's log-probabilities need every prompt row computed: no prefix.
+        if !request.prompt_logprobs {
+            let prompt = &request.prompt;
+            let usable = prompt.len().saturating_sub(1);
+            // The longest prefix a live slot holds (a sibling choice), if it beats the
+            // prompt cache's.
+            let live = self
+                .slots
+                .iter()
+                .map(|s| (s, common_prefix(&s.cached_tokens(), prompt).min(usable)))
+                .filter(|&(_, n)| n >= crate::prompt_cache::MIN_PREFIX_TOKENS)
+                .max_by_key(|&(_, n)| n);
+            let hit = self.prompt_cache.lookup(prompt).map(|h| (h.cache, h.tokens));
+            let best = match (live, hit) {
+                (Some((s, n)), Some((_, m))) if n > m => Some((&s.cache, n)),
+                (_, Some(h)) => Some(h),
+                (Some((s, n)), None) => Some((&s.cache, n)),
+                (None, None) => None,
+            };
+            if let Some((from, n)) = best {
+                match cache.copy_prefix_from(from, n) {
+                    Ok(()) => cached = n,
+                    Err(_) => cache = self.engine.new_cache(),
+                }
             }
         }
         if cached > 0 {
@@ -467,6 +520,7 @@ impl<'m> Scheduler<'m> {
             adjusted: Vec::new(),
             matcher,
             masks: (0, 0),
+            logprobs: Vec::new(),
             prefilled: cached,
             generated: Vec::new(),
             planned_bytes,
@@ -489,6 +543,10 @@ impl<'m> Scheduler<'m> {
             .map(|s| {
                 if s.spec.is_some() {
                     // Decodes in its own verify forward (`speculate`).
+                    return None;
+                }
+                if s.job.request.prompt_logprobs && !s.decoding() {
+                    // Prefills in its own forward (`score_prompts`).
                     return None;
                 }
                 if s.decoding() {
@@ -524,11 +582,6 @@ impl<'m> Scheduler<'m> {
         let logits = match result {
             Ok(l) => l,
             Err(e) => {
-                let (status, code) = if e.is_out_of_memory() {
-                    (StatusCode::SERVICE_UNAVAILABLE, "out_of_memory")
-                } else {
-                    (StatusCode::INTERNAL_SERVER_ERROR, "engine_error")
-                };
                 // An out-of-memory fails the youngest request in the forward, not the
                 // server; the others run again next step. Any other engine error fails
                 // every request in the forward.
@@ -538,7 +591,7 @@ impl<'m> Scheduler<'m> {
                     order.clone()
                 };
                 for i in victims {
-                    self.slots[i].done = Some(Outcome::Failed(ApiError::status(status, code, e.to_string())));
+                    self.slots[i].done = Some(Outcome::Failed(Failure::engine(&e)));
                 }
                 self.retire();
                 return Some(took);
@@ -557,57 +610,53 @@ impl<'m> Scheduler<'m> {
                     continue;
                 }
             }
-            let row = &logits[row * vocab..(row + 1) * vocab];
-            let token = if s.penalizer.is_none() && s.matcher.is_none() {
-                s.sampler.sample(row)
-            } else {
-                s.adjusted.clear();
-                s.adjusted.extend_from_slice(row);
-                if let Some(p) = &s.penalizer {
-                    p.apply(&mut s.adjusted);
-                }
-                if let Some(m) = &mut s.matcher {
-                    let t = Instant::now();
-                    let masked = crate::structured::mask(m, &mut s.adjusted);
-                    let took = t.elapsed();
-                    self.metrics.mask(took);
-                    s.masks.0 += 1;
-                    s.masks.1 += took.as_nanos() as u64;
-                    if let Err(e) = masked {
-                        s.done = Some(Outcome::Failed(grammar_error(&e)));
-                        continue;
-                    }
-                }
-                s.sampler.sample(&s.adjusted)
-            };
-            // The mask allows EOS only where the grammar may end.
-            if self.eos.contains(&token) && (!s.job.request.ignore_eos || s.matcher.is_some()) {
-                s.done = Some(Outcome::Finished(FinishReason::Stop));
-                continue;
-            }
-            if let Some(p) = &mut s.penalizer {
-                p.observe(token);
-            }
-            let mut grammar_ended = false;
-            if let Some(m) = &mut s.matcher {
-                if let Err(e) = m.consume_token(token) {
-                    s.done = Some(Outcome::Failed(grammar_error(&e.to_string())));
-                    continue;
-                }
-                grammar_ended = m.is_stopped();
-            }
-            s.generated.push(token);
-            self.metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
-            if s.job.events.send(Event::Token(token)).is_err() {
-                s.done = Some(Outcome::Cancelled);
-            } else if grammar_ended {
-                s.done = Some(Outcome::Finished(FinishReason::Stop));
-            } else if s.generated.len() >= s.job.request.max_tokens {
-                s.done = Some(Outcome::Finished(FinishReason::Length));
-            }
+            sample_and_send(s, &logits[row * vocab..(row + 1) * vocab], &self.eos, &self.metrics);
         }
         self.retire();
         Some(took)
+    }
+
+    /// Prefills every newly admitted slot that asks for its prompt's log-probabilities,
+    /// each in its own forward with every row's logits, sends them, and samples the first
+    /// token from the last row. Returns the time spent.
+    fn score_prompts(&mut self) -> Option<std::time::Duration> {
+        let mut took = None;
+        for s in &mut self.slots {
+            if !s.job.request.prompt_logprobs || s.prefilled != 0 || s.done.is_some() {
+                continue;
+            }
+            let prompt = &s.job.request.prompt;
+            let top = s.job.request.logprobs.unwrap_or(0);
+            let mut scored = Vec::with_capacity(prompt.len().saturating_sub(1));
+            let mut last = Vec::new();
+            let t = Instant::now();
+            let result = kiln_model::logprobs::score_sequence(
+                &mut self.engine,
+                &mut s.cache,
+                prompt,
+                0,
+                |pos, row, lp| match prompt.get(pos + 1) {
+                    Some(&next) => scored.push(TokenLogprob::of(lp, next, top)),
+                    None => last.extend_from_slice(row),
+                },
+            );
+            *took.get_or_insert(std::time::Duration::ZERO) += t.elapsed();
+            if let Err(e) = result {
+                s.done = Some(Outcome::Failed(Failure::engine(&e)));
+                continue;
+            }
+            s.prefilled = prompt.len();
+            self.metrics.prefill_tokens.fetch_add(prompt.len() as u64, Ordering::Relaxed);
+            if s.job.events.send(Event::PromptLogprobs(scored)).is_err() {
+                s.done = Some(Outcome::Cancelled);
+            } else if s.job.request.max_tokens == 0 {
+                s.done = Some(Outcome::Finished(FinishReason::Length));
+            } else {
+                sample_and_send(s, &last, &self.eos, &self.metrics);
+            }
+        }
+        self.retire();
+        took
     }
 
     /// Hands free speculative slots to decoding slots that ask for one, then runs one
@@ -627,8 +676,11 @@ impl<'m> Scheduler<'m> {
             }
             // The speculative stream samples the model's rows as they are: a request with
             // a logit bias or penalties decodes in the joint forward.
+            // So does one asking for log-probabilities, which need every row, and one
+            // whose output a grammar constrains.
             let wants = (self.options.speculative || s.job.request.speculative)
                 && s.penalizer.is_none()
+                && s.job.request.logprobs.is_none()
                 && s.matcher.is_none();
             if !wants || s.spec.is_some() || s.spec_stats.is_some() || s.done.is_some() || !s.decoding() {
                 continue;
@@ -645,7 +697,7 @@ impl<'m> Scheduler<'m> {
                     ) {
                         Ok(d) => Box::new(d),
                         Err(e) => {
-                            s.done = Some(Outcome::Failed(engine_error(&e)));
+                            s.done = Some(Outcome::Failed(Failure::engine(&e)));
                             continue;
                         }
                     }
@@ -673,7 +725,7 @@ impl<'m> Scheduler<'m> {
             let step = match result {
                 Ok(step) => step,
                 Err(e) => {
-                    s.done = Some(Outcome::Failed(engine_error(&e)));
+                    s.done = Some(Outcome::Failed(Failure::engine(&e)));
                     continue;
                 }
             };
@@ -687,11 +739,11 @@ impl<'m> Scheduler<'m> {
             let wide_after = kiln_core::wide::qmv_wide_enabled();
             if wide_after != wide_before {
                 // The start-up kernel line no longer says what every stream runs.
-                tracing::warn!(
-                    "kernel configuration changed: qmv_wide={} qmv_wide_pinned={}: the speculative gate switched qmv_wide for the whole process",
-                    if wide_after { "on" } else { "off" },
-                    if kiln_core::wide::qmv_wide_pinned_by_operator() { "yes" } else { "no" }
-                );
+                let changed = kiln_protocol::KernelChangedLine {
+                    qmv_wide: wide_after,
+                    qmv_wide_pinned: kiln_core::wide::qmv_wide_pinned_by_operator(),
+                };
+                tracing::warn!("{changed}");
             }
             let after = stream.stats();
             let m = &self.metrics;
@@ -739,8 +791,8 @@ impl<'m> Scheduler<'m> {
                 i += 1;
                 continue;
             }
-            let s = self.slots.swap_remove(i);
-            let keep = match s.done {
+            let mut s = self.slots.swap_remove(i);
+            let keep = match s.done.take() {
                 Some(Outcome::Finished(r)) => {
                     if let Some(st) = s.spec_stats {
                         let _ = s
@@ -755,8 +807,8 @@ impl<'m> Scheduler<'m> {
                     let _ = s.job.events.send(Event::Done(r));
                     true
                 }
-                Some(Outcome::Failed(ref e)) => {
-                    let _ = s.job.events.send(Event::Failed(e.clone()));
+                Some(Outcome::Failed(e)) => {
+                    let _ = s.job.events.send(Event::Failed(e));
                     false
                 }
                 Some(Outcome::Cancelled) | None => true,
@@ -779,6 +831,71 @@ impl<'m> Scheduler<'m> {
     }
 }
 
+/// Samples `s`'s next token from its logits `row` (after its penalizer), and sends it
+/// (with its log-probability when asked for) unless it ends the sequence.
+fn sample_and_send(s: &mut Slot<'_>, row: &[f32], eos: &[u32], metrics: &Metrics) {
+    let token = if s.penalizer.is_none() && s.matcher.is_none() {
+        s.sampler.sample(row)
+    } else {
+        s.adjusted.clear();
+        s.adjusted.extend_from_slice(row);
+        if let Some(p) = &s.penalizer {
+            p.apply(&mut s.adjusted);
+        }
+        if let Some(m) = &mut s.matcher {
+            let t = Instant::now();
+            let masked = crate::structured::mask(m, &mut s.adjusted);
+            let took = t.elapsed();
+            metrics.mask(took);
+            s.masks.0 += 1;
+            s.masks.1 += took.as_nanos() as u64;
+            if let Err(e) = masked {
+                s.done = Some(Outcome::Failed(Failure::Grammar(e)));
+                return;
+            }
+        }
+        s.sampler.sample(&s.adjusted)
+    };
+    // The mask allows EOS only where the grammar may end.
+    if eos.contains(&token) && (!s.job.request.ignore_eos || s.matcher.is_some()) {
+        s.done = Some(Outcome::Finished(FinishReason::Stop));
+        return;
+    }
+    if let Some(p) = &mut s.penalizer {
+        p.observe(token);
+    }
+    let mut grammar_ended = false;
+    if let Some(m) = &mut s.matcher {
+        if let Err(e) = m.consume_token(token) {
+            s.done = Some(Outcome::Failed(Failure::Grammar(e.to_string())));
+            return;
+        }
+        grammar_ended = m.is_stopped();
+    }
+    s.generated.push(token);
+    metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
+    if let Some(top) = s.job.request.logprobs {
+        // The model's distribution, before bias, penalties and temperature (vLLM's default).
+        s.logprobs.resize(row.len(), 0.0);
+        kiln_model::logprobs::log_softmax(row, &mut s.logprobs);
+        if s.job.events.send(Event::Logprob(TokenLogprob::of(&s.logprobs, token, top))).is_err() {
+            s.done = Some(Outcome::Cancelled);
+            return;
+        }
+    }
+    if s.job.events.send(Event::Token(token)).is_err() {
+        s.done = Some(Outcome::Cancelled);
+    } else if grammar_ended {
+        s.done = Some(Outcome::Finished(FinishReason::Stop));
+    } else if s.generated.len() >= s.job.request.max_tokens {
+        s.done = Some(Outcome::Finished(FinishReason::Length));
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 enum Room {
     Fits,
     Later,
@@ -794,21 +911,33 @@ pub fn eos_tokens(model: &LoadedModel) -> Vec<u32> {
     eos
 }
 
-/// The 500 of a structured-output grammar that failed mid-sequence (the mask left no
-/// token, or rejected the one sampled).
-fn grammar_error(e: &str) -> ApiError {
-    ApiError::status(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "grammar_error",
-        format!("the output's grammar failed: {e}"),
-    )
+/// Why the scheduler failed a job. The scheduler says what happened; `http` alone turns
+/// it into the client's status and body.
+#[derive(Debug)]
+pub enum Failure {
+    /// The shutdown grace period ran out before the job finished.
+    ShuttingDown,
+    /// The memory limit leaves no room for the request's KV cache, now or ever: how much
+    /// it needs and what to change.
+    MemoryLimit(String),
+    /// The sampler refused the request's sampling parameters.
+    Sampling(kiln_model::ModelError),
+    /// The engine ran out of memory in a forward (its `out of memory:` message).
+    OutOfMemory(String),
+    /// Any other engine error, with its message.
+    Engine(String),
+    /// A structured-output grammar failed mid-sequence (the mask left no token, or
+    /// rejected the one sampled).
+    Grammar(String),
 }
 
-/// The API error of a failed engine call: 503 for an out-of-memory, else 500.
-fn engine_error(e: &kiln_model::ModelError) -> ApiError {
-    if e.is_out_of_memory() {
-        ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "out_of_memory", e.to_string())
-    } else {
-        ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "engine_error", e.to_string())
+impl Failure {
+    /// A failed engine call: an out-of-memory, or any other engine error.
+    pub(crate) fn engine(e: &kiln_model::ModelError) -> Failure {
+        if e.is_out_of_memory() {
+            Failure::OutOfMemory(e.to_string())
+        } else {
+            Failure::Engine(e.to_string())
+        }
     }
 }

@@ -1,8 +1,10 @@
 //! The server in-process on synthetic:tiny, bound to port 0: both endpoints streaming and
 //! not, usage, batched greedy decoding against sequential, the prompt cache, stop
 //! strings, the malformed-request table, disconnects, queue and memory limits, the API
-//! key, the penalties, min-p and logit bias against a decode outside the server, and the
-//! tokenizer endpoints against the completion endpoints' prompt counts.
+//! key, the penalties, min-p and logit bias against a decode outside the server, the
+//! tokenizer endpoints against the completion endpoints' prompt counts, log-probabilities
+//! (chat and completion shapes, echo) against the model's own, `n` choices and lists of
+//! prompts.
 
 mod client;
 
@@ -321,6 +323,12 @@ fn a_stop_string_ends_the_text_before_it() {
     assert_eq!(r.json()["choices"][0]["finish_reason"], "stop");
 }
 
+fn with_logprobs(base: &Value) -> Value {
+    let mut b = base.clone();
+    b["logprobs"] = json!(true);
+    b
+}
+
 /// Body, expected status, and why.
 fn malformed_table() -> Vec<(String, u16, &'static str)> {
     let mut t: Vec<(String, u16, &'static str)> = Vec::new();
@@ -383,9 +391,11 @@ fn malformed_table() -> Vec<(String, u16, &'static str)> {
         for v in [json!(5), json!([1]), json!(["a", "b", "c", "d", "e"]), json!({"s": 1})] {
             t.push((with(base, "stop", v), 400, "bad stop"));
         }
+        for v in [json!(0), json!(17), json!(-1), json!(1.5), json!("2"), json!(true)] {
+            t.push((with(base, "n", v), 400, "bad n"));
+        }
+        t.push((with(base, "best_of", json!(3)), 400, "best_of other than n"));
         for (k, v) in [
-            ("n", json!(2)),
-            ("logprobs", json!(true)),
             ("tools", json!([{"type": "code_interpreter"}])),
             ("functions", json!([])),
             ("response_format", json!({"type": "xml"})),
@@ -426,16 +436,32 @@ fn malformed_table() -> Vec<(String, u16, &'static str)> {
         json!(5),
         json!({}),
         json!([]),
-        json!(["a", "b"]),
         json!([1, "a"]),
         json!([999_999]),
         json!([-1]),
+        json!(["a", 5]),
+        json!([[]]),
+        json!([["a"]]),
+        json!([[1], [999_999]]),
+        json!([{"text": "a"}]),
     ] {
         t.push((with(&ok_c, "prompt", v), 400, "bad prompt"));
     }
+    for v in [json!(true), json!(6), json!(-1), json!(1.5), json!("1")] {
+        t.push((with(&ok_c, "logprobs", v), 400, "bad completion logprobs"));
+    }
+    t.push((with(&ok_c, "echo", json!("yes")), 400, "bad echo"));
+    t.push((with(&ok_c, "max_tokens", json!(0)), 400, "max_tokens 0 without echo"));
+    t.push((with(&ok_c, "top_logprobs", json!(2)), 400, "top_logprobs on completions"));
+    for v in [json!(1), json!("true")] {
+        t.push((with(&ok_chat, "logprobs", v), 400, "bad chat logprobs"));
+    }
+    for v in [json!(21), json!(-1), json!(2.5)] {
+        t.push((with(&with_logprobs(&ok_chat), "top_logprobs", v), 400, "bad top_logprobs"));
+    }
+    t.push((with(&ok_chat, "top_logprobs", json!(3)), 400, "top_logprobs without logprobs"));
+    t.push((with(&ok_chat, "echo", json!(true)), 400, "echo on chat"));
     t.push((with(&ok_c, "prompt", json!("x".repeat(2000))), 400, "prompt past the context"));
-    t.push((with(&ok_c, "echo", json!(true)), 400, "echo"));
-    t.push((with(&ok_c, "best_of", json!(3)), 400, "best_of"));
     t.push((without(&ok_chat, "messages"), 400, "no messages"));
     for v in [
         json!([]),
@@ -909,4 +935,300 @@ fn tokenize_counts_what_the_completion_endpoints_count_and_detokenize_inverts_it
     assert_eq!(r.status, 401, "{}", r.body);
     let r = request(s.addr, "GET", "/tokenize", b"", &auth);
     assert_eq!(r.status, 405, "{}", r.body);
+}
+
+/// The log-probabilities of `ids[1..]` under the model, and of the token after them (the
+/// last row), as `kiln score` computes them: [`kiln_model::logprobs::score_sequence`]
+/// over a fresh cache with the server's engine options.
+fn scored(ids: &[u32]) -> Vec<Vec<f32>> {
+    let pool = MemoryPool::unlimited();
+    let model =
+        kiln_model::load(MODEL, &LoadOptions { pool: pool.clone(), quantize: None }).expect("loading tiny");
+    let mut engine = kiln_model::Engine::new(&model, &pool, config().engine).unwrap();
+    let mut cache = engine.new_cache();
+    let mut rows = Vec::new();
+    kiln_model::logprobs::score_sequence(&mut engine, &mut cache, ids, 0, |_, _, lp| rows.push(lp.to_vec()))
+        .unwrap();
+    rows
+}
+
+/// The greedy continuation of `ids` and each token's log-softmax row, decoded outside
+/// the server.
+fn greedy_rows(ids: &[u32], n: usize) -> Vec<(u32, Vec<f32>)> {
+    let pool = MemoryPool::unlimited();
+    let model =
+        kiln_model::load(MODEL, &LoadOptions { pool: pool.clone(), quantize: None }).expect("loading tiny");
+    let mut session = Session::new(&model, &pool, EngineOptions::default()).unwrap();
+    let mut logits = session.prefill(ids).unwrap().to_vec();
+    let mut out = Vec::new();
+    while out.len() < n {
+        let mut lp = vec![0f32; logits.len()];
+        kiln_model::logprobs::log_softmax(&logits, &mut lp);
+        let t = kiln_model::ops::argmax(&logits) as u32;
+        out.push((t, lp));
+        logits = session.decode_step(t).unwrap().to_vec();
+    }
+    out
+}
+
+fn close(a: f64, b: f32) -> bool {
+    (a - f64::from(b)).abs() <= 1e-5 * (1.0 + f64::from(b).abs())
+}
+
+#[test]
+fn chat_logprobs_and_top_logprobs_come_in_openai_s_shape_streamed_and_not() {
+    let s = boot(config());
+    let prompt = "Tell me about the kiln";
+    let body = json!({
+        "model": "tiny", "messages": [{"role": "user", "content": prompt}], "max_tokens": 6,
+        "temperature": 0, "ignore_eos": true, "logprobs": true, "top_logprobs": 3,
+    });
+    let r = post(s.addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let content = v["choices"][0]["logprobs"]["content"].as_array().expect("logprobs.content").clone();
+    assert_eq!(content.len(), 6, "{v}");
+    let plain = kiln_serve::api::render_plain(&[kiln_model::chat_template::ChatMessage::user(prompt)]);
+    let ids = s.shared.model().unwrap().tokenizer.encode(&plain, true).unwrap();
+    let want = greedy_rows(&ids, 6);
+    let mut text = String::new();
+    for (e, (token, lp)) in content.iter().zip(&want) {
+        // The set of keys: serde_json keeps insertion order in this workspace (llguidance
+        // turns on `preserve_order`).
+        let mut keys: Vec<&str> = e.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["bytes", "logprob", "token", "top_logprobs"], "{e}");
+        text.push_str(e["token"].as_str().unwrap());
+        assert!(close(e["logprob"].as_f64().unwrap(), lp[*token as usize]), "{e} vs {}", lp[*token as usize]);
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{e}");
+        // Greedy: the chosen token is the most likely one, the list sorted.
+        assert_eq!(top[0]["token"], e["token"], "{e}");
+        assert_eq!(top[0]["logprob"], e["logprob"], "{e}");
+        let values: Vec<f64> = top.iter().map(|t| t["logprob"].as_f64().unwrap()).collect();
+        assert!(values.windows(2).all(|w| w[0] >= w[1]), "{values:?}");
+        for t in top {
+            assert!(t["bytes"].is_array() && t["token"].is_string(), "{t}");
+        }
+    }
+    assert_eq!(text, text_of(&r), "the tokens' texts spell the content");
+
+    // Streamed: the same entries, spread over the chunks.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let sr = post(s.addr, "/v1/chat/completions", &streamed);
+    let mut entries = Vec::new();
+    for e in sr.events().iter().filter(|e| *e != "[DONE]") {
+        let c: Value = serde_json::from_str(e).unwrap();
+        if let Some(l) = c["choices"][0]["logprobs"]["content"].as_array() {
+            entries.extend(l.iter().cloned());
+        }
+    }
+    assert_eq!(entries, content, "{}", sr.body);
+
+    // Without top_logprobs: the chosen token only; without logprobs: null.
+    let mut only = body.clone();
+    only.as_object_mut().unwrap().remove("top_logprobs");
+    let o = post(s.addr, "/v1/chat/completions", &only).json();
+    assert_eq!(o["choices"][0]["logprobs"]["content"][0]["top_logprobs"], json!([]), "{o}");
+    only.as_object_mut().unwrap().remove("logprobs");
+    let o = post(s.addr, "/v1/chat/completions", &only).json();
+    assert!(o["choices"][0]["logprobs"].is_null(), "{o}");
+}
+
+#[test]
+fn completion_logprobs_with_echo_and_no_tokens_are_the_prompt_s_scores() {
+    let s = boot(config());
+    let prompt = "The potters sealed the door with bricks and mud, then lit the fire.";
+    let ids = s.shared.model().unwrap().tokenizer.encode(prompt, true).unwrap();
+    let rows = scored(&ids);
+    // lm-evaluation-harness's loglikelihood request.
+    let body = json!({"model": "tiny", "prompt": prompt, "max_tokens": 0, "echo": true, "logprobs": 1,
+                      "temperature": 0});
+    let r = post(s.addr, "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let c = &v["choices"][0];
+    assert_eq!(c["text"], prompt, "{v}");
+    assert_eq!(c["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 0);
+    assert_eq!(v["usage"]["prompt_tokens"], ids.len());
+    let l = &c["logprobs"];
+    let tokens: Vec<&str> = l["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(tokens.len(), ids.len());
+    assert_eq!(tokens.concat(), prompt, "BOS has no text");
+    let lps = l["token_logprobs"].as_array().unwrap();
+    assert!(lps[0].is_null() && l["top_logprobs"][0].is_null(), "{l}");
+    for (p, lp) in lps.iter().enumerate().skip(1) {
+        // Exactly the value score writes: f32 through JSON and back.
+        let want = rows[p - 1][ids[p] as usize];
+        assert_eq!(lp.as_f64().unwrap() as f32, want, "position {p}");
+        let top = l["top_logprobs"][p].as_object().unwrap();
+        assert_eq!(top.len(), 1, "{top:?}");
+        let best = rows[p - 1].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        assert_eq!(top.values().next().unwrap().as_f64().unwrap() as f32, best);
+    }
+    let offsets: Vec<u64> =
+        l["text_offset"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap()).collect();
+    assert_eq!(offsets[0], 0);
+    assert_eq!(offsets[1], 0);
+    assert_eq!(*offsets.last().unwrap(), prompt.len() as u64 - 1);
+
+    // Streamed, the same values come in the first chunk.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let sr = post(s.addr, "/v1/completions", &streamed);
+    let first: Value = serde_json::from_str(&sr.events()[0]).unwrap();
+    assert_eq!(first["choices"][0]["logprobs"], *l, "{}", sr.body);
+    assert_eq!(stream_text(&sr).0, prompt);
+
+    // With tokens to generate: the prompt's entries, then the completion's, the text
+    // the prompt then the answer.
+    let mut more = body.clone();
+    more["max_tokens"] = json!(4);
+    more["ignore_eos"] = json!(true);
+    let m = post(s.addr, "/v1/completions", &more).json();
+    let ml = &m["choices"][0]["logprobs"];
+    assert_eq!(ml["tokens"].as_array().unwrap().len(), ids.len() + 4, "{m}");
+    assert_eq!(ml["token_logprobs"].as_array().unwrap()[..ids.len()], lps[..], "{m}");
+    let answer = text_of(&post(s.addr, "/v1/completions", &completion(prompt, 4)));
+    assert_eq!(m["choices"][0]["text"], format!("{prompt}{answer}"));
+    let want = greedy_rows(&ids, 4);
+    for (k, (token, lp)) in want.iter().enumerate() {
+        let got = ml["token_logprobs"][ids.len() + k].as_f64().unwrap();
+        assert!(close(got, lp[*token as usize]), "generated token {k}: {got} vs {}", lp[*token as usize]);
+    }
+    // Echo without logprobs: the text only.
+    let plain = json!({"model": "tiny", "prompt": prompt, "max_tokens": 0, "echo": true});
+    let p = post(s.addr, "/v1/completions", &plain).json();
+    assert_eq!(p["choices"][0]["text"], prompt, "{p}");
+    assert!(p["choices"][0]["logprobs"].is_null(), "{p}");
+}
+
+#[test]
+fn n_greedy_choices_are_identical_share_the_prompt_and_sum_their_usage() {
+    let s = boot(config());
+    let prompt = "Every spring the potters cleaned the flues and stacked the shelves.";
+    let one = text_of(&post(s.addr, "/v1/completions", &completion(prompt, 5)));
+    let hits = metric(s.addr, "kiln_prompt_cache_hits_total");
+    let fresh = boot(config());
+    let mut body = completion(&format!("{prompt} Again."), 5);
+    body["n"] = json!(3);
+    body["best_of"] = json!(3);
+    let r = post(fresh.addr, "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    let texts: Vec<&str> = choices.iter().map(|c| c["text"].as_str().unwrap()).collect();
+    assert!(texts.iter().all(|t| *t == texts[0]), "{texts:?}");
+    for (k, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], k);
+    }
+    assert_eq!(v["usage"]["completion_tokens"], 15, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], prompt.len() + " Again.".len() + 1, "{v}");
+    // The second and third choices waited for the first's prefill and adopted its
+    // prompt from its live slot: the prompt ran once, plus its last token for each.
+    let tokens = prompt.len() + " Again.".len() + 1;
+    assert_eq!(metric(fresh.addr, "kiln_prefill_tokens_total"), (tokens + 2) as f64);
+    assert_eq!(metric(fresh.addr, "kiln_prompt_cache_hits_total"), 2.0);
+    drop(fresh);
+    assert_eq!(metric(s.addr, "kiln_prompt_cache_hits_total"), hits);
+
+    // Chat, streamed: every chunk names its choice; each choice's text is the greedy one.
+    let chat = json!({"model": "tiny", "messages": [{"role": "user", "content": prompt}], "max_tokens": 5,
+                      "temperature": 0, "ignore_eos": true, "n": 2, "stream": true,
+                      "stream_options": {"include_usage": true}});
+    let whole = {
+        let mut b = chat.clone();
+        b["n"] = json!(1);
+        b["stream"] = json!(false);
+        b.as_object_mut().unwrap().remove("stream_options");
+        text_of(&post(s.addr, "/v1/chat/completions", &b))
+    };
+    let sr = post(s.addr, "/v1/chat/completions", &chat);
+    let mut per = [String::new(), String::new()];
+    let (mut roles, mut finishes) = (0, 0);
+    let mut usage = Value::Null;
+    for e in sr.events().iter().filter(|e| *e != "[DONE]") {
+        let c: Value = serde_json::from_str(e).unwrap();
+        if !c["usage"].is_null() {
+            usage = c["usage"].clone();
+        }
+        for ch in c["choices"].as_array().unwrap() {
+            let k = ch["index"].as_u64().unwrap() as usize;
+            per[k].push_str(ch["delta"]["content"].as_str().unwrap_or(""));
+            roles += usize::from(ch["delta"]["role"] == "assistant");
+            finishes += usize::from(ch["finish_reason"] == "length");
+        }
+    }
+    assert_eq!(per, [whole.clone(), whole], "{}", sr.body);
+    assert_eq!((roles, finishes), (2, 2), "{}", sr.body);
+    assert_eq!(usage["completion_tokens"], 10, "{}", sr.body);
+
+    // Seeded sampling: each choice has its own seed, the request as a whole reproduces.
+    let sampled = json!({"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 1.0,
+                         "seed": 11, "ignore_eos": true, "n": 3});
+    let a = post(s.addr, "/v1/completions", &sampled).json();
+    let b = post(s.addr, "/v1/completions", &sampled).json();
+    assert_eq!(a["choices"], b["choices"]);
+    let texts: Vec<&str> =
+        a["choices"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap()).collect();
+    assert!(texts[0] != texts[1] || texts[1] != texts[2], "{texts:?}");
+    assert_eq!(one, text_of(&post(s.addr, "/v1/completions", &completion(prompt, 5))));
+}
+
+#[test]
+fn a_list_of_prompts_gives_n_choices_each_indexed_prompt_major() {
+    let mut c = config();
+    c.max_queue = 5;
+    let s = boot(c);
+    let prompts = ["The kiln was built into the hill", "Bowls and jars"];
+    let single: Vec<String> =
+        prompts.iter().map(|p| text_of(&post(s.addr, "/v1/completions", &completion(p, 4)))).collect();
+    let tokenizer = &s.shared.model().unwrap().tokenizer;
+    let ids: Vec<Vec<u32>> = prompts.iter().map(|p| tokenizer.encode(p, true).unwrap()).collect();
+    for (prompt, stream) in [(json!(prompts), false), (json!(ids), false), (json!(prompts), true)] {
+        let mut body = completion("", 4);
+        body["prompt"] = prompt.clone();
+        body["n"] = json!(2);
+        body["stream"] = json!(stream);
+        let r = post(s.addr, "/v1/completions", &body);
+        assert_eq!(r.status, 200, "{prompt}: {}", r.body);
+        let mut texts = vec![String::new(); 4];
+        if stream {
+            for e in r.events().iter().filter(|e| *e != "[DONE]") {
+                let v: Value = serde_json::from_str(e).unwrap();
+                for ch in v["choices"].as_array().unwrap() {
+                    texts[ch["index"].as_u64().unwrap() as usize].push_str(ch["text"].as_str().unwrap());
+                }
+            }
+        } else {
+            let v = r.json();
+            for (k, ch) in v["choices"].as_array().unwrap().iter().enumerate() {
+                assert_eq!(ch["index"], k);
+                texts[k] = ch["text"].as_str().unwrap().to_string();
+            }
+            assert_eq!(v["usage"]["prompt_tokens"], ids[0].len() + ids[1].len(), "each prompt counted once");
+            assert_eq!(v["usage"]["completion_tokens"], 16);
+        }
+        // Prompt i's choice j is index i * n + j.
+        assert_eq!(
+            texts,
+            [single[0].clone(), single[0].clone(), single[1].clone(), single[1].clone()],
+            "{prompt}"
+        );
+    }
+    // More sequences than the queue holds: a 400 naming the field that multiplies them.
+    let mut body = completion("x", 2);
+    body["n"] = json!(6);
+    let r = post(s.addr, "/v1/completions", &body);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "n", "{}", r.body);
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("--max-queue 5"), "{}", r.body);
+    body["n"] = json!(2);
+    body["prompt"] = json!(["a", "b", "c"]);
+    let r = post(s.addr, "/v1/completions", &body);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "prompt", "{}", r.body);
 }

@@ -16,7 +16,7 @@ use kiln_core::bandwidth::{self, ReadBuffer};
 use kiln_core::wide::qmv_wide_enabled;
 use kiln_model::ops::argmax;
 use kiln_model::{Engine, ModelError, RunShape};
-use kiln_protocol::DecodeReport;
+use kiln_protocol::{DecodeReport, WarmupError};
 
 use crate::cli::{BenchArgs, Format};
 use crate::exit::usage;
@@ -43,15 +43,16 @@ pub fn run(args: BenchArgs, clock: &mut Clock) -> anyhow::Result<()> {
 
 fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result<()> {
     let pool = runtime::pool(&args.run)?;
-    if args.max_tokens == 0 {
+    // The protocol's warm-up rule: `max_tokens - 1` decode steps, the first
+    // `warmup_tokens` untimed, at least one timed.
+    let warmup = kiln_protocol::timed_decode_steps(args.max_tokens as u64, args.warmup_tokens as u64);
+    if warmup == Err(WarmupError::NoTokens) {
         return Err(usage("invalid --max-tokens 0: accepted values are 1 or more"));
     }
     if args.prompt_tokens == Some(0) {
         return Err(usage("invalid --prompt-tokens 0: a prompt needs at least 1 token"));
     }
-    // `max_tokens - 1` decode steps, the first `warmup_tokens` untimed: at least one must
-    // be timed. (Written without `warmup + 1`, which would wrap at usize::MAX.)
-    if args.warmup_tokens > 0 && args.warmup_tokens >= args.max_tokens - 1 {
+    if let Err(WarmupError::NoTimedStep { .. }) = warmup {
         return Err(usage(format!(
             "invalid --warmup-tokens {}: with --max-tokens {} there would be no timed decode step; \
              accepted values are below max-tokens - 1",
@@ -79,7 +80,7 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
     // `at_least`: the prompt is text not yet encoded, so `prompt` is a lower bound.
     let check_context = |prompt: usize, at_least: bool| -> anyhow::Result<()> {
         let requested = runtime::sequence_tokens(prompt, args.prompt_tokens.is_some(), args.max_tokens)?;
-        if requested > context {
+        if kiln_protocol::check_context(prompt, args.max_tokens, context).is_err() {
             let of = if at_least { "at least " } else { "" };
             return Err(ModelError::ContextExceeded { requested, limit: context }).with_context(|| {
                 format!("{model_name}: prompt of {of}{prompt} tokens plus {} generated", args.max_tokens)
@@ -220,6 +221,7 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         decode_steps: Some(decode_steps as u64),
         kv_dtype: Some(options.kv_dtype.as_str().into()),
         qmv_wide: Some(qmv_wide_enabled()),
+        qmv_wide_rows: Some(kiln_core::wide::wide_rows().to_string()),
         weights_bytes: Some(info.weight_bytes),
         estimated_peak_bytes: Some(plan.total_bytes),
         bytes_read_per_token: Some(bytes_read_per_token),

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use kiln_model::{AttentionKind, KvDtype};
+use kiln_protocol::{Attention, KvDtype};
 
 const EXIT_STATUS: &str = "\
 Exit status:
@@ -113,43 +113,9 @@ pub enum Format {
     Csv,
 }
 
-/// Attention implementation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Attention {
-    /// Tiled online softmax; memory independent of the prompt length.
-    Streaming,
-    /// Materialised scores; memory grows with the square of the prompt.
-    Naive,
-}
-
-impl From<Attention> for AttentionKind {
-    fn from(a: Attention) -> Self {
-        match a {
-            Attention::Streaming => AttentionKind::Streaming,
-            Attention::Naive => AttentionKind::Naive,
-        }
-    }
-}
-
-/// KV cache storage type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum KvType {
-    /// Half precision.
-    F16,
-    /// Single precision.
-    F32,
-}
-
-impl From<KvType> for KvDtype {
-    fn from(k: KvType) -> Self {
-        match k {
-            KvType::F16 => KvDtype::F16,
-            KvType::F32 => KvDtype::F32,
-        }
-    }
-}
-
-/// Options shared by every command that runs or plans a model.
+/// Options shared by every command that runs or plans a model, `kiln serve` included
+/// (which gives `--prefill-chunk` its own default). The knobs among them are the
+/// protocol's types (kiln-protocol's `Knobs`).
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
     /// The model.
@@ -166,8 +132,8 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = Attention::Streaming)]
     pub attention: Attention,
     /// KV cache storage type.
-    #[arg(long, value_enum, default_value_t = KvType::F16)]
-    pub kv_dtype: KvType,
+    #[arg(long, value_enum, default_value_t = KvDtype::F16)]
+    pub kv_dtype: KvDtype,
     /// Quantize an unquantized checkpoint on load to this many bits (group 64); a quantized
     /// one keeps its own quantization (with a warning).
     #[arg(long, value_name = "BITS", value_parser = ["4", "8"])]

@@ -59,7 +59,7 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
         context_length: context as u64,
         attention: options.attention.as_str().into(),
         prefill_chunk: options.prefill_chunk as u64,
-        within_context: shape.sequence_tokens() <= context,
+        within_context: kiln_protocol::check_context(shape.prompt_tokens, shape.max_tokens, context).is_ok(),
         kv_dtype: Some(options.kv_dtype.as_str().into()),
         workspace_bytes: Some(plan.workspace_bytes),
         attention_scores_bytes: Some(plan.attention_scores_bytes),

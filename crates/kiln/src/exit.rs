@@ -2,7 +2,6 @@
 //! arguments or an unusable model, 3 out of memory. A broken pipe on stdout (the reader
 //! went away) ends the process quietly with 0.
 
-use std::fmt;
 use std::process::ExitCode;
 
 use kiln_core::OutOfMemory;
@@ -18,17 +17,9 @@ pub const USAGE: u8 = 2;
 /// The memory pool refused an allocation.
 pub const OUT_OF_MEMORY: u8 = 3;
 
-/// An argument the parser accepted but the command cannot use.
-#[derive(Debug)]
-pub struct UsageError(pub String);
-
-impl fmt::Display for UsageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
+/// An argument the parser accepted but the command cannot use (the protocol's type, so
+/// engine and harness mean the same by exit 2).
+pub use kiln_protocol::UsageError;
 
 /// Shorthand for a [`UsageError`] as an `anyhow::Error`.
 pub fn usage(message: impl Into<String>) -> anyhow::Error {

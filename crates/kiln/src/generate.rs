@@ -43,7 +43,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let ids = encode_prompt(&model, &args.prompt, !args.no_chat_template)?;
     let limit = model.config.max_position_embeddings;
     let requested = runtime::sequence_tokens(ids.len(), false, args.max_tokens)?;
-    if requested > limit {
+    if kiln_protocol::check_context(ids.len(), args.max_tokens, limit).is_err() {
         return Err(ModelError::ContextExceeded { requested, limit }).with_context(|| {
             format!("prompt of {} tokens plus --max-tokens {}", ids.len(), args.max_tokens)
         });

@@ -78,13 +78,36 @@ pub fn in_pool<R: Send>(
     f: impl FnOnce(usize) -> anyhow::Result<R> + Send,
 ) -> anyhow::Result<R> {
     check_threads(threads)?;
-    kiln_core::act_precision::ActScheme::from_env().map_err(usage)?;
+    check_kernel_env()?;
     let mut builder = rayon::ThreadPoolBuilder::new();
     if let Some(n) = threads {
         builder = builder.num_threads(n);
     }
     let pool = builder.build().context("starting the worker threads")?;
-    pool.install(|| f(rayon::current_num_threads()))
+    pool.install(|| {
+        // One-shot commands never measure the crossover (it would cost their own timing
+        // and memory): they follow a cached measurement, else run qmv_wide at every M.
+        configure_kernels(false)?;
+        f(rayon::current_num_threads())
+    })
+}
+
+/// Refuses a bad `KILN_ACT_PRECISION`, `KILN_QMV_CROSSOVER` or `KILN_SPIN_US` (exit 2) before anything is
+/// built.
+pub fn check_kernel_env() -> anyhow::Result<()> {
+    kiln_core::act_precision::ActScheme::from_env().map_err(usage)?;
+    kiln_core::crossover::CrossoverSetting::from_env().map_err(usage)?;
+    kiln_core::workers::SpinBudget::from_env().map_err(usage)?;
+    Ok(())
+}
+
+/// Installs the `qmv_wide` crossover for the current rayon pool
+/// ([`kiln_core::crossover::configure_from_env`]): from `KILN_QMV_CROSSOVER`, the
+/// `KILN_QMV_WIDE` pin, or the cache, measuring on a miss when `may_measure`.
+pub fn configure_kernels(
+    may_measure: bool,
+) -> anyhow::Result<(kiln_core::crossover::Crossover, kiln_core::crossover::CrossoverSource)> {
+    kiln_core::crossover::configure_from_env(may_measure).map_err(usage)
 }
 
 /// The pool: `--memory-limit` when given, else KILN_MEMORY_LIMIT, else the default share
@@ -102,9 +125,9 @@ pub fn pool(args: &RunArgs) -> anyhow::Result<MemoryPool> {
 /// Options of the forward pass.
 pub fn engine_options(args: &RunArgs) -> EngineOptions {
     EngineOptions {
-        attention: args.attention.into(),
+        attention: args.attention,
         prefill_chunk: args.prefill_chunk,
-        kv_dtype: args.kv_dtype.into(),
+        kv_dtype: args.kv_dtype,
         expert_slots: args.expert_slots,
     }
 }

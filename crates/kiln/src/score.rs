@@ -11,6 +11,7 @@ use std::io::{BufWriter, Write};
 use std::time::Instant;
 
 use anyhow::Context;
+use kiln_model::logprobs::score_sequence;
 use kiln_model::output::AtomicFile;
 use kiln_model::{Engine, LoadedModel};
 use serde::Serialize;
@@ -119,7 +120,7 @@ fn score(args: ScoreArgs) -> anyhow::Result<()> {
         positions: windows * per_window,
         text_tokens: tokens.len(),
         bos,
-        kv_dtype: kv_name(args.run.kv_dtype),
+        kv_dtype: args.run.kv_dtype.as_str(),
         act_precision: act_precision.clone(),
     };
     // A temporary file beside the output, renamed over it when whole: two runs writing
@@ -137,23 +138,24 @@ fn score(args: ScoreArgs) -> anyhow::Result<()> {
         .context("preparing the forward pass")?;
     let started = Instant::now();
     let (mut nll, mut count) = (0f64, 0usize);
-    let mut lp = vec![0f32; vocab];
     for w in 0..windows {
         let mut ids = Vec::with_capacity(args.window);
         ids.extend(bos);
         ids.extend_from_slice(&tokens[w * body..(w + 1) * body]);
         let mut cache = engine.new_cache();
-        let logits = engine.prefill_all_logits(&mut cache, &ids).context("running the forward pass")?;
-        for pos in args.first_scored..args.window - 1 {
-            let target = ids[pos + 1];
-            log_softmax(&logits[pos * vocab..(pos + 1) * vocab], &mut lp);
+        // The server's `echo` log-probabilities run through the same function.
+        let mut written = Ok(());
+        score_sequence(&mut engine, &mut cache, &ids, args.first_scored, |pos, _, lp| {
+            let Some(&target) = ids.get(pos + 1) else { return };
+            if written.is_err() {
+                return;
+            }
             nll -= f64::from(lp[target as usize]);
             count += 1;
-            out.write_all(&target.to_le_bytes())?;
-            for v in &lp {
-                out.write_all(&v.to_le_bytes())?;
-            }
-        }
+            written = write_record(&mut out, target, lp);
+        })
+        .context("running the forward pass")?;
+        written?;
     }
     out.flush().with_context(|| format!("writing {}", tmp.display()))?;
     drop(out);
@@ -183,33 +185,11 @@ fn bos_token(model: &LoadedModel) -> anyhow::Result<Option<u32>> {
     Ok((with.len() > without.len()).then(|| with[0]))
 }
 
-fn kv_name(kv: crate::cli::KvType) -> &'static str {
-    match kv {
-        crate::cli::KvType::F16 => "f16",
-        crate::cli::KvType::F32 => "f32",
+/// One scored position: the next token's id, then the log-softmax over the vocabulary.
+fn write_record(out: &mut impl Write, target: u32, lp: &[f32]) -> std::io::Result<()> {
+    out.write_all(&target.to_le_bytes())?;
+    for v in lp {
+        out.write_all(&v.to_le_bytes())?;
     }
-}
-
-/// `out = logits - logsumexp(logits)`, summed in f64.
-pub fn log_softmax(logits: &[f32], out: &mut [f32]) {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
-    let lse = f64::from(max) + sum.ln();
-    for (o, &l) in out.iter_mut().zip(logits) {
-        *o = (f64::from(l) - lse) as f32;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn log_softmax_matches_hand_values() {
-        let mut out = [0f32; 3];
-        log_softmax(&[0.0, 0.0, (2f32).ln()], &mut out);
-        // Probabilities 1/4, 1/4, 1/2.
-        assert!((out[0] - (0.25f32).ln()).abs() < 1e-6);
-        assert!((out[2] - (0.5f32).ln()).abs() < 1e-6);
-    }
+    Ok(())
 }

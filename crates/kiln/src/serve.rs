@@ -14,7 +14,7 @@ use kiln_core::size::parse_size;
 use kiln_core::wide::{qmv_wide_enabled, qmv_wide_pinned_by_operator};
 use kiln_serve::{ConnLimits, SchedulerOptions, Server, ServerConfig, Shared, ThinkTags};
 
-use crate::cli::{Attention, KvType, RunArgs, SecondsRange};
+use crate::cli::{RunArgs, SecondsRange};
 use crate::exit::usage;
 use crate::runtime;
 
@@ -34,6 +34,10 @@ const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// model files, /proc) beside its connections.
 const FD_RESERVE: u64 = 64;
 
+/// `--prefill-chunk` of `kiln serve`, which shares [`RunArgs`]' flag with another default.
+const PREFILL_CHUNK_HELP: &str = "Prompt tokens run per step over all requests still reading their prompts; \
+     they share the step's forward with the decoding requests. 0 runs every prompt whole";
+
 /// Log line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -45,10 +49,12 @@ pub enum LogFormat {
 
 /// `kiln serve`.
 #[derive(Args, Debug)]
+#[command(mut_arg("prefill_chunk", |a| a.default_value("512").help(PREFILL_CHUNK_HELP)))]
 pub struct ServeArgs {
-    /// The model.
-    #[arg(short, long, value_name = "MODEL", help = crate::cli::MODEL_HELP)]
-    pub model: String,
+    /// Model, memory, attention, KV dtype, quantization, threads and expert slots, as
+    /// every command takes them; `--prefill-chunk` has its own default and meaning here.
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Address to bind.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -58,10 +64,6 @@ pub struct ServeArgs {
     /// Slots: requests decoded together, in one forward per step.
     #[arg(long, value_name = "N", default_value_t = 4)]
     pub parallel: usize,
-    /// Prompt tokens run per step over all requests still reading their prompts; they
-    /// share the step's forward with the decoding requests. 0 runs every prompt whole.
-    #[arg(long, value_name = "N", default_value_t = 512)]
-    pub prefill_chunk: usize,
     /// Byte budget of the prompt cache (`256MiB`, bytes); 0 disables it.
     #[arg(long, value_name = "SIZE", default_value = "256MiB")]
     pub prompt_cache_bytes: String,
@@ -111,25 +113,6 @@ pub struct ServeArgs {
     /// Tag that closes reasoning.
     #[arg(long, value_name = "TAG", default_value = "</think>")]
     pub think_close: String,
-    /// Memory pool limit (`512MiB`, `2GiB`, bytes); overrides KILN_MEMORY_LIMIT.
-    #[arg(long, value_name = "SIZE")]
-    pub memory_limit: Option<String>,
-    /// Attention implementation.
-    #[arg(long, value_enum, default_value_t = Attention::Streaming)]
-    pub attention: Attention,
-    /// KV cache storage type.
-    #[arg(long, value_enum, default_value_t = KvType::F16)]
-    pub kv_dtype: KvType,
-    /// Quantize an unquantized checkpoint on load to this many bits (group 64).
-    #[arg(long, value_name = "BITS", value_parser = ["4", "8"])]
-    pub quantize: Option<String>,
-    /// Worker threads of the kernels. Default: RAYON_NUM_THREADS, else one per CPU.
-    #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
-    /// Keep S routed experts of a MoE model resident in an expert cache (see `kiln
-    /// generate --help`). Default: every expert resident.
-    #[arg(long, value_name = "S")]
-    pub expert_slots: Option<usize>,
     /// Every request asks for a speculative slot, not only those sending
     /// `"speculative": true`.
     #[arg(long)]
@@ -149,7 +132,7 @@ pub struct ServeArgs {
 /// Runs the server until a signal stops it.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
-    runtime::check_threads(args.threads)?;
+    runtime::check_threads(args.run.threads)?;
     if args.parallel == 0 {
         return Err(usage("invalid --parallel 0: accepted values are 1 or more"));
     }
@@ -162,6 +145,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     // Refuse a bad gate variable now, not at the first speculative request.
     kiln_model::speculative::GatePolicy::from_env().map_err(|e| usage(e.to_string()))?;
+    runtime::check_kernel_env()?;
     if args.max_queue == 0 {
         return Err(usage("invalid --max-queue 0: accepted values are 1 or more"));
     }
@@ -181,39 +165,30 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             DEFAULT_MAX_CONNECTIONS.max(args.parallel.saturating_add(args.max_queue).saturating_add(64)),
         )?,
     };
-    let run_args = RunArgs {
-        model: args.model.clone(),
-        memory_limit: args.memory_limit.clone(),
-        prefill_chunk: args.prefill_chunk,
-        attention: args.attention,
-        kv_dtype: args.kv_dtype,
-        quantize: args.quantize.clone(),
-        threads: args.threads,
-        expert_slots: args.expert_slots,
-    };
-    let pool = runtime::pool(&run_args)?;
+    let run_args = &args.run;
+    let pool = runtime::pool(run_args)?;
     if run_args.expert_slots.is_some() {
         // The geometry is checked, naming the model, before anything is loaded.
-        let info = kiln_model::inspect(&run_args.model, &runtime::load_options(&run_args, &pool))
+        let info = kiln_model::inspect(&run_args.model, &runtime::load_options(run_args, &pool))
             .with_context(|| format!("reading model {}", run_args.model))?;
-        runtime::expert_geometry(&run_args, &info.config, info.expert_slot_bytes, info.weight_bytes, &pool)?;
+        runtime::expert_geometry(run_args, &info.config, info.expert_slot_bytes, info.weight_bytes, &pool)?;
     }
     let api_key = api_key(args.api_key.as_deref(), std::env::var_os(API_KEY_ENV))?;
     let config = ServerConfig {
-        model: args.model.clone(),
+        model: run_args.model.clone(),
         model_id: match &args.served_model_name {
             Some(name) => name.clone(),
             // A model that does not resolve fails to load with its own message; until then
             // it is listed under what was typed.
-            None => kiln_model::ModelSource::resolve(&args.model)
+            None => kiln_model::ModelSource::resolve(&run_args.model)
                 .and_then(|source| kiln_model::default_model_id(&source))
-                .unwrap_or_else(|_| args.model.clone()),
+                .unwrap_or_else(|_| run_args.model.clone()),
         },
-        load: runtime::load_options(&run_args, &pool),
-        engine: runtime::engine_options(&run_args),
+        load: runtime::load_options(run_args, &pool),
+        engine: runtime::engine_options(run_args),
         scheduler: SchedulerOptions {
             parallel: args.parallel,
-            prefill_chunk: args.prefill_chunk,
+            prefill_chunk: run_args.prefill_chunk,
             prompt_cache_bytes,
             speculative: args.speculative,
             spec_slots: args.spec_slots,
@@ -228,17 +203,21 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
 
     let mut builder = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("kiln-worker-{i}"));
-    if let Some(n) = args.threads {
+    if let Some(n) = run_args.threads {
         builder = builder.num_threads(n);
     }
     let workers = Arc::new(builder.build().context("starting the worker threads")?);
-    tracing::info!(
-        "kernel configuration: isa={} threads={} qmv_wide={} qmv_wide_pinned={}",
-        Isa::detected().as_str(),
-        workers.current_num_threads(),
-        if qmv_wide_enabled() { "on" } else { "off" },
-        if qmv_wide_pinned_by_operator() { "yes" } else { "no" },
-    );
+    // A server batches: it measures the crossover on its own workers when none is cached.
+    let (_, crossover_source) = workers.install(|| runtime::configure_kernels(true))?;
+    let kernels = kiln_protocol::KernelConfigLine {
+        isa: Isa::detected().as_str().to_string(),
+        threads: workers.current_num_threads(),
+        qmv_wide: qmv_wide_enabled(),
+        qmv_wide_pinned: qmv_wide_pinned_by_operator(),
+        qmv_wide_rows: Some(kiln_core::wide::wide_rows().to_string()),
+        qmv_crossover: Some(crossover_source.as_str().to_string()),
+    };
+    tracing::info!("{kernels}");
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -270,7 +249,7 @@ async fn serve(
     let keyless = config.api_key.is_none();
     let body_timeout = config.body_timeout;
     let server = Server::start(config, Some(workers)).context("starting the scheduler thread")?;
-    tracing::info!("listening on http://{local}");
+    tracing::info!("{}", kiln_protocol::ListeningLine { addr: local });
     tracing::info!(
         "connection limits: max_connections={} header_timeout={:?} body_timeout={:?} keep_alive={}",
         limits.max_connections,

@@ -1,5 +1,6 @@
 //! `kiln serve` as a user runs it: the real binary on an ephemeral port with a synthetic
-//! model (and one MoE checkpoint). The contracted log lines, greedy text equal to `kiln generate`'s, a second
+//! model (and one MoE checkpoint). The contracted log lines, greedy text equal to `kiln generate`'s, echoed
+//! prompt log-probabilities equal to `kiln score`'s, a second
 //! server on a taken port, SIGTERM during streams, JSON logs, and a model that does not
 //! load. A failure prints the server's whole stderr.
 
@@ -51,6 +52,49 @@ fn logs_the_kernel_configuration_then_serves_the_same_greedy_text_as_generate() 
         let used = cpu_ticks(s.pid()).unwrap() - before;
         assert!(used <= 20, "{used} CPU ticks (1/100 s) in one idle second: the server is polling");
     }
+}
+
+/// The `qmv_wide` crossover: measured at the first boot and cached under
+/// `$XDG_CACHE_HOME/kiln`, read back at the next, measured again over a corrupt file, set
+/// by `KILN_QMV_CROSSOVER=<M>`, overridden by the `KILN_QMV_WIDE` pin; each boot's kernel
+/// line reports the rows that run wide and where the choice came from.
+#[test]
+fn the_crossover_is_measured_once_cached_and_reported_on_the_kernel_line() {
+    let cache = tempfile::tempdir().unwrap();
+    let xdg = cache.path().to_str().unwrap().to_string();
+    let file = cache.path().join("kiln").join("qmv-crossover");
+    let boot = |env: &[(&str, &str)]| {
+        let mut all = vec![("XDG_CACHE_HOME", xdg.as_str())];
+        all.extend_from_slice(env);
+        let s = Serve::start_env(&["-m", "synthetic:tiny", "--threads", "1"], &all);
+        let line = s.wait_for("kernel configuration: isa=");
+        let field = |name: &str| {
+            line.split(' ')
+                .find_map(|w| w.strip_prefix(name))
+                .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+                .to_string()
+        };
+        (field("qmv_wide_rows="), field("qmv_crossover="))
+    };
+    let (rows, source) = boot(&[]);
+    assert_eq!(source, "measured");
+    assert!(rows == "none" || rows.starts_with(|c: char| c.is_ascii_digit()), "{rows}");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains("threads=1 ") && text.ends_with(&format!("\t{rows}\n")), "{text:?}");
+    assert_eq!(boot(&[]), (rows.clone(), "cached".to_string()));
+    std::fs::write(&file, b"\xff garbage\n").unwrap();
+    assert_eq!(boot(&[]).1, "measured");
+    assert!(std::fs::read_to_string(&file).unwrap().contains("threads=1 "));
+    assert_eq!(boot(&[("KILN_QMV_CROSSOVER", "5")]), ("5-15".to_string(), "env".to_string()));
+    assert_eq!(boot(&[("KILN_QMV_WIDE", "1")]), ("2-15".to_string(), "pinned".to_string()));
+    assert_eq!(boot(&[("KILN_QMV_WIDE", "0")]), ("none".to_string(), "pinned".to_string()));
+    let bad =
+        Dir::new().run_env(&["serve", "-m", "synthetic:tiny"], &[("KILN_QMV_CROSSOVER", "1")]).expect_code(2);
+    assert!(
+        bad.stderr().contains("invalid KILN_QMV_CROSSOVER \"1\": accepted values are"),
+        "{}",
+        bad.describe()
+    );
 }
 
 /// The default id is the checkpoint's own name, never its path; the path is an unknown
@@ -124,10 +168,8 @@ fn the_qmv_wide_pin_shows_in_the_kernel_line_and_json_logs_carry_the_messages() 
         })
         .collect();
     assert!(
-        messages
-            .iter()
-            .any(|m| m.contains("kernel configuration: isa=")
-                && m.ends_with("qmv_wide=off qmv_wide_pinned=yes")),
+        messages.iter().any(|m| m.contains("kernel configuration: isa=")
+            && m.ends_with("qmv_wide=off qmv_wide_pinned=yes qmv_wide_rows=none qmv_crossover=pinned")),
         "{messages:?}"
     );
     assert!(
@@ -261,4 +303,86 @@ fn a_moe_checkpoint_with_an_expert_cache_serves_the_greedy_text_of_generate() {
         "{}",
         s.stderr()
     );
+}
+
+/// `echo` with `logprobs` and `max_tokens: 0` (lm-evaluation-harness's loglikelihood)
+/// answers the values `kiln score` writes for the same text, to the last digit: the same
+/// function computes both. Run on a quantized model so the quantized kernels are in it.
+#[test]
+fn echoed_prompt_logprobs_equal_kiln_score_s_for_the_same_text() {
+    let model = "synthetic:tiny-qwen@4bit-g32";
+    let text = "The potters sealed the door with bricks and mud, then lit the fire at dawn.";
+    let dir = Dir::new();
+    let file = dir.path().join("text.txt");
+    std::fs::write(&file, text).unwrap();
+    let s = Serve::start(&["-m", model, "--threads", "1"]);
+    let body = json!({"model": model, "prompt": text, "max_tokens": 0, "echo": true, "logprobs": 5});
+    let r = post(s.addr, "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}{}", r.body, s.stderr());
+    let v = r.json();
+    let window = v["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    let out = dir.path().join("lp.bin");
+    let w = window.to_string();
+    let run = dir
+        .run(&[
+            "score",
+            "-m",
+            model,
+            "--threads",
+            "1",
+            "--text-file",
+            file.to_str().unwrap(),
+            "--window",
+            &w,
+            "--first-scored",
+            "0",
+            "--max-windows",
+            "1",
+            "--output",
+            out.to_str().unwrap(),
+        ])
+        .expect_code(0);
+    let bytes = std::fs::read(&out).unwrap();
+    let len = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[12..12 + len]).unwrap();
+    let vocab = header["vocab"].as_u64().unwrap() as usize;
+    let records: Vec<(u32, Vec<f32>)> = bytes[12 + len..]
+        .chunks_exact(4 + 4 * vocab)
+        .map(|r| {
+            let target = u32::from_le_bytes(r[..4].try_into().unwrap());
+            (target, r[4..].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+        })
+        .collect();
+    assert_eq!(records.len(), window - 1, "{}", run.describe());
+    let l = &v["choices"][0]["logprobs"];
+    let lps = l["token_logprobs"].as_array().unwrap();
+    assert_eq!(lps.len(), window, "{v}");
+    assert!(lps[0].is_null(), "{v}");
+    let start = r.body.find("\"token_logprobs\":[").expect("token_logprobs") + "\"token_logprobs\":[".len();
+    let printed: Vec<&str> = r.body[start..start + r.body[start..].find(']').unwrap()].split(',').collect();
+    assert_eq!(printed.len(), window, "{}", r.body);
+    for (p, (target, lp)) in records.iter().enumerate() {
+        let served = lps[p + 1].as_f64().unwrap();
+        // Equal as single-precision values: every digit the server prints, score wrote.
+        assert_eq!(
+            served as f32,
+            lp[*target as usize],
+            "position {}: {served} vs {}",
+            p + 1,
+            lp[*target as usize]
+        );
+        // And printed with every digit of the single-precision value: the printed
+        // number, read by a correctly rounding parser (serde_json's default one may be
+        // an ulp off), is the value score wrote.
+        assert_eq!(printed[p + 1].parse::<f64>(), Ok(f64::from(lp[*target as usize])), "position {}", p + 1);
+        let mut best: Vec<f32> = lp.clone();
+        best.sort_by(|a, b| b.total_cmp(a));
+        let top = l["top_logprobs"][p + 1].as_object().unwrap();
+        let mut got: Vec<f32> = top.values().map(|x| x.as_f64().unwrap() as f32).collect();
+        got.sort_by(|a, b| b.total_cmp(a));
+        // Alternatives whose texts coincide keep one entry.
+        assert!(!got.is_empty() && got.len() <= 5, "{top:?}");
+        assert_eq!(got[0], best[0], "position {}: {top:?}", p + 1);
+        assert!(got.iter().all(|g| best[..5].contains(g)), "position {}: {top:?} vs {:?}", p + 1, &best[..5]);
+    }
 }

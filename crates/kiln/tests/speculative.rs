@@ -143,6 +143,27 @@ fn every_gate_recipe_logs_its_line_and_acts_on_it() {
     }
 }
 
+/// `KILN_ACT_PRECISION=int16-wide8` gives the wide kernel's rows 8-bit codes, so a verify
+/// block really differs from the single-token chain: with no test hook the gate's probe
+/// finds it inexact, drops `qmv_wide` and speculates on the per-row path, whose text is the
+/// classic run's (every row then takes 16-bit codes, as a lone row does).
+#[test]
+fn the_wide8_scheme_is_probed_inexact_and_drops_the_wide_path() {
+    let dir = Dir::new();
+    let scheme = ("KILN_ACT_PRECISION", "int16-wide8");
+    // The verify block (K + 1 = 5 rows) runs wide whatever a cached crossover says.
+    let wide = ("KILN_QMV_CROSSOVER", "2");
+    let classic = generate(&dir, "synthetic:tiny", &[], &[scheme, wide]);
+    let run = generate(&dir, "synthetic:tiny", &["--speculative"], &[scheme, wide]);
+    let line = "WARN speculative gate outcome=exact-without-qmv-wide model=synthetic:tiny k=4 kv_dtype=f16 qmv_wide=off:";
+    assert!(run.stderr().lines().any(|l| l.starts_with(line)), "expected {line:?}{}", run.describe());
+    let (drafted, _) = counts(&run);
+    assert!(drafted > 0, "{}", run.describe());
+    assert_eq!(run.stdout(), classic.stdout(), "{}{}", classic.describe(), run.describe());
+    // The default scheme's classic text is the same: a lone row rounds as int16 does.
+    assert_eq!(classic.stdout(), generate(&dir, "synthetic:tiny", &[], &[]).stdout());
+}
+
 #[test]
 fn bench_decode_reports_acceptance_only_when_speculating() {
     let dir = Dir::new();

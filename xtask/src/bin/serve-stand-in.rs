@@ -15,6 +15,7 @@ use std::sync::Once;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use kiln_protocol::{GateOutcome, KernelChangedLine, KernelConfigLine, KvDtype, ListeningLine, SpecGateLine};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -46,11 +47,16 @@ fn main() {
     std::thread::sleep(Duration::from_millis(env_u64("STAND_IN_START_DELAY_MS")));
     let (on, pinned) = wide();
     WIDE_AFTER.store(on, Ordering::SeqCst);
-    eprintln!(
-        "2026-01-01T00:00:00Z  INFO kiln_serve: kernel configuration: isa=scalar threads=1 qmv_wide={} qmv_wide_pinned={}",
-        if on { "on" } else { "off" },
-        if pinned { "yes" } else { "no" }
-    );
+    // No crossover fields: the stand-in runs no kernels, as a kiln before the crossover.
+    let kernels = KernelConfigLine {
+        isa: "scalar".into(),
+        threads: 1,
+        qmv_wide: on,
+        qmv_wide_pinned: pinned,
+        qmv_wide_rows: None,
+        qmv_crossover: None,
+    };
+    eprintln!("2026-01-01T00:00:00Z  INFO kiln_serve: {kernels}");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
     rt.block_on(async move {
         let listener = match TcpListener::bind(("127.0.0.1", port)).await {
@@ -61,7 +67,7 @@ fn main() {
             }
         };
         let addr = listener.local_addr().expect("local address");
-        eprintln!("2026-01-01T00:00:00Z  INFO kiln_serve: listening on http://{addr}");
+        eprintln!("2026-01-01T00:00:00Z  INFO kiln_serve: {}", ListeningLine { addr });
         loop {
             let Ok((sock, _)) = listener.accept().await else { continue };
             tokio::spawn(handle(sock, on, pinned));
@@ -77,7 +83,7 @@ static WIDE_AFTER: AtomicBool = AtomicBool::new(true);
 static GATE: Once = Once::new();
 
 /// The gate's decision as docs/environment-variables.md orders it: `(outcome, speculates)`.
-fn gate(on: bool, pinned: bool) -> (&'static str, bool) {
+fn gate(on: bool, pinned: bool) -> (GateOutcome, bool) {
     let probe = std::env::var("STAND_IN_PROBE").unwrap_or_default();
     let exact = |wide: bool| match probe.as_str() {
         "inexact" => false,
@@ -87,16 +93,16 @@ fn gate(on: bool, pinned: bool) -> (&'static str, bool) {
     let allow = std::env::var("KILN_SPEC_ALLOW_INEXACT").is_ok_and(|v| v == "1");
     WIDE_AFTER.store(on, Ordering::SeqCst);
     if exact(on) {
-        return ("exact", true);
+        return (GateOutcome::Exact, true);
     }
     if !pinned && on && exact(false) {
         WIDE_AFTER.store(false, Ordering::SeqCst);
-        return ("exact-without-qmv-wide", true);
+        return (GateOutcome::ExactWithoutWide, true);
     }
     match (allow, pinned) {
-        (true, _) => ("inexact-allowed", true),
-        (false, true) => ("declined-pinned", false),
-        (false, false) => ("inexact-declined", false),
+        (true, _) => (GateOutcome::InexactAllowed, true),
+        (false, true) => (GateOutcome::DeclinedPinned, false),
+        (false, false) => (GateOutcome::InexactDeclined, false),
     }
 }
 
@@ -180,14 +186,19 @@ async fn handle(mut sock: TcpStream, on: bool, pinned: bool) {
     if body["speculative"] == json!(true) {
         GATE.call_once(|| {
             let (outcome, _) = gate(on, pinned);
-            let after = if WIDE_AFTER.load(Ordering::SeqCst) { "on" } else { "off" };
-            eprintln!(
-                "2026-01-01T00:00:00Z  WARN kiln_serve::scheduler: speculative gate outcome={outcome} model=stand-in k=4 kv_dtype=f16 qmv_wide={after}: as the stand-in decided"
-            );
-            if (after == "on") != on {
-                eprintln!(
-                    "2026-01-01T00:00:00Z  WARN kiln_serve::scheduler: kernel configuration changed: qmv_wide={after} qmv_wide_pinned=no: the speculative gate switched qmv_wide for the whole process"
-                );
+            let after = WIDE_AFTER.load(Ordering::SeqCst);
+            let line = SpecGateLine {
+                outcome,
+                model: "stand-in".into(),
+                k: 4,
+                kv_dtype: KvDtype::F16,
+                qmv_wide: after,
+                reason: "as the stand-in decided".into(),
+            };
+            eprintln!("2026-01-01T00:00:00Z  WARN kiln_serve::scheduler: {line}");
+            if after != on {
+                let changed = KernelChangedLine { qmv_wide: after, qmv_wide_pinned: false };
+                eprintln!("2026-01-01T00:00:00Z  WARN kiln_serve::scheduler: {changed}");
             }
         });
         speculates = gate_speculates();

@@ -4,7 +4,6 @@
 //! against the server's contracted `kernel configuration:` start-up line and, for the
 //! mixed mode's arms, the exactness gate's `speculative gate outcome=...` line.
 
-use std::collections::BTreeMap;
 use std::fmt;
 
 /// One arm of the experiment.
@@ -175,30 +174,19 @@ pub struct KernelLine {
     pub pinned: String,
 }
 
-/// The `key=value` fields of a log line's message after `prefix`, in a plain or a JSON
-/// log line: up to the end of the message (a JSON closing quote) or the `: ` before its
-/// prose. `None` when the prefix is absent or a word is not `key=value`.
-fn fields<'a>(line: &'a str, prefix: &str) -> Option<BTreeMap<&'a str, &'a str>> {
-    let rest = &line[line.find(prefix)? + prefix.len()..];
-    let rest = rest.split('"').next().unwrap_or(rest);
-    let head = rest.split(": ").next().unwrap_or(rest);
-    head.split_whitespace().map(|p| p.split_once('=').map(|(k, v)| (k, v.trim_end_matches(':')))).collect()
-}
-
-fn field(f: &BTreeMap<&str, &str>, key: &str) -> String {
-    f.get(key).map_or_else(String::new, |v| v.to_string())
-}
-
 /// Finds and parses the kernel line in a server log (plain or JSON lines).
 pub fn kernel_line(log: &str) -> Option<KernelLine> {
-    let f = log.lines().find_map(|l| fields(l, "kernel configuration: "))?;
-    let k = KernelLine {
-        isa: field(&f, "isa"),
-        threads: field(&f, "threads"),
-        qmv_wide: field(&f, "qmv_wide"),
-        pinned: field(&f, "qmv_wide_pinned"),
-    };
-    (!k.qmv_wide.is_empty() && !k.pinned.is_empty()).then_some(k)
+    let k = kiln_protocol::KernelConfigLine::find(log)?;
+    Some(KernelLine {
+        isa: k.isa,
+        threads: k.threads.to_string(),
+        qmv_wide: on_off(k.qmv_wide),
+        pinned: if k.qmv_wide_pinned { "yes" } else { "no" }.to_string(),
+    })
+}
+
+fn on_off(b: bool) -> String {
+    if b { "on" } else { "off" }.to_string()
 }
 
 /// Checks a boot's log against its arm's kernel line: the switch in the arm's state, and
@@ -249,16 +237,15 @@ pub struct GateLine {
 
 /// Every gate line in a server log (plain or JSON lines), in order.
 pub fn gate_lines(log: &str) -> Vec<GateLine> {
-    log.lines()
-        .filter_map(|l| fields(l, "speculative gate "))
-        .map(|f| GateLine {
-            outcome: field(&f, "outcome"),
-            model: field(&f, "model"),
-            k: field(&f, "k"),
-            kv_dtype: field(&f, "kv_dtype"),
-            qmv_wide: field(&f, "qmv_wide"),
+    kiln_protocol::SpecGateLine::all(log)
+        .into_iter()
+        .map(|g| GateLine {
+            outcome: g.outcome.to_string(),
+            model: g.model,
+            k: g.k.to_string(),
+            kv_dtype: g.kv_dtype.to_string(),
+            qmv_wide: on_off(g.qmv_wide),
         })
-        .filter(|g| !g.outcome.is_empty() && !g.qmv_wide.is_empty())
         .collect()
 }
 
@@ -317,9 +304,7 @@ pub fn check_gate(arm: Arm, log: &str) -> Result<Option<GateLine>, String> {
 
 /// The `qmv_wide=` of every `kernel configuration changed:` line, in order.
 pub fn switch_changes(log: &str) -> Vec<String> {
-    log.lines()
-        .filter_map(|l| fields(l, "kernel configuration changed: ")?.get("qmv_wide").map(|v| v.to_string()))
-        .collect()
+    kiln_protocol::KernelChangedLine::all(log).into_iter().map(|c| on_off(c.qmv_wide)).collect()
 }
 
 #[cfg(test)]

@@ -116,10 +116,78 @@ pub(super) struct Driver<'a> {
     pub(super) quiet: (quiet::Limits, Option<std::time::Duration>),
 }
 
-/// What happened to one cell.
-enum CellResult {
+/// What happened to one cell a layer judged: skipped by it, or run.
+pub(crate) enum Judged<T> {
+    /// A layer decided not to launch it.
     Skipped(Skip),
-    Ran(Box<Outcome>),
+    /// It ran, with this result.
+    Ran(T),
+}
+
+/// What happened to one decode cell.
+type CellResult = Judged<Box<Outcome>>;
+
+/// The OOM layers' verdict on `cell` for `device` (backstop, record, fake-OOM hook), then
+/// `run` when they let it: the order every kiln cell keeps, a decode sweep's and
+/// bench-offload-copy's alike.
+pub(crate) fn judge_then_run<T>(
+    layers: &mut OomLayers,
+    cell: &plan::Cell,
+    device: &str,
+    run: impl FnOnce() -> Result<Ran<T>>,
+) -> Result<Ran<Judged<T>>> {
+    if let Some(skip) = layers.judge(cell, device)? {
+        return Ok(Ran::Done(Judged::Skipped(skip)));
+    }
+    Ok(match run()? {
+        Ran::Done(t) => Ran::Done(Judged::Ran(t)),
+        Ran::Interrupted(sig) => Ran::Interrupted(sig),
+    })
+}
+
+/// What a written row tells the OOM layers about its cell.
+pub(crate) struct Written<'r> {
+    /// The row's status.
+    pub(crate) status: Status,
+    /// The row's date.
+    pub(crate) date: &'r str,
+    /// The row's commit.
+    pub(crate) commit: &'r str,
+    /// What the cell needed when it ran out of memory, when it said.
+    pub(crate) peak_bytes: Option<u64>,
+    /// Where it ran (what a record line is scoped to).
+    pub(crate) device: String,
+}
+
+/// Feeds a cell's written row back to the OOM layers: only an exact `SKIP:oom` reaches
+/// the backstop and the record (keyed by `cell`'s model and length, naming `source_csv`),
+/// and an appended record line is said on stderr. Every kiln cell ends here once its row
+/// is on disk.
+pub(crate) fn feed_back(
+    layers: &mut OomLayers,
+    meta: &RowMeta,
+    source_csv: &str,
+    cell: &plan::Cell,
+    row: Written<'_>,
+) -> Result<()> {
+    let appended = layers.observe(cell, row.status, || RecordLine {
+        model: cell.model.clone(),
+        prompt_target_len: cell.layer_len(),
+        date: row.date.to_string(),
+        commit: row.commit.to_string(),
+        peak_bytes: row.peak_bytes,
+        source_csv: source_csv.to_string(),
+        device: Some(row.device),
+    })?;
+    if appended {
+        eprintln!(
+            "    recorded {}@{} in {}",
+            cell.model,
+            cell.layer_len(),
+            meta.display(layers.record.file().path())
+        );
+    }
+    Ok(())
 }
 
 impl Driver<'_> {
@@ -257,23 +325,9 @@ impl Driver<'_> {
             CellResult::Ran(o) => o.device.clone(),
             CellResult::Skipped(_) => runner.device().to_string(),
         };
-        let appended = self.layers.observe(cell, status, || RecordLine {
-            model: cell.model.clone(),
-            prompt_target_len: cell.layer_len(),
-            date: row.date.clone(),
-            commit: row.commit.clone(),
-            peak_bytes: row.peak_bytes,
-            source_csv: self.source_csv.clone(),
-            device: Some(device),
-        })?;
-        if appended {
-            eprintln!(
-                "    recorded {}@{} in {}",
-                cell.model,
-                cell.layer_len(),
-                self.meta.display(self.layers.record.file().path())
-            );
-        }
+        let written =
+            Written { status, date: &row.date, commit: &row.commit, peak_bytes: row.peak_bytes, device };
+        feed_back(&mut self.layers, &self.meta, &self.source_csv, cell, written)?;
         Ok(Ran::Done(row))
     }
 
@@ -299,12 +353,12 @@ impl Driver<'_> {
         if let Some(skip) = layers::judge_estimate(&facts, self.estimate_on) {
             return Ok(Ran::Done(CellResult::Skipped(skip)));
         }
-        if let Some(skip) = self.layers.judge(cell, runner.device())? {
-            return Ok(Ran::Done(CellResult::Skipped(skip)));
-        }
-        Ok(match runner.run(i, cell)? {
-            Ran::Done(o) => Ran::Done(CellResult::Ran(Box::new(o))),
-            Ran::Interrupted(sig) => Ran::Interrupted(sig),
+        let device = runner.device().to_string();
+        judge_then_run(&mut self.layers, cell, &device, || {
+            Ok(match runner.run(i, cell)? {
+                Ran::Done(o) => Ran::Done(Box::new(o)),
+                Ran::Interrupted(sig) => Ran::Interrupted(sig),
+            })
         })
     }
 

@@ -10,24 +10,7 @@ use super::plan;
 use super::runner::EngineKnobs;
 use crate::console::usage;
 use crate::engine::{Backend, BackendArg};
-
-/// `--attention`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Attention {
-    /// Attention over the cache in blocks, never materialising the score matrix.
-    Streaming,
-    /// The full score matrix (more memory).
-    Naive,
-}
-
-/// `--kv-dtype`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum KvDtype {
-    /// Half precision.
-    F16,
-    /// Single precision.
-    F32,
-}
+use kiln_protocol::{Attention, KvDtype};
 
 /// Flags every bench command shares.
 #[derive(clap::Args, Clone, Debug)]
@@ -109,14 +92,8 @@ impl SweepFlags {
         let knobs = EngineKnobs {
             memory_limit: self.memory_limit.clone(),
             prefill_chunk: self.prefill_chunk,
-            attention: self.attention.map(|a| match a {
-                Attention::Streaming => "streaming".to_string(),
-                Attention::Naive => "naive".to_string(),
-            }),
-            kv_dtype: self.kv_dtype.map(|k| match k {
-                KvDtype::F16 => "f16".to_string(),
-                KvDtype::F32 => "f32".to_string(),
-            }),
+            attention: self.attention,
+            kv_dtype: self.kv_dtype,
             threads: self.threads,
         };
         Ok((knobs, limit))

@@ -180,22 +180,14 @@ pub struct CellTemplate {
 }
 
 impl CellTemplate {
-    /// Checks the token counts the way the protocol counts them: the prefill yields the
-    /// first generated token and warm-up steps are part of the generated tokens, so at
-    /// least one timed decode step must remain.
+    /// Checks the token counts by the protocol's warm-up rule
+    /// (`kiln_protocol::timed_decode_steps`): the prefill yields the first generated
+    /// token and warm-up steps are part of the generated tokens, so at least one timed
+    /// decode step must remain.
     pub fn validate(&self) -> Result<(), String> {
-        if self.max_tokens == 0 {
-            return Err("--max-tokens 0: expected 1 or more generated tokens".into());
-        }
-        if self.warmup_tokens > 0 && self.warmup_tokens.saturating_add(1) >= self.max_tokens {
-            return Err(format!(
-                "--warmup-tokens {} leaves no timed decode step with --max-tokens {}: expected a warm-up below {}",
-                self.warmup_tokens,
-                self.max_tokens,
-                self.max_tokens.saturating_sub(1)
-            ));
-        }
-        Ok(())
+        kiln_protocol::timed_decode_steps(self.max_tokens, self.warmup_tokens)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 }
 

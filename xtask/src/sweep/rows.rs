@@ -14,8 +14,41 @@ use super::classify::Status;
 use super::plan::CellKey;
 use crate::console::usage;
 
-/// The header, exactly.
-pub const HEADER: [&str; 32] = [
+/// The fingerprint every sweep's rows carry, in this order: when, where and with what
+/// build a row was measured. The decode sweeps' header and bench-offload-copy's take it
+/// from here, between their own columns ([`with_fingerprint`]).
+pub const FINGERPRINT: [&str; 7] =
+    ["date", "host", "device", "backend", "kiln_version", "commit", "features"];
+
+/// A header: `head`, then [`FINGERPRINT`], then `tail`. `N` must be their total length,
+/// checked when the constant is built.
+pub const fn with_fingerprint<const H: usize, const T: usize, const N: usize>(
+    head: [&'static str; H],
+    tail: [&'static str; T],
+) -> [&'static str; N] {
+    assert!(H + FINGERPRINT.len() + T == N, "a header's length is its columns and the fingerprint's");
+    let mut out = [""; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = if i < H {
+            head[i]
+        } else if i < H + FINGERPRINT.len() {
+            FINGERPRINT[i - H]
+        } else {
+            tail[i - H - FINGERPRINT.len()]
+        };
+        i += 1;
+    }
+    out
+}
+
+/// The header, exactly: the measurement, the [`FINGERPRINT`], the token counts, the engine
+/// knobs' columns (kiln-protocol's list, `KNOB_COLUMNS`) and the cell's identity.
+pub const HEADER: [&str; 32] =
+    concat(&[&HEADER_HEAD, &FINGERPRINT, &HEADER_TOKENS, &kiln_protocol::KNOB_COLUMNS, &HEADER_TAIL]);
+
+/// The columns before the fingerprint.
+const HEADER_HEAD: [&str; 10] = [
     "model",
     "model_path",
     "prompt_tokens",
@@ -26,20 +59,13 @@ pub const HEADER: [&str; 32] = [
     "decode_tok_s",
     "peak_bytes",
     "max_rss_bytes",
-    "date",
-    "host",
-    "device",
-    "backend",
-    "kiln_version",
-    "commit",
-    "features",
-    "max_tokens",
-    "warmup_tokens",
-    "attention",
-    "prefill_chunk",
-    "kv_dtype",
-    "memory_limit_bytes",
-    "threads",
+];
+
+/// The token counts, between the fingerprint and the knobs.
+const HEADER_TOKENS: [&str; 2] = ["max_tokens", "warmup_tokens"];
+
+/// The columns after the knobs.
+const HEADER_TAIL: [&str; 8] = [
     "prompt",
     "prompt_target_len",
     "status",
@@ -49,6 +75,23 @@ pub const HEADER: [&str; 32] = [
     "reason",
     "disturbed",
 ];
+
+/// `parts` end to end, in a constant; `N` must be their total length.
+const fn concat<const N: usize>(parts: &[&[&'static str]]) -> [&'static str; N] {
+    let mut out = [""; N];
+    let (mut i, mut p) = (0, 0);
+    while p < parts.len() {
+        let mut j = 0;
+        while j < parts[p].len() {
+            out[i] = parts[p][j];
+            i += 1;
+            j += 1;
+        }
+        p += 1;
+    }
+    assert!(i == N, "the header's parts do not add up to its length");
+    out
+}
 
 /// One row. Measurements are empty when the cell was not measured; a knob is empty when
 /// the engine's default applied.
@@ -140,6 +183,20 @@ pub struct Knobs {
 }
 
 impl Knobs {
+    /// The engine knobs `k` as the CSV records them (the memory limit in bytes, a knob
+    /// left at the engine's default empty), token counts left at zero.
+    pub fn of_engine(k: &kiln_protocol::Knobs, memory_limit_bytes: Option<u64>) -> Knobs {
+        Knobs {
+            max_tokens: 0,
+            warmup_tokens: 0,
+            attention: k.attention.map(|a| a.to_string()).unwrap_or_default(),
+            prefill_chunk: k.prefill_chunk,
+            kv_dtype: k.kv_dtype.map(|d| d.to_string()).unwrap_or_default(),
+            memory_limit_bytes,
+            threads: k.threads,
+        }
+    }
+
     /// The knobs that differ between `self` (the file's) and `run` (this run's), as
     /// `--flag file-value` / `run-value` pairs for a message.
     pub fn differences(&self, run: &Knobs) -> Vec<String> {

@@ -56,43 +56,9 @@ pub trait CellRunner {
     fn device(&self) -> &str;
 }
 
-/// Knobs passed through to every engine call.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct EngineKnobs {
-    /// `--memory-limit`.
-    pub memory_limit: Option<String>,
-    /// `--prefill-chunk`.
-    pub prefill_chunk: Option<u64>,
-    /// `--attention`.
-    pub attention: Option<String>,
-    /// `--kv-dtype`.
-    pub kv_dtype: Option<String>,
-    /// `--threads`.
-    pub threads: Option<u64>,
-}
-
-impl EngineKnobs {
-    /// The flags every engine call gets.
-    pub(crate) fn args(&self) -> Vec<String> {
-        let mut a = Vec::new();
-        if let Some(m) = &self.memory_limit {
-            a.extend(["--memory-limit".into(), m.clone()]);
-        }
-        if let Some(c) = self.prefill_chunk {
-            a.extend(["--prefill-chunk".into(), c.to_string()]);
-        }
-        if let Some(at) = &self.attention {
-            a.extend(["--attention".into(), at.clone()]);
-        }
-        if let Some(k) = &self.kv_dtype {
-            a.extend(["--kv-dtype".into(), k.clone()]);
-        }
-        if let Some(t) = self.threads {
-            a.extend(["--threads".into(), t.to_string()]);
-        }
-        a
-    }
-}
+/// Knobs passed through to every engine call: the protocol's set, whose `to_args` is
+/// the command line every call gets.
+pub use kiln_protocol::Knobs as EngineKnobs;
 
 /// Runs cells as local child processes.
 pub struct LocalRunner<'a> {
@@ -250,7 +216,7 @@ impl CellRunner for LocalRunner<'_> {
             "--max-tokens".into(),
             cell.max_tokens.to_string(),
         ];
-        args.extend(self.knobs.args());
+        args.extend(self.knobs.to_args());
         let base = self.log_base(index, cell);
         let base = base.with_extension(ext(&base, "estimate"));
         // The estimate reads a config, never weights, but a slow disk or a huge config is
@@ -276,7 +242,7 @@ impl CellRunner for LocalRunner<'_> {
             "--format".into(),
             "json".into(),
         ]);
-        args.extend(self.knobs.args());
+        args.extend(self.knobs.to_args());
         let (c, log) = match self.run_kiln(index, cell, &args, DecodeReport::parse)? {
             Ran::Done(x) => x,
             Ran::Interrupted(sig) => return Ok(Ran::Interrupted(sig)),

@@ -20,7 +20,7 @@ use super::rows::{CsvOut, Knobs, Row};
 use super::runner::{EngineKnobs, LocalRunner};
 use crate::child::{self as shutdown, Shutdown};
 use crate::console::usage;
-use crate::engine::{self, Backend, BackendArg, EnginePackage};
+use crate::engine::{self, Backend, BackendArg, BackendFeatures, EnginePackage};
 use crate::machine::{self, Machine};
 use crate::peer::PeerRunner;
 
@@ -153,16 +153,7 @@ impl Session {
 
     /// The engine knobs as the CSV records them, token counts left at zero.
     fn engine_row_knobs(&self) -> Knobs {
-        let k = &self.engine_knobs;
-        Knobs {
-            max_tokens: 0,
-            warmup_tokens: 0,
-            attention: k.attention.clone().unwrap_or_default(),
-            prefill_chunk: k.prefill_chunk,
-            kv_dtype: k.kv_dtype.clone().unwrap_or_default(),
-            memory_limit_bytes: self.memory_limit_bytes,
-            threads: k.threads,
-        }
+        Knobs::of_engine(&self.engine_knobs, self.memory_limit_bytes)
     }
 
     /// Opens the CSV under its lock: created (or emptied), or resumed when `resume`, in

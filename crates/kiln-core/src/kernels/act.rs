@@ -49,9 +49,10 @@ pub(crate) enum ActCodes {
 
 impl ActCodes {
     /// The codes the integer kernels use for `bits`-bit weights under `scheme`, if they
-    /// have an integer path (`None` for other widths and for `f32`).
+    /// have an integer path (`None` for other widths and for `f32`). `int16-wide8` gives
+    /// one row's codes (`int16`); the wide kernel asks with [`ActScheme::rows_scheme`].
     pub fn for_weight_bits(bits: u32, scheme: ActScheme) -> Option<Self> {
-        match (bits, scheme) {
+        match (bits, scheme.rows_scheme(1)) {
             (_, ActScheme::F32) => None,
             (4, ActScheme::Int8) => Some(ActCodes::I8Deinterleaved),
             (4, ActScheme::Int16) => Some(ActCodes::I16Split),

@@ -3,7 +3,9 @@
 //! `quantized_matmul(x[M, K], W[N, K]) -> y[M, N]` picks:
 //! - M = 1: `qmv`, one activation row per pass over the weights;
 //! - 2 <= M < `qmv_batch_limit(K, N)`: `qmv_wide` (one pass, each weight group reused for
-//!   every row of a tile) when the process-wide switch is on, else `qmv` once per row;
+//!   every row of a tile) when the process-wide switch is on and the measured crossover
+//!   ([`crate::crossover`]) says it beats `qmv` once per row at this M (or `KILN_QMV_WIDE`
+//!   pins it on), else `qmv` once per row;
 //! - M >= the limit: `qmm`, a tiled GEMM.
 //!
 //! **How they compute.** For 4- and 8-bit weights every kernel, on every ISA, follows one
@@ -17,7 +19,11 @@
 //! So `qmv`, `qmv_wide` and `qmm` give bit-identical rows, on AVX2, NEON and the portable
 //! path alike, under each scheme; [`reference::qmv_int`] defines the result exactly. The
 //! price is the activation rounding, at most half a code step per element (see
-//! [`ActivationPrecision`]). `KILN_ACT_PRECISION=f32` turns the integer scheme off for
+//! [`ActivationPrecision`]). The opt-in `KILN_ACT_PRECISION=int16-wide8` breaks the
+//! identity on purpose: `qmv_wide` then gives 4-bit weights 8-bit codes (one `maddubs`
+//! plane, about half the wide kernel's integer work) while `qmv` and `qmm` keep 16-bit
+//! ones, so a batched row equals [`reference::qmv_int`] under `int8` and a row run alone
+//! equals it under `int16`. `KILN_ACT_PRECISION=f32` turns the integer scheme off for
 //! every width, as the reference for quality measurements. Other widths (2, 3, 5, 6 bits)
 //! keep f32 activations: `qmv` and `qmv_wide` share one per-row loop, and `qmm`
 //! dequantizes tiles to f32 for `matrixmultiply::sgemm`.
@@ -49,7 +55,7 @@ use std::sync::OnceLock;
 
 use crate::act_precision::{ActScheme, act_scheme};
 use crate::matrix::QuantizedMatrix;
-use crate::wide::qmv_wide_enabled;
+use crate::wide::{crossover, qmv_wide_enabled, qmv_wide_pinned_by_operator, wide_for};
 
 /// Which kernel runs a product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -239,12 +245,17 @@ pub fn qmv_batch_limit(_k: usize, _n: usize) -> usize {
 }
 
 /// The kernel [`quantized_matmul`] runs for an `[m, k] x [n, k]^T` product now (it
-/// depends on the wide switch).
+/// depends on the wide switch and, unless `KILN_QMV_WIDE` pins it, on the measured
+/// crossover: see [`crate::wide`] and [`crate::crossover`]).
 pub fn select_kernel(m: usize, k: usize, n: usize) -> KernelChoice {
     if m <= 1 {
         KernelChoice::Qmv
     } else if m < qmv_batch_limit(k, n) {
-        if qmv_wide_enabled() { KernelChoice::QmvWide } else { KernelChoice::QmvPerRow }
+        if wide_for(m, qmv_wide_enabled(), qmv_wide_pinned_by_operator(), crossover()) {
+            KernelChoice::QmvWide
+        } else {
+            KernelChoice::QmvPerRow
+        }
     } else {
         KernelChoice::Qmm
     }
@@ -397,7 +408,8 @@ pub fn qmv_wide_on(isa: Isa, x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [
     qmv_wide_scheme_on(isa, act_scheme(), x, m, w, y)
 }
 
-/// [`qmv_wide_on`] under a chosen activation scheme.
+/// [`qmv_wide_on`] under a chosen activation scheme (for `int16-wide8`, the codes of
+/// [`ActScheme::rows_scheme`]`(m)`).
 ///
 /// # Panics
 /// As [`qmv_wide_on`].
@@ -411,7 +423,8 @@ pub fn qmv_wide_scheme_on(
 ) {
     check_shapes("qmv_wide", x, m, w, y);
     check_isa("qmv_wide", isa);
-    match (isa, integer_codes(w, scheme)) {
+    // `int16-wide8` gives these rows 8-bit codes from two rows on.
+    match (isa, integer_codes(w, scheme.rows_scheme(m))) {
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx512Vnni | Isa::Avx512 | Isa::Avx2, Some(codes)) => {
             // SAFETY: `check_isa` confirmed AVX2, FMA and F16C at run time (every x86

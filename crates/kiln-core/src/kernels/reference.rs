@@ -14,7 +14,8 @@ use crate::matrix::QuantizedMatrix;
 /// weights), the group's dot with the weight codes is an exact integer, and the float
 /// terms are accumulated in the order of [`Lanes`]. Every fast kernel (`qmv`, `qmv_wide`,
 /// `qmm`, on every ISA) gives these bits. Returns `None` when `scheme` and the width have
-/// no integer path (other widths, `f32`).
+/// no integer path (other widths, `f32`). Under `int16-wide8` these are the bits of `qmv`
+/// and `qmm` (one row's codes, `int16`); [`qmv_wide_int`] gives those of `qmv_wide`.
 pub fn qmv_int(x: &[f32], m: usize, w: &QuantizedMatrix, scheme: ActScheme) -> Option<Vec<f32>> {
     let (n, k, g, bits) = (w.n(), w.k(), w.spec().group_size(), w.spec().bits());
     assert_eq!(x.len(), m * k);
@@ -46,6 +47,13 @@ pub fn qmv_int(x: &[f32], m: usize, w: &QuantizedMatrix, scheme: ActScheme) -> O
         }
     }
     Some(y)
+}
+
+/// The bits `qmv_wide` gives for `m` rows under `scheme`: [`qmv_int`] under
+/// [`ActScheme::rows_scheme`]`(m)`, which differs from [`qmv_int`] under `scheme` only for
+/// `int16-wide8` (`int8` codes from two rows on).
+pub fn qmv_wide_int(x: &[f32], m: usize, w: &QuantizedMatrix, scheme: ActScheme) -> Option<Vec<f32>> {
+    qmv_int(x, m, w, scheme.rows_scheme(m))
 }
 
 /// `y[n] = dot(dequantized W[n, :], x)` for one activation row, f32 accumulation.

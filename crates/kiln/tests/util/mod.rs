@@ -36,6 +36,9 @@ impl Dir {
                 cmd.env_remove(key);
             }
         }
+        // The `qmv_wide` crossover's cache: kept under the target directory, so a server
+        // test measures it once per checkout and never writes the user's cache.
+        cmd.env("XDG_CACHE_HOME", Path::new(env!("CARGO_TARGET_TMPDIR")).join("xdg-cache"));
         cmd
     }
 

@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use half::{bf16, f16};
 
-use super::loads::{load_bf16x8, load_f16x8, load16, store8f, store8f_into};
+use super::loads::{load_bf16x8, load_f16x8, load16, store8f};
 use crate::matrix::{QuantizedMatrix, ScaleData};
 
 /// The packed bytes of every row (x86-64 is little-endian, so byte `i` of a row holds
@@ -29,10 +29,13 @@ impl RowScales {
     pub(super) fn new(w: &QuantizedMatrix, rows: Range<usize>) -> RowScales {
         let gpr = w.spec().groups_per_row(w.k());
         let len = rows.len() * gpr;
-        let mut s = vec![0f32; len + 8];
-        let mut b = vec![0f32; len + 8];
-        widen(w.scales(), rows.start * gpr, &mut s[..len]);
-        widen(w.biases(), rows.start * gpr, &mut b[..len]);
+        // Widened straight into the vectors' capacity: zeroing them first was a second
+        // write pass over both, a tenth of `qmv_wide`'s instructions at M = 2.
+        let (mut s, mut b) = (Vec::with_capacity(len + 8), Vec::with_capacity(len + 8));
+        widen(w.scales(), rows.start * gpr, len, &mut s);
+        widen(w.biases(), rows.start * gpr, len, &mut b);
+        s.extend_from_slice(&[0.0; 8]);
+        b.extend_from_slice(&[0.0; 8]);
         RowScales { gpr, s, b }
     }
 
@@ -77,38 +80,32 @@ pub(super) fn load_scales8<const D: u8>(b: &[u8]) -> __m256 {
     }
 }
 
-/// Widens `out.len()` scales or biases from `start` with the dtype's own conversion.
+/// Appends `n` scales or biases from `start`, widened with the dtype's own conversion, to
+/// `out`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn widen(sd: &ScaleData, start: usize, out: &mut [f32]) {
-    let n = out.len();
+pub(super) fn widen(sd: &ScaleData, start: usize, n: usize, out: &mut Vec<f32>) {
     match sd {
         ScaleData::F16(v) => {
-            let src = &v[start..start + n];
-            let mut oc = out.chunks_exact_mut(8);
-            let mut sc = src.chunks_exact(8);
-            for (o, h) in (&mut oc).zip(&mut sc) {
-                store8f_into(o, _mm256_cvtph_ps(load_f16x8(h)));
+            let mut sc = v[start..start + n].chunks_exact(8);
+            for h in &mut sc {
+                out.extend_from_slice(&store8f(_mm256_cvtph_ps(load_f16x8(h))));
             }
             let mut tail = [f16::ZERO; 8];
-            tail[..sc.remainder().len()].copy_from_slice(sc.remainder());
-            let o = oc.into_remainder();
-            let v = store8f(_mm256_cvtph_ps(load_f16x8(&tail)));
-            o.copy_from_slice(&v[..o.len()]);
+            let r = sc.remainder().len();
+            tail[..r].copy_from_slice(sc.remainder());
+            out.extend_from_slice(&store8f(_mm256_cvtph_ps(load_f16x8(&tail)))[..r]);
         }
         ScaleData::Bf16(v) => {
-            let src = &v[start..start + n];
-            let mut oc = out.chunks_exact_mut(8);
-            let mut sc = src.chunks_exact(8);
-            for (o, h) in (&mut oc).zip(&mut sc) {
-                store8f_into(o, bf16x8_to_f32(load_bf16x8(h)));
+            let mut sc = v[start..start + n].chunks_exact(8);
+            for h in &mut sc {
+                out.extend_from_slice(&store8f(bf16x8_to_f32(load_bf16x8(h))));
             }
             let mut tail = [bf16::ZERO; 8];
-            tail[..sc.remainder().len()].copy_from_slice(sc.remainder());
-            let o = oc.into_remainder();
-            let v = store8f(bf16x8_to_f32(load_bf16x8(&tail)));
-            o.copy_from_slice(&v[..o.len()]);
+            let r = sc.remainder().len();
+            tail[..r].copy_from_slice(sc.remainder());
+            out.extend_from_slice(&store8f(bf16x8_to_f32(load_bf16x8(&tail)))[..r]);
         }
-        ScaleData::F32(v) => out.copy_from_slice(&v[start..start + n]),
+        ScaleData::F32(v) => out.extend_from_slice(&v[start..start + n]),
     }
 }
 

@@ -1,0 +1,581 @@
+//! Which batch sizes M run `qmv_wide` and which run `qmv` once per row, chosen from a
+//! measurement on this machine, so that a batched product is never slower than its rows
+//! one by one.
+//!
+//! `qmv_wide` reads each weight row once for every activation row, `qmv` per row reads the
+//! weights M times; which is faster depends on how compute-bound the wide kernel is on
+//! this CPU at this thread count (on a 2-vCPU Zen 3 host, per row won at M = 2 and 4).
+//! Under the default scheme both give the same bits row for row, so the choice changes no
+//! output; under `int16-wide8` it also chooses the wide rows' 8-bit codes (see
+//! [`crate::act_precision`]).
+//!
+//! The measurement ([`calibrate`]) times both at M = 2 to 8 on synthetic weights of a
+//! decode-sized shape (4-bit g32, 4864 x 896, the MLP of a 0.5B model), rotating through
+//! more bytes than a last-level cache holds so the weights stream from memory as in a
+//! decode step; M = 9 to 15 (one eight-row tile and a small one) follow M = 8. The result
+//! is cached per CPU model, thread count, path and activation scheme in
+//! `$XDG_CACHE_HOME/kiln/qmv-crossover` (else `~/.cache/kiln/qmv-crossover`), a small text
+//! file replaced atomically; a line that does not parse is measured again, never an
+//! error. `KILN_QMV_CROSSOVER` skips or forces the measurement ([`CrossoverSetting`]);
+//! the `KILN_QMV_WIDE` pin overrides all of it ([`crate::wide`]).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::act_precision::ActScheme;
+use crate::buffer::Buffer;
+use crate::format::QuantSpec;
+use crate::kernels::{Isa, qmv_batch_limit, qmv_scheme_on, qmv_wide_scheme_on};
+use crate::matrix::{QuantizedMatrix, ScaleData, ScaleDtype};
+
+/// The environment variable choosing how the crossover is found.
+pub const CROSSOVER_ENV: &str = "KILN_QMV_CROSSOVER";
+
+/// The batch sizes [`calibrate`] times; larger ones below the `qmm` limit follow the last.
+pub const MEASURED_ROWS: std::ops::RangeInclusive<usize> = 2..=8;
+
+/// The name of the cache file under the cache directory's `kiln` folder.
+pub const CACHE_FILE: &str = "qmv-crossover";
+
+/// The batch sizes `2 <= M < 16` that run `qmv_wide`, as a bit set (bit M).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Crossover(u16);
+
+impl Crossover {
+    /// Every M from 2 on runs wide (the behaviour before any measurement).
+    pub const ALL_WIDE: Crossover = Crossover::wide_from(2);
+
+    /// Wide from `m0` on (per row below it); `m0 >= 16` is per row for every M.
+    pub const fn wide_from(m0: usize) -> Crossover {
+        let m0 = if m0 < 2 { 2 } else { m0 };
+        if m0 >= 16 { Crossover(0) } else { Crossover(!((1u16 << m0) - 1)) }
+    }
+
+    /// The raw bit set (bit M set: M runs wide).
+    pub const fn bits(self) -> u16 {
+        self.0
+    }
+
+    /// From a raw bit set (bits 0 and 1 are ignored).
+    pub fn from_bits(bits: u16) -> Crossover {
+        Crossover(bits & !0b11)
+    }
+
+    /// Whether `m` rows run `qmv_wide` (M outside `2..16` is never asked: M = 1 is `qmv`,
+    /// M >= the limit `qmm`).
+    pub fn wide_at(self, m: usize) -> bool {
+        (2..16).contains(&m) && self.0 & (1 << m) != 0
+    }
+
+    /// The decision from timings: `timings[i] = (m, per_row_s, wide_s)` for the measured
+    /// M, wide where it took no longer than per row. M from the largest measured one up
+    /// to 15 follow it. Unmeasured smaller M stay wide.
+    pub fn from_timings(timings: &[(usize, f64, f64)]) -> Crossover {
+        let mut bits = Crossover::ALL_WIDE.0;
+        let mut last: Option<(usize, bool)> = None;
+        for &(m, per_row, wide) in timings {
+            if !(2..16).contains(&m) {
+                continue;
+            }
+            let w = wide <= per_row;
+            set(&mut bits, m, w);
+            if last.is_none_or(|(lm, _)| m > lm) {
+                last = Some((m, w));
+            }
+        }
+        if let Some((lm, w)) = last {
+            for m in lm + 1..16 {
+                set(&mut bits, m, w);
+            }
+        }
+        Crossover(bits)
+    }
+
+    /// Parses [`Crossover`]'s `Display` form: `none`, or M values and ranges joined by
+    /// commas (`2-15`, `3,5-15`).
+    pub fn parse(text: &str) -> Option<Crossover> {
+        let text = text.trim();
+        if text == "none" {
+            return Some(Crossover(0));
+        }
+        let mut bits = 0u16;
+        for part in text.split(',') {
+            let (a, b) = match part.split_once('-') {
+                Some((a, b)) => (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?),
+                None => {
+                    let a = part.parse::<usize>().ok()?;
+                    (a, a)
+                }
+            };
+            if a < 2 || b >= 16 || a > b {
+                return None;
+            }
+            for m in a..=b {
+                bits |= 1 << m;
+            }
+        }
+        Some(Crossover(bits))
+    }
+}
+
+fn set(bits: &mut u16, m: usize, on: bool) {
+    if on { *bits |= 1 << m } else { *bits &= !(1 << m) }
+}
+
+impl fmt::Display for Crossover {
+    /// The M that run wide as ranges (`2-15`, `3,5-15`), or `none`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        let mut m = 2;
+        while m < 16 {
+            if self.wide_at(m) {
+                let start = m;
+                while m + 1 < 16 && self.wide_at(m + 1) {
+                    m += 1;
+                }
+                parts.push(if start == m { format!("{m}") } else { format!("{start}-{m}") });
+            }
+            m += 1;
+        }
+        if parts.is_empty() { f.write_str("none") } else { f.write_str(&parts.join(",")) }
+    }
+}
+
+/// What `KILN_QMV_CROSSOVER` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrossoverSetting {
+    /// Unset, empty or `measure`: the cached measurement, else measure and cache it.
+    Measure,
+    /// `remeasure`: measure even when a measurement is cached, and replace it.
+    Remeasure,
+    /// A number from 2 to 16: no measurement, wide from that M on (16: per row for every
+    /// M below the `qmm` limit).
+    From(usize),
+}
+
+impl CrossoverSetting {
+    /// Accepted values, for messages.
+    pub const ACCEPTED: &'static str = "measure (the default), remeasure, or a batch size from 2 to 16";
+
+    /// Parses a value (surrounding spaces and case ignored; empty is the default).
+    pub fn parse(value: &str) -> Result<CrossoverSetting, String> {
+        let v = value.trim().to_ascii_lowercase();
+        match v.as_str() {
+            "" | "measure" => Ok(CrossoverSetting::Measure),
+            "remeasure" => Ok(CrossoverSetting::Remeasure),
+            n => match n.parse::<usize>() {
+                Ok(m) if (2..=16).contains(&m) => Ok(CrossoverSetting::From(m)),
+                _ => {
+                    Err(format!("invalid {CROSSOVER_ENV} {value:?}: accepted values are {}", Self::ACCEPTED))
+                }
+            },
+        }
+    }
+
+    /// The setting `KILN_QMV_CROSSOVER` asks for, or the error naming a bad value.
+    pub fn from_env() -> Result<CrossoverSetting, String> {
+        match std::env::var(CROSSOVER_ENV) {
+            Ok(v) => Self::parse(&v),
+            Err(std::env::VarError::NotPresent) => Ok(CrossoverSetting::Measure),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err(format!("invalid {CROSSOVER_ENV}: not UTF-8; accepted values are {}", Self::ACCEPTED))
+            }
+        }
+    }
+}
+
+/// Where the crossover in force came from, for the kernel configuration line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrossoverSource {
+    /// Measured now (and cached when the cache could be written).
+    Measured,
+    /// Read from the cache file.
+    Cached,
+    /// Set by `KILN_QMV_CROSSOVER=<M>`.
+    Env,
+    /// `KILN_QMV_WIDE` pins the kernel: nothing was measured.
+    Pinned,
+    /// Nothing cached and this command does not measure: `qmv_wide` at every M.
+    Default,
+}
+
+impl CrossoverSource {
+    /// The name in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CrossoverSource::Measured => "measured",
+            CrossoverSource::Cached => "cached",
+            CrossoverSource::Env => "env",
+            CrossoverSource::Pinned => "pinned",
+            CrossoverSource::Default => "default",
+        }
+    }
+}
+
+/// What a machine's measurement is cached under: the CPU model, the thread count, the
+/// kernels' path, the activation scheme and the calibration shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheKey {
+    /// The CPU's model name (`/proc/cpuinfo`), or `unknown`.
+    pub cpu: String,
+    /// Worker threads.
+    pub threads: usize,
+    /// The kernels' path.
+    pub isa: Isa,
+    /// The activation scheme.
+    pub scheme: ActScheme,
+}
+
+impl CacheKey {
+    /// The key for this CPU and the current rayon pool.
+    pub fn current(scheme: ActScheme) -> CacheKey {
+        CacheKey { cpu: cpu_model(), threads: rayon::current_num_threads(), isa: Isa::detected(), scheme }
+    }
+
+    /// The key as the cache file's first field (tabs and newlines in the CPU name become
+    /// spaces, so a line always splits in two).
+    pub fn line_key(&self) -> String {
+        let cpu: String = self.cpu.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+        format!(
+            "cpu={} threads={} isa={} act={} shape={}",
+            cpu.trim(),
+            self.threads,
+            self.isa.as_str(),
+            self.scheme.as_str(),
+            SHAPE_NAME
+        )
+    }
+}
+
+/// The CPU's model name from `/proc/cpuinfo`, or `unknown`.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
+/// The cache file: `$XDG_CACHE_HOME/kiln/qmv-crossover` when that variable is an absolute
+/// path, else `$HOME/.cache/kiln/qmv-crossover`; `None` without either.
+pub fn cache_path() -> Option<PathBuf> {
+    let xdg = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).filter(|p| p.is_absolute());
+    let base = xdg.or_else(|| {
+        std::env::var_os("HOME").map(PathBuf::from).filter(|p| p.is_absolute()).map(|h| h.join(".cache"))
+    })?;
+    Some(base.join("kiln").join(CACHE_FILE))
+}
+
+/// The crossover cached under `key` in the file's text, if a line for it parses.
+pub fn lookup(text: &str, key: &CacheKey) -> Option<Crossover> {
+    let want = key.line_key();
+    text.lines()
+        .filter_map(|l| l.split_once('\t'))
+        .find(|(k, _)| *k == want)
+        .and_then(|(_, v)| Crossover::parse(v))
+}
+
+/// The file's text with `key`'s line set to `c`: other well-formed lines are kept in
+/// order, lines that do not parse are dropped.
+pub fn updated(text: &str, key: &CacheKey, c: Crossover) -> String {
+    let want = key.line_key();
+    let mut out = String::new();
+    for (k, v) in text.lines().filter_map(|l| l.split_once('\t')) {
+        if k != want && !k.is_empty() && Crossover::parse(v).is_some() {
+            out.push_str(&format!("{k}\t{}\n", v.trim()));
+        }
+    }
+    out.push_str(&format!("{want}\t{c}\n"));
+    out
+}
+
+/// Reads `key`'s crossover from the cache file at `path`; a missing, unreadable or
+/// corrupt file is `None` (measure again).
+pub fn read_cached(path: &Path, key: &CacheKey) -> Option<Crossover> {
+    let bytes = std::fs::read(path).ok()?;
+    lookup(&String::from_utf8_lossy(&bytes), key)
+}
+
+/// Writes `key`'s crossover into the cache file at `path`, replacing the file atomically
+/// (a temporary file beside it, then a rename), creating its folder.
+pub fn write_cached(path: &Path, key: &CacheKey, c: Crossover) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let old = std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{CACHE_FILE}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, updated(&old, key, c))?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// The calibration shape, as the cache key names it.
+const SHAPE_NAME: &str = "q4g32-4864x896";
+const SHAPE_N: usize = 4864;
+const SHAPE_K: usize = 896;
+/// Bytes of weights the calibration rotates through: more than a last-level cache, so
+/// they stream from memory as a decode step's do.
+const ROTATION_BYTES: usize = 64 << 20;
+/// Products per timed pass: about 17 MiB of weights. The rotation carries on from pass to
+/// pass, so every product still finds its matrix out of cache.
+const PASS_PRODUCTS: usize = 8;
+/// Measurements of each kernel at each M; the fastest counts.
+const REPEATS: usize = 3;
+
+/// Times per-row `qmv` and `qmv_wide` at each M of [`MEASURED_ROWS`] under `scheme` on
+/// the current rayon pool, interleaved and the fastest of [`REPEATS`] passes of
+/// [`PASS_PRODUCTS`] products kept: returns `(m, per_row_s, wide_s)` rows for
+/// [`Crossover::from_timings`]. Takes a few hundred milliseconds (most of it making the
+/// weights) and about 64 MiB for them, freed on return.
+pub fn calibrate(scheme: ActScheme) -> Vec<(usize, f64, f64)> {
+    let spec = QuantSpec::new(4, 32).expect("4-bit g32 is a supported geometry");
+    let words = SHAPE_N * spec.words_per_row(SHAPE_K);
+    let count = ROTATION_BYTES.div_ceil(words * 4).max(1);
+    let gpr = SHAPE_N * (SHAPE_K / 32);
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let scales: Vec<f32> = (0..gpr).map(|i| 0.01 + (i % 7) as f32 * 1e-3).collect();
+    let biases: Vec<f32> = (0..gpr).map(|i| -0.05 + (i % 5) as f32 * 1e-2).collect();
+    let mats: Vec<QuantizedMatrix> = (0..count)
+        .map(|_| {
+            let packed: Vec<u32> = (0..words).map(|_| next() as u32).collect();
+            QuantizedMatrix::new(
+                SHAPE_N,
+                SHAPE_K,
+                spec,
+                Buffer::from(packed),
+                ScaleData::from_f32(&scales, ScaleDtype::F16),
+                ScaleData::from_f32(&biases, ScaleDtype::F16),
+            )
+            .expect("the calibration shape is valid")
+        })
+        .collect();
+    let max_m = *MEASURED_ROWS.end();
+    let x: Vec<f32> = (0..max_m * SHAPE_K).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.02).collect();
+    let mut y = vec![0f32; max_m * SHAPE_N];
+    let isa = Isa::detected();
+    let mut rot = 0usize;
+    let mut pass = |m: usize, wide: bool| -> f64 {
+        let start = Instant::now();
+        for _ in 0..PASS_PRODUCTS {
+            let w = &mats[rot % count];
+            rot += 1;
+            let (x, y) = (&x[..m * SHAPE_K], &mut y[..m * SHAPE_N]);
+            if wide {
+                qmv_wide_scheme_on(isa, scheme, x, m, w, y);
+            } else {
+                for (xr, yr) in x.chunks_exact(SHAPE_K).zip(y.chunks_exact_mut(SHAPE_N)) {
+                    qmv_scheme_on(isa, scheme, xr, w, yr);
+                }
+            }
+        }
+        start.elapsed().as_secs_f64()
+    };
+    // One untimed pass wakes the pool and warms the code.
+    pass(2, true);
+    let mut out = Vec::new();
+    for m in MEASURED_ROWS.filter(|&m| m < qmv_batch_limit(SHAPE_K, SHAPE_N)) {
+        let (mut per_row, mut wide) = (f64::INFINITY, f64::INFINITY);
+        for _ in 0..REPEATS {
+            per_row = per_row.min(pass(m, false));
+            wide = wide.min(pass(m, true));
+        }
+        out.push((m, per_row, wide));
+    }
+    out
+}
+
+/// The crossover this process should run and where it came from, following
+/// `setting`: a pin (`pinned`, from `KILN_QMV_WIDE`) needs none; `From(m)` sets it;
+/// otherwise the cache at `path` under `key`, else `measure()` (written to the cache
+/// when there is a path; a failed write only loses the cache). `measure` is `None` for a
+/// command that never measures (it would cost its own timing and memory): then an
+/// uncached key gets [`Crossover::ALL_WIDE`], and `remeasure` reads the cache too.
+pub fn resolve(
+    setting: CrossoverSetting,
+    pinned: bool,
+    key: &CacheKey,
+    path: Option<&Path>,
+    measure: Option<impl FnOnce() -> Vec<(usize, f64, f64)>>,
+) -> (Crossover, CrossoverSource) {
+    if pinned {
+        return (Crossover::ALL_WIDE, CrossoverSource::Pinned);
+    }
+    let cached = || path.and_then(|p| read_cached(p, key));
+    let measure = match (setting, measure) {
+        (CrossoverSetting::From(m), _) => return (Crossover::wide_from(m), CrossoverSource::Env),
+        (_, None) => {
+            return cached()
+                .map_or((Crossover::ALL_WIDE, CrossoverSource::Default), |c| (c, CrossoverSource::Cached));
+        }
+        (CrossoverSetting::Measure, Some(measure)) => {
+            if let Some(c) = cached() {
+                return (c, CrossoverSource::Cached);
+            }
+            measure
+        }
+        (CrossoverSetting::Remeasure, Some(measure)) => measure,
+    };
+    let c = Crossover::from_timings(&measure());
+    if let Some(p) = path {
+        let _ = write_cached(p, key, c);
+    }
+    (c, CrossoverSource::Measured)
+}
+
+/// Resolves the crossover from the environment (`KILN_QMV_CROSSOVER`, `KILN_QMV_WIDE`,
+/// `KILN_ACT_PRECISION`) for the current rayon pool, measuring if need be and `may_measure`
+/// allows, and installs it for [`crate::kernels::select_kernel`]. Run it inside the pool
+/// the kernels will use.
+pub fn configure_from_env(may_measure: bool) -> Result<(Crossover, CrossoverSource), String> {
+    let setting = CrossoverSetting::from_env()?;
+    let scheme = ActScheme::from_env()?;
+    let key = CacheKey::current(scheme);
+    let path = cache_path();
+    let measure = may_measure.then_some(|| calibrate(scheme));
+    let (c, source) =
+        resolve(setting, crate::wide::qmv_wide_pinned_by_operator(), &key, path.as_deref(), measure);
+    crate::wide::set_crossover(c);
+    Ok((c, source))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(threads: usize) -> CacheKey {
+        CacheKey { cpu: "Test CPU\t9".into(), threads, isa: Isa::Portable, scheme: ActScheme::Int16 }
+    }
+
+    #[test]
+    fn timings_choose_per_row_where_it_is_faster() {
+        // Per row wins at 2 and 4; wide at 3 and from 5 on; 9..15 follow 8.
+        let t = [
+            (2, 1.0, 1.2),
+            (3, 1.5, 1.4),
+            (4, 2.0, 2.1),
+            (5, 2.5, 2.0),
+            (6, 3.0, 2.0),
+            (7, 3.5, 2.0),
+            (8, 4.0, 2.0),
+        ];
+        let c = Crossover::from_timings(&t);
+        assert_eq!(c.to_string(), "3,5-15");
+        assert!(!c.wide_at(2) && c.wide_at(3) && !c.wide_at(4) && c.wide_at(15));
+        assert!(!c.wide_at(1) && !c.wide_at(16));
+        // A tie goes to the wide kernel (one pass over the weights).
+        assert!(Crossover::from_timings(&[(2, 1.0, 1.0)]).wide_at(2));
+        // Per row at 8: 9..15 per row too, smaller unmeasured M stay wide.
+        let c = Crossover::from_timings(&[(8, 1.0, 2.0)]);
+        assert_eq!(c.to_string(), "2-7");
+        assert_eq!(Crossover::from_timings(&[]), Crossover::ALL_WIDE);
+    }
+
+    #[test]
+    fn the_display_form_parses_back() {
+        for c in
+            [Crossover::ALL_WIDE, Crossover(0), Crossover::wide_from(5), Crossover::from_bits(0b1010_1100)]
+        {
+            assert_eq!(Crossover::parse(&c.to_string()), Some(c), "{c}");
+        }
+        assert_eq!(Crossover::ALL_WIDE.to_string(), "2-15");
+        assert_eq!(Crossover::wide_from(16).to_string(), "none");
+        for bad in ["", "1-5", "2-16", "5-3", "x", "2,,3", "-"] {
+            assert_eq!(Crossover::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn settings_parse_and_bad_ones_are_named() {
+        assert_eq!(CrossoverSetting::parse(""), Ok(CrossoverSetting::Measure));
+        assert_eq!(CrossoverSetting::parse(" Measure "), Ok(CrossoverSetting::Measure));
+        assert_eq!(CrossoverSetting::parse("remeasure"), Ok(CrossoverSetting::Remeasure));
+        assert_eq!(CrossoverSetting::parse("2"), Ok(CrossoverSetting::From(2)));
+        assert_eq!(CrossoverSetting::parse("16"), Ok(CrossoverSetting::From(16)));
+        for bad in ["1", "17", "wide", "-3"] {
+            let e = CrossoverSetting::parse(bad).unwrap_err();
+            assert!(
+                e.contains(CROSSOVER_ENV) && e.contains(&format!("{bad:?}")) && e.contains("remeasure"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_cache_keeps_other_keys_and_drops_corrupt_lines() {
+        let (a, b) = (key(1), key(2));
+        let text = updated("", &a, Crossover::wide_from(4));
+        assert_eq!(lookup(&text, &a), Some(Crossover::wide_from(4)));
+        assert_eq!(lookup(&text, &b), None);
+        // A control character in the CPU name cannot split the line.
+        assert_eq!(text.lines().count(), 1);
+        assert_eq!(text.matches('\t').count(), 1);
+        let corrupt = format!("{text}garbage\n{}\tnot-a-set\n\u{0}\u{1}", b.line_key());
+        assert_eq!(lookup(&corrupt, &b), None);
+        let fixed = updated(&corrupt, &b, Crossover::ALL_WIDE);
+        assert_eq!(lookup(&fixed, &a), Some(Crossover::wide_from(4)));
+        assert_eq!(lookup(&fixed, &b), Some(Crossover::ALL_WIDE));
+        assert_eq!(fixed.lines().count(), 2);
+    }
+
+    #[test]
+    fn resolve_measures_once_then_reads_the_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kiln").join(CACHE_FILE);
+        let k = key(2);
+        let timings = || vec![(2, 1.0, 2.0), (8, 3.0, 2.0)];
+        let measured = std::cell::Cell::new(0);
+        let go = |setting, pinned| {
+            resolve(
+                setting,
+                pinned,
+                &k,
+                Some(&path),
+                Some(|| {
+                    measured.set(measured.get() + 1);
+                    timings()
+                }),
+            )
+        };
+        let never = None::<fn() -> Vec<(usize, f64, f64)>>;
+        let other = key(7);
+        let r = resolve(CrossoverSetting::Remeasure, false, &other, Some(&path), never);
+        assert_eq!(r, (Crossover::ALL_WIDE, CrossoverSource::Default));
+        let want = Crossover::from_timings(&timings());
+        assert_eq!(go(CrossoverSetting::Measure, false), (want, CrossoverSource::Measured));
+        assert_eq!(go(CrossoverSetting::Measure, false), (want, CrossoverSource::Cached));
+        assert_eq!(go(CrossoverSetting::Remeasure, false), (want, CrossoverSource::Measured));
+        assert_eq!(go(CrossoverSetting::From(5), false), (Crossover::wide_from(5), CrossoverSource::Env));
+        assert_eq!(go(CrossoverSetting::Measure, true), (Crossover::ALL_WIDE, CrossoverSource::Pinned));
+        assert_eq!(measured.get(), 2);
+        // A command that never measures reads the cache, even when asked to remeasure.
+        let r = resolve(CrossoverSetting::Remeasure, false, &k, Some(&path), never);
+        assert_eq!(r, (want, CrossoverSource::Cached));
+        // A corrupt file is measured again and repaired, never an error.
+        std::fs::write(&path, b"\xff\xfe garbage\n\tmore").unwrap();
+        assert_eq!(go(CrossoverSetting::Measure, false), (want, CrossoverSource::Measured));
+        assert_eq!(read_cached(&path, &k), Some(want));
+        assert_eq!(measured.get(), 3);
+        // No leftover temporary file.
+        let names: Vec<_> =
+            std::fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, [CACHE_FILE]);
+        // An unwritable place only loses the cache.
+        let blocked = dir.path().join("file");
+        std::fs::write(&blocked, b"").unwrap();
+        let p = blocked.join("kiln").join(CACHE_FILE);
+        let r = resolve(CrossoverSetting::Measure, false, &k, Some(&p), Some(timings));
+        assert_eq!(r, (want, CrossoverSource::Measured));
+    }
+}
