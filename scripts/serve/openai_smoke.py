@@ -1,8 +1,10 @@
 """The official `openai` Python client against a running `kiln serve`: a streamed chat
 with usage and a non-streamed completion, asserting content and usage, the sampling
 fields the client sends (penalties, logit bias, vLLM's min_p and repetition_penalty),
-log-probabilities streamed and not, `n` choices, and the prompt's log-probabilities
-(`echo` with `max_tokens` 0, as lm-evaluation-harness asks for a loglikelihood).
+log-probabilities streamed and not, `n` choices, the prompt's log-probabilities (`echo`
+with `max_tokens` 0, as lm-evaluation-harness asks for a loglikelihood), a `json_schema`
+response format whose output parses, and a tool call round trip (the call forced by
+`tool_choice`, streamed and not, then the tool's result and an answer).
 Usage:
 
     python openai_smoke.py http://127.0.0.1:PORT MODEL_ID
@@ -10,9 +12,108 @@ Usage:
 Exits non-zero with a message on the first failed expectation.
 """
 
+import json
 import sys
 
 import openai
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def check_weather(arguments: str) -> None:
+    args = json.loads(arguments)
+    assert list(args) == ["city", "unit"], args
+    assert isinstance(args["city"], str) and len(args["city"]) <= 12, args
+    assert args["unit"] in ("celsius", "fahrenheit"), args
+
+
+def structured_and_tools(client: openai.OpenAI, model: str) -> None:
+    """A schema's output parses; a forced tool call round trips (synthetic weights emit
+    garbage, so only the mask makes either valid)."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "size": {"type": "integer", "minimum": 1, "maximum": 99},
+            "fired": {"type": "boolean"},
+        },
+        "required": ["name", "size", "fired"],
+        "additionalProperties": False,
+    }
+    out = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Describe a kiln."}],
+        max_tokens=120,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "kiln", "schema": schema, "strict": True}},
+    )
+    value = json.loads(out.choices[0].message.content)
+    assert list(value) == ["name", "size", "fired"], value
+    assert 1 <= value["size"] <= 99 and isinstance(value["fired"], bool), value
+    assert out.choices[0].finish_reason == "stop", out
+
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    called = client.chat.completions.create(
+        model=model, messages=question, max_tokens=120, temperature=0, tools=[WEATHER], tool_choice=named
+    )
+    choice = called.choices[0]
+    assert choice.finish_reason == "tool_calls", called
+    assert choice.message.content is None, called
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather", call
+    check_weather(call.function.arguments)
+
+    # Streamed: index, id and name first, then the arguments, as OpenAI streams a call.
+    stream = client.chat.completions.create(
+        model=model, messages=question, max_tokens=120, temperature=0, tools=[WEATHER], tool_choice="required",
+        stream=True,
+    )
+    name, arguments, ids, finish = "", "", set(), None
+    for chunk in stream:
+        for c in chunk.choices:
+            for tc in c.delta.tool_calls or []:
+                assert tc.index == 0, tc
+                if tc.id:
+                    ids.add(tc.id)
+                if tc.function and tc.function.name:
+                    name += tc.function.name
+                if tc.function and tc.function.arguments:
+                    arguments += tc.function.arguments
+            finish = c.finish_reason or finish
+    assert name == "get_weather" and len(ids) == 1 and finish == "tool_calls", (name, ids, finish)
+    check_weather(arguments)
+
+    answer = client.chat.completions.create(
+        model=model,
+        messages=question
+        + [
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 21})},
+        ],
+        max_tokens=8,
+        temperature=0,
+        tools=[WEATHER],
+        tool_choice="none",
+    )
+    assert answer.choices[0].message.content, answer
+    assert not answer.choices[0].message.tool_calls, answer
+    assert answer.choices[0].finish_reason in ("stop", "length"), answer
 
 
 def main() -> None:
@@ -96,7 +197,11 @@ def main() -> None:
     check_logprobs(client, model)
     check_n(client, model)
     check_echo(client, model)
-    print(f"openai {openai.__version__}: streamed chat {usage.completion_tokens} tokens, completion ok")
+    structured_and_tools(client, model)
+    print(
+        f"openai {openai.__version__}: streamed chat {usage.completion_tokens} tokens, completion ok, "
+        "logprobs, n and echo ok, json_schema ok, tool call round trip ok"
+    )
 
 
 def check_logprobs(client: "openai.OpenAI", model: str) -> None:

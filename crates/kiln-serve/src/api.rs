@@ -9,6 +9,8 @@ use kiln_model::{LoadedModel, LogitAdjustments, ModelError, SamplingParams};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::structured::{self, Constraint};
+use crate::tools::{self, Tools};
 
 /// Which endpoint a request came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +55,11 @@ pub struct GenerationRequest {
     pub continuous_usage: bool,
     /// Ask for a speculative slot (`"speculative": true`, kiln's extension).
     pub speculative: bool,
+    /// What the output is constrained to (`response_format`, `guided_*`, a forced tool
+    /// call); such a request never decodes speculatively.
+    pub constraint: Option<Box<Constraint>>,
+    /// The request's tools, whose calls are parsed out of the output.
+    pub tools: Option<Box<Tools>>,
     /// Log-probabilities of each sampled token with this many most likely alternatives
     /// (chat's `top_logprobs`, a completion's `logprobs`); `None` for none.
     pub logprobs: Option<usize>,
@@ -120,10 +127,15 @@ const COMMON_FIELDS: &[&str] = &[
     "min_p",
     "logit_bias",
     "speculative",
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
 ];
 /// Fields of `stream_options`.
 const STREAM_OPTIONS: &[&str] = &["include_usage", "continuous_usage_stats"];
-const CHAT_FIELDS: &[&str] = &["messages", "max_completion_tokens", "top_logprobs", "parallel_tool_calls"];
+const CHAT_FIELDS: &[&str] =
+    &["messages", "max_completion_tokens", "top_logprobs", "parallel_tool_calls", "tools", "tool_choice"];
 const COMPLETION_FIELDS: &[&str] = &["prompt", "echo", "best_of"];
 
 /// Parses and checks a request body for `endpoint`; `model_id` is the served model's
@@ -153,6 +165,23 @@ pub fn parse(
         }
     }
     refuse_unless_off(&obj)?;
+    let mut constraint = structured::from_request(&obj)?;
+    let tools = match endpoint {
+        Endpoint::Chat => tools::from_request(&obj, model)?,
+        Endpoint::Completions => None,
+    };
+    if let Some(forced) = tools.as_ref().and_then(Tools::constraint) {
+        if let Some(c) = &constraint {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                format!(
+                    "tool_choice forces a tool call and {} constrains the output too: send one of them",
+                    c.field
+                ),
+            ));
+        }
+        constraint = Some(forced);
+    }
 
     match obj.get("model") {
         Some(Value::String(m)) if m == model_id => {}
@@ -332,7 +361,7 @@ pub fn parse(
         for j in 0..n {
             let index = choices.len() as u64;
             choices.push(GenerationRequest {
-                max_tokens: max_tokens.unwrap_or(context - prompt.len()),
+                max_tokens: max_tokens.unwrap_or(kiln_protocol::context_room(prompt.len(), context)),
                 prompt: prompt.clone(),
                 // Choice k samples with seed + k: a seeded request reproduces, and its
                 // choices differ.
@@ -347,6 +376,8 @@ pub fn parse(
                 logprobs,
                 echo,
                 prompt_logprobs: echo && logprobs.is_some() && j == 0,
+                constraint: constraint.clone().map(Box::new),
+                tools: tools.clone().map(Box::new),
             });
         }
     }
@@ -552,7 +583,7 @@ fn refuse_unless_off(obj: &Map<String, Value>) -> Result<(), ApiError> {
         };
         if !off {
             let accepted = match name.as_str() {
-                "parallel_tool_calls" => "a boolean (there are no tools)",
+                "parallel_tool_calls" => "a boolean",
                 _ => "0",
             };
             return unsupported(name, &format!("{name} = {accepted}"));
@@ -635,15 +666,38 @@ pub(crate) fn chat_tokens(
     for (i, m) in messages.iter().enumerate() {
         parsed.push(message(i, m)?);
     }
+    let tools = match obj.get("tools") {
+        Some(Value::Array(t)) if !t.is_empty() => Some(t),
+        _ => None,
+    };
     let tokens = match &model.chat_template {
         Some(t) => {
-            let text = t.render(&parsed, add_generation_prompt).map_err(|e| {
+            let values: Vec<Value> = parsed.iter().map(Message::template_value).collect();
+            let mut extra = Map::new();
+            if let Some(tools) = tools {
+                extra.insert("tools".into(), Value::Array(tools.clone()));
+            }
+            let text = t.render_with(&values, add_generation_prompt, &extra).map_err(|e| {
                 ApiError::invalid("messages", format!("the model's chat template refused the messages: {e}"))
             })?;
             model.tokenizer.encode(&text, add_special.unwrap_or(false))
         }
         None => {
-            let mut text = render_plain(&parsed);
+            let mut plain: Vec<ChatMessage> = Vec::with_capacity(parsed.len() + 1);
+            if let Some(tools) = tools {
+                // One line naming the tools and how to call them, as a template's system
+                // text would.
+                let list: Vec<String> = tools.iter().map(Value::to_string).collect();
+                plain.push(ChatMessage::new(
+                    "tools",
+                    format!(
+                        "{} (call one as <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>)",
+                        list.join(" ")
+                    ),
+                ));
+            }
+            plain.extend(parsed.iter().map(Message::plain));
+            let mut text = render_plain(&plain);
             if !add_generation_prompt {
                 text.truncate(text.len() - PLAIN_GENERATION_PROMPT.len());
             }
@@ -675,7 +729,58 @@ pub fn render_plain(messages: &[ChatMessage]) -> String {
 /// Where the answer begins in [`render_plain`].
 const PLAIN_GENERATION_PROMPT: &str = "assistant: ";
 
-fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
+/// One checked chat message: its text (none for an assistant message that only calls
+/// tools), its tool calls, and the call a tool message answers.
+struct Message {
+    role: String,
+    content: Option<String>,
+    name: Option<String>,
+    tool_calls: Option<Vec<Value>>,
+    tool_call_id: Option<String>,
+}
+
+impl Message {
+    /// The message as chat templates read it (Hugging Face's shape): tool calls'
+    /// `arguments` as objects, as vLLM hands them to templates.
+    fn template_value(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("role".into(), Value::String(self.role.clone()));
+        m.insert("content".into(), self.content.clone().map_or(Value::Null, Value::String));
+        if let Some(n) = &self.name {
+            m.insert("name".into(), Value::String(n.clone()));
+        }
+        if let Some(calls) = &self.tool_calls {
+            let calls = calls
+                .iter()
+                .map(|c| {
+                    let mut c = c.clone();
+                    if let Some(a) = c["function"]["arguments"].as_str()
+                        && let Ok(parsed) = serde_json::from_str::<Value>(a)
+                    {
+                        c["function"]["arguments"] = parsed;
+                    }
+                    c
+                })
+                .collect();
+            m.insert("tool_calls".into(), Value::Array(calls));
+        }
+        if let Some(id) = &self.tool_call_id {
+            m.insert("tool_call_id".into(), Value::String(id.clone()));
+        }
+        Value::Object(m)
+    }
+
+    /// The message for [`render_plain`]: calls written as the model would write them.
+    fn plain(&self) -> ChatMessage {
+        let mut text = self.content.clone().unwrap_or_default();
+        if let Some(calls) = &self.tool_calls {
+            text.push_str(&tools::plain_calls(calls));
+        }
+        ChatMessage::new(self.role.clone(), text)
+    }
+}
+
+fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
     let param = format!("messages[{i}]");
     let Value::Object(o) = m else {
         return Err(ApiError::invalid(
@@ -683,20 +788,26 @@ fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
             format!("messages[{i}] must be an object with role and content"),
         ));
     };
-    if let Some(k) = o.keys().find(|k| !matches!(k.as_str(), "role" | "content" | "name")) {
+    if let Some(k) =
+        o.keys().find(|k| !matches!(k.as_str(), "role" | "content" | "name" | "tool_calls" | "tool_call_id"))
+    {
         return Err(ApiError::invalid(
             format!("messages[{i}].{k}"),
-            format!("unsupported field messages[{i}].{k}: accepted are role, content and name"),
+            format!(
+                "unsupported field messages[{i}].{k}: accepted are role, content, name, tool_calls and tool_call_id"
+            ),
         ));
     }
     let role = match o.get("role") {
-        Some(Value::String(r)) if matches!(r.as_str(), "system" | "developer" | "user" | "assistant") => {
+        Some(Value::String(r))
+            if matches!(r.as_str(), "system" | "developer" | "user" | "assistant" | "tool") =>
+        {
             r.clone()
         }
         Some(Value::String(r)) => {
             return Err(ApiError::invalid(
                 format!("messages[{i}].role"),
-                format!("unsupported role {r:?}: accepted are system, developer, user and assistant"),
+                format!("unsupported role {r:?}: accepted are system, developer, user, assistant and tool"),
             ));
         }
         _ => {
@@ -706,8 +817,44 @@ fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
             ));
         }
     };
+    let tool_calls = match o.get("tool_calls") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(calls)) if role == "assistant" => {
+            for (j, c) in calls.iter().enumerate() {
+                let f = c.get("function");
+                let ok = f.and_then(|f| f.get("name")).is_some_and(Value::is_string)
+                    && f.and_then(|f| f.get("arguments")).is_some_and(|a| a.is_string() || a.is_object());
+                if !ok {
+                    return Err(ApiError::invalid(
+                        format!("messages[{i}].tool_calls[{j}]"),
+                        format!(
+                            "messages[{i}].tool_calls[{j}] must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}"
+                        ),
+                    ));
+                }
+            }
+            Some(calls.clone())
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].tool_calls"),
+                format!("messages[{i}].tool_calls must be an array, on an assistant message"),
+            ));
+        }
+    };
+    let tool_call_id = match o.get("tool_call_id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(id)) => Some(id.clone()),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].tool_call_id"),
+                format!("messages[{i}].tool_call_id must be a string"),
+            ));
+        }
+    };
+    let name = o.get("name").and_then(Value::as_str).map(str::to_string);
     let content = match o.get("content") {
-        Some(Value::String(c)) => c.clone(),
+        Some(Value::String(c)) => Some(c.clone()),
         Some(Value::Array(parts)) => {
             let mut text = String::new();
             for part in parts {
@@ -723,16 +870,20 @@ fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
                     }
                 }
             }
-            text
+            Some(text)
         }
+        // An assistant message that only calls tools has no text.
+        None | Some(Value::Null) if tool_calls.is_some() => None,
         _ => {
             return Err(ApiError::invalid(
                 format!("messages[{i}].content"),
-                format!("messages[{i}].content must be a string or an array of text parts"),
+                format!(
+                    "messages[{i}].content must be a string or an array of text parts (null only beside tool_calls)"
+                ),
             ));
         }
     };
-    Ok(ChatMessage::new(role, content))
+    Ok(Message { role, content, name, tool_calls, tool_call_id })
 }
 
 /// The prompts of a completion: a string, a list of token ids, or a list of either.
@@ -804,4 +955,92 @@ pub(crate) fn text_tokens(
         .tokenizer
         .encode(text, add_special)
         .map_err(|e| ApiError::invalid(field, format!("the {field} cannot be encoded: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln_model::chat_template::ChatTemplate;
+
+    use super::*;
+
+    fn template(name: &str) -> ChatTemplate {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../kiln-model/tests/fixtures/models/templates")
+            .join(name);
+        let source = std::fs::read_to_string(&path).unwrap();
+        ChatTemplate::new(source, Some("<|begin_of_text|>".into()), None, path).unwrap()
+    }
+
+    /// A tool round trip's history as a client sends it: the call with `content: null`
+    /// and its arguments as JSON text, then the tool's answer.
+    fn history() -> (Vec<Value>, Map<String, Value>) {
+        let messages = json_messages(serde_json::json!([
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "21 C"},
+        ]));
+        let mut extra = Map::new();
+        extra.insert(
+            "tools".into(),
+            serde_json::json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]),
+        );
+        (messages, extra)
+    }
+
+    fn json_messages(v: Value) -> Vec<Value> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(i, m)| message(i, m).unwrap().template_value())
+            .collect()
+    }
+
+    #[test]
+    fn qwen_template_renders_tools_calls_and_results_as_its_model_expects() {
+        let (messages, extra) = history();
+        let text = template("qwen2.5-instruct.jinja").render_with(&messages, true, &extra).unwrap();
+        assert!(
+            text.contains("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\""),
+            "{text}"
+        );
+        assert!(
+            text.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>"),
+            "{text}"
+        );
+        assert!(
+            text.contains("<|im_start|>user\n<tool_response>\n21 C\n</tool_response><|im_end|>"),
+            "{text}"
+        );
+        assert!(text.ends_with("<|im_start|>assistant\n"), "{text}");
+    }
+
+    #[test]
+    fn llama_template_renders_tools_calls_and_results_as_its_model_expects() {
+        let (messages, extra) = history();
+        let text = template("llama-3.2-instruct.jinja").render_with(&messages, true, &extra).unwrap();
+        assert!(text.contains("\"name\": \"get_weather\""), "{text}");
+        assert!(
+            text.contains("<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}<|eot_id|>"),
+            "{text}"
+        );
+        // The template writes a string result through `tojson` (a string is iterable in
+        // Jinja), as transformers renders it.
+        assert!(text.contains("<|start_header_id|>ipython<|end_header_id|>\n\n\"21 C\"<|eot_id|>"), "{text}");
+    }
+
+    #[test]
+    fn tool_messages_are_checked() {
+        let bad = [
+            serde_json::json!({"role": "assistant", "content": null}),
+            serde_json::json!({"role": "user", "content": "x", "tool_calls": []}),
+            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [{"function": {"name": "f"}}]}),
+            serde_json::json!({"role": "tool", "content": "x", "tool_call_id": 5}),
+        ];
+        for m in bad {
+            assert!(message(0, &m).is_err(), "{m}");
+        }
+    }
 }

@@ -27,6 +27,7 @@ use crate::error::ApiError;
 use crate::logprobs;
 use crate::scheduler::{Command, Event, Failure, FinishReason, Job, TokenLogprob};
 use crate::text::{Channel, Detokenizer, Emitter, Piece};
+use crate::tools::{self, CallSyntax, ToolCall};
 use crate::{Shared, system_fingerprint};
 
 /// The app: `/health`, `/metrics`, `/v1/models` (and `/v1/models/{id}`), `/v1/chat/completions`,
@@ -267,7 +268,15 @@ async fn start(
         ));
     }
     let model = s.model().cloned().ok_or_else(loading)?;
-    let request = api::parse(endpoint, &body, &s.config.model_id, &model)?;
+    let mut request = api::parse(endpoint, &body, &s.config.model_id, &model)?;
+    // The constraint is the request's: compiled once, each choice gets its own copy.
+    if let Some(c) = request.choices[0].constraint.as_mut() {
+        s.grammars(&model, c.field)?.compile(c)?;
+        let compiled = request.choices[0].constraint.clone();
+        for choice in &mut request.choices[1..] {
+            choice.constraint = compiled.clone();
+        }
+    }
     let count = request.choices.len();
     let max_queue = s.config.max_queue;
     if count > max_queue {
@@ -366,6 +375,11 @@ fn failed(f: Failure) -> ApiError {
         Failure::Engine(message) => {
             ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "engine_error", message)
         }
+        Failure::Grammar(e) => ApiError::status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "grammar_error",
+            format!("the output's grammar failed: {e}"),
+        ),
     }
 }
 
@@ -383,6 +397,8 @@ struct Progress {
     speculative: Option<(u64, u64)>,
     /// Log-probabilities of tokens received and not yet sent.
     logprobs: Vec<TokenLogprob>,
+    /// Masks and their nanoseconds, when the request's output was constrained.
+    structured: Option<(u64, u64)>,
 }
 
 impl Progress {
@@ -394,6 +410,7 @@ impl Progress {
             finish: None,
             speculative: None,
             logprobs: Vec::new(),
+            structured: None,
         }
     }
 
@@ -435,6 +452,10 @@ impl Progress {
                 self.speculative = Some((drafted, accepted));
                 Ok(Vec::new())
             }
+            Some(Event::Structured { masks, mask_nanos }) => {
+                self.structured = Some((masks, mask_nanos));
+                Ok(Vec::new())
+            }
             Some(Event::Failed(f)) => Err(failed(f)),
             Some(Event::Started { .. } | Event::PromptLogprobs(_)) | None => Err(gone()),
         }
@@ -457,6 +478,11 @@ impl Started {
         if !spec.is_empty() {
             let (drafted, accepted) = spec.iter().fold((0, 0), |(d, a), &(x, y)| (d + x, a + y));
             usage["speculative"] = json!({"drafted": drafted, "accepted": accepted});
+        }
+        let masked: Vec<(u64, u64)> = self.choices.iter().filter_map(|c| c.progress.structured).collect();
+        if !masked.is_empty() {
+            let (masks, nanos) = masked.iter().fold((0, 0), |(m, n), &(x, y)| (m + x, n + y));
+            usage["structured"] = json!({"masks": masks, "mask_ms": nanos as f64 / 1e6});
         }
         usage
     }
@@ -536,7 +562,7 @@ async fn collect(mut st: Started) -> Response {
         }
         // A stop string ended it: the scheduler frees the slot at its next step.
         drop(events);
-        let finish = st.choices[k].progress.finish.unwrap_or(FinishReason::Stop).as_str();
+        let mut finish = st.choices[k].progress.finish.unwrap_or(FinishReason::Stop).as_str();
         let logprobs = match first.logprobs {
             Some(_) => st.logprobs(k, &logprobs, first.echo, &mut 0),
             None => Value::Null,
@@ -544,6 +570,15 @@ async fn collect(mut st: Started) -> Response {
         let body = match st.endpoint {
             Endpoint::Chat => {
                 let mut message = json!({"role": "assistant", "content": content});
+                if let Some((before, calls)) =
+                    call_syntax(&st).and_then(|syntax| tools::parse_calls(syntax, &content))
+                {
+                    message["content"] = if before.is_empty() { Value::Null } else { Value::String(before) };
+                    message["tool_calls"] = Value::Array(
+                        calls.iter().enumerate().map(|(i, c)| tool_call_object(&st.id, k, i, c)).collect(),
+                    );
+                    finish = "tool_calls";
+                }
                 if !reasoning.is_empty() {
                     message["reasoning_content"] = Value::String(reasoning);
                 }
@@ -573,6 +608,26 @@ async fn collect(mut st: Started) -> Response {
     .into_response()
 }
 
+/// The call syntax to parse a response's output with: the request's tools', unless
+/// `tool_choice` is `none`.
+fn call_syntax(st: &Started) -> Option<CallSyntax> {
+    st.request.first().tools.as_ref().filter(|t| t.parses_calls()).map(|t| t.syntax)
+}
+
+/// The `id` of choice `k`'s call `i`: unique as the response's id is.
+fn tool_call_id(response_id: &str, k: usize, i: usize) -> String {
+    let unique = response_id.split_once('-').map_or(response_id, |(_, rest)| rest);
+    if k == 0 { format!("call_{unique}-{i}") } else { format!("call_{unique}-{k}-{i}") }
+}
+
+/// One call as OpenAI's `message.tool_calls[i]`.
+fn tool_call_object(response_id: &str, k: usize, i: usize, c: &ToolCall) -> Value {
+    json!({
+        "id": tool_call_id(response_id, k, i), "type": "function",
+        "function": {"name": c.name, "arguments": c.arguments},
+    })
+}
+
 /// State of one event stream.
 struct StreamState {
     st: Started,
@@ -583,6 +638,9 @@ struct StreamState {
     /// The choice polled first next time, so no choice starves the others.
     next: usize,
     ended: bool,
+    /// Per choice, content held back while it may still be the opening of a tool call
+    /// (requests with tools); `None` once it cannot, or without tools.
+    held: Vec<Option<String>>,
 }
 
 impl StreamState {
@@ -636,6 +694,7 @@ impl StreamState {
     /// The chunks of choice `k`'s `pieces`, the log-probabilities received with them on
     /// the first; one empty chunk carries them when there is no text.
     fn pieces(&mut self, k: usize, pieces: Vec<Piece>, token: bool) {
+        let pieces = self.release(k, pieces);
         let held = pieces.is_empty();
         if held && !(token && self.st.choices[k].progress.finish.is_none()) {
             // Nothing to send yet: log-probabilities wait for the next chunk.
@@ -644,8 +703,8 @@ impl StreamState {
         let mut logprobs = self.take_logprobs(k, false);
         if held {
             // One chunk per sampled token even while its text is held back (an
-            // incomplete character, a possible stop string or tag), so clients can time
-            // every token.
+            // incomplete character, a possible stop string, tag or tool call), so
+            // clients can time every token.
             let c = self.chunk(k, json!({"content": ""}), logprobs, None);
             self.queue.push_back(c);
             return;
@@ -660,9 +719,61 @@ impl StreamState {
         }
     }
 
+    /// Choice `k`'s pieces less the content held back while it may open a tool call;
+    /// what turns out to be plain text is released with the piece that shows it.
+    fn release(&mut self, k: usize, pieces: Vec<Piece>) -> Vec<Piece> {
+        let syntax = call_syntax(&self.st);
+        let mut out = Vec::with_capacity(pieces.len());
+        for mut piece in pieces {
+            if piece.channel == Channel::Content
+                && let Some(held) = &mut self.held[k]
+            {
+                held.push_str(&piece.text);
+                if syntax.is_some_and(|syntax| tools::may_be_call(syntax, held)) {
+                    continue;
+                }
+                // Plain text after all: send what was held, and stop looking for a call.
+                piece.text = std::mem::take(held);
+                self.held[k] = None;
+            }
+            out.push(piece);
+        }
+        out
+    }
+
     fn finish_choice(&mut self, k: usize) {
+        let mut finish = self.st.choices[k].progress.finish.unwrap_or(FinishReason::Stop).as_str();
+        if let Some(held) = self.held[k].take() {
+            match call_syntax(&self.st).and_then(|syntax| tools::parse_calls(syntax, &held)) {
+                Some((before, calls)) => {
+                    if !before.is_empty() {
+                        let c = self.chunk(k, json!({"content": before}), Value::Null, None);
+                        self.queue.push_back(c);
+                    }
+                    // As OpenAI streams a call: its index, id, type and name with empty
+                    // arguments first, then the arguments.
+                    for (i, call) in calls.iter().enumerate() {
+                        let head = json!({"tool_calls": [{
+                            "index": i, "id": tool_call_id(&self.st.id, k, i), "type": "function",
+                            "function": {"name": call.name, "arguments": ""},
+                        }]});
+                        let c = self.chunk(k, head, Value::Null, None);
+                        self.queue.push_back(c);
+                        let args =
+                            json!({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]});
+                        let c = self.chunk(k, args, Value::Null, None);
+                        self.queue.push_back(c);
+                    }
+                    finish = "tool_calls";
+                }
+                None if !held.is_empty() => {
+                    let c = self.chunk(k, json!({"content": held}), Value::Null, None);
+                    self.queue.push_back(c);
+                }
+                None => {}
+            }
+        }
         let logprobs = self.take_logprobs(k, false);
-        let finish = self.st.choices[k].progress.finish.unwrap_or(FinishReason::Stop).as_str();
         let c = self.chunk(k, json!({}), logprobs, Some(finish));
         self.queue.push_back(c);
         // A stop string ended it: the scheduler frees the slot at its next step.
@@ -711,6 +822,7 @@ impl StreamState {
 /// away) drops the event receivers, which frees the slots at the scheduler's next step.
 fn stream_response(st: Started) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let count = st.choices.len();
+    let held = vec![call_syntax(&st).map(|_| String::new()); count];
     let mut state = StreamState {
         st,
         created: unix_now(),
@@ -718,6 +830,7 @@ fn stream_response(st: Started) -> Sse<impl Stream<Item = Result<SseEvent, Infal
         offsets: vec![0; count],
         next: 0,
         ended: false,
+        held,
     };
     let first = state.st.request.first().clone();
     for k in 0..count {

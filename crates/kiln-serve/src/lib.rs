@@ -17,8 +17,10 @@ pub mod logprobs;
 pub mod metrics;
 pub mod prompt_cache;
 pub mod scheduler;
+pub mod structured;
 pub mod text;
 pub mod tokenize;
+pub mod tools;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
@@ -66,6 +68,9 @@ pub struct Shared {
     pub config: ServerConfig,
     /// The loaded model, once loading is done.
     model: OnceLock<Arc<LoadedModel>>,
+    /// The structured-output parser factory of the model's vocabulary, built at the
+    /// first request that constrains its output (or the reason it cannot be).
+    grammars: OnceLock<Result<structured::Grammars, String>>,
     /// Counters for `/metrics`.
     pub metrics: Arc<metrics::Metrics>,
     commands: Mutex<Sender<scheduler::Command>>,
@@ -80,6 +85,21 @@ impl Shared {
     /// The model, once loaded.
     pub fn model(&self) -> Option<&Arc<LoadedModel>> {
         self.model.get()
+    }
+
+    /// The structured-output parser factory of `model`'s vocabulary, built once; a 400
+    /// naming `field` when the vocabulary cannot be read as bytes.
+    pub fn grammars(&self, model: &LoadedModel, field: &str) -> Result<&structured::Grammars, ApiError> {
+        let built = self.grammars.get_or_init(|| {
+            structured::Grammars::new(
+                &model.tokenizer,
+                model.config.vocab_size,
+                &scheduler::eos_tokens(model),
+            )
+        });
+        built.as_ref().map_err(|e| {
+            ApiError::invalid(field, format!("{field} is not available for this model's tokenizer: {e}"))
+        })
     }
 
     /// Whether the server stopped admitting requests.
@@ -136,6 +156,7 @@ impl Server {
         let shared = Arc::new(Shared {
             config,
             model: OnceLock::new(),
+            grammars: OnceLock::new(),
             metrics: Arc::default(),
             commands: Mutex::new(tx),
             draining: AtomicBool::new(false),

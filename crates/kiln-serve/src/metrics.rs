@@ -46,6 +46,10 @@ pub struct Metrics {
     pub spec_verifies: AtomicU64,
     /// Slots currently speculating.
     pub spec_active_slots: AtomicU64,
+    /// Structured-output token masks computed (one per constrained slot per step).
+    pub masks: AtomicU64,
+    /// Nanoseconds spent computing and applying those masks.
+    pub mask_nanos: AtomicU64,
 }
 
 impl Metrics {
@@ -66,6 +70,12 @@ impl Metrics {
         }
         self.batch_sum.fetch_add(rows, Ordering::Relaxed);
         self.batch_count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one structured-output mask that took `took`.
+    pub fn mask(&self, took: std::time::Duration) {
+        self.masks.fetch_add(1, Ordering::Relaxed);
+        self.mask_nanos.fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// The Prometheus text exposition, with the pool's bytes by tag.
@@ -160,6 +170,18 @@ impl Metrics {
             "# HELP kiln_forward_seconds_total Time inside the forward.\n\
              # TYPE kiln_forward_seconds_total counter\nkiln_forward_seconds_total {:.6}",
             secs(get(&self.forward_nanos))
+        );
+        counter(
+            &mut s,
+            "kiln_structured_masks_total",
+            "Structured-output token masks computed, one per constrained sequence per step.",
+            get(&self.masks),
+        );
+        let _ = writeln!(
+            s,
+            "# HELP kiln_structured_mask_seconds_total Time computing and applying structured-output masks, inside the steps.\n\
+             # TYPE kiln_structured_mask_seconds_total counter\nkiln_structured_mask_seconds_total {:.6}",
+            secs(get(&self.mask_nanos))
         );
         let stats = pool.stats();
         let _ = writeln!(s, "# HELP kiln_pool_bytes Bytes the memory pool holds, by tag.");

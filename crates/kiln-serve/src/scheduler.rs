@@ -81,6 +81,14 @@ pub enum Event {
         /// Of those, tokens accepted.
         accepted: u64,
     },
+    /// The request's output was constrained: the masks computed for it and their time,
+    /// sent just before [`Event::Done`].
+    Structured {
+        /// Token masks computed (one per sampled token, and one for a final EOS).
+        masks: u64,
+        /// Nanoseconds computing and applying them.
+        mask_nanos: u64,
+    },
     /// Generation ended.
     Done(FinishReason),
     /// The job failed; nothing more follows.
@@ -150,8 +158,13 @@ struct Slot<'m> {
     /// Logit bias and penalties with the sequence's token counts, when the request has
     /// any; such a slot never decodes speculatively.
     penalizer: Option<Penalizer>,
-    /// The slot's logits row after the penalizer.
+    /// The slot's logits row after the penalizer and the structured-output mask.
     adjusted: Vec<f32>,
+    /// The structured-output grammar's state, when the request constrains its output;
+    /// such a slot never decodes speculatively.
+    matcher: Option<Box<llguidance::Matcher>>,
+    /// Masks computed for the slot, and their nanoseconds.
+    masks: (u64, u64),
     /// The log-softmax of the slot's last logits row, when it asks for log-probabilities.
     logprobs: Vec<f32>,
     /// Prompt tokens in the cache.
@@ -281,11 +294,7 @@ impl<'m> Scheduler<'m> {
         }
         let gate = ExactnessGate::from_env()?;
         let layout = KvLayout::new(&model.config, engine.options().kv_dtype);
-        // Stop at the config's EOS ids and at the chat template's end token, as `kiln
-        // generate` does.
-        let mut eos = model.config.eos_token_ids.clone();
-        let template_eos = model.chat_template.as_ref().and_then(|t| t.eos_token.as_deref());
-        eos.extend(template_eos.and_then(|t| model.tokenizer.token_to_id(t)));
+        let eos = eos_tokens(model);
         Ok(Scheduler {
             model,
             engine,
@@ -448,7 +457,7 @@ impl<'m> Scheduler<'m> {
     }
 
     /// Gives `job` a slot, adopting a cached prefix when one matches.
-    fn start(&mut self, job: Job, planned_bytes: u64) {
+    fn start(&mut self, mut job: Job, planned_bytes: u64) {
         let sampler = match Sampler::new(job.request.sampling, self.model.config.vocab_size) {
             Ok(s) => s,
             Err(e) => {
@@ -458,6 +467,7 @@ impl<'m> Scheduler<'m> {
         };
         let adjust = &job.request.adjust;
         let penalizer = (!adjust.is_off()).then(|| Penalizer::new(adjust.clone(), &job.request.prompt));
+        let matcher = job.request.constraint.as_mut().and_then(|c| c.take_matcher());
         let request = &job.request;
         if request.max_tokens == 0 && !request.prompt_logprobs {
             // Nothing to compute (an echo without log-probabilities).
@@ -508,6 +518,8 @@ impl<'m> Scheduler<'m> {
             sampler,
             penalizer,
             adjusted: Vec::new(),
+            matcher,
+            masks: (0, 0),
             logprobs: Vec::new(),
             prefilled: cached,
             generated: Vec::new(),
@@ -664,10 +676,12 @@ impl<'m> Scheduler<'m> {
             }
             // The speculative stream samples the model's rows as they are: a request with
             // a logit bias or penalties decodes in the joint forward.
-            // So does one asking for log-probabilities, which need every row.
+            // So does one asking for log-probabilities, which need every row, and one
+            // whose output a grammar constrains.
             let wants = (self.options.speculative || s.job.request.speculative)
                 && s.penalizer.is_none()
-                && s.job.request.logprobs.is_none();
+                && s.job.request.logprobs.is_none()
+                && s.matcher.is_none();
             if !wants || s.spec.is_some() || s.spec_stats.is_some() || s.done.is_some() || !s.decoding() {
                 continue;
             }
@@ -786,6 +800,10 @@ impl<'m> Scheduler<'m> {
                             .events
                             .send(Event::Speculation { drafted: st.drafted, accepted: st.accepted });
                     }
+                    if s.matcher.is_some() {
+                        let (masks, mask_nanos) = s.masks;
+                        let _ = s.job.events.send(Event::Structured { masks, mask_nanos });
+                    }
                     let _ = s.job.events.send(Event::Done(r));
                     true
                 }
@@ -816,21 +834,43 @@ impl<'m> Scheduler<'m> {
 /// Samples `s`'s next token from its logits `row` (after its penalizer), and sends it
 /// (with its log-probability when asked for) unless it ends the sequence.
 fn sample_and_send(s: &mut Slot<'_>, row: &[f32], eos: &[u32], metrics: &Metrics) {
-    let token = match &mut s.penalizer {
-        Some(p) => {
-            s.adjusted.clear();
-            s.adjusted.extend_from_slice(row);
+    let token = if s.penalizer.is_none() && s.matcher.is_none() {
+        s.sampler.sample(row)
+    } else {
+        s.adjusted.clear();
+        s.adjusted.extend_from_slice(row);
+        if let Some(p) = &s.penalizer {
             p.apply(&mut s.adjusted);
-            s.sampler.sample(&s.adjusted)
         }
-        None => s.sampler.sample(row),
+        if let Some(m) = &mut s.matcher {
+            let t = Instant::now();
+            let masked = crate::structured::mask(m, &mut s.adjusted);
+            let took = t.elapsed();
+            metrics.mask(took);
+            s.masks.0 += 1;
+            s.masks.1 += took.as_nanos() as u64;
+            if let Err(e) = masked {
+                s.done = Some(Outcome::Failed(Failure::Grammar(e)));
+                return;
+            }
+        }
+        s.sampler.sample(&s.adjusted)
     };
-    if eos.contains(&token) && !s.job.request.ignore_eos {
+    // The mask allows EOS only where the grammar may end.
+    if eos.contains(&token) && (!s.job.request.ignore_eos || s.matcher.is_some()) {
         s.done = Some(Outcome::Finished(FinishReason::Stop));
         return;
     }
     if let Some(p) = &mut s.penalizer {
         p.observe(token);
+    }
+    let mut grammar_ended = false;
+    if let Some(m) = &mut s.matcher {
+        if let Err(e) = m.consume_token(token) {
+            s.done = Some(Outcome::Failed(Failure::Grammar(e.to_string())));
+            return;
+        }
+        grammar_ended = m.is_stopped();
     }
     s.generated.push(token);
     metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
@@ -845,6 +885,8 @@ fn sample_and_send(s: &mut Slot<'_>, row: &[f32], eos: &[u32], metrics: &Metrics
     }
     if s.job.events.send(Event::Token(token)).is_err() {
         s.done = Some(Outcome::Cancelled);
+    } else if grammar_ended {
+        s.done = Some(Outcome::Finished(FinishReason::Stop));
     } else if s.generated.len() >= s.job.request.max_tokens {
         s.done = Some(Outcome::Finished(FinishReason::Length));
     }
@@ -858,6 +900,15 @@ enum Room {
     Fits,
     Later,
     Never(String),
+}
+
+/// The tokens that end a sequence: the config's EOS ids and the chat template's end
+/// token, as `kiln generate` stops.
+pub fn eos_tokens(model: &LoadedModel) -> Vec<u32> {
+    let mut eos = model.config.eos_token_ids.clone();
+    let template_eos = model.chat_template.as_ref().and_then(|t| t.eos_token.as_deref());
+    eos.extend(template_eos.and_then(|t| model.tokenizer.token_to_id(t)));
+    eos
 }
 
 /// Why the scheduler failed a job. The scheduler says what happened; `http` alone turns
@@ -875,6 +926,9 @@ pub enum Failure {
     OutOfMemory(String),
     /// Any other engine error, with its message.
     Engine(String),
+    /// A structured-output grammar failed mid-sequence (the mask left no token, or
+    /// rejected the one sampled).
+    Grammar(String),
 }
 
 impl Failure {

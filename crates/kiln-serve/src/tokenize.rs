@@ -8,8 +8,16 @@ use serde_json::{Map, Value, json};
 use crate::api::{self, model_not_found};
 use crate::error::ApiError;
 
-const TOKENIZE_FIELDS: &[&str] =
-    &["model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "content", "add_special"];
+const TOKENIZE_FIELDS: &[&str] = &[
+    "model",
+    "prompt",
+    "messages",
+    "tools",
+    "add_special_tokens",
+    "add_generation_prompt",
+    "content",
+    "add_special",
+];
 const DETOKENIZE_FIELDS: &[&str] = &["model", "tokens"];
 
 /// The body of a `/tokenize` or `/detokenize` request as an object, its fields checked
@@ -59,7 +67,7 @@ pub fn tokenize(body: &[u8], model_id: &str, model: &LoadedModel) -> Result<Valu
     let obj = object(body, "/tokenize", TOKENIZE_FIELDS, model_id)?;
     if let Some(content) = obj.get("content") {
         // llama-server's shape: special tokens only when `add_special` asks for them.
-        if let Some(k) = ["prompt", "messages", "add_special_tokens", "add_generation_prompt"]
+        if let Some(k) = ["prompt", "messages", "tools", "add_special_tokens", "add_generation_prompt"]
             .into_iter()
             .find(|k| obj.contains_key(*k))
         {
@@ -95,11 +103,16 @@ pub fn tokenize(body: &[u8], model_id: &str, model: &LoadedModel) -> Result<Valu
                     "add_generation_prompt applies to messages only, not to a prompt",
                 ));
             }
+            if obj.contains_key("tools") {
+                return Err(ApiError::invalid("tools", "tools apply to messages only, not to a prompt"));
+            }
             api::text_tokens(text, "prompt", model, add_special.unwrap_or(true))?
         }
         (Some(_), None) => return Err(ApiError::invalid("prompt", "prompt must be a string")),
         (None, Some(_)) => {
             let generation = opt_bool(&obj, "add_generation_prompt")?.unwrap_or(true);
+            // Checked as the chat endpoint checks them, and rendered the same way.
+            crate::tools::from_request(&obj, model)?;
             api::chat_tokens(&obj, model, generation, add_special)?
         }
         (None, None) => {

@@ -119,6 +119,7 @@ impl Mixed {
             model: self.served.clone(),
             endpoint: Endpoint::Completions,
             speculative,
+            json_object: false,
         }
     }
 }

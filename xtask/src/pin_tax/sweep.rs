@@ -69,6 +69,7 @@ impl Sweep {
             model: self.served.clone(),
             endpoint: Endpoint::Completions,
             speculative: false,
+            json_object: false,
         }
     }
 }

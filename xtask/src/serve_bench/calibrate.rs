@@ -95,6 +95,7 @@ fn probe(endpoint: Endpoint, served: &str, words: u64, seed: u64) -> RequestSpec
         model: served.to_string(),
         endpoint,
         speculative: false,
+        json_object: false,
     }
 }
 

@@ -93,6 +93,9 @@ pub struct RequestSpec {
     pub endpoint: Endpoint,
     /// Send `"speculative": true` (kiln's extension: ask for a speculative slot).
     pub speculative: bool,
+    /// Send `response_format: {"type": "json_object"}`: the server masks every step, and
+    /// a kiln server reports the mask's time in `usage.structured`.
+    pub json_object: bool,
 }
 
 impl RequestSpec {
@@ -108,6 +111,9 @@ impl RequestSpec {
         });
         if self.speculative {
             body["speculative"] = json!(true);
+        }
+        if self.json_object {
+            body["response_format"] = json!({"type": "json_object"});
         }
         match (&self.prompt, self.endpoint) {
             (Prompt::Text(t), Endpoint::Completions) => body["prompt"] = json!(t),
@@ -178,6 +184,12 @@ pub struct RequestResult {
     /// `usage.speculative.accepted`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spec_accepted: Option<u64>,
+    /// `usage.structured.masks` (kiln's extension), when the output was constrained.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub masks: Option<u64>,
+    /// `usage.structured.mask_ms`: the server's time computing and applying those masks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mask_ms: Option<f64>,
     /// FNV-1a 64 of the generated text (content then reasoning), hex.
     pub output_hash: String,
 }
@@ -203,6 +215,8 @@ impl RequestResult {
             cached_tokens: None,
             spec_drafted: None,
             spec_accepted: None,
+            masks: None,
+            mask_ms: None,
             output_hash: String::new(),
         }
     }
@@ -352,6 +366,8 @@ pub fn measure(key: &str, start_ms: f64, status: u16, st: &StreamState, e2e: Dur
         r.cached_tokens = u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64);
         r.spec_drafted = u.pointer("/speculative/drafted").and_then(Value::as_u64);
         r.spec_accepted = u.pointer("/speculative/accepted").and_then(Value::as_u64);
+        r.masks = u.pointer("/structured/masks").and_then(Value::as_u64);
+        r.mask_ms = u.pointer("/structured/mask_ms").and_then(Value::as_f64);
     }
     if let (Some(ttft), true) = (r.ttft_ms, tokens >= 2) {
         r.tpot_ms = Some((ms(e2e) - ttft) / (tokens - 1) as f64);
@@ -480,7 +496,7 @@ mod tests {
         st.feed(ev(json!({"choices":[{"delta":{"content":""}}]})).as_bytes(), ms(25)).unwrap();
         st.feed(ev(json!({"choices":[{"text":"!"}]})).as_bytes(), ms(40)).unwrap();
         st.feed(
-            ev(json!({"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":2},"speculative":{"drafted":8,"accepted":5}}}))
+            ev(json!({"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":2},"speculative":{"drafted":8,"accepted":5},"structured":{"masks":3,"mask_ms":0.25}}}))
                 .as_bytes(),
             ms(41),
         )
@@ -496,6 +512,7 @@ mod tests {
         assert_eq!(r.tpot_ms, Some(20.0));
         assert_eq!((r.prompt_tokens, r.cached_tokens), (Some(5), Some(2)));
         assert_eq!((r.spec_drafted, r.spec_accepted), (Some(8), Some(5)));
+        assert_eq!((r.masks, r.mask_ms), (Some(3), Some(0.25)));
         assert_eq!(r.output_hash, format!("{:016x}", fnv1a64(b"hi!think")));
     }
 
@@ -540,8 +557,12 @@ mod tests {
             model: "m".into(),
             endpoint: Endpoint::Completions,
             speculative: false,
+            json_object: false,
         };
         assert_eq!(ids.body()["prompt"], json!([5, 6]));
+        assert!(ids.body().get("response_format").is_none());
+        let json_object = RequestSpec { json_object: true, ..ids.clone() };
+        assert_eq!(json_object.body()["response_format"], json!({"type": "json_object"}));
         assert!(ids.body().get("speculative").is_none(), "only a speculative request names the extension");
         let spec = RequestSpec { speculative: true, ..ids };
         assert_eq!(spec.body()["speculative"], json!(true));

@@ -68,6 +68,11 @@ pub struct ServeBench {
     /// The endpoint.
     #[arg(long, value_enum, default_value_t = Endpoint::Completions)]
     endpoint: Endpoint,
+    /// Send `response_format: {"type": "json_object"}` with every measured request, so the
+    /// server masks each step; a kiln server's mask time then fills the summary's mask
+    /// column (run once with and once without to price it).
+    #[arg(long)]
+    json_object: bool,
     /// The `model` field of requests [default: the -m value (the booted server is named
     /// so) or its --served-model-name, else "default"].
     #[arg(long, value_name = "NAME")]
@@ -180,6 +185,7 @@ impl ServeBench {
             "ignore_eos": self.ignore_eos,
             "prompt_kind": self.prompt_kind(),
             "endpoint": self.endpoint,
+            "json_object": self.json_object,
             "request_timeout_s": self.request_timeout,
             "percentiles": "linear interpolation between closest ranks (type 7, numpy's default)",
         });
@@ -346,6 +352,7 @@ impl ServeBench {
             model: served.to_string(),
             endpoint: self.endpoint,
             speculative: false,
+            json_object: self.json_object,
         }
     }
 

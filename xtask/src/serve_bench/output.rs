@@ -55,6 +55,9 @@ pub struct LevelSummary {
     pub prompt_tokens_asked: Option<u64>,
     /// The mean `usage.prompt_tokens` the server counted over completed requests.
     pub prompt_tokens_served: Option<f64>,
+    /// The server's structured-output mask time per mask, microseconds, over completed
+    /// requests that report it (`usage.structured`, kiln's extension).
+    pub mask_us: Option<f64>,
 }
 
 impl LevelSummary {
@@ -95,6 +98,13 @@ impl LevelSummary {
                 let counted: Vec<u64> = ok.iter().filter_map(|r| r.prompt_tokens).collect();
                 (!counted.is_empty()).then(|| counted.iter().sum::<u64>() as f64 / counted.len() as f64)
             },
+            mask_us: {
+                let (masks, mask_ms) = ok
+                    .iter()
+                    .filter_map(|r| r.masks.zip(r.mask_ms))
+                    .fold((0u64, 0f64), |(n, t), (m, ms)| (n + m, t + ms));
+                (masks > 0).then(|| 1e3 * mask_ms / masks as f64)
+            },
         }
     }
 
@@ -134,6 +144,7 @@ pub fn csv_header() -> Vec<String> {
     }
     h.extend(["client_cpu_s".to_string(), "server_cpu_s".to_string()]);
     h.extend(["prompt_tokens_asked".to_string(), "prompt_tokens_served".to_string()]);
+    h.push("mask_us".to_string());
     h
 }
 
@@ -163,6 +174,7 @@ pub fn csv_record(l: &LevelSummary) -> Vec<String> {
     r.push(num(l.server_cpu_s));
     r.push(l.prompt_tokens_asked.map_or_else(String::new, |a| a.to_string()));
     r.push(num(l.prompt_tokens_served));
+    r.push(num(l.mask_us));
     r
 }
 
@@ -262,6 +274,15 @@ pub fn markdown(levels: &[LevelSummary]) -> String {
             off.join(", ")
         );
     }
+    let masked: Vec<String> =
+        levels.iter().filter_map(|l| l.mask_us.map(|us| format!("{} {us:.1} us", l.level))).collect();
+    if !masked.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nstructured-output mask per token, the server's time (usage.structured): {}",
+            masked.join(", ")
+        );
+    }
     s
 }
 
@@ -327,8 +348,32 @@ mod tests {
             cached_tokens: None,
             spec_drafted: None,
             spec_accepted: None,
+            masks: None,
+            mask_ms: None,
             output_hash: String::new(),
         }
+    }
+
+    #[test]
+    fn the_mask_time_is_per_mask_over_the_requests_that_report_it() {
+        let masked = |masks: u64, ms: f64| RequestResult {
+            masks: Some(masks),
+            mask_ms: Some(ms),
+            ..req(true, 10.0, 4)
+        };
+        let failed = RequestResult { masks: Some(1), mask_ms: Some(100.0), ..req(false, 10.0, 4) };
+        let l = LevelSummary::of("c=2".into(), Some(2), None, &[masked(4, 1.0), masked(6, 4.0), failed], 1.0);
+        // 5 ms over 10 masks; the failed request does not count.
+        assert_eq!(l.mask_us, Some(500.0));
+        assert!(
+            markdown(std::slice::from_ref(&l))
+                .contains("mask per token, the server's time (usage.structured): c=2 500.0 us")
+        );
+        let plain = LevelSummary::of("c=1".into(), Some(1), None, &[req(true, 10.0, 4)], 1.0);
+        assert_eq!(plain.mask_us, None);
+        assert!(!markdown(std::slice::from_ref(&plain)).contains("mask per token"));
+        assert_eq!(csv_record(&plain).last().map(String::as_str), Some(""));
+        assert_eq!(csv_record(&l).last().map(String::as_str), Some("500.000"));
     }
 
     #[test]
