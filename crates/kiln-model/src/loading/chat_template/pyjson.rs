@@ -294,10 +294,12 @@ mod tests {
             "b": [1, 2.0, "x<&>\"\n", null, true, []],
             "a": {"é": {}},
         })));
-        // serde_json sorts keys; the filter keeps the order it is given.
+        // serde_json keeps insertion order in this workspace (llguidance turns on its
+        // `preserve_order`), and the filter keeps the order it is given, as Python's
+        // `json.dumps` keeps a dict's.
         assert_eq!(
             dumps(&v, &Options::default()).unwrap(),
-            r#"{"a": {"é": {}}, "b": [1, 2.0, "x<&>\"\n", null, true, []]}"#
+            r#"{"b": [1, 2.0, "x<&>\"\n", null, true, []], "a": {"é": {}}}"#
         );
         let opts = Options {
             indent: Some("  ".into()),
@@ -307,7 +309,7 @@ mod tests {
         };
         assert_eq!(
             dumps(&v, &opts).unwrap(),
-            "{\n  \"a\": {\n    \"\\u00e9\": {}\n  },\n  \"b\": [\n    1,\n    2.0,\n    \"x<&>\\\"\\n\",\n    null,\n    true,\n    []\n  ]\n}"
+            "{\n  \"b\": [\n    1,\n    2.0,\n    \"x<&>\\\"\\n\",\n    null,\n    true,\n    []\n  ],\n  \"a\": {\n    \"\\u00e9\": {}\n  }\n}"
         );
     }
 }
