@@ -75,6 +75,15 @@ extern "C" __global__ void __launch_bounds__(KILN_EW_THREADS)
 }
 KILN_REGISTER(kiln_add_f32)
 
+// y[r, j] += bias[j] for the rows of a [len / n, n] f32 projection output: a linear's
+// bias (Qwen2's q, k and v), added in f32 after the product, as kiln-model adds it.
+extern "C" __global__ void __launch_bounds__(KILN_EW_THREADS)
+    kiln_add_bias_f32(float* __restrict__ y, const float* __restrict__ bias, int n, int len) {
+  const int i = (int)(blockIdx.x * KILN_EW_THREADS + threadIdx.x);
+  if (i < len) y[i] = y[i] + bias[i % n];
+}
+KILN_REGISTER(kiln_add_bias_f32)
+
 // Rotary embeddings in the half-split layout (element i of a head pairs with i + half),
 // in place on x[row, heads * 2 * half], row `row` at position positions[row]. The
 // frequencies (inv_freq[half], f32) carry the model's scaling, computed on the host by

@@ -149,6 +149,41 @@ impl Device {
         }
     }
 
+    /// Allocates `bytes` of device memory counted under `tag`, returned as its address and
+    /// lease; [`Device::free_raw`] frees it. For owners that cannot borrow the device
+    /// ([`crate::exec::Mem`]).
+    pub(crate) fn alloc_raw(&self, tag: Tag, bytes: usize) -> Result<(u64, Lease), CudaError> {
+        let lease = self.pool.reserve(tag, bytes as u64)?;
+        // SAFETY: as in `alloc`.
+        match unsafe { result::malloc_sync(bytes.max(1)) } {
+            Ok(ptr) => Ok((ptr, lease)),
+            Err(e) => {
+                let in_use = self.pool.stats().live_bytes - bytes as u64;
+                Err(alloc_failure(e.0 as u32, e.to_string(), bytes as u64, tag, in_use))
+            }
+        }
+    }
+
+    /// Frees an address from [`Device::alloc_raw`].
+    pub(crate) fn free_raw(ptr: u64) {
+        // SAFETY: `ptr` came from cuMemAlloc and its owner frees it once, while the device
+        // that made it is alive (the executor drops its buffers before the device).
+        let _ = unsafe { result::free_sync(ptr) };
+    }
+
+    /// Copies `data` to device address `dst`, which holds at least its bytes.
+    pub(crate) fn htod(dst: u64, data: &[u8]) -> Result<(), CudaError> {
+        // SAFETY: the caller's allocation holds `data.len()` bytes at `dst`; the context is
+        // current on this thread.
+        unsafe { result::memcpy_htod_sync(dst, data) }.map_err(driver("cuMemcpyHtoD"))
+    }
+
+    /// Copies `out.len()` bytes from device address `src` into `out`.
+    pub(crate) fn dtoh(src: u64, out: &mut [u8]) -> Result<(), CudaError> {
+        // SAFETY: as for htod.
+        unsafe { result::memcpy_dtoh_sync(out, src) }.map_err(driver("cuMemcpyDtoH"))
+    }
+
     fn function(&self, kernel: &str, module: &str) -> Result<sys::CUfunction, CudaError> {
         let mut cache = self.functions.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(&f) = cache.get(kernel) {

@@ -53,6 +53,20 @@ pub enum CudaError {
         /// Bytes the pool held when the request came.
         in_use: u64,
     },
+    /// The device forward does not run this model or option.
+    #[error("the cuda backend does not run {what}")]
+    Unsupported {
+        /// What, and what would be accepted.
+        what: String,
+    },
+    /// A bad input to the device forward.
+    #[error("invalid {what}: {message}")]
+    Input {
+        /// The input.
+        what: String,
+        /// What is wrong and what is accepted.
+        message: String,
+    },
     /// The host execution has no kernel of that name.
     #[error("unknown kernel {0}: no loaded module holds a kernel of that name")]
     UnknownKernel(String),

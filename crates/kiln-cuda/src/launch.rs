@@ -385,6 +385,23 @@ pub fn add(len: usize, x: u64, y: u64) -> Result<Launch, CudaError> {
     })
 }
 
+/// `y[r, j] += bias[j]` over `len` f32 values of rows `n` wide.
+pub fn add_bias(len: usize, n: usize, y: u64, bias: u64) -> Result<Launch, CudaError> {
+    let (g, l) = elementwise_grid("add_bias", len)?;
+    if n == 0 || !len.is_multiple_of(n) {
+        return Err(CudaError::shape(
+            "add_bias",
+            format!("{len} values in rows of {n}: the length must be a multiple of a width of at least 1"),
+        ));
+    }
+    Ok(Launch {
+        kernel: "kiln_add_bias_f32".into(),
+        grid: [g, 1, 1],
+        block: [ELEMENTWISE_THREADS, 1, 1],
+        args: vec![Arg::Ptr(y), Arg::Ptr(bias), Arg::I32(n as i32), Arg::I32(l)],
+    })
+}
+
 /// Rotary embeddings in place on `x[rows, heads * head_dim]` (f32), row `r` at
 /// `positions[r]` (i32), with `head_dim / 2` f32 frequencies at `inv_freq`.
 pub fn rope(
@@ -767,6 +784,7 @@ pub fn all_kernels() -> Vec<String> {
         v.push(format!("kiln_attn_merge_o{o}"));
     }
     v.push("kiln_add_f32".into());
+    v.push("kiln_add_bias_f32".into());
     v.push("kiln_rope_f32".into());
     v.push("kiln_kv_store_f16".into());
     v.push("kiln_moe_route".into());
@@ -882,6 +900,8 @@ mod tests {
         assert_eq!((l.kernel.as_str(), l.grid), ("kiln_silu_mul_obf16", [2, 1, 1]));
         assert_eq!(add(256, 1, 2).unwrap().grid, [1, 1, 1]);
         assert!(add(0, 1, 2).is_err());
+        assert_eq!(add_bias(257, 257, 1, 2).unwrap().args[2], Arg::I32(257));
+        assert!(add_bias(256, 3, 1, 2).unwrap_err().to_string().contains("multiple"));
         assert_eq!(rms_norm(5, 896, 1e-6, Out::F32, 1, 2, 3).unwrap().grid, [5, 1, 1]);
         assert!(rope(1, 2, 7, 1, 2, 3).unwrap_err().to_string().contains("even"));
         let l = moe_route(33, 60, 4, true, 1, 2, 3).unwrap();
@@ -902,7 +922,7 @@ mod tests {
     #[test]
     fn every_kernel_name_maps_to_a_module() {
         let all = all_kernels();
-        assert_eq!(all.len(), 36 + 12 + 6 + 3);
+        assert_eq!(all.len(), 36 + 12 + 6 + 3 + 1);
         for k in &all {
             assert!(["qmv", "qmm", "attn", "elementwise"].contains(&module_of(k)), "{k}");
         }

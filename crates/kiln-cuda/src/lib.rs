@@ -14,7 +14,9 @@
 #![deny(missing_docs)]
 
 pub mod error;
+pub mod exec;
 pub mod launch;
+pub mod model;
 pub mod pool;
 pub mod ptxas;
 
@@ -26,6 +28,9 @@ pub mod host;
 pub mod modules;
 
 pub use error::CudaError;
+pub use exec::{Exec, Mem};
 pub use launch::{
     Act, Arg, AttnBuffers, AttnShape, EmbedBuffers, EmbedShape, Launch, Out, QmmShape, QmvBuffers, QmvShape,
 };
+pub use model::{DeviceCache, DeviceEngine, DevicePlan, DeviceRunShape};
+pub use pool::DevicePool;

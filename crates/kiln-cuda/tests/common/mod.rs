@@ -322,6 +322,14 @@ pub fn silu_mul_and_add_match_their_formulas(be: &impl Backend) {
     be.run(&launch::add(len, bx.addr(), by.addr()).unwrap());
     let got: Vec<u32> = f32s(&bx.read()).iter().map(|v| v.to_bits()).collect();
     assert_eq!(got, want, "the residual add is one f32 addition per element");
+    // The bias: rows of 40 (not a multiple of the block), each element one f32 addition.
+    let n = 40;
+    let bias: Vec<f32> = (0..n).map(|_| rng.sym(3.0)).collect();
+    let want: Vec<u32> = y.iter().enumerate().map(|(i, v)| (v + bias[i % n]).to_bits()).collect();
+    let (by, bb) = (up(be, &y), up(be, &bias));
+    be.run(&launch::add_bias(len, n, by.addr(), bb.addr()).unwrap());
+    let got: Vec<u32> = f32s(&by.read()).iter().map(|v| v.to_bits()).collect();
+    assert_eq!(got, want, "the bias is one f32 addition per element, broadcast over rows");
 }
 
 /// kiln-model's `Rope::apply` for one row, from the same frequencies: f32 angle, cosine
