@@ -60,6 +60,12 @@ impl Device {
     /// Opens GPU `ordinal`: probes for the driver, initialises it, retains the device's
     /// primary context and loads every module.
     pub fn open(ordinal: usize) -> Result<Device, CudaError> {
+        Self::open_limited(ordinal, None)
+    }
+
+    /// Opens GPU `ordinal` as [`Device::open`] does, its pool limited by the free device
+    /// memory or `limit` when smaller; `None` reads `KILN_MEMORY_LIMIT` instead.
+    pub fn open_limited(ordinal: usize, limit: Option<u64>) -> Result<Device, CudaError> {
         probe_driver(&DRIVER_LIBRARIES)?;
         result::init().map_err(driver("cuInit"))?;
         let count = result::device::get_count().map_err(driver("cuDeviceGetCount"))?;
@@ -81,8 +87,11 @@ impl Device {
         // SAFETY: `ctx` is the live primary context retained above.
         unsafe { result::ctx::set_current(ctx) }.map_err(driver("cuCtxSetCurrent"))?;
         let (free, total) = result::mem_get_info().map_err(driver("cuMemGetInfo"))?;
-        let pool = DevicePool::from_env(free as u64)
-            .map_err(|e| CudaError::Shape { kernel: "device pool", what: e.to_string() })?;
+        let pool = match limit {
+            Some(l) => DevicePool::with_limit(crate::pool::device_limit(free as u64, Some(l))),
+            None => DevicePool::from_env(free as u64)
+                .map_err(|e| CudaError::Shape { kernel: "device pool", what: e.to_string() })?,
+        };
         let mut device = Device {
             ordinal,
             dev,

@@ -97,6 +97,13 @@ impl Exec {
         Ok(Exec::Cuda(crate::device::Device::open(ordinal)?))
     }
 
+    /// GPU `ordinal`, its pool limited by its free memory or `limit` when smaller (`None`:
+    /// `KILN_MEMORY_LIMIT`).
+    #[cfg(feature = "cuda")]
+    pub fn cuda_limited(ordinal: usize, limit: Option<u64>) -> Result<Exec, CudaError> {
+        Ok(Exec::Cuda(crate::device::Device::open_limited(ordinal, limit)?))
+    }
+
     /// What runs the kernels: the GPU's name, or `host execution`.
     pub fn name(&self) -> String {
         match self {

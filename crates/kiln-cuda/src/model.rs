@@ -15,9 +15,9 @@
 //! (docs/cuda.md).
 //!
 //! Memory: every buffer is allocated from the executor's [`crate::DevicePool`] under a tag
-//! (weights, kv, scratch). [`plan`] runs the same allocations on [`Exec::plan`], which
+//! (weights, kv, scratch). [`plan`] makes the same allocations on [`Exec::plan`], which
 //! counts and stores nothing, so `kiln estimate --backend cuda` is the pool's peak of the
-//! run it describes. MoE models and unquantized weights are refused with a message.
+//! run it describes (a test checks it against a run). MoE models and unquantized weights are refused with a message.
 
 use kiln_core::{QuantizedMatrix, ScaleDtype, Tag};
 use kiln_model::rope::Rope;
@@ -330,19 +330,23 @@ pub struct DeviceRunShape {
     pub logit_rows: usize,
 }
 
-/// The device memory a run of `shape` takes: the allocations [`DeviceEngine`] makes for
-/// it, counted by [`Exec::plan`].
-pub fn plan(
-    config: &ModelConfig,
-    weights: &ModelWeights,
-    shape: DeviceRunShape,
-) -> Result<DevicePlan, CudaError> {
+/// The bytes [`DeviceWeights::upload`] takes beyond the CPU's weight bytes of the same
+/// model: the RoPE frequencies (the matrices, norms and biases are the same bytes).
+pub fn extra_weight_bytes(config: &ModelConfig) -> u64 {
+    (config.head_dim / 2 * 4) as u64
+}
+
+/// The device memory a run of `shape` takes, from the model's configuration and the CPU's
+/// count of its weight bytes (`ModelInfo::weight_bytes`: no weights are loaded): the
+/// allocations [`DeviceEngine`] makes for it, counted by [`Exec::plan`].
+pub fn plan(config: &ModelConfig, weight_bytes: u64, shape: DeviceRunShape) -> Result<DevicePlan, CudaError> {
     let exec = Exec::plan(u64::MAX);
-    let mut engine = DeviceEngine::new(&exec, config, weights)?;
-    engine.reserve(shape.rows, shape.sequence_tokens, shape.logit_rows)?;
-    let cache = engine.new_cache(shape.sequence_tokens)?;
+    let weights = exec.alloc(Tag::Weights, (weight_bytes + extra_weight_bytes(config)) as usize)?;
+    let work =
+        Work::new(&exec, config, shape.rows.max(1), shape.sequence_tokens.max(1), shape.logit_rows.max(1))?;
+    let cache = alloc_cache(&exec, config, shape.sequence_tokens)?;
     let st = exec.stats();
-    drop((cache, engine));
+    drop((cache, work, weights));
     let tag = |t: &str| st.by_tag.get(t).map_or(0, |s| s.at_peak);
     Ok(DevicePlan {
         weights_bytes: tag("weights"),
@@ -350,6 +354,25 @@ pub fn plan(
         scratch_bytes: tag("scratch"),
         total_bytes: st.peak_bytes,
     })
+}
+
+fn alloc_cache(exec: &Exec, config: &ModelConfig, capacity: usize) -> Result<DeviceCache, CudaError> {
+    let limit = config.max_position_embeddings;
+    if capacity == 0 || capacity > limit {
+        return Err(CudaError::Input {
+            what: "cache capacity".into(),
+            message: format!("{capacity} positions: accepted are 1 to the model's context of {limit}"),
+        });
+    }
+    let bytes = cache_layer_bytes(config, capacity);
+    let layers = config.num_hidden_layers;
+    let mut keys = Vec::with_capacity(layers);
+    let mut values = Vec::with_capacity(layers);
+    for _ in 0..layers {
+        keys.push(exec.alloc(Tag::Kv, bytes)?);
+        values.push(exec.alloc(Tag::Kv, bytes)?);
+    }
+    Ok(DeviceCache { keys, values, capacity, len: 0 })
 }
 
 /// A model on a device with its activations, running forwards over caches it makes.
@@ -408,22 +431,7 @@ impl<'e> DeviceEngine<'e> {
 
     /// An empty cache of `capacity` positions (at most the model's context).
     pub fn new_cache(&self, capacity: usize) -> Result<DeviceCache, CudaError> {
-        let limit = self.config.max_position_embeddings;
-        if capacity == 0 || capacity > limit {
-            return Err(CudaError::Input {
-                what: "cache capacity".into(),
-                message: format!("{capacity} positions: accepted are 1 to the model's context of {limit}"),
-            });
-        }
-        let bytes = cache_layer_bytes(&self.config, capacity);
-        let layers = self.config.num_hidden_layers;
-        let mut keys = Vec::with_capacity(layers);
-        let mut values = Vec::with_capacity(layers);
-        for _ in 0..layers {
-            keys.push(self.exec.alloc(Tag::Kv, bytes)?);
-            values.push(self.exec.alloc(Tag::Kv, bytes)?);
-        }
-        Ok(DeviceCache { keys, values, capacity, len: 0 })
+        alloc_cache(self.exec, &self.config, capacity)
     }
 
     fn run(&mut self, l: Result<Launch, CudaError>) -> Result<(), CudaError> {

@@ -155,7 +155,12 @@ fn the_plan_is_the_device_pools_peak_and_a_smaller_limit_is_out_of_memory() {
     let m = load("tiny-qwen");
     let ids = prompt(30, m.config.vocab_size);
     let shape = DeviceRunShape { sequence_tokens: 40, rows: 10, logit_rows: 1 };
-    let p = plan(&m.config, &m.weights, shape).unwrap();
+    let info = kiln_model::inspect(
+        "synthetic:tiny-qwen",
+        &LoadOptions { pool: MemoryPool::unlimited(), quantize: None },
+    )
+    .unwrap();
+    let p = plan(&m.config, info.weight_bytes, shape).unwrap();
     assert_eq!(p.total_bytes, p.weights_bytes + p.kv_bytes + p.scratch_bytes);
     assert_eq!(
         p.kv_bytes as usize,

@@ -20,7 +20,7 @@ use kiln_protocol::{DecodeReport, WarmupError};
 
 use crate::cli::{BenchArgs, Format};
 use crate::exit::usage;
-use crate::{Clock, prompt, runtime, rusage, speculate};
+use crate::{Clock, backend, prompt, runtime, rusage, speculate};
 
 /// Passes over the bandwidth buffer; the best one is reported.
 const BANDWIDTH_PASSES: usize = 5;
@@ -42,6 +42,7 @@ pub fn run(args: BenchArgs, clock: &mut Clock) -> anyhow::Result<()> {
 }
 
 fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result<()> {
+    let backend = backend::check(&args.run, "bench-decode", true, args.spec.enabled()?)?;
     let pool = runtime::pool(&args.run)?;
     // The protocol's warm-up rule: `max_tokens - 1` decode steps, the first
     // `warmup_tokens` untimed, at least one timed.
@@ -72,6 +73,7 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         None
     };
 
+    let device = backend::open(&args.run, backend)?;
     let model_name = &args.run.model;
     let load_opts = runtime::load_options(&args.run, &pool);
     let info =
@@ -111,6 +113,10 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         attention: options.attention,
         kv_dtype: options.kv_dtype,
     };
+    if let Some(exec) = &device {
+        let measured = on_device(&args, clock, exec, &model, info.weight_bytes, &ids, run_shape)?;
+        return write(&args, device_report(&args, &model, &ids, threads, options, measured, bandwidth));
+    }
     let plan = kiln_model::plan(&model.config, info.weight_bytes, &run_shape)
         .and_then(|p| p.with_expert_cache(geometry.as_ref().map_or(0, |g| g.cache_bytes())))
         .with_context(|| {
@@ -245,10 +251,151 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         expert_copy_ms: expert_stats.map(|s| s.copy_ns as f64 / 1e6),
         peak_breakdown: stats.by_tag.iter().map(|(tag, s)| (tag.clone(), s.at_peak)).collect(),
     };
+    write(&args, report)
+}
+
+fn write(args: &BenchArgs, report: DecodeReport) -> anyhow::Result<()> {
     let out = std::io::stdout().lock();
     match args.format {
         Format::Json => report.write_json(out),
         Format::Csv => report.write_csv(out),
     }
     .context("writing the result")
+}
+
+/// What a device run measured.
+struct DeviceRun {
+    prefill_s: f64,
+    decode_s: f64,
+    decode_steps: usize,
+    startup_ms: f64,
+    first_token_ms: f64,
+    peak_bytes: u64,
+    limit_bytes: u64,
+    weights_bytes: u64,
+    estimated_peak_bytes: u64,
+    peak_breakdown: Vec<(String, u64)>,
+}
+
+/// The measurement on the device: the plan, the weights copied, the workspace and the
+/// whole cache allocated before the prefill (so a run that does not fit fails first), then
+/// the prefill and the decode steps, greedy, the first `--warmup-tokens` untimed.
+fn on_device(
+    args: &BenchArgs,
+    clock: &mut Clock,
+    exec: &backend::DeviceExec,
+    model: &kiln_model::LoadedModel,
+    weight_bytes: u64,
+    ids: &[u32],
+    shape: RunShape,
+) -> anyhow::Result<DeviceRun> {
+    #[cfg(feature = "cuda")]
+    {
+        let seq = shape.sequence_tokens();
+        let rows = backend::device_rows(shape.prefill_chunk, ids.len());
+        let run = kiln_cuda::DeviceRunShape { sequence_tokens: seq, rows, logit_rows: 1 };
+        let plan =
+            kiln_cuda::model::plan(&model.config, weight_bytes, run).context("planning the device run")?;
+        let mut engine = kiln_cuda::DeviceEngine::new(exec, &model.config, &model.weights)
+            .context("copying the weights to the device")?;
+        engine.reserve(rows, seq, 1).context("allocating the device workspace")?;
+        let mut cache = engine.new_cache(seq).context("allocating the device KV cache")?;
+        let startup_ms = clock.ms();
+        let t = Instant::now();
+        let logits = engine.prefill(&mut cache, ids, shape.prefill_chunk).context("running the prefill")?;
+        let mut next = argmax(logits) as u32;
+        let prefill_s = t.elapsed().as_secs_f64();
+        let first_token_ms = clock.ms();
+        let steps = args.max_tokens - 1;
+        let mut timed_from = None;
+        for step in 0..steps {
+            if step == args.warmup_tokens {
+                exec.synchronize()?;
+                timed_from = Some(Instant::now());
+            }
+            next = argmax(engine.decode(&mut cache, next).context("running a decode step")?) as u32;
+        }
+        exec.synchronize()?;
+        let decode_s = timed_from.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let st = exec.stats();
+        Ok(DeviceRun {
+            prefill_s,
+            decode_s,
+            decode_steps: steps.saturating_sub(args.warmup_tokens),
+            startup_ms,
+            first_token_ms,
+            peak_bytes: st.peak_bytes,
+            limit_bytes: exec.pool().limit(),
+            weights_bytes: plan.weights_bytes,
+            estimated_peak_bytes: plan.total_bytes,
+            peak_breakdown: st.by_tag.iter().map(|(tag, s)| (tag.clone(), s.at_peak)).collect(),
+        })
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (args, clock, model, weight_bytes, ids, shape);
+        match *exec {}
+    }
+}
+
+/// The record of a device run: the protocol's fields, with the device pool's peak, limit
+/// and plan where the CPU run gives its own pool's, and no CPU kernel fields.
+fn device_report(
+    args: &BenchArgs,
+    model: &kiln_model::LoadedModel,
+    ids: &[u32],
+    threads: usize,
+    options: kiln_model::EngineOptions,
+    m: DeviceRun,
+    bandwidth: Option<(bandwidth::Bandwidth, f64)>,
+) -> DecodeReport {
+    let decode_tok_s = if m.decode_s > 0.0 { m.decode_steps as f64 / m.decode_s } else { 0.0 };
+    let bytes_read_per_token = model.weights.bytes_read_per_token() as u64;
+    DecodeReport {
+        model: args.run.model.clone(),
+        model_path: model.source.display_path(),
+        prompt_tokens: ids.len() as u64,
+        generated_tokens: args.max_tokens as u64,
+        prefill_ms: m.prefill_s * 1e3,
+        prefill_tok_s: ids.len() as f64 / m.prefill_s,
+        decode_ms: m.decode_s * 1e3,
+        decode_tok_s,
+        peak_bytes: m.peak_bytes,
+        max_rss_bytes: rusage::max_rss_bytes(),
+        startup_ms: m.startup_ms,
+        first_token_ms: m.first_token_ms,
+        backend: "cuda".into(),
+        threads: threads as u64,
+        kiln_version: env!("CARGO_PKG_VERSION").into(),
+        attention: options.attention.as_str().into(),
+        prefill_chunk: options.prefill_chunk as u64,
+        memory_limit_bytes: (m.limit_bytes != u64::MAX).then_some(m.limit_bytes),
+        max_tokens: Some(args.max_tokens as u64),
+        warmup_tokens: Some(args.warmup_tokens as u64),
+        decode_steps: Some(m.decode_steps as u64),
+        kv_dtype: Some(options.kv_dtype.as_str().into()),
+        qmv_wide: None,
+        qmv_wide_rows: None,
+        weights_bytes: Some(m.weights_bytes),
+        estimated_peak_bytes: Some(m.estimated_peak_bytes),
+        bytes_read_per_token: Some(bytes_read_per_token),
+        // The probe reads host memory: beside a device run it says nothing of the device.
+        read_bandwidth_bytes_per_s: bandwidth.map(|(bw, _)| bw.bytes_per_s),
+        bandwidth_probe_ms: bandwidth.map(|(_, ms)| ms),
+        decode_bandwidth_share: None,
+        spec_drafter: None,
+        spec_draft_tokens: None,
+        spec_gate: None,
+        spec_drafted: None,
+        spec_accepted: None,
+        spec_acceptance: None,
+        spec_verifies: None,
+        expert_slots: None,
+        expert_cache_bytes: None,
+        expert_hits: None,
+        expert_misses: None,
+        expert_bytes_copied: None,
+        expert_copy_ms: None,
+        peak_breakdown: m.peak_breakdown.into_iter().collect(),
+    }
 }

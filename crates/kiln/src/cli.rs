@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use kiln_protocol::{Attention, KvDtype};
+use kiln_protocol::{Attention, Backend, KvDtype};
 
 const EXIT_STATUS: &str = "\
 Exit status:
@@ -147,6 +147,10 @@ pub struct RunArgs {
     /// experts, and what the memory limit holds. Default: every expert resident.
     #[arg(long, value_name = "S", value_parser = count)]
     pub expert_slots: Option<usize>,
+    /// Where the forward pass runs: `cpu`, or `cuda` (an NVIDIA GPU; a kiln built with the
+    /// `cuda` feature, docs/cuda.md).
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    pub backend: Backend,
 }
 
 /// Speculative decoding, shared by `generate` and `bench-decode`.

@@ -1,6 +1,12 @@
 //! `kiln estimate`: the memory plan of a bench-decode run, from the model's configuration
 //! alone (no weights are loaded), as one JSON object (or a CSV header and row).
 //!
+//! With `--backend cuda` it is the device forward's plan (kiln-cuda's `model::plan`: the
+//! same allocations a `bench-decode --backend cuda` run makes, counted), against
+//! `--memory-limit` / `KILN_MEMORY_LIMIT` when given; the GPU's free memory is not read
+//! (no device is opened), so without a limit `fits` is true and the harness prices the
+//! device's memory itself.
+//!
 //! A run beyond the model's context is still planned and printed, with `within_context`
 //! false, so a harness can tell "would not fit in memory" from "cannot run at this length".
 
@@ -15,6 +21,7 @@ use crate::runtime;
 /// Plans the run and prints the record.
 pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
     runtime::check_threads(args.run.threads)?;
+    let backend = crate::backend::check(&args.run, "estimate", true, false)?;
     let pool = runtime::pool(&args.run)?;
     if args.prompt_tokens == 0 {
         return Err(usage("invalid --prompt-tokens 0: a prompt needs at least 1 token"));
@@ -38,6 +45,9 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
     };
     let geometry =
         runtime::expert_geometry(&args.run, &info.config, info.expert_slot_bytes, info.weight_bytes, &pool)?;
+    if backend == kiln_protocol::Backend::Cuda {
+        return device(&args, &info, shape, &pool);
+    }
     let plan = kiln_model::plan(&info.config, info.weight_bytes, &shape)
         .and_then(|p| p.with_expert_cache(geometry.as_ref().map_or(0, |g| g.cache_bytes())))
         .with_context(|| {
@@ -70,10 +80,77 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
         moe_top_k: info.config.moe.map(|m| m.top_k as u64),
         expert_slot_bytes: info.expert_slot_bytes,
     };
+    write(&args, record)
+}
+
+fn write(args: &EstimateArgs, record: EstimateReport) -> anyhow::Result<()> {
     let out = std::io::stdout().lock();
     match args.format {
         Format::Json => record.write_json(out),
         Format::Csv => record.write_csv(out),
     }
     .context("writing the estimate")
+}
+
+#[cfg(feature = "cuda")]
+fn device(
+    args: &EstimateArgs,
+    info: &kiln_model::ModelInfo,
+    shape: RunShape,
+    pool: &kiln_core::MemoryPool,
+) -> anyhow::Result<()> {
+    let rows = crate::backend::device_rows(shape.prefill_chunk, shape.prompt_tokens);
+    let run = kiln_cuda::DeviceRunShape { sequence_tokens: shape.sequence_tokens(), rows, logit_rows: 1 };
+    let context = info.config.max_position_embeddings;
+    let within_context = kiln_protocol::check_context(shape.prompt_tokens, shape.max_tokens, context).is_ok();
+    // Past the context the cache would be refused: plan its length anyway, as the CPU
+    // estimate does, so the record still says how much memory it would take.
+    let mut config = info.config.clone();
+    config.max_position_embeddings = config.max_position_embeddings.max(run.sequence_tokens);
+    let plan = kiln_cuda::model::plan(&config, info.weight_bytes, run).with_context(|| {
+        format!(
+            "planning --prompt-tokens {} with --max-tokens {} on the device",
+            shape.prompt_tokens, shape.max_tokens
+        )
+    })?;
+    let limit = runtime::limit_bytes(pool)
+        .filter(|_| args.run.memory_limit.is_some() || std::env::var_os("KILN_MEMORY_LIMIT").is_some());
+    write(
+        args,
+        EstimateReport {
+            model: args.run.model.clone(),
+            model_path: info.source.display_path(),
+            prompt_tokens: shape.prompt_tokens as u64,
+            max_tokens: shape.max_tokens as u64,
+            weights_bytes: plan.weights_bytes,
+            kv_bytes: plan.kv_bytes,
+            scratch_bytes: plan.scratch_bytes,
+            total_bytes: plan.total_bytes,
+            memory_limit_bytes: limit,
+            fits: limit.is_none_or(|l| plan.total_bytes <= l),
+            context_length: context as u64,
+            attention: shape.attention.as_str().into(),
+            prefill_chunk: shape.prefill_chunk as u64,
+            within_context,
+            kv_dtype: Some(shape.kv_dtype.as_str().into()),
+            workspace_bytes: Some(plan.scratch_bytes),
+            attention_scores_bytes: Some(0),
+            expert_slots: None,
+            experts_bytes: None,
+            moe_layers: None,
+            moe_experts: None,
+            moe_top_k: None,
+            expert_slot_bytes: None,
+        },
+    )
+}
+
+#[cfg(not(feature = "cuda"))]
+fn device(
+    _: &EstimateArgs,
+    _: &kiln_model::ModelInfo,
+    _: RunShape,
+    _: &kiln_core::MemoryPool,
+) -> anyhow::Result<()> {
+    unreachable!("backend::check refuses --backend cuda in a build without the feature")
 }

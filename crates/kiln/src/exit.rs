@@ -55,6 +55,17 @@ pub fn classify(err: &anyhow::Error) -> Kind {
                 _ => Kind::Usage,
             };
         }
+        #[cfg(feature = "cuda")]
+        if let Some(e) = cause.downcast_ref::<kiln_cuda::CudaError>() {
+            use kiln_cuda::CudaError as E;
+            return match e {
+                _ if e.is_out_of_memory() => Kind::OutOfMemory,
+                E::Driver { .. } | E::UnknownKernel(_) => Kind::Other,
+                // No driver or device, a model or option the device forward does not run,
+                // a bad input or shape: the command cannot run as given.
+                _ => Kind::Usage,
+            };
+        }
         if let Some(e) = cause.downcast_ref::<std::io::Error>()
             && e.kind() == std::io::ErrorKind::BrokenPipe
         {
@@ -103,6 +114,10 @@ pub fn install_panic_report() {
 }
 
 fn oom_message(cause: &(dyn std::error::Error + 'static)) -> Option<String> {
+    #[cfg(feature = "cuda")]
+    if let Some(e) = cause.downcast_ref::<kiln_cuda::CudaError>().filter(|e| e.is_out_of_memory()) {
+        return Some(e.to_string());
+    }
     if let Some(e) = cause.downcast_ref::<OutOfMemory>() {
         return Some(e.to_string());
     }

@@ -8,8 +8,9 @@ use std::io::Write;
 use std::time::Instant;
 
 use anyhow::Context;
-use kiln_model::{Engine, LoadedModel, ModelError, Sampler, SamplingParams};
+use kiln_model::{LoadedModel, ModelError, Sampler, SamplingParams};
 
+use crate::backend::{self, Runner};
 use crate::cli::GenerateArgs;
 use crate::exit::usage;
 use crate::{runtime, speculate};
@@ -24,7 +25,10 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     if args.max_tokens == 0 {
         return Err(usage("invalid --max-tokens 0: accepted values are 1 or more"));
     }
+    let speculative = args.spec.enabled()?;
+    let backend = backend::check(&args.run, "generate", true, speculative)?;
     let pool = runtime::pool(&args.run)?;
+    let device = backend::open(&args.run, backend)?;
     let params = SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,
@@ -48,12 +52,10 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             format!("prompt of {} tokens plus --max-tokens {}", ids.len(), args.max_tokens)
         });
     }
-    let speculative = args.spec.enabled()?;
     let mut gate = if speculative { Some(speculate::gate()?) } else { None };
     let draft = speculate::load_draft(&args.spec, &args.run, &pool, &model)?;
     let options = runtime::engine_options(&args.run);
-    let mut engine = Engine::new(&model, &pool, options).context("preparing the forward pass")?;
-    let mut cache = engine.new_cache();
+    let mut runner = Runner::new(&model, &pool, options, device.as_ref(), requested, ids.len())?;
     let mut sampler = Sampler::new(params, model.config.vocab_size)?;
     // Stop at the config's EOS ids and at the chat template's end token (an instruct
     // model's end of turn), when the tokenizer knows it.
@@ -66,7 +68,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     // Bounded by the context, checked above.
     let mut generated = Vec::with_capacity(args.max_tokens);
     let t = Instant::now();
-    let logits = engine.prefill(&mut cache, &ids).context("running the prefill")?;
+    let logits = runner.prefill(&ids).context("running the prefill")?;
     let prefill_s = t.elapsed().as_secs_f64();
     let first = sampler.sample(logits);
     let mut stream = match gate {
@@ -102,9 +104,13 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         }
         match (&mut stream, &mut gate) {
             (Some(stream), Some(gate)) => {
+                #[allow(irrefutable_let_patterns)] // without the `cuda` feature
+                let Runner::Cpu { engine, cache } = &mut runner else {
+                    unreachable!("backend::check refuses --speculative with --backend cuda")
+                };
                 let want = args.max_tokens - generated.len();
                 let step = stream
-                    .step(&mut engine, &mut cache, &mut sampler, gate, want)
+                    .step(engine, cache, &mut sampler, gate, want)
                     .context("running a speculative step")?;
                 if let Some(report) = &step.gate {
                     speculate::log_gate(report);
@@ -112,7 +118,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
                 queue.extend(step.tokens);
             }
             _ => {
-                let logits = engine.decode(&mut cache, token).context("running a decode step")?;
+                let logits = runner.decode(token).context("running a decode step")?;
                 queue.push_back(sampler.sample(logits));
             }
         }

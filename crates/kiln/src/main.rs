@@ -3,6 +3,7 @@
 //! line, runs one command, and turns its outcome into the documented exit status
 //! (docs/cli.md, docs/engine-protocol.md); everything else lives in kiln-model.
 
+mod backend;
 mod bench;
 mod cli;
 mod estimate;

@@ -57,6 +57,7 @@ pub fn run(args: ScoreArgs) -> anyhow::Result<()> {
 }
 
 fn score(args: ScoreArgs) -> anyhow::Result<()> {
+    crate::backend::check(&args.run, "score", false, false)?;
     // Before the model loads: a FIFO or a device is refused at once (exit 2).
     if let Some(output) = args.output.as_ref().filter(|_| !args.ids_only) {
         kiln_model::output::destination(output)

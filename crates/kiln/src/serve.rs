@@ -133,6 +133,7 @@ pub struct ServeArgs {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     runtime::check_threads(args.run.threads)?;
+    crate::backend::check(&args.run, "serve", false, false)?;
     if args.parallel == 0 {
         return Err(usage("invalid --parallel 0: accepted values are 1 or more"));
     }
