@@ -187,6 +187,13 @@ impl Device {
         unsafe { result::memcpy_htod_sync(dst, data) }.map_err(driver("cuMemcpyHtoD"))
     }
 
+    /// Copies `bytes` from device address `src` to `dst` on the device.
+    pub(crate) fn dtod(dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {
+        // SAFETY: both allocations hold `bytes` bytes (the caller's check); the context is
+        // current on this thread.
+        unsafe { result::memcpy_dtod_sync(dst, src, bytes) }.map_err(driver("cuMemcpyDtoD"))
+    }
+
     /// Copies `out.len()` bytes from device address `src` into `out`.
     pub(crate) fn dtoh(src: u64, out: &mut [u8]) -> Result<(), CudaError> {
         // SAFETY: as for htod.

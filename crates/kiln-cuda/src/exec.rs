@@ -224,6 +224,28 @@ impl Exec {
         }
     }
 
+    /// Copies all of `src` into `dst` (which holds at least as many bytes) on the device.
+    pub fn copy(&self, dst: &mut Mem, src: &Mem) -> Result<(), CudaError> {
+        assert!(src.bytes <= dst.bytes, "a copy of {} bytes into a buffer of {}", src.bytes, dst.bytes);
+        match (self, &mut dst.kind, &src.kind) {
+            #[cfg(feature = "cuda")]
+            (Exec::Cuda(_), MemKind::Device, MemKind::Device) => {
+                crate::device::Device::dtod(dst.addr, src.addr, src.bytes)
+            }
+            #[cfg(feature = "host-exec")]
+            (Exec::Host(_), MemKind::Host(d), MemKind::Host(s)) => {
+                let n = src.bytes;
+                let from: &[u8] = bytemuck::cast_slice(&s[..]);
+                let to: &mut [u8] = bytemuck::cast_slice_mut(&mut d[..]);
+                to[..n].copy_from_slice(&from[..n]);
+                Ok(())
+            }
+            (Exec::Plan(_), MemKind::Counted, MemKind::Counted) => Ok(()),
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("a buffer is used only with the executor that made it"),
+        }
+    }
+
     /// Queues `launch` (the host execution runs it at once).
     ///
     /// # Safety
@@ -267,6 +289,11 @@ mod tests {
         let mut back = [0f32; 2];
         e.read(&m, 4, &mut back).unwrap();
         assert_eq!(back, [-2.0, 3.25]);
+        let mut twin = e.alloc(Tag::Scratch, 12).unwrap();
+        e.copy(&mut twin, &m).unwrap();
+        e.read(&twin, 0, &mut back).unwrap();
+        assert_eq!(back, [1.5, -2.0]);
+        drop(twin);
         let err = e.alloc(Tag::Kv, 989).err().expect("over the limit");
         assert!(err.is_out_of_memory() && err.to_string().starts_with("out of memory:"), "{err}");
         let kv = e.alloc(Tag::Kv, 988).unwrap();

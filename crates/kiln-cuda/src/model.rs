@@ -305,6 +305,20 @@ fn attn_shape(c: &ModelConfig, rows: usize, start: usize, capacity: usize) -> At
     }
 }
 
+/// Prompt tokens per prefill forward when none is asked for (`--prefill-chunk 0`). The
+/// attention kernels keep one state per row, key/value head and 256-key span, so one
+/// forward over a whole long prompt would hold rows x context of them (16 GB for 32768
+/// tokens of a Qwen2.5-0.5B shape); chunks of 512 keep that to a few hundred MB while
+/// each product still runs `qmm` over 512 rows. Until a tiled prefill attention lands.
+pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+
+/// Rows of the largest prefill forward of `prompt_tokens` in chunks of `chunk` (0:
+/// [`DEFAULT_PREFILL_CHUNK`]).
+pub fn prefill_rows(chunk: usize, prompt_tokens: usize) -> usize {
+    let chunk = if chunk == 0 { DEFAULT_PREFILL_CHUNK } else { chunk };
+    chunk.min(prompt_tokens).max(1)
+}
+
 /// What a device run holds at its peak, by tag, from [`plan`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DevicePlan {
@@ -587,15 +601,15 @@ impl<'e> DeviceEngine<'e> {
         Ok(&self.logits)
     }
 
-    /// Runs `tokens` into `cache` in forwards of `chunk` tokens (0: one forward) and
-    /// returns the last token's logits.
+    /// Runs `tokens` into `cache` in forwards of `chunk` tokens (0:
+    /// [`DEFAULT_PREFILL_CHUNK`]) and returns the last token's logits.
     pub fn prefill(
         &mut self,
         cache: &mut DeviceCache,
         tokens: &[u32],
         chunk: usize,
     ) -> Result<&[f32], CudaError> {
-        let chunk = if chunk == 0 { tokens.len().max(1) } else { chunk };
+        let chunk = prefill_rows(chunk, tokens.len());
         let n = tokens.chunks(chunk).count();
         for (i, part) in tokens.chunks(chunk).enumerate() {
             let logits = if i + 1 == n { Logits::Last } else { Logits::None };

@@ -115,11 +115,11 @@ fn open_device(_: &RunArgs) -> anyhow::Result<DeviceExec> {
     unreachable!("check refuses --backend cuda in a build without the feature")
 }
 
-/// Rows of the largest forward of a prompt of `prompt_tokens` run in chunks of `chunk`
-/// (0: one forward).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+/// Rows of the largest device forward of a prompt of `prompt_tokens` run in chunks of
+/// `chunk` (0: kiln-cuda's default chunk).
+#[cfg(feature = "cuda")]
 pub fn device_rows(chunk: usize, prompt_tokens: usize) -> usize {
-    if chunk == 0 { prompt_tokens } else { chunk.min(prompt_tokens) }.max(1)
+    kiln_cuda::model::prefill_rows(chunk, prompt_tokens)
 }
 
 /// One sequence's forward, on either backend. One per command: the size difference of
