@@ -10,8 +10,8 @@
 #   bench.txt           qmv at M = 1 and 8 on Llama-8B shapes against a device copy
 #   tensor-core.txt     PyTorch's bf16 matmul rate (when torch is importable), the
 #                       reference of the prefill goal
-#   decode-*.json       bench-decode --backend cuda records (qwen2.5-0.5b; llama-3.1-8b
-#                       with a 2048-token prompt, for prefill too)
+#   decode-*.json       bench-decode --backend cuda records (qwen2.5-0.5b with and without
+#                       decode graphs; llama-3.1-8b with a 2048-token prompt, for prefill)
 #   estimate-*.json     estimate --backend cuda for the same runs
 #   ladder-*.csv, runs/ bench-longprompt --backend cuda on qwen2.5-0.5b under a 600 MiB
 #                       device limit: first with the estimate off (the backstop catches
@@ -89,6 +89,7 @@ decode() {
     "$bin/kiln" "$model" "$prompt" "$tokens" "$out/estimate-$name.json"
 }
 decode qwen synthetic:qwen2.5-0.5b 512 129
+KILN_CUDA_GRAPHS=0 decode qwen-nographs synthetic:qwen2.5-0.5b 512 129
 decode llama8b synthetic:llama-3.1-8b 2048 65
 
 ladder() {
@@ -125,7 +126,7 @@ try:
     tc = float(m.group(1)) * 1e12 if m else None
 except Exception:
     pass
-for name, params in [("qwen", 0.494e9), ("llama8b", 8.03e9)]:
+for name, params in [("qwen", 0.494e9), ("qwen-nographs", 0.494e9), ("llama8b", 8.03e9)]:
     r, e = load(f"decode-{name}.json"), load(f"estimate-{name}.json")
     if not r:
         continue

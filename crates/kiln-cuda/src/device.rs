@@ -234,6 +234,79 @@ impl Device {
             .map_err(driver("cuLaunchKernel"))
     }
 
+    fn node_params(
+        &self,
+        l: &Launch,
+        params: &mut [*mut c_void],
+    ) -> Result<sys::CUDA_KERNEL_NODE_PARAMS, CudaError> {
+        let func = self.function(&l.kernel, l.module())?;
+        let [gx, gy, gz] = l.grid;
+        let [bx, by, bz] = l.block;
+        Ok(sys::CUDA_KERNEL_NODE_PARAMS {
+            func,
+            gridDimX: gx,
+            gridDimY: gy,
+            gridDimZ: gz,
+            blockDimX: bx,
+            blockDimY: by,
+            blockDimZ: bz,
+            sharedMemBytes: 0,
+            kernelParams: params.as_mut_ptr(),
+            extra: std::ptr::null_mut(),
+            kern: std::ptr::null_mut(),
+            ctx: std::ptr::null_mut(),
+        })
+    }
+
+    /// Builds and instantiates a graph of `launches`, each node after the one before.
+    ///
+    /// # Safety
+    /// As for [`Device::launch`], for every launch, whenever the graph is launched.
+    pub(crate) unsafe fn build_graph(&self, launches: &[Launch]) -> Result<CudaGraph, CudaError> {
+        let mut g = CudaGraph { graph: std::ptr::null_mut(), exec: std::ptr::null_mut(), nodes: Vec::new() };
+        // SAFETY: creates an empty graph owned by `g` (destroyed in its Drop).
+        unsafe { sys::cuGraphCreate(&mut g.graph, 0) }.result().map_err(driver("cuGraphCreate"))?;
+        for l in launches {
+            let mut params: Vec<*mut c_void> = l.args.iter().map(|a| a.as_param()).collect();
+            let p = self.node_params(l, &mut params)?;
+            let mut node = std::ptr::null_mut();
+            let deps = g.nodes.last().map_or(std::ptr::null(), |n| n as *const sys::CUgraphNode);
+            let n_deps = usize::from(!g.nodes.is_empty());
+            // SAFETY: `g.graph` is live; `deps` points at `n_deps` nodes of it; `p` and
+            // the parameter values it points to (in `l.args`) live for the call, which
+            // copies them.
+            unsafe { sys::cuGraphAddKernelNode_v2(&mut node, g.graph, deps, n_deps, &p) }
+                .result()
+                .map_err(driver("cuGraphAddKernelNode"))?;
+            g.nodes.push(node);
+        }
+        // SAFETY: `g.graph` is complete; the executable graph is owned by `g`.
+        unsafe { sys::cuGraphInstantiateWithFlags(&mut g.exec, g.graph, 0) }
+            .result()
+            .map_err(driver("cuGraphInstantiate"))?;
+        Ok(g)
+    }
+
+    /// Sets node `i` of `g` to `l` (same kernel, new grid and arguments).
+    ///
+    /// # Safety
+    /// As for [`Device::build_graph`].
+    pub(crate) unsafe fn update_node(&self, g: &CudaGraph, i: usize, l: &Launch) -> Result<(), CudaError> {
+        let mut params: Vec<*mut c_void> = l.args.iter().map(|a| a.as_param()).collect();
+        let p = self.node_params(l, &mut params)?;
+        // SAFETY: `g.exec` was instantiated from the graph holding `g.nodes[i]`; `p` lives
+        // for the call, which copies it.
+        unsafe { sys::cuGraphExecKernelNodeSetParams_v2(g.exec, g.nodes[i], &p) }
+            .result()
+            .map_err(driver("cuGraphExecKernelNodeSetParams"))
+    }
+
+    /// Queues `g` on the default stream.
+    pub(crate) fn launch_graph(&self, g: &CudaGraph) -> Result<(), CudaError> {
+        // SAFETY: `g.exec` is a live executable graph of this context.
+        unsafe { sys::cuGraphLaunch(g.exec, std::ptr::null_mut()) }.result().map_err(driver("cuGraphLaunch"))
+    }
+
     /// Waits for all queued work.
     pub fn synchronize(&self) -> Result<(), CudaError> {
         result::ctx::synchronize().map_err(driver("cuCtxSynchronize"))
@@ -249,6 +322,28 @@ impl Drop for Device {
         }
         // SAFETY: the context was retained once at open.
         let _ = unsafe { result::primary_ctx::release(self.dev) };
+    }
+}
+
+/// An instantiated CUDA graph of one decode step and its nodes, in launch order.
+pub(crate) struct CudaGraph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    nodes: Vec<sys::CUgraphNode>,
+}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        // SAFETY: each handle was made once by build_graph (or is null when it failed
+        // before) and is destroyed once here.
+        unsafe {
+            if !self.exec.is_null() {
+                let _ = sys::cuGraphExecDestroy(self.exec);
+            }
+            if !self.graph.is_null() {
+                let _ = sys::cuGraphDestroy(self.graph);
+            }
+        }
     }
 }
 

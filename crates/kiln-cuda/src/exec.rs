@@ -266,6 +266,58 @@ impl Exec {
         }
     }
 
+    /// Runs `launches`, a decode step, through `graph`: on a GPU as one CUDA graph (built
+    /// on the first step or when the structure changes, else its changed nodes updated in
+    /// place, [`crate::graph::diff`]); on the host execution launch by launch.
+    ///
+    /// # Safety
+    /// As for [`Exec::launch`], for every launch in the list.
+    pub unsafe fn replay(
+        &self,
+        graph: &mut crate::graph::StepGraph,
+        launches: Vec<Launch>,
+    ) -> Result<(), CudaError> {
+        use crate::graph::{Change, diff};
+        let change =
+            if graph.stats.replays == 0 { Change::Structure } else { diff(&graph.launches, &launches) };
+        match self {
+            #[cfg(feature = "cuda")]
+            Exec::Cuda(d) => {
+                match (&change, graph.device.as_ref()) {
+                    (Change::Structure, _) | (_, None) => {
+                        graph.device = None;
+                        // SAFETY: the caller's promise for every launch.
+                        graph.device = Some(unsafe { d.build_graph(&launches) }?);
+                        graph.stats.builds += 1;
+                    }
+                    (Change::Params(idx), Some(g)) => {
+                        for &i in idx {
+                            // SAFETY: as above.
+                            unsafe { d.update_node(g, i, &launches[i]) }?;
+                        }
+                        graph.stats.node_updates += idx.len() as u64;
+                    }
+                    (Change::None, Some(_)) => {}
+                }
+                d.launch_graph(graph.device.as_ref().expect("built above"))?;
+            }
+            _ => {
+                match &change {
+                    Change::Structure => graph.stats.builds += 1,
+                    Change::Params(idx) => graph.stats.node_updates += idx.len() as u64,
+                    Change::None => {}
+                }
+                for l in &launches {
+                    // SAFETY: the caller's promise for every launch.
+                    unsafe { self.launch(l) }?;
+                }
+            }
+        }
+        graph.launches = launches;
+        graph.stats.replays += 1;
+        Ok(())
+    }
+
     /// Waits for every queued launch.
     pub fn synchronize(&self) -> Result<(), CudaError> {
         match self {

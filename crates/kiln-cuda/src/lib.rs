@@ -15,6 +15,7 @@
 
 pub mod error;
 pub mod exec;
+pub mod graph;
 pub mod launch;
 pub mod model;
 pub mod pool;

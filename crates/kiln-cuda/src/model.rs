@@ -397,6 +397,11 @@ pub struct DeviceEngine<'e> {
     work: Option<Work>,
     logits: Vec<f32>,
     launches: u64,
+    /// Whether a one-row forward replays as a graph ([`DeviceEngine::set_graphs`]).
+    graphs: bool,
+    graph: crate::graph::StepGraph,
+    /// The launches of the forward being recorded for the graph.
+    recording: Option<Vec<Launch>>,
 }
 
 impl<'e> DeviceEngine<'e> {
@@ -410,6 +415,9 @@ impl<'e> DeviceEngine<'e> {
             work: None,
             logits: Vec::new(),
             launches: 0,
+            graphs: true,
+            graph: crate::graph::StepGraph::default(),
+            recording: None,
         })
     }
 
@@ -418,9 +426,20 @@ impl<'e> DeviceEngine<'e> {
         self.exec
     }
 
-    /// Launches queued so far.
+    /// Launches queued so far (a graph's nodes counted each replay).
     pub fn launches(&self) -> u64 {
         self.launches
+    }
+
+    /// Whether a decode step (a one-row forward) is recorded and replayed as one graph
+    /// (the default) or launched kernel by kernel. The outputs are the same bits.
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs = on;
+    }
+
+    /// The decode graph's counters.
+    pub fn graph_stats(&self) -> crate::graph::GraphStats {
+        self.graph.stats()
     }
 
     /// Allocates the activations for forwards of up to `rows` rows over caches of up to
@@ -451,6 +470,10 @@ impl<'e> DeviceEngine<'e> {
     fn run(&mut self, l: Result<Launch, CudaError>) -> Result<(), CudaError> {
         let l = l?;
         self.launches += 1;
+        if let Some(rec) = &mut self.recording {
+            rec.push(l);
+            return Ok(());
+        }
         // SAFETY: every address in a launch built by this module lies in a `Mem` of this
         // engine's executor (weights, work or the cache being run), sized by the same
         // shapes the builders check: the work for `rows <= work.rows` rows and caches of
@@ -533,12 +556,15 @@ impl<'e> DeviceEngine<'e> {
         let pos: Vec<i32> = (start..start + rows).map(|p| p as i32).collect();
         exec.write(&mut w.tokens, 0, bytemuck::cast_slice(&ids))?;
         exec.write(&mut w.positions, 0, bytemuck::cast_slice(&pos))?;
+        let record = rows == 1 && logit_rows == 1 && self.graphs;
         let a = |m: &Mem| m.addr();
         let (x, xn, q, k, v, attn, scratch, proj) =
             (a(&w.x), a(&w.xn), a(&w.q), a(&w.k), a(&w.v), a(&w.attn), a(&w.scratch), a(&w.proj));
         let (gate, up, mlp, head_x, out) = (a(&w.gate), a(&w.up), a(&w.mlp), a(&w.head_x), a(&w.logits));
         let (qn, kn) = (w.qn.as_ref().map(a), w.kn.as_ref().map(a));
         let (tok, positions) = (a(&w.tokens), a(&w.positions));
+        // A decode step's launches are recorded from here and replayed as one graph.
+        self.recording = record.then(Vec::new);
         let e = &self.weights.embed;
         let embed =
             EmbedShape { rows, vocab, d: h, spec: e.spec, scales: e.scale_dtype }.launch(EmbedBuffers {
@@ -585,8 +611,8 @@ impl<'e> DeviceEngine<'e> {
             self.project(Proj::Down, l, rows, mlp, proj)?;
             self.run(launch::add(rows * h, x, proj))?;
         }
-        cache.len = start + rows;
         if logit_rows == 0 {
+            cache.len = start + rows;
             self.logits.clear();
             return Ok(&self.logits);
         }
@@ -595,6 +621,11 @@ impl<'e> DeviceEngine<'e> {
         let final_norm = self.weights.norm.addr();
         self.run(launch::rms_norm(norm_rows, h, self.weights.final_eps, ACT_OUT, from, final_norm, head_x))?;
         self.project(Proj::Head, 0, logit_rows, head_x, out)?;
+        if let Some(launches) = self.recording.take() {
+            // SAFETY: as in `run`, for every launch this forward recorded.
+            unsafe { exec.replay(&mut self.graph, launches) }?;
+        }
+        cache.len = start + rows;
         self.logits.resize(logit_rows * vocab, 0.0);
         let w = self.work.as_ref().expect("reserved above");
         exec.read(&w.logits, 0, &mut self.logits[..])?;

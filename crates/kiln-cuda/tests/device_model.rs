@@ -27,5 +27,6 @@ fn the_device_forward_matches_the_cpu_forward_on_the_gpu() {
     model::every_rows_logits_match_the_last_rows_and_the_cpus(&gpu);
     model::the_plan_is_the_device_pools_peak_and_a_smaller_limit_is_out_of_memory(&gpu);
     model::bad_tokens_and_models_the_device_forward_does_not_run_are_refused_by_name(&gpu);
+    model::decode_graphs_give_the_same_bits_and_update_only_the_positional_nodes(&gpu);
     eprintln!("device forward: every check passed on the GPU");
 }

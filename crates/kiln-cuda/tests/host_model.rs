@@ -44,3 +44,8 @@ fn the_plan_is_the_device_pools_peak_and_a_smaller_limit_is_out_of_memory() {
 fn bad_tokens_and_models_the_device_forward_does_not_run_are_refused_by_name() {
     model::bad_tokens_and_models_the_device_forward_does_not_run_are_refused_by_name(&host);
 }
+
+#[test]
+fn decode_graphs_give_the_same_bits_and_update_only_the_positional_nodes() {
+    model::decode_graphs_give_the_same_bits_and_update_only_the_positional_nodes(&host);
+}

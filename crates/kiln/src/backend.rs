@@ -81,6 +81,22 @@ pub fn emulate_from_env() -> anyhow::Result<bool> {
     }
 }
 
+/// Replays device decode steps as CUDA graphs unless `0`.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub const GRAPHS_ENV: &str = "KILN_CUDA_GRAPHS";
+
+/// Whether `KILN_CUDA_GRAPHS` leaves decode graphs on: unset, empty or `1` is on, `0` off,
+/// anything else is refused.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub fn graphs_from_env() -> anyhow::Result<bool> {
+    match std::env::var(GRAPHS_ENV) {
+        Err(_) => Ok(true),
+        Ok(v) if v.is_empty() || v == "1" => Ok(true),
+        Ok(v) if v == "0" => Ok(false),
+        Ok(v) => Err(usage(format!("invalid {GRAPHS_ENV} {v:?}: accepted values are 0 and 1"))),
+    }
+}
+
 /// Opens the device of a `cuda` run (none for `cpu`): GPU 0, its pool limited by its free
 /// memory or `--memory-limit` / `KILN_MEMORY_LIMIT` when smaller; or the host execution
 /// under `KILN_CUDA_EMULATE=1`, limited as the CPU pool would be. Says on stderr which.
@@ -100,6 +116,7 @@ fn open_device(args: &RunArgs) -> anyhow::Result<DeviceExec> {
         ),
         None => kiln_core::MemoryPool::limit_from_env()?,
     };
+    graphs_from_env()?;
     if emulate_from_env()? {
         let limit = crate::runtime::pool(args)?.limit();
         eprintln!("kiln: --backend cuda on the host execution ({EMULATE_ENV}=1): the kernels run on the CPU");
@@ -167,6 +184,7 @@ impl<'m> Runner<'m> {
             Some(exec) => {
                 let mut engine = kiln_cuda::DeviceEngine::new(exec, &model.config, &model.weights)
                     .context("copying the weights to the device")?;
+                engine.set_graphs(graphs_from_env()?);
                 let rows = device_rows(options.prefill_chunk, prompt_tokens);
                 engine.reserve(rows, capacity, 1).context("allocating the device workspace")?;
                 let cache = engine.new_cache(capacity).context("allocating the device KV cache")?;

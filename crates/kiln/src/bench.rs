@@ -298,6 +298,7 @@ fn on_device(
             kiln_cuda::model::plan(&model.config, weight_bytes, run).context("planning the device run")?;
         let mut engine = kiln_cuda::DeviceEngine::new(exec, &model.config, &model.weights)
             .context("copying the weights to the device")?;
+        engine.set_graphs(backend::graphs_from_env()?);
         engine.reserve(rows, seq, 1).context("allocating the device workspace")?;
         let mut cache = engine.new_cache(seq).context("allocating the device KV cache")?;
         let startup_ms = clock.ms();

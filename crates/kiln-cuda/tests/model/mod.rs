@@ -194,3 +194,29 @@ pub fn bad_tokens_and_models_the_device_forward_does_not_run_are_refused_by_name
     assert!(matches!(e, CudaError::Unsupported { .. }), "{e}");
     assert!(e.to_string().starts_with("the cuda backend does not run a mixture-of-experts model"), "{e}");
 }
+
+pub fn decode_graphs_give_the_same_bits_and_update_only_the_positional_nodes(mk: MakeExec<'_>) {
+    let m = load("tiny-qwen");
+    let layers = m.config.num_hidden_layers as u64;
+    // 252 prompt tokens: the steps cross the attention's 256-key span edge.
+    let ids = prompt(252, m.config.vocab_size);
+    let exec = mk(u64::MAX);
+    let mut with = DeviceEngine::new(&exec, &m.config, &m.weights).unwrap();
+    let mut without = DeviceEngine::new(&exec, &m.config, &m.weights).unwrap();
+    without.set_graphs(false);
+    let (mut a, mut b) = (with.new_cache(300).unwrap(), without.new_cache(300).unwrap());
+    let mut next = argmax(with.prefill(&mut a, &ids, 0).unwrap()) as u32;
+    without.prefill(&mut b, &ids, 0).unwrap();
+    for step in 0..8 {
+        let x = with.decode(&mut a, next).unwrap().to_vec();
+        let y = without.decode(&mut b, next).unwrap().to_vec();
+        assert_eq!(bits(&x), bits(&y), "step {step}: a replayed graph changes no bit");
+        next = argmax(&x) as u32;
+    }
+    let st = with.graph_stats();
+    assert_eq!((st.replays, st.builds), (8, 1), "{st:?}");
+    // Per layer the cache store, attention's split and its merge carry the position.
+    assert_eq!(st.node_updates, 7 * 3 * layers, "{st:?}");
+    assert_eq!(without.graph_stats().replays, 0);
+    assert_eq!(with.launches(), without.launches(), "the graph holds every launch");
+}
