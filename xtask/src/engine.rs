@@ -45,6 +45,17 @@ impl BackendFeatures for Backend {
     }
 }
 
+/// The arguments that put a `kiln` engine command (`estimate`, `bench-decode`, `serve`,
+/// `bench-expert-copy`, ...) on `backend`: none for the CPU, which is the engine's default
+/// and all that a binary from before `--backend` knows (the older builds `bisect` and
+/// `--kiln-bin` run), and `--backend NAME` for any other.
+pub fn backend_args(backend: Backend) -> Vec<String> {
+    match backend {
+        Backend::Cpu => Vec::new(),
+        other => vec!["--backend".to_string(), other.as_str().to_string()],
+    }
+}
+
 /// The choice and, when the machine has a GPU kiln cannot use yet, the one line that says so.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BackendChoice {
@@ -208,6 +219,13 @@ mod tests {
         );
         assert_eq!(Backend::Cuda.features(), ["cuda"]);
         assert!(Backend::Cpu.features().is_empty());
+    }
+
+    #[test]
+    fn only_a_gpu_backend_adds_an_engine_argument() {
+        assert!(backend_args(Backend::Cpu).is_empty(), "an older kiln knows no --backend");
+        assert_eq!(backend_args(Backend::Cuda), ["--backend", "cuda"]);
+        assert_eq!(backend_args(Backend::Metal), ["--backend", "metal"]);
     }
 
     #[test]

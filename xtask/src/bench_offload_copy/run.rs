@@ -84,7 +84,7 @@ fn measure(
         rate.to_string(),
     ];
     args.extend(engine_args.iter().cloned());
-    args.extend(runner.knobs.to_args());
+    args.extend(runner.engine_args());
     Ok(match runner.run_kiln(index, &cell, &args, OffloadCopyReport::parse)? {
         Ran::Done((c, _log)) => Ran::Done(Measured {
             status: c.status,

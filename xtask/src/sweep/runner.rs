@@ -14,6 +14,7 @@ use super::classify::{self, ChildExit, KILN_BY_RULE_EXIT_CODE, Status};
 use super::layers::EstimateFacts;
 use super::plan::{Cell, Prompt};
 use crate::child::{self, Group, Shutdown, Waited};
+use crate::engine::Backend;
 use kiln_protocol::{DecodeReport, EstimateReport, ReportError};
 
 /// A step that either finished or was cut short by a signal.
@@ -74,6 +75,8 @@ pub struct LocalRunner<'a> {
     pub run_dir: PathBuf,
     /// Passed to every call.
     pub knobs: EngineKnobs,
+    /// The backend every call runs on (`--backend`, passed only when not the CPU).
+    pub backend: Backend,
     /// Per cell.
     pub cell_timeout: Duration,
     /// This host.
@@ -91,6 +94,14 @@ impl LocalRunner<'_> {
 
     pub(crate) fn log_base(&self, index: usize, cell: &Cell) -> PathBuf {
         log_base(&self.run_dir, index, cell)
+    }
+
+    /// What every engine call gets after its own arguments: the backend (nothing for the
+    /// CPU, so an older binary runs as before), then the knobs.
+    pub(crate) fn engine_args(&self) -> Vec<String> {
+        let mut args = crate::engine::backend_args(self.backend);
+        args.extend(self.knobs.to_args());
+        args
     }
 
     /// Runs `kiln args...` with stdout and stderr in `<base>.stdout` / `<base>.stderr`.
@@ -216,7 +227,7 @@ impl CellRunner for LocalRunner<'_> {
             "--max-tokens".into(),
             cell.max_tokens.to_string(),
         ];
-        args.extend(self.knobs.to_args());
+        args.extend(self.engine_args());
         let base = self.log_base(index, cell);
         let base = base.with_extension(ext(&base, "estimate"));
         // The estimate reads a config, never weights, but a slow disk or a huge config is
@@ -242,7 +253,7 @@ impl CellRunner for LocalRunner<'_> {
             "--format".into(),
             "json".into(),
         ]);
-        args.extend(self.knobs.to_args());
+        args.extend(self.engine_args());
         let (c, log) = match self.run_kiln(index, cell, &args, DecodeReport::parse)? {
             Ran::Done(x) => x,
             Ran::Interrupted(sig) => return Ok(Ran::Interrupted(sig)),

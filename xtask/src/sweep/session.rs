@@ -467,6 +467,7 @@ impl Started {
             user_cwd: self.user_cwd.clone(),
             run_dir: self.run_dir.clone(),
             knobs: self.knobs.clone(),
+            backend: s.backend,
             cell_timeout: self.cell_timeout,
             host: s.machine.host.clone(),
             device: s.device.clone(),

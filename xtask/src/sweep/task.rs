@@ -22,6 +22,7 @@ use super::rows::{self, CsvOut, Knobs, Row};
 use super::runner::{EngineKnobs, LocalRunner, Ran};
 use crate::child::{self, Shutdown};
 use crate::console::usage;
+use crate::engine::Backend;
 use crate::machine::Machine;
 
 /// The file in a run directory that holds the spec.
@@ -226,6 +227,10 @@ impl SweepTask {
             );
             return Ok(ExitCode::SUCCESS);
         }
+        let backend: Backend = match spec.backend.parse() {
+            Ok(b) => b,
+            Err(e) => usage!("{}: {e}", run_dir.join(SPEC_FILE).display()),
+        };
         let shutdown = Shutdown::install()?;
         let machine = Machine::probe();
         let device = machine.device(&spec.backend, spec.memory_limit.as_deref());
@@ -239,6 +244,7 @@ impl SweepTask {
             memory_events: classify::memory_events_path(),
             run_dir: logs,
             knobs: spec.knobs.clone(),
+            backend,
             cell_timeout: Duration::from_secs(spec.cell_timeout_s),
             host: machine.host.clone(),
             device,

@@ -1,0 +1,86 @@
+//! The sweep on a CUDA backend without a GPU: the real `cargo xtask` driving a stand-in
+//! `kiln` that logs its arguments, so what the harness passes to every engine call, and
+//! what its rows say about where they ran, is checked on a CPU host.
+
+// Shared with the sweep tests; not every helper is used here.
+#[allow(dead_code)]
+mod util;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use util::{Run, Sandbox};
+
+/// One line `kiln estimate` prints: the peak, the limit and whether it fits.
+fn estimate_json(total: u64, limit: Option<u64>) -> String {
+    let fits = limit.is_none_or(|l| total <= l);
+    let limit = limit.map_or("null".to_string(), |l| l.to_string());
+    format!(
+        r#"{{"model":"fake","model_path":"fake","prompt_tokens":64,"max_tokens":6,"weights_bytes":{total},"kv_bytes":0,"scratch_bytes":0,"total_bytes":{total},"memory_limit_bytes":{limit},"fits":{fits},"context_length":4096,"attention":"streaming","prefill_chunk":0,"within_context":true}}"#
+    )
+}
+
+/// A stand-in `kiln` whose `estimate` prints `estimate` and whose `bench-decode` prints a
+/// report on `backend`; every call's arguments are appended to `<name>.calls`.
+fn logging_kiln(sb: &Sandbox, name: &str, estimate: &str, backend: &str) -> (PathBuf, PathBuf) {
+    let path = sb.path(name);
+    let calls = sb.path(&format!("{name}.calls"));
+    let decode = format!(
+        r#"{{"model":"fake","model_path":"fake","prompt_tokens":64,"generated_tokens":6,"prefill_ms":10.0,"prefill_tok_s":6400.0,"decode_ms":5.0,"decode_tok_s":800.0,"peak_bytes":1000,"peak_breakdown":{{"weights":600,"kv":300,"scratch":100,"other":0}},"max_rss_bytes":5000,"startup_ms":1.0,"first_token_ms":11.0,"backend":"{backend}","threads":1,"kiln_version":"0.1.0","attention":"streaming","prefill_chunk":0,"memory_limit_bytes":null}}"#
+    );
+    let script = format!(
+        "#!/bin/sh\necho \"$@\" >> '{}'\ncase \"$1\" in\n  estimate) echo '{estimate}' ;;\n  bench-decode) echo '{decode}' ;;\n  *) exit 1 ;;\nesac\n",
+        calls.display()
+    );
+    fs::write(&path, script).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    (path, calls)
+}
+
+fn decode(sb: &Sandbox, kiln: &Path, backend: &str, env: &[(&str, &str)]) -> Run {
+    sb.run_with(
+        "bench-decode",
+        &[
+            "--kiln-bin",
+            kiln.to_str().unwrap(),
+            "--backend",
+            backend,
+            "--models",
+            "fake",
+            "--prompt-tokens",
+            "64",
+            "--max-tokens",
+            "6",
+            "--warmup-tokens",
+            "1",
+        ],
+        env,
+    )
+}
+
+#[test]
+fn every_engine_call_gets_the_cuda_backend_and_a_cpu_run_passes_nothing_extra() {
+    let sb = Sandbox::new();
+    let (kiln, calls) = logging_kiln(&sb, "kiln", &estimate_json(100, None), "cuda");
+    let run = decode(&sb, &kiln, "cuda", &[]);
+    run.expect_code(0);
+    let log = fs::read_to_string(&calls).unwrap();
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 2, "{log}{run}");
+    assert!(lines[0].starts_with("estimate ") && lines[1].starts_with("bench-decode "), "{log}");
+    for l in &lines {
+        assert!(l.contains(" --backend cuda"), "{l:?} lacks --backend cuda{run}");
+    }
+    let rows = sb.rows(&sb.csv());
+    assert_eq!(rows[0].get("backend"), "cuda", "{run}");
+
+    // On the CPU nothing is added: an older kiln (bisect's builds) knows no --backend.
+    fs::remove_file(&calls).unwrap();
+    let (cpu_kiln, cpu_calls) = logging_kiln(&sb, "kiln-cpu", &estimate_json(100, None), "cpu");
+    let run = decode(&sb, &cpu_kiln, "cpu", &[]);
+    run.expect_code(0);
+    let log = fs::read_to_string(&cpu_calls).unwrap();
+    assert_eq!(log.lines().count(), 2, "{log}{run}");
+    assert!(!log.contains("--backend"), "{log}");
+}
