@@ -84,3 +84,74 @@ fn every_engine_call_gets_the_cuda_backend_and_a_cpu_run_passes_nothing_extra() 
     assert_eq!(log.lines().count(), 2, "{log}{run}");
     assert!(!log.contains("--backend"), "{log}");
 }
+
+/// A directory holding a stand-in `nvidia-smi` that prints the H200 answers of
+/// `xtask/src/fixtures/nvidia-smi/`, and the PATH that finds it first.
+fn fake_gpu(sb: &Sandbox) -> String {
+    let bin = sb.path("gpu-bin");
+    fs::create_dir_all(&bin).unwrap();
+    let query = bin.join("query.csv");
+    let table = bin.join("table.txt");
+    fs::write(&query, include_str!("../src/fixtures/nvidia-smi/h200-query.csv")).unwrap();
+    fs::write(&table, include_str!("../src/fixtures/nvidia-smi/h200.txt")).unwrap();
+    let smi = bin.join("nvidia-smi");
+    let script = format!(
+        "#!/bin/sh\ncase \"$1\" in\n  --query-gpu=name,memory.total,driver_version) cat '{}' ;;\n  '') cat '{}' ;;\n  *) exit 6 ;;\nesac\n",
+        query.display(),
+        table.display()
+    );
+    fs::write(&smi, script).unwrap();
+    fs::set_permissions(&smi, fs::Permissions::from_mode(0o755)).unwrap();
+    format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default())
+}
+
+/// The run directory's env.json.
+fn env_json(sb: &Sandbox) -> serde_json::Value {
+    let runs: Vec<_> = fs::read_dir(sb.path("runs")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    serde_json::from_str(&fs::read_to_string(runs[0].join("env.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn on_a_gpu_the_rows_name_the_gpu_its_driver_and_cuda_and_the_host_execution_never_does() {
+    let sb = Sandbox::new();
+    let path = fake_gpu(&sb);
+    let (kiln, _) = logging_kiln(&sb, "kiln", &estimate_json(100, None), "cuda");
+    let run = decode(&sb, &kiln, "cuda", &[("PATH", &path)]);
+    run.expect_code(0);
+    let rows = sb.rows(&sb.csv());
+    let r = &rows[0];
+    assert_eq!(
+        (r.get("device"), r.get("backend"), r.get("driver_version"), r.get("cuda_version")),
+        ("cuda:NVIDIA H200 (143771 MiB)", "cuda", "580.95.05", "13.0"),
+        "{run}"
+    );
+    let env = env_json(&sb);
+    assert_eq!(env["gpus"][0], "NVIDIA H200 (143771 MiB)");
+    assert_eq!(
+        (env["driver_version"].as_str(), env["cuda_version"].as_str()),
+        (Some("580.95.05"), Some("13.0"))
+    );
+
+    // The CPU backend on the same machine: its rows carry no GPU software.
+    let sb = Sandbox::new();
+    let path = fake_gpu(&sb);
+    let (kiln, _) = logging_kiln(&sb, "kiln", &estimate_json(100, None), "cpu");
+    let run = decode(&sb, &kiln, "cpu", &[("PATH", &path)]);
+    run.expect_code(0);
+    let r = &sb.rows(&sb.csv())[0];
+    assert!(r.get("device").starts_with("cpu:"), "{run}");
+    assert_eq!((r.get("driver_version"), r.get("cuda_version")), ("", ""), "{run}");
+
+    // KILN_CUDA_EMULATE: the CUDA kernels run on the host, so the device is the CPU's,
+    // whatever GPU the machine has.
+    let sb = Sandbox::new();
+    let path = fake_gpu(&sb);
+    let (kiln, _) = logging_kiln(&sb, "kiln", &estimate_json(100, None), "cuda");
+    let run = decode(&sb, &kiln, "cuda", &[("PATH", &path), ("KILN_CUDA_EMULATE", "1")]);
+    run.expect_code(0);
+    let r = &sb.rows(&sb.csv())[0];
+    assert!(r.get("device").starts_with("cuda:host execution on "), "{run}");
+    assert!(!r.get("device").contains("H200"), "{run}");
+    assert_eq!((r.get("driver_version"), r.get("cuda_version")), ("", ""), "{run}");
+}

@@ -249,6 +249,8 @@ impl Run<'_> {
         row.kiln_version = m.kiln_version.clone();
         row.commit = m.commit.clone();
         row.features = m.features_column(&BTreeMap::new());
+        row.driver_version = m.driver_version.clone();
+        row.cuda_version = m.cuda_version.clone();
         row.memory_limit_bytes = self.memory_limit_bytes;
         row.threads = self.threads;
         row

@@ -411,6 +411,8 @@ impl Session {
             "cpus": self.machine.cpus,
             "memory_bytes": self.machine.memory_bytes,
             "gpus": self.machine.gpus,
+            "driver_version": self.machine.driver_version,
+            "cuda_version": self.machine.cuda_version,
             "device": self.device,
             "kiln_env": self.kiln_env,
             "output": output,
@@ -507,7 +509,10 @@ impl Started {
     /// The fingerprint of every row.
     pub(crate) fn meta(&self) -> RowMeta {
         let s = &self.session;
+        let (driver_version, cuda_version) = s.machine.gpu_software(s.backend.as_str());
         RowMeta {
+            driver_version,
+            cuda_version,
             root: s.root.clone(),
             host: s.machine.host.clone(),
             backend: s.backend.as_str().to_string(),

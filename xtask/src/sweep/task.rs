@@ -119,6 +119,8 @@ impl TaskSpec {
             features: self.features.clone(),
             kiln_env: self.kiln_env.clone(),
             kiln_version: self.kiln_version.clone(),
+            driver_version: String::new(),
+            cuda_version: String::new(),
         }
     }
 
@@ -256,8 +258,11 @@ impl SweepTask {
             ignore_record: spec.ignore_record,
             fake: FakeOom::new(spec.fake_oom.clone()),
         };
+        let mut meta = spec.row_meta(machine.host.clone());
+        // The GPU software is the node's, as the device is.
+        (meta.driver_version, meta.cuda_version) = machine.gpu_software(&spec.backend);
         let mut driver = Driver {
-            meta: spec.row_meta(machine.host.clone()),
+            meta,
             shutdown: &shutdown,
             plan: &spec.plan,
             layers,
