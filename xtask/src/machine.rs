@@ -114,6 +114,16 @@ impl Machine {
         }
     }
 
+    /// The GPU `backend` allocates from and its memory in bytes, when the harness knows
+    /// them: the first GPU nvidia-smi lists and its `memory.total`, on `cuda`; `None` for
+    /// the CPU, whose limit the engine prices itself, and for the host execution.
+    pub fn device_memory(&self, backend: &str) -> Option<(&str, u64)> {
+        if !self.on_gpu(backend) {
+            return None;
+        }
+        Some((self.gpus[0].as_str(), self.gpu_memory_bytes?))
+    }
+
     /// The rows' `driver_version` and `cuda_version` for `backend`: the NVIDIA driver's
     /// and the CUDA version it supports when `backend` runs on a GPU, both empty
     /// otherwise (the CPU, Metal, or the host execution of the CUDA kernels).
@@ -286,6 +296,7 @@ mod tests {
         assert_eq!(m.device("cuda", None), "cuda:host execution on Some CPU (24 GiB)");
         assert_eq!(m.device("cuda", Some("1GiB")), "cuda:host execution on Some CPU (24 GiB) limit 1GiB");
         assert_eq!(m.gpu_software("cuda"), (String::new(), String::new()));
+        assert_eq!(m.device_memory("cuda"), None);
         // The CPU backend is the CPU either way.
         assert_eq!(m.device("cpu", None), "cpu:Some CPU (24 GiB)");
         // Without a GPU, emulated or not, cuda is the host's.
@@ -302,6 +313,9 @@ mod tests {
         let m = machine();
         assert_eq!(m.gpu_software("cuda"), ("580.95.05".to_string(), "13.0".to_string()));
         assert_eq!(m.gpu_software("cpu"), (String::new(), String::new()));
+        assert_eq!(m.device_memory("cuda"), Some(("NVIDIA H200 (143771 MiB)", 143771 << 20)));
+        assert_eq!(m.device_memory("cpu"), None);
+        assert_eq!(Machine { gpu_memory_bytes: None, ..machine() }.device_memory("cuda"), None);
     }
 
     #[test]

@@ -155,3 +155,50 @@ fn on_a_gpu_the_rows_name_the_gpu_its_driver_and_cuda_and_the_host_execution_nev
     assert!(!r.get("device").contains("H200"), "{run}");
     assert_eq!((r.get("driver_version"), r.get("cuda_version")), ("", ""), "{run}");
 }
+
+#[test]
+fn on_a_gpu_the_estimate_pre_skip_prices_the_gpus_memory_or_a_smaller_limit() {
+    const GIB: u64 = 1 << 30;
+    // 100 GiB: above the engine's host-side limit (fits false), within the H200's 140 GiB.
+    let sb = Sandbox::new();
+    let path = fake_gpu(&sb);
+    let (kiln, calls) = logging_kiln(&sb, "kiln", &estimate_json(100 * GIB, Some(24 * GIB)), "cuda");
+    let run = decode(&sb, &kiln, "cuda", &[("PATH", &path)]);
+    run.expect_code(0);
+    assert_eq!(sb.rows(&sb.csv())[0].get("status"), "ok", "{run}");
+    assert_eq!(fs::read_to_string(&calls).unwrap().lines().count(), 2, "the cell did not run{run}");
+    assert_eq!(env_json(&sb)["device_budget_bytes"], 143771u64 << 20);
+
+    // 200 GiB with no limit the engine knows of: above the GPU's memory, not launched.
+    let sb = Sandbox::new();
+    let path = fake_gpu(&sb);
+    let (kiln, calls) = logging_kiln(&sb, "kiln", &estimate_json(200 * GIB, None), "cuda");
+    let run = decode(&sb, &kiln, "cuda", &[("PATH", &path)]);
+    // Nothing was measured, so the run exits 1.
+    run.expect_code(1).expect_stderr("(the memory of NVIDIA H200 (143771 MiB))");
+    let r = &sb.rows(&sb.csv())[0];
+    assert_eq!(r.get("status"), "SKIP:oom_estimate", "{run}");
+    assert_eq!(fs::read_to_string(&calls).unwrap().lines().count(), 1, "the cell ran{run}");
+
+    // KILN_MEMORY_LIMIT below the GPU's memory is the budget.
+    let sb = Sandbox::new();
+    let path = fake_gpu(&sb);
+    let (kiln, _) = logging_kiln(&sb, "kiln", &estimate_json(2 * GIB, None), "cuda");
+    let run = decode(&sb, &kiln, "cuda", &[("PATH", &path), ("KILN_MEMORY_LIMIT", "1GiB")]);
+    run.expect_code(1).expect_stderr(&format!("above the budget of {GIB} bytes (the memory limit"));
+    let r = &sb.rows(&sb.csv())[0];
+    assert_eq!(
+        (r.get("status"), r.get("device")),
+        ("SKIP:oom_estimate", "cuda:NVIDIA H200 (143771 MiB) limit 1GiB"),
+        "{run}"
+    );
+
+    // The CPU backend on the same machine keeps the engine's verdict.
+    let sb = Sandbox::new();
+    let path = fake_gpu(&sb);
+    let (kiln, _) = logging_kiln(&sb, "kiln", &estimate_json(100 * GIB, Some(24 * GIB)), "cpu");
+    let run = decode(&sb, &kiln, "cpu", &[("PATH", &path)]);
+    run.expect_code(1);
+    assert_eq!(sb.rows(&sb.csv())[0].get("status"), "SKIP:oom_estimate", "{run}");
+    assert!(env_json(&sb)["device_budget_bytes"].is_null());
+}

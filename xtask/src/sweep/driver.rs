@@ -356,7 +356,7 @@ impl Driver<'_> {
         {
             eprintln!("warning: {cell}: kiln estimate failed ({why}); running it anyway (--no-estimate)");
         }
-        if let Some(skip) = layers::judge_estimate(&facts, self.estimate_on) {
+        if let Some(skip) = layers::judge_estimate(&facts, self.estimate_on, runner.device_budget()) {
             return Ok(Ran::Done(CellResult::Skipped(skip)));
         }
         let device = runner.device().to_string();

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use super::classify::{self, ChildExit, KILN_BY_RULE_EXIT_CODE, Status};
-use super::layers::EstimateFacts;
+use super::layers::{DeviceBudget, EstimateFacts};
 use super::plan::{Cell, Prompt};
 use crate::child::{self, Group, Shutdown, Waited};
 use crate::engine::Backend;
@@ -55,6 +55,11 @@ pub trait CellRunner {
     fn run(&mut self, index: usize, cell: &Cell) -> Result<Ran<Outcome>>;
     /// The device the cells run on (what record lines are scoped to).
     fn device(&self) -> &str;
+    /// The memory the estimate layer prices cells against when they run on a GPU whose
+    /// memory the harness knows; `None` leaves the verdict to the engine's estimate.
+    fn device_budget(&self) -> Option<&DeviceBudget> {
+        None
+    }
 }
 
 /// Knobs passed through to every engine call: the protocol's set, whose `to_args` is
@@ -83,6 +88,8 @@ pub struct LocalRunner<'a> {
     pub host: String,
     /// This device.
     pub device: String,
+    /// On a GPU: its memory, or the memory limit when smaller.
+    pub device_budget: Option<DeviceBudget>,
     /// Signals and child exits.
     pub shutdown: &'a Shutdown,
 }
@@ -271,6 +278,10 @@ impl CellRunner for LocalRunner<'_> {
 
     fn device(&self) -> &str {
         &self.device
+    }
+
+    fn device_budget(&self) -> Option<&DeviceBudget> {
+        self.device_budget.as_ref()
     }
 }
 

@@ -193,6 +193,13 @@ impl Session {
         Ok(())
     }
 
+    /// What the estimate layer prices cells against on a GPU: its memory, or the memory
+    /// limit when smaller (never host memory); `None` off a GPU.
+    fn device_budget(&self) -> Option<super::layers::DeviceBudget> {
+        let (gpu, memory) = self.machine.device_memory(self.backend.as_str())?;
+        Some(super::layers::DeviceBudget::new(gpu, memory, self.memory_limit_bytes))
+    }
+
     /// Whether the chosen backend is a GPU's.
     pub fn is_gpu(&self) -> bool {
         self.backend.is_gpu()
@@ -414,6 +421,7 @@ impl Session {
             "driver_version": self.machine.driver_version,
             "cuda_version": self.machine.cuda_version,
             "device": self.device,
+            "device_budget_bytes": self.device_budget().map(|b| b.bytes),
             "kiln_env": self.kiln_env,
             "output": output,
             "oom_record": record,
@@ -473,6 +481,7 @@ impl Started {
             cell_timeout: self.cell_timeout,
             host: s.machine.host.clone(),
             device: s.device.clone(),
+            device_budget: s.device_budget(),
             shutdown: &s.shutdown,
             memory_events: classify::memory_events_path(),
         }

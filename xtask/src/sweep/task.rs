@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::classify;
 use super::driver::{Driver, RowMeta};
-use super::layers::{Backstop, FakeOom, OomLayers};
+use super::layers::{Backstop, DeviceBudget, FakeOom, OomLayers};
 use super::plan::Plan;
 use super::record::{RecordFile, RecordView};
 use super::rows::{self, CsvOut, Knobs, Row};
@@ -250,6 +250,10 @@ impl SweepTask {
             cell_timeout: Duration::from_secs(spec.cell_timeout_s),
             host: machine.host.clone(),
             device,
+            // The node's GPU, under the sweep's memory limit.
+            device_budget: machine
+                .device_memory(&spec.backend)
+                .map(|(gpu, memory)| DeviceBudget::new(gpu, memory, spec.row_knobs.memory_limit_bytes)),
             shutdown: &shutdown,
         };
         let layers = OomLayers {
