@@ -229,6 +229,36 @@ mod tests {
     }
 
     #[test]
+    fn a_machine_whose_nvidia_smi_answers_gets_cuda_when_kiln_declares_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let smi = crate::machine::tests::fake_nvidia_smi(dir.path());
+        let machine = Machine::probe_with(smi.as_os_str());
+        let pkg = |f: &[&str]| EnginePackage {
+            features: feats(f),
+            version: "0.1.0".into(),
+            target_dir: dir.path().to_path_buf(),
+        };
+        let on_linux = std::env::consts::OS == "linux";
+        let c = choose_for(&machine, BackendArg::Auto, &pkg(&["cuda"])).unwrap();
+        if on_linux {
+            assert_eq!(c, BackendChoice { backend: Backend::Cuda, note: None });
+            assert_eq!(c.backend.features(), ["cuda"], "the build takes --features cuda");
+            assert_eq!(machine.device("cuda", None), "cuda:NVIDIA H200 (143771 MiB)");
+        }
+        // Without the feature, the GPU is said once and the CPU is used.
+        let c = choose_for(&machine, BackendArg::Auto, &pkg(&[])).unwrap();
+        assert_eq!(c.backend, Backend::Cpu);
+        assert_eq!(c.note.is_some(), on_linux);
+        // No nvidia-smi and no driver: the CPU, silently.
+        let bare =
+            Machine { nvidia_driver: false, ..Machine::probe_with(dir.path().join("none").as_os_str()) };
+        assert_eq!(
+            choose_for(&bare, BackendArg::Auto, &pkg(&["cuda"])).unwrap(),
+            BackendChoice { backend: Backend::Cpu, note: None }
+        );
+    }
+
+    #[test]
     fn the_kiln_package_is_found_through_cargo_metadata() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
         let pkg = EnginePackage::read(root).unwrap();

@@ -258,7 +258,7 @@ pub fn kiln_env() -> BTreeMap<String, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// nvidia-smi's answers on an H200 host (driver 580.95.05, CUDA 13.0).

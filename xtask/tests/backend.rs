@@ -202,3 +202,78 @@ fn on_a_gpu_the_estimate_pre_skip_prices_the_gpus_memory_or_a_smaller_limit() {
     assert_eq!(sb.rows(&sb.csv())[0].get("status"), "SKIP:oom_estimate", "{run}");
     assert!(env_json(&sb)["device_budget_bytes"].is_null());
 }
+
+#[test]
+fn a_device_out_of_memory_is_recorded_on_the_gpu_and_pre_skips_it_next_time() {
+    let sb = Sandbox::new();
+    let path = fake_gpu(&sb);
+    let estimate = estimate_json(100, None);
+    let line = "out of memory: requested 1.00 KiB (1024 bytes) for kv with 0 B (0 bytes) in use, limit 1.00 KiB (1024 bytes)";
+    let bench = format!("echo 'error: {line}' >&2; exit 3");
+    let kiln = util::fake_kiln(&sb, "kiln-oom", &format!("echo '{estimate}'; exit 0"), &bench);
+    let run = decode(&sb, &kiln, "cuda", &[("PATH", &path)]);
+    run.expect_code(1);
+    let lines = sb.record_lines();
+    assert_eq!(lines.len(), 1, "{run}");
+    assert!(lines[0].ends_with(",cuda:NVIDIA H200 (143771 MiB)"), "{lines:?}{run}");
+    // The next run on that GPU is pre-skipped; the same cells under the host execution
+    // are another device and run.
+    let run = decode(&sb, &kiln, "cuda", &[("PATH", &path)]);
+    run.expect_stderr("SKIP:oom_record");
+    let run = decode(&sb, &kiln, "cuda", &[("PATH", &path), ("KILN_CUDA_EMULATE", "1")]);
+    assert!(!run.stderr.contains("SKIP:oom_record"), "{run}");
+    assert_eq!(sb.record_lines().len(), 2, "{run}");
+    assert!(sb.record_lines()[1].contains(",cuda:host execution on "), "{run}");
+}
+
+#[test]
+fn auto_picks_cuda_on_a_machine_with_an_nvidia_driver_when_kiln_declares_the_feature() {
+    let sb = Sandbox::new();
+    let path = fake_gpu(&sb);
+    // A checkout whose kiln package declares `cuda`, with its release binary already
+    // built (--no-build): a stand-in that logs its calls.
+    let ws = sb.path("checkout");
+    fs::create_dir_all(ws.join("kiln/src")).unwrap();
+    fs::write(ws.join("Cargo.toml"), "[workspace]\nmembers = [\"kiln\"]\nresolver = \"2\"\n").unwrap();
+    fs::write(
+        ws.join("kiln/Cargo.toml"),
+        "[package]\nname = \"kiln\"\nversion = \"0.9.0\"\nedition = \"2021\"\n\n[features]\ncuda = []\n",
+    )
+    .unwrap();
+    fs::write(ws.join("kiln/src/main.rs"), "fn main() {}\n").unwrap();
+    let (stand_in, calls) = logging_kiln(&sb, "kiln", &estimate_json(100, None), "cuda");
+    fs::create_dir_all(ws.join("target/release")).unwrap();
+    fs::copy(&stand_in, ws.join("target/release/kiln")).unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_xtask"));
+    cmd.args(["bench-decode", "--no-build", "--models", "fake", "--prompt-tokens", "64"])
+        .args(["--max-tokens", "6", "--warmup-tokens", "1", "--output"])
+        .arg(sb.csv())
+        .arg("--oom-record")
+        .arg(sb.record())
+        .arg("--runs-dir")
+        .arg(sb.path("runs"))
+        .current_dir(&ws)
+        .env("PATH", &path)
+        .env_remove("CARGO_TARGET_DIR");
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("KILN_") {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd.output().unwrap();
+    let run = Run {
+        cmd: format!("{cmd:?}"),
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    run.expect_code(0).expect_stderr("(cuda); device cuda:NVIDIA H200 (143771 MiB)");
+    let r = &sb.rows(&sb.csv())[0];
+    assert_eq!(
+        (r.get("backend"), r.get("features"), r.get("driver_version"), r.get("cuda_version")),
+        ("cuda", "cuda", "580.95.05", "13.0"),
+        "{run}"
+    );
+    let log = fs::read_to_string(&calls).unwrap();
+    assert!(log.lines().count() == 2 && log.lines().all(|l| l.contains("--backend cuda")), "{log}{run}");
+}
