@@ -80,7 +80,7 @@ impl Machine {
             driver_version: nvidia.driver_version,
             cuda_version: nvidia.cuda_version,
             nvidia_driver,
-            cuda_emulated: cuda_emulation(std::env::var_os("KILN_CUDA_EMULATE").as_deref()),
+            cuda_emulated: cuda_emulation(std::env::var_os("KILN_CUDA_EMULATE").as_deref()).unwrap_or(false),
             os,
         }
     }
@@ -135,10 +135,16 @@ impl Machine {
     }
 }
 
-/// Whether `KILN_CUDA_EMULATE`'s value asks for the host execution: set to anything but
-/// empty or `0`.
-pub fn cuda_emulation(value: Option<&OsStr>) -> bool {
-    value.is_some_and(|v| !v.is_empty() && v != "0")
+/// Whether `KILN_CUDA_EMULATE`'s value asks for the host execution, by the engine's rule:
+/// unset, empty or `0` is no, `1` is yes, anything else is refused (the engine exits 2 on
+/// it, so a sweep refuses it before anything runs).
+pub fn cuda_emulation(value: Option<&OsStr>) -> Result<bool, String> {
+    match value {
+        None => Ok(false),
+        Some(v) if v.is_empty() || v == "0" => Ok(false),
+        Some(v) if v == "1" => Ok(true),
+        Some(v) => Err(format!("invalid KILN_CUDA_EMULATE {v:?}: accepted values are 0 and 1")),
+    }
 }
 
 fn gib(bytes: u64) -> String {
@@ -302,10 +308,14 @@ pub(crate) mod tests {
         // Without a GPU, emulated or not, cuda is the host's.
         let none = Machine { gpus: Vec::new(), cuda_emulated: true, ..machine() };
         assert_eq!(none.device("cuda", None), "cuda:host execution on Some CPU (24 GiB)");
-        assert!(cuda_emulation(Some(OsStr::new("1"))));
-        assert!(!cuda_emulation(Some(OsStr::new("0"))));
-        assert!(!cuda_emulation(Some(OsStr::new(""))));
-        assert!(!cuda_emulation(None));
+        assert_eq!(cuda_emulation(Some(OsStr::new("1"))), Ok(true));
+        assert_eq!(cuda_emulation(Some(OsStr::new("0"))), Ok(false));
+        assert_eq!(cuda_emulation(Some(OsStr::new(""))), Ok(false));
+        assert_eq!(cuda_emulation(None), Ok(false));
+        assert_eq!(
+            cuda_emulation(Some(OsStr::new("yes"))),
+            Err("invalid KILN_CUDA_EMULATE \"yes\": accepted values are 0 and 1".to_string())
+        );
     }
 
     #[test]

@@ -277,3 +277,12 @@ fn auto_picks_cuda_on_a_machine_with_an_nvidia_driver_when_kiln_declares_the_fea
     let log = fs::read_to_string(&calls).unwrap();
     assert!(log.lines().count() == 2 && log.lines().all(|l| l.contains("--backend cuda")), "{log}{run}");
 }
+
+#[test]
+fn a_kiln_cuda_emulate_the_engine_would_refuse_is_refused_before_anything_runs() {
+    let sb = Sandbox::new();
+    let (kiln, calls) = logging_kiln(&sb, "kiln", &estimate_json(100, None), "cuda");
+    let run = decode(&sb, &kiln, "cuda", &[("KILN_CUDA_EMULATE", "yes")]);
+    run.expect_code(2).expect_stderr("invalid KILN_CUDA_EMULATE \"yes\": accepted values are 0 and 1");
+    assert!(!calls.exists() && !sb.csv().exists(), "{run}");
+}
