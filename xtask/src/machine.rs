@@ -91,6 +91,17 @@ impl Machine {
         backend == "cuda" && !self.cuda_emulated && !self.gpus.is_empty()
     }
 
+    /// Whether `backend`'s kernels run on a device rather than the CPU: a GPU backend,
+    /// except `cuda` under `KILN_CUDA_EMULATE`, whose kernels run on the host (whether or
+    /// not this machine has a GPU; a `cuda` run without one fails in the engine).
+    pub fn on_device(&self, backend: &str) -> bool {
+        match backend {
+            "cuda" => !self.cuda_emulated,
+            "metal" => true,
+            _ => false,
+        }
+    }
+
     /// The device string for a backend: what a record line is scoped to. It names the
     /// processor and its memory, and the memory limit when one was set, because an OOM
     /// under a 1 GiB limit says nothing about the same machine without it. `cuda` under
@@ -303,6 +314,7 @@ pub(crate) mod tests {
         assert_eq!(m.device("cuda", Some("1GiB")), "cuda:host execution on Some CPU (24 GiB) limit 1GiB");
         assert_eq!(m.gpu_software("cuda"), (String::new(), String::new()));
         assert_eq!(m.device_memory("cuda"), None);
+        assert!(!m.on_device("cuda") && machine().on_device("cuda") && !machine().on_device("cpu"));
         // The CPU backend is the CPU either way.
         assert_eq!(m.device("cpu", None), "cpu:Some CPU (24 GiB)");
         // Without a GPU, emulated or not, cuda is the host's.

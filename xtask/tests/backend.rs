@@ -286,3 +286,27 @@ fn a_kiln_cuda_emulate_the_engine_would_refuse_is_refused_before_anything_runs()
     run.expect_code(2).expect_stderr("invalid KILN_CUDA_EMULATE \"yes\": accepted values are 0 and 1");
     assert!(!calls.exists() && !sb.csv().exists(), "{run}");
 }
+
+#[test]
+fn the_host_execution_gets_the_cpu_ladder_and_a_gpu_the_gpu_ladder() {
+    for (emulate, first) in [
+        (true, "estimate -m synthetic:tiny --prompt-tokens 128 "),
+        (false, "estimate -m synthetic:qwen2.5-0.5b --prompt-tokens 512 "),
+    ] {
+        let sb = Sandbox::new();
+        let path = fake_gpu(&sb);
+        let (kiln, calls) = logging_kiln(&sb, "kiln", &estimate_json(100, None), "cuda");
+        let mut env = vec![("PATH", path.as_str())];
+        if emulate {
+            env.push(("KILN_CUDA_EMULATE", "1"));
+        }
+        let run = sb.run_with(
+            "bench-longprompt",
+            &["--kiln-bin", kiln.to_str().unwrap(), "--backend", "cuda"],
+            &env,
+        );
+        run.expect_code(0);
+        let log = fs::read_to_string(&calls).unwrap();
+        assert!(log.starts_with(first), "emulated {emulate}: {log}{run}");
+    }
+}

@@ -123,7 +123,13 @@ impl Session {
         Ok(Session {
             root: root.to_path_buf(),
             commit: machine::commit(root),
-            defaults: Defaults::for_backend(backend),
+            // The host execution runs the CUDA kernels on the CPU, one block at a time: it
+            // gets the CPU's ladder, not the one a GPU is judged on.
+            defaults: Defaults::for_backend(if machine.on_device(backend.as_str()) {
+                backend
+            } else {
+                Backend::Cpu
+            }),
             machine,
             backend,
             features,
@@ -200,9 +206,9 @@ impl Session {
         Some(super::layers::DeviceBudget::new(gpu, memory, self.memory_limit_bytes))
     }
 
-    /// Whether the chosen backend is a GPU's.
+    /// Whether the cells run on a GPU: a GPU backend, not the host execution of its kernels.
     pub fn is_gpu(&self) -> bool {
-        self.backend.is_gpu()
+        self.machine.on_device(self.backend.as_str())
     }
 
     /// The backend's defaults.
