@@ -56,6 +56,15 @@ pub fn backend_args(backend: Backend) -> Vec<String> {
     }
 }
 
+/// [`backend_args`] unless `user_args` (the `--serve-arg`s a server-driving task passes
+/// through) choose the backend themselves: `kiln serve` takes `--backend` once.
+pub fn backend_args_unless_given(backend: Backend, user_args: &[String]) -> Vec<String> {
+    if user_args.iter().any(|a| a == "--backend" || a.starts_with("--backend=")) {
+        return Vec::new();
+    }
+    backend_args(backend)
+}
+
 /// The choice and, when the machine has a GPU kiln cannot use yet, the one line that says so.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BackendChoice {
@@ -226,6 +235,13 @@ mod tests {
         assert!(backend_args(Backend::Cpu).is_empty(), "an older kiln knows no --backend");
         assert_eq!(backend_args(Backend::Cuda), ["--backend", "cuda"]);
         assert_eq!(backend_args(Backend::Metal), ["--backend", "metal"]);
+        let given = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            backend_args_unless_given(Backend::Cuda, &given(&["--parallel", "4"])),
+            ["--backend", "cuda"]
+        );
+        assert!(backend_args_unless_given(Backend::Cuda, &given(&["--backend=cpu"])).is_empty());
+        assert!(backend_args_unless_given(Backend::Cuda, &given(&["--backend", "cpu"])).is_empty());
     }
 
     #[test]

@@ -307,7 +307,7 @@ impl QmvPinTax {
             port: self.port,
             model: self.model.clone(),
             kiln_bin: engine.bin.clone(),
-            engine_args: crate::engine::backend_args(engine.backend),
+            engine_args: crate::engine::backend_args_unless_given(engine.backend, &self.boot.serve_args),
             serve_args: self.boot.serve_args.clone(),
             boot_timeout: Duration::from_secs(self.boot_timeout),
             grace: Duration::from_secs(self.grace),
