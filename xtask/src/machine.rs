@@ -278,7 +278,8 @@ pub fn kiln_env() -> BTreeMap<String, String> {
 pub(crate) mod tests {
     use super::*;
 
-    /// nvidia-smi's answers on an H200 host (driver 580.95.05, CUDA 13.0).
+    /// nvidia-smi's answers for an H200 host (driver 580.95.05, CUDA 13.0), in the layout
+    /// nvidia-smi 580 prints (see the fixtures' README for where they come from).
     const H200_QUERY: &str = include_str!("fixtures/nvidia-smi/h200-query.csv");
     const H200_TABLE: &str = include_str!("fixtures/nvidia-smi/h200.txt");
 
