@@ -45,6 +45,26 @@ impl BackendFeatures for Backend {
     }
 }
 
+/// The arguments that put a `kiln` engine command (`estimate`, `bench-decode`, `serve`,
+/// `bench-expert-copy`, ...) on `backend`: none for the CPU, which is the engine's default
+/// and all that a binary from before `--backend` knows (the older builds `bisect` and
+/// `--kiln-bin` run), and `--backend NAME` for any other.
+pub fn backend_args(backend: Backend) -> Vec<String> {
+    match backend {
+        Backend::Cpu => Vec::new(),
+        other => vec!["--backend".to_string(), other.as_str().to_string()],
+    }
+}
+
+/// [`backend_args`] unless `user_args` (the `--serve-arg`s a server-driving task passes
+/// through) choose the backend themselves: `kiln serve` takes `--backend` once.
+pub fn backend_args_unless_given(backend: Backend, user_args: &[String]) -> Vec<String> {
+    if user_args.iter().any(|a| a == "--backend" || a.starts_with("--backend=")) {
+        return Vec::new();
+    }
+    backend_args(backend)
+}
+
 /// The choice and, when the machine has a GPU kiln cannot use yet, the one line that says so.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BackendChoice {
@@ -208,6 +228,50 @@ mod tests {
         );
         assert_eq!(Backend::Cuda.features(), ["cuda"]);
         assert!(Backend::Cpu.features().is_empty());
+    }
+
+    #[test]
+    fn only_a_gpu_backend_adds_an_engine_argument() {
+        assert!(backend_args(Backend::Cpu).is_empty(), "an older kiln knows no --backend");
+        assert_eq!(backend_args(Backend::Cuda), ["--backend", "cuda"]);
+        assert_eq!(backend_args(Backend::Metal), ["--backend", "metal"]);
+        let given = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            backend_args_unless_given(Backend::Cuda, &given(&["--parallel", "4"])),
+            ["--backend", "cuda"]
+        );
+        assert!(backend_args_unless_given(Backend::Cuda, &given(&["--backend=cpu"])).is_empty());
+        assert!(backend_args_unless_given(Backend::Cuda, &given(&["--backend", "cpu"])).is_empty());
+    }
+
+    #[test]
+    fn a_machine_whose_nvidia_smi_answers_gets_cuda_when_kiln_declares_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let smi = crate::machine::tests::fake_nvidia_smi(dir.path());
+        let machine = Machine::probe_with(smi.as_os_str());
+        let pkg = |f: &[&str]| EnginePackage {
+            features: feats(f),
+            version: "0.1.0".into(),
+            target_dir: dir.path().to_path_buf(),
+        };
+        let on_linux = std::env::consts::OS == "linux";
+        let c = choose_for(&machine, BackendArg::Auto, &pkg(&["cuda"])).unwrap();
+        if on_linux {
+            assert_eq!(c, BackendChoice { backend: Backend::Cuda, note: None });
+            assert_eq!(c.backend.features(), ["cuda"], "the build takes --features cuda");
+            assert_eq!(machine.device("cuda", None), "cuda:NVIDIA H200 (143771 MiB)");
+        }
+        // Without the feature, the GPU is said once and the CPU is used.
+        let c = choose_for(&machine, BackendArg::Auto, &pkg(&[])).unwrap();
+        assert_eq!(c.backend, Backend::Cpu);
+        assert_eq!(c.note.is_some(), on_linux);
+        // No nvidia-smi and no driver: the CPU, silently.
+        let bare =
+            Machine { nvidia_driver: false, ..Machine::probe_with(dir.path().join("none").as_os_str()) };
+        assert_eq!(
+            choose_for(&bare, BackendArg::Auto, &pkg(&["cuda"])).unwrap(),
+            BackendChoice { backend: Backend::Cpu, note: None }
+        );
     }
 
     #[test]

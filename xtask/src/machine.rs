@@ -1,7 +1,9 @@
 //! What a record says about where and from what it was measured: host, CPU, GPU, memory,
-//! the commit (with `-dirty`), and the inherited `KILN_*` environment.
+//! the NVIDIA driver and CUDA versions, the commit (with `-dirty`), and the inherited
+//! `KILN_*` environment.
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::fs;
 use std::process::Command;
 
@@ -20,47 +22,139 @@ pub struct Machine {
     pub memory_bytes: Option<u64>,
     /// GPUs as `name (memory)`, from nvidia-smi when present.
     pub gpus: Vec<String>,
+    /// The first GPU's memory in bytes (nvidia-smi's `memory.total`), when known.
+    pub gpu_memory_bytes: Option<u64>,
+    /// The NVIDIA driver's version (nvidia-smi's `driver_version`), when known.
+    pub driver_version: Option<String>,
+    /// The CUDA version the driver supports (`CUDA Version: X.Y` in nvidia-smi's
+    /// header), when known.
+    pub cuda_version: Option<String>,
     /// Whether an NVIDIA driver is loaded (Linux).
     pub nvidia_driver: bool,
+    /// `KILN_CUDA_EMULATE` is set: `--backend cuda` runs the CUDA kernels through their
+    /// host execution on the CPU, never on a GPU.
+    pub cuda_emulated: bool,
     /// `linux`, `macos`, ...
     pub os: String,
 }
 
+/// What nvidia-smi says about this machine's GPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NvidiaFacts {
+    /// Each GPU as `name (memory)`, in nvidia-smi's order.
+    pub gpus: Vec<String>,
+    /// The first GPU's memory in bytes.
+    pub gpu_memory_bytes: Option<u64>,
+    /// The driver's version (the first GPU's).
+    pub driver_version: Option<String>,
+    /// The CUDA version the driver supports.
+    pub cuda_version: Option<String>,
+}
+
+/// The query the GPU facts come from, one line per GPU: `NVIDIA H200, 143771 MiB, 580.95.05`.
+pub const GPU_QUERY: [&str; 2] = ["--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"];
+
 impl Machine {
     /// Probes this machine. Every probe degrades to "unknown" rather than failing.
     pub fn probe() -> Machine {
+        Machine::probe_with(OsStr::new("nvidia-smi"))
+    }
+
+    /// Probes this machine, asking `nvidia_smi` (a program name looked up on PATH, or a
+    /// path) about its GPUs.
+    pub fn probe_with(nvidia_smi: &OsStr) -> Machine {
         let host = rustix::system::uname().nodename().to_string_lossy().into_owned();
         let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let os = std::env::consts::OS.to_string();
+        let nvidia = if os == "linux" { nvidia_facts(nvidia_smi) } else { None };
         let nvidia_driver =
-            os == "linux" && (fs::metadata("/proc/driver/nvidia/version").is_ok() || nvidia_smi_present());
+            os == "linux" && (fs::metadata("/proc/driver/nvidia/version").is_ok() || nvidia.is_some());
+        let nvidia = nvidia.unwrap_or_default();
         Machine {
             host: if host.is_empty() { "unknown-host".into() } else { host },
             cpu: cpu_name().unwrap_or_else(|| "unknown CPU".into()),
             cpus,
             memory_bytes: memory_bytes(),
-            gpus: if nvidia_driver { nvidia_gpus() } else { Vec::new() },
+            gpus: nvidia.gpus,
+            gpu_memory_bytes: nvidia.gpu_memory_bytes,
+            driver_version: nvidia.driver_version,
+            cuda_version: nvidia.cuda_version,
             nvidia_driver,
+            cuda_emulated: cuda_emulation(std::env::var_os("KILN_CUDA_EMULATE").as_deref()).unwrap_or(false),
             os,
+        }
+    }
+
+    /// Whether `backend` runs on this machine's NVIDIA GPU: `cuda`, with a GPU found and
+    /// no host execution asked for.
+    fn on_gpu(&self, backend: &str) -> bool {
+        backend == "cuda" && !self.cuda_emulated && !self.gpus.is_empty()
+    }
+
+    /// Whether `backend`'s kernels run on a device rather than the CPU: a GPU backend,
+    /// except `cuda` under `KILN_CUDA_EMULATE`, whose kernels run on the host (whether or
+    /// not this machine has a GPU; a `cuda` run without one fails in the engine).
+    pub fn on_device(&self, backend: &str) -> bool {
+        match backend {
+            "cuda" => !self.cuda_emulated,
+            "metal" => true,
+            _ => false,
         }
     }
 
     /// The device string for a backend: what a record line is scoped to. It names the
     /// processor and its memory, and the memory limit when one was set, because an OOM
-    /// under a 1 GiB limit says nothing about the same machine without it.
+    /// under a 1 GiB limit says nothing about the same machine without it. `cuda` under
+    /// `KILN_CUDA_EMULATE` is the host execution on the CPU, never a GPU's name.
     pub fn device(&self, backend: &str, memory_limit: Option<&str>) -> String {
+        let host = |name: String| match self.memory_bytes {
+            Some(b) => format!("{name} ({})", gib(b)),
+            None => name,
+        };
         let base = match backend {
-            "cuda" if !self.gpus.is_empty() => format!("cuda:{}", self.gpus[0]),
+            "cuda" if self.on_gpu(backend) => format!("cuda:{}", self.gpus[0]),
+            "cuda" if self.cuda_emulated => {
+                format!("cuda:{}", host(format!("host execution on {}", self.cpu)))
+            }
             // The CPU's memory, or the unified memory an Apple GPU shares with it.
-            other => match self.memory_bytes {
-                Some(b) => format!("{other}:{} ({})", self.cpu, gib(b)),
-                None => format!("{other}:{}", self.cpu),
-            },
+            other => format!("{other}:{}", host(self.cpu.clone())),
         };
         match memory_limit {
             Some(limit) => format!("{base} limit {limit}"),
             None => base,
         }
+    }
+
+    /// The GPU `backend` allocates from and its memory in bytes, when the harness knows
+    /// them: the first GPU nvidia-smi lists and its `memory.total`, on `cuda`; `None` for
+    /// the CPU, whose limit the engine prices itself, and for the host execution.
+    pub fn device_memory(&self, backend: &str) -> Option<(&str, u64)> {
+        if !self.on_gpu(backend) {
+            return None;
+        }
+        Some((self.gpus[0].as_str(), self.gpu_memory_bytes?))
+    }
+
+    /// The rows' `driver_version` and `cuda_version` for `backend`: the NVIDIA driver's
+    /// and the CUDA version it supports when `backend` runs on a GPU, both empty
+    /// otherwise (the CPU, Metal, or the host execution of the CUDA kernels).
+    pub fn gpu_software(&self, backend: &str) -> (String, String) {
+        if !self.on_gpu(backend) {
+            return (String::new(), String::new());
+        }
+        (self.driver_version.clone().unwrap_or_default(), self.cuda_version.clone().unwrap_or_default())
+    }
+}
+
+/// Whether `KILN_CUDA_EMULATE`'s value asks for the host execution, by the engine's rule:
+/// unset, empty or `0` is no, `1` is yes, anything else is refused (the engine exits 2 on
+/// it, so a sweep refuses it before anything runs).
+pub fn cuda_emulation(value: Option<&OsStr>) -> Result<bool, String> {
+    match value {
+        None => Ok(false),
+        Some(v) if v.is_empty() || v == "0" => Ok(false),
+        Some(v) if v == "1" => Ok(true),
+        Some(v) => Err(format!("invalid KILN_CUDA_EMULATE {v:?}: accepted values are 0 and 1")),
     }
 }
 
@@ -96,26 +190,56 @@ fn memory_bytes() -> Option<u64> {
     }
 }
 
-fn nvidia_smi_present() -> bool {
-    Command::new("nvidia-smi").arg("-L").output().is_ok_and(|o| o.status.success())
+/// Asks `nvidia_smi` for the GPUs ([`GPU_QUERY`]) and, from its plain table's header, the
+/// CUDA version. `None` when it cannot be run or the query fails: no driver answers.
+pub fn nvidia_facts(nvidia_smi: &OsStr) -> Option<NvidiaFacts> {
+    let run = |args: &[&str]| {
+        Command::new(nvidia_smi)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    let query = run(&GPU_QUERY)?;
+    let mut facts = parse_gpu_query(&query);
+    facts.cuda_version = run(&[]).as_deref().and_then(parse_cuda_version);
+    Some(facts)
 }
 
-fn nvidia_gpus() -> Vec<String> {
-    let Ok(out) =
-        Command::new("nvidia-smi").args(["--query-gpu=name,memory.total", "--format=csv,noheader"]).output()
-    else {
-        return Vec::new();
-    };
-    if !out.status.success() {
-        return Vec::new();
+/// The GPUs of [`GPU_QUERY`]'s answer, one `name, memory, driver` line each (a name
+/// holding a comma keeps it: the last two fields are split off). Lines that are not
+/// such a triple are left out.
+pub fn parse_gpu_query(text: &str) -> NvidiaFacts {
+    let mut facts = NvidiaFacts::default();
+    for line in text.lines() {
+        let mut fields = line.rsplitn(3, ',').map(str::trim);
+        let (Some(driver), Some(mem), Some(name)) = (fields.next(), fields.next(), fields.next()) else {
+            continue;
+        };
+        if name.is_empty() || mem.is_empty() {
+            continue;
+        }
+        if facts.gpus.is_empty() {
+            facts.gpu_memory_bytes = mib_bytes(mem);
+            facts.driver_version = Some(driver.to_string()).filter(|d| !d.is_empty());
+        }
+        facts.gpus.push(format!("{name} ({mem})"));
     }
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let (name, mem) = l.rsplit_once(',')?;
-            Some(format!("{} ({})", name.trim(), mem.trim()))
-        })
-        .collect()
+    facts
+}
+
+/// `143771 MiB` in bytes; `None` for anything else (`[N/A]`).
+fn mib_bytes(mem: &str) -> Option<u64> {
+    let n: u64 = mem.strip_suffix("MiB")?.trim().parse().ok()?;
+    n.checked_mul(1 << 20)
+}
+
+/// `13.0` from the `CUDA Version: 13.0` of plain nvidia-smi's header.
+pub fn parse_cuda_version(text: &str) -> Option<String> {
+    let (_, rest) = text.split_once("CUDA Version:")?;
+    let v = rest.split_whitespace().next()?.trim_end_matches('|');
+    (!v.is_empty() && v.chars().all(|c| c.is_ascii_digit() || c == '.')).then(|| v.to_string())
 }
 
 /// The short commit of the tree at `root`, with `-dirty` when a tracked file differs
@@ -151,8 +275,13 @@ pub fn kiln_env() -> BTreeMap<String, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// nvidia-smi's answers for an H200 host (driver 580.95.05, CUDA 13.0), in the layout
+    /// nvidia-smi 580 prints (see the fixtures' README for where they come from).
+    const H200_QUERY: &str = include_str!("fixtures/nvidia-smi/h200-query.csv");
+    const H200_TABLE: &str = include_str!("fixtures/nvidia-smi/h200.txt");
 
     fn machine() -> Machine {
         Machine {
@@ -161,7 +290,11 @@ mod tests {
             cpus: 2,
             memory_bytes: Some(24 << 30),
             gpus: vec!["NVIDIA H200 (143771 MiB)".into()],
+            gpu_memory_bytes: Some(143771 << 20),
+            driver_version: Some("580.95.05".into()),
+            cuda_version: Some("13.0".into()),
             nvidia_driver: true,
+            cuda_emulated: false,
             os: "linux".into(),
         }
     }
@@ -173,6 +306,92 @@ mod tests {
         assert_eq!(m.device("cpu", Some("4MiB")), "cpu:Some CPU (24 GiB) limit 4MiB");
         assert_eq!(m.device("cuda", None), "cuda:NVIDIA H200 (143771 MiB)");
         assert_eq!(m.device("metal", None), "metal:Some CPU (24 GiB)");
+    }
+
+    #[test]
+    fn the_host_execution_is_never_named_as_the_gpu() {
+        let m = Machine { cuda_emulated: true, ..machine() };
+        assert_eq!(m.device("cuda", None), "cuda:host execution on Some CPU (24 GiB)");
+        assert_eq!(m.device("cuda", Some("1GiB")), "cuda:host execution on Some CPU (24 GiB) limit 1GiB");
+        assert_eq!(m.gpu_software("cuda"), (String::new(), String::new()));
+        assert_eq!(m.device_memory("cuda"), None);
+        assert!(!m.on_device("cuda") && machine().on_device("cuda") && !machine().on_device("cpu"));
+        // The CPU backend is the CPU either way.
+        assert_eq!(m.device("cpu", None), "cpu:Some CPU (24 GiB)");
+        // Without a GPU, emulated or not, cuda is the host's.
+        let none = Machine { gpus: Vec::new(), cuda_emulated: true, ..machine() };
+        assert_eq!(none.device("cuda", None), "cuda:host execution on Some CPU (24 GiB)");
+        assert_eq!(cuda_emulation(Some(OsStr::new("1"))), Ok(true));
+        assert_eq!(cuda_emulation(Some(OsStr::new("0"))), Ok(false));
+        assert_eq!(cuda_emulation(Some(OsStr::new(""))), Ok(false));
+        assert_eq!(cuda_emulation(None), Ok(false));
+        assert_eq!(
+            cuda_emulation(Some(OsStr::new("yes"))),
+            Err("invalid KILN_CUDA_EMULATE \"yes\": accepted values are 0 and 1".to_string())
+        );
+    }
+
+    #[test]
+    fn the_gpu_software_is_the_drivers_on_cuda_only() {
+        let m = machine();
+        assert_eq!(m.gpu_software("cuda"), ("580.95.05".to_string(), "13.0".to_string()));
+        assert_eq!(m.gpu_software("cpu"), (String::new(), String::new()));
+        assert_eq!(m.device_memory("cuda"), Some(("NVIDIA H200 (143771 MiB)", 143771 << 20)));
+        assert_eq!(m.device_memory("cpu"), None);
+        assert_eq!(Machine { gpu_memory_bytes: None, ..machine() }.device_memory("cuda"), None);
+    }
+
+    #[test]
+    fn nvidia_smi_answers_are_parsed() {
+        let f = parse_gpu_query(H200_QUERY);
+        assert_eq!(f.gpus, ["NVIDIA H200 (143771 MiB)"]);
+        assert_eq!(f.gpu_memory_bytes, Some(143771 * 1024 * 1024));
+        assert_eq!(f.driver_version.as_deref(), Some("580.95.05"));
+        assert_eq!(parse_cuda_version(H200_TABLE).as_deref(), Some("13.0"));
+        // Several GPUs: the first one's memory and driver; a name with a comma stays whole.
+        let two = parse_gpu_query("NVIDIA A100-SXM4-80GB, 81920 MiB, 535.54.03\nA, B, 4096 MiB, 535.54.03\n");
+        assert_eq!(two.gpus, ["NVIDIA A100-SXM4-80GB (81920 MiB)", "A, B (4096 MiB)"]);
+        assert_eq!(two.gpu_memory_bytes, Some(81920 << 20));
+        // Unknown memory and no header are unknowns, not errors.
+        assert_eq!(parse_gpu_query("X, [N/A], 1.2\n").gpu_memory_bytes, None);
+        assert_eq!(parse_gpu_query("garbage\n"), NvidiaFacts::default());
+        assert_eq!(parse_cuda_version("NVIDIA-SMI has failed"), None);
+        assert_eq!(parse_cuda_version("| CUDA Version: N/A |"), None);
+    }
+
+    /// A stand-in nvidia-smi in `dir` that prints the recorded H200 answers.
+    pub(crate) fn fake_nvidia_smi(dir: &std::path::Path) -> std::path::PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let query = dir.join("query.csv");
+        let table = dir.join("table.txt");
+        fs::write(&query, H200_QUERY).unwrap();
+        fs::write(&table, H200_TABLE).unwrap();
+        let path = dir.join("nvidia-smi");
+        let script = format!(
+            "#!/bin/sh\ncase \"$1\" in\n  --query-gpu=name,memory.total,driver_version) cat '{}' ;;\n  '') cat '{}' ;;\n  *) exit 6 ;;\nesac\n",
+            query.display(),
+            table.display()
+        );
+        fs::write(&path, script).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_fake_nvidia_smi_is_run_and_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let smi = fake_nvidia_smi(dir.path());
+        let f = nvidia_facts(smi.as_os_str()).expect("the fake answered");
+        assert_eq!(f.gpus, ["NVIDIA H200 (143771 MiB)"]);
+        assert_eq!(f.driver_version.as_deref(), Some("580.95.05"));
+        assert_eq!(f.cuda_version.as_deref(), Some("13.0"));
+        let m = Machine::probe_with(smi.as_os_str());
+        assert!(m.nvidia_driver, "an answering nvidia-smi is a driver");
+        assert_eq!(m.gpu_memory_bytes, Some(143771 << 20));
+        // No nvidia-smi: no GPU facts, and no driver unless /proc says so.
+        assert_eq!(nvidia_facts(dir.path().join("missing").as_os_str()), None);
+        let m = Machine::probe_with(dir.path().join("missing").as_os_str());
+        assert!(m.gpus.is_empty() && m.driver_version.is_none() && m.cuda_version.is_none());
     }
 
     #[test]

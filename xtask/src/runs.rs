@@ -145,6 +145,8 @@ pub fn fingerprint(root: &Path, engine: Option<&Engine>) -> (Value, String) {
         "cpus": m.cpus,
         "memory_bytes": m.memory_bytes,
         "gpus": m.gpus,
+        "driver_version": m.driver_version,
+        "cuda_version": m.cuda_version,
         "device": device,
         "kiln_env": kiln_env,
     });

@@ -34,7 +34,7 @@ use crate::sweep::runner::Ran;
 use crate::sweep::series::SeriesFlags;
 use crate::sweep::{HarnessEnv, Session, SweepFlags, user_path};
 pub use flags::BenchOffloadCopy;
-pub use rows::{HEADER, OffloadRow};
+pub use rows::{HEADER, HEADER_BEFORE_DRIVER, OffloadRow};
 use run::{Geometry, Run};
 use summary::Tally;
 pub use summary::{markdown, panels};

@@ -4,32 +4,39 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::sweep::rows::with_fingerprint;
+use crate::sweep::rows::{FINGERPRINT_BEFORE_DRIVER, with_fingerprint, with_fingerprint_of};
 
 /// The CSV header, exactly: the geometry, the measurements, then the fingerprint every
 /// sweep's rows carry, then the status.
-pub const HEADER: [&str; 27] = with_fingerprint(
-    [
-        "model",
-        "model_path",
-        "cache_slots",
-        "slot_bytes",
-        "cache_bytes",
-        "batch_size",
-        "miss_rate",
-        "measured_miss_rate",
-        "tokens",
-        "fetches",
-        "misses",
-        "bytes_copied",
-        "copy_gb_s",
-        "fetch_us_per_token",
-        "read_bandwidth_gb_s",
-        "copy_share",
-        "peak_bytes",
-    ],
-    ["memory_limit_bytes", "threads", "status"],
-);
+pub const HEADER: [&str; 29] = with_fingerprint(HEAD, TAIL);
+
+/// The header before the fingerprint's `driver_version` and `cuda_version`: such a file
+/// is still read (its rows with those columns empty).
+pub const HEADER_BEFORE_DRIVER: [&str; 27] = with_fingerprint_of(HEAD, &FINGERPRINT_BEFORE_DRIVER, TAIL);
+
+/// The columns before the fingerprint: the geometry and the measurements.
+const HEAD: [&str; 17] = [
+    "model",
+    "model_path",
+    "cache_slots",
+    "slot_bytes",
+    "cache_bytes",
+    "batch_size",
+    "miss_rate",
+    "measured_miss_rate",
+    "tokens",
+    "fetches",
+    "misses",
+    "bytes_copied",
+    "copy_gb_s",
+    "fetch_us_per_token",
+    "read_bandwidth_gb_s",
+    "copy_share",
+    "peak_bytes",
+];
+
+/// The columns after the fingerprint.
+const TAIL: [&str; 3] = ["memory_limit_bytes", "threads", "status"];
 
 /// One row of the CSV: one (model, slots, batch, miss rate) cell.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -58,6 +65,10 @@ pub struct OffloadRow {
     pub(crate) kiln_version: String,
     pub(crate) commit: String,
     pub(crate) features: String,
+    #[serde(default)]
+    pub(crate) driver_version: String,
+    #[serde(default)]
+    pub(crate) cuda_version: String,
     pub(crate) memory_limit_bytes: Option<u64>,
     pub(crate) threads: Option<u64>,
     pub(crate) status: String,
@@ -110,7 +121,8 @@ mod tests {
             HEADER.join(","),
             "model,model_path,cache_slots,slot_bytes,cache_bytes,batch_size,miss_rate,measured_miss_rate,\
              tokens,fetches,misses,bytes_copied,copy_gb_s,fetch_us_per_token,read_bandwidth_gb_s,copy_share,\
-             peak_bytes,date,host,device,backend,kiln_version,commit,features,memory_limit_bytes,threads,status"
+             peak_bytes,date,host,device,backend,kiln_version,commit,features,driver_version,cuda_version,\
+             memory_limit_bytes,threads,status"
         );
     }
 }

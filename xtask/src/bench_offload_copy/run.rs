@@ -84,7 +84,7 @@ fn measure(
         rate.to_string(),
     ];
     args.extend(engine_args.iter().cloned());
-    args.extend(runner.knobs.to_args());
+    args.extend(runner.engine_args());
     Ok(match runner.run_kiln(index, &cell, &args, OffloadCopyReport::parse)? {
         Ran::Done((c, _log)) => Ran::Done(Measured {
             status: c.status,
@@ -249,6 +249,8 @@ impl Run<'_> {
         row.kiln_version = m.kiln_version.clone();
         row.commit = m.commit.clone();
         row.features = m.features_column(&BTreeMap::new());
+        row.driver_version = m.driver_version.clone();
+        row.cuda_version = m.cuda_version.clone();
         row.memory_limit_bytes = self.memory_limit_bytes;
         row.threads = self.threads;
         row

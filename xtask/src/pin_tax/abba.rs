@@ -131,6 +131,9 @@ pub struct Plan {
     pub model: String,
     /// The engine.
     pub kiln_bin: PathBuf,
+    /// What every boot's `kiln serve` gets before the mode's and the user's arguments:
+    /// the backend's (none on the CPU).
+    pub engine_args: Vec<String>,
     /// Extra `kiln serve` arguments from the user.
     pub serve_args: Vec<String>,
     /// Readiness timeout.
@@ -345,6 +348,7 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
             "--port".into(),
             plan.port.to_string().into(),
         ];
+        args.extend(plan.engine_args.iter().map(OsString::from));
         args.extend(unless_given(mode.server_args(), &plan.serve_args));
         args.extend(server::served_name(&plan.model, &plan.serve_args).1);
         args.extend(plan.serve_args.iter().map(OsString::from));

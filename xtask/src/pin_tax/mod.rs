@@ -229,7 +229,7 @@ impl QmvPinTax {
                     served: crate::server::served_name(&self.model, &self.boot.serve_args).0,
                     skipped: Default::default(),
                 };
-                mode.skipped = context_skips(&ctx.engine.bin, &self.model, &mode.shapes());
+                mode.skipped = context_skips(&ctx.engine, &self.model, &mode.shapes());
                 for (cell, why) in &mode.skipped {
                     eprintln!("{cell}: SKIP:context: {why}");
                 }
@@ -307,6 +307,7 @@ impl QmvPinTax {
             port: self.port,
             model: self.model.clone(),
             kiln_bin: engine.bin.clone(),
+            engine_args: crate::engine::backend_args_unless_given(engine.backend, &self.boot.serve_args),
             serve_args: self.boot.serve_args.clone(),
             boot_timeout: Duration::from_secs(self.boot_timeout),
             grace: Duration::from_secs(self.grace),
@@ -462,15 +463,16 @@ impl QmvPinTax {
 /// answer (another server's binary, a model it cannot read), every cell runs and the
 /// server's own refusal fails the cell.
 fn context_skips(
-    kiln: &Path,
+    engine: &crate::runs::Engine,
     model: &str,
     shapes: &[(String, u64, u64)],
 ) -> std::collections::BTreeMap<String, String> {
     let mut out = std::collections::BTreeMap::new();
     for (cell, prompt, max_tokens) in shapes {
-        let run = std::process::Command::new(kiln)
+        let run = std::process::Command::new(&engine.bin)
             .args(["estimate", "-m", model, "--prompt-tokens", &prompt.to_string()])
             .args(["--max-tokens", &max_tokens.to_string()])
+            .args(crate::engine::backend_args(engine.backend))
             .stdin(std::process::Stdio::null())
             .output();
         let report = match &run {

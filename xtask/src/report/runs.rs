@@ -137,10 +137,14 @@ impl Run {
             let head = fs::read_to_string(&csv)
                 .with_context(|| format!("reading {}, the run's CSV (env.json's output)", csv.display()))?;
             let first = head.lines().next().unwrap_or_default();
-            if first == rows::HEADER.join(",") {
+            let offload = [
+                &crate::bench_offload_copy::HEADER[..],
+                &crate::bench_offload_copy::HEADER_BEFORE_DRIVER[..],
+            ];
+            if rows::is_sweep_header(first) {
                 let rows = rows::read_rows(&csv)?;
                 Kind::Sweep { csv, rows }
-            } else if first == crate::bench_offload_copy::HEADER.join(",") {
+            } else if offload.iter().any(|h| first == h.join(",")) {
                 let mut rdr = csv::Reader::from_path(&csv)?;
                 let rows = rdr
                     .deserialize()

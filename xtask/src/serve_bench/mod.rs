@@ -201,6 +201,11 @@ impl ServeBench {
                     "--port".into(),
                     self.port.to_string().into(),
                 ];
+                args.extend(
+                    crate::engine::backend_args_unless_given(e.backend, &self.boot.serve_args)
+                        .into_iter()
+                        .map(OsString::from),
+                );
                 let (sized, warnings) = boot_sizes(&levels, &self.boot.serve_args);
                 for w in warnings {
                     eprintln!("warning: {w}");

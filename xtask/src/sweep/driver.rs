@@ -38,6 +38,10 @@ pub(crate) struct RowMeta {
     pub(crate) kiln_env: BTreeMap<String, String>,
     /// The engine's version; filled from the first report when the package did not say.
     pub(crate) kiln_version: String,
+    /// The NVIDIA driver's version when the backend runs on a GPU, else empty.
+    pub(crate) driver_version: String,
+    /// The CUDA version that driver supports, else empty.
+    pub(crate) cuda_version: String,
 }
 
 impl RowMeta {
@@ -73,6 +77,8 @@ impl RowMeta {
             kiln_version: self.kiln_version.clone(),
             commit: self.commit.clone(),
             features: self.features_column(&cell.env),
+            driver_version: self.driver_version.clone(),
+            cuda_version: self.cuda_version.clone(),
             prompt: cell.prompt_text().to_string(),
             prompt_target_len: cell.prompt_target_len(),
             repetition: cell.repetition,
@@ -350,7 +356,7 @@ impl Driver<'_> {
         {
             eprintln!("warning: {cell}: kiln estimate failed ({why}); running it anyway (--no-estimate)");
         }
-        if let Some(skip) = layers::judge_estimate(&facts, self.estimate_on) {
+        if let Some(skip) = layers::judge_estimate(&facts, self.estimate_on, runner.device_budget()) {
             return Ok(Ran::Done(CellResult::Skipped(skip)));
         }
         let device = runner.device().to_string();
@@ -420,6 +426,8 @@ impl Driver<'_> {
             kiln_version: s.kiln_version.clone(),
             commit: s.commit.clone(),
             features: s.features_column(&cell.env),
+            driver_version: s.driver_version.clone(),
+            cuda_version: s.cuda_version.clone(),
             prompt: cell.prompt_text().to_string(),
             prompt_target_len: cell.prompt_target_len(),
             status: o.status.as_str().into(),
@@ -582,6 +590,8 @@ mod tests {
                 features: Some(vec![]),
                 kiln_env: BTreeMap::new(),
                 kiln_version: "0.1.0".into(),
+                driver_version: String::new(),
+                cuda_version: String::new(),
             },
             shutdown: &shutdown,
             plan: &plan,
@@ -657,6 +667,8 @@ mod tests {
             features: Some(vec!["cuda".into()]),
             kiln_env: [("KILN_QMV_WIDE".to_string(), "0".to_string())].into(),
             kiln_version: String::new(),
+            driver_version: "580.95.05".into(),
+            cuda_version: "13.0".into(),
         };
         assert_eq!(meta.features_column(&BTreeMap::new()), "cuda; KILN_QMV_WIDE=0");
         let arm = [("KILN_QMV_WIDE".to_string(), "1".to_string())].into();

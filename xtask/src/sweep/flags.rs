@@ -188,6 +188,10 @@ impl HarnessEnv {
             }
         };
         let kiln_bin = var("KILN_BENCH_KILN_BIN").filter(|v| !v.is_empty()).map(PathBuf::from);
+        // The engine refuses any other value in every cell; the device name depends on it.
+        if let Err(e) = crate::machine::cuda_emulation(std::env::var_os("KILN_CUDA_EMULATE").as_deref()) {
+            usage!("{e} (inherited by every cell)");
+        }
         Ok(HarnessEnv { fake_oom, ignore_record, kiln_bin })
     }
 }

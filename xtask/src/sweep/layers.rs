@@ -42,11 +42,42 @@ pub enum EstimateFacts {
     Failed(String),
 }
 
+/// The memory a GPU backend's cells allocate from, as the harness knows it: what the
+/// estimate layer prices a cell's peak against on the device, in place of the engine's
+/// verdict (`fits`), which may be against host memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceBudget {
+    /// The device's memory, or the memory limit when that is smaller.
+    pub bytes: u64,
+    /// Where the figure comes from, for the skip's reason.
+    pub what: String,
+}
+
+impl DeviceBudget {
+    /// The budget of `device` (a GPU as nvidia-smi names it) with `memory` bytes, under
+    /// the memory limit `limit` (`--memory-limit` or `KILN_MEMORY_LIMIT`) when smaller.
+    pub fn new(device: &str, memory: u64, limit: Option<u64>) -> DeviceBudget {
+        match limit {
+            Some(l) if l < memory => DeviceBudget {
+                bytes: l,
+                what: format!("the memory limit, below the {memory} bytes of {device}"),
+            },
+            _ => DeviceBudget { bytes: memory, what: format!("the memory of {device}") },
+        }
+    }
+}
+
 /// The estimate layer's verdict: the model's presence and the context first (rules, as the
 /// engine answers them), then the budget unless the layer
 /// is turned off (`--no-estimate`). With the layer off, a failed estimate does not stop the
-/// cell: the user asked for the real run.
-pub fn judge_estimate(facts: &EstimateFacts, estimate_on: bool) -> Option<Skip> {
+/// cell: the user asked for the real run. The budget is `device`'s when the cells run on
+/// a GPU whose memory is known, else the engine's own (its `fits`, against the pool's
+/// limit).
+pub fn judge_estimate(
+    facts: &EstimateFacts,
+    estimate_on: bool,
+    device: Option<&DeviceBudget>,
+) -> Option<Skip> {
     match facts {
         EstimateFacts::NotApplicable => None,
         EstimateFacts::ByRule(reason) => Some(Skip::new(Status::Unsupported, reason.clone())),
@@ -63,6 +94,18 @@ pub fn judge_estimate(facts: &EstimateFacts, estimate_on: bool) -> Option<Skip> 
                     format!(
                         "{} prompt plus {} generated tokens exceed the model's context of {} tokens",
                         r.prompt_tokens, r.max_tokens, r.context_length
+                    ),
+                ));
+            }
+            if let (true, Some(d)) = (estimate_on, device) {
+                if r.total_bytes <= d.bytes {
+                    return None;
+                }
+                return Some(Skip::new(
+                    Status::OomEstimate,
+                    format!(
+                        "estimated peak {} bytes (weights {}, kv {}, scratch {}) is above the budget of {} bytes ({})",
+                        r.total_bytes, r.weights_bytes, r.kv_bytes, r.scratch_bytes, d.bytes, d.what
                     ),
                 ));
             }
@@ -236,27 +279,65 @@ mod tests {
     #[test]
     fn estimate_context_comes_before_the_budget_and_survives_no_estimate() {
         let over = EstimateFacts::Report(Box::new(report(100, 30, 128, false)));
-        assert_eq!(judge_estimate(&over, true).unwrap().status, Status::Context);
-        assert_eq!(judge_estimate(&over, false).unwrap().status, Status::Context);
+        assert_eq!(judge_estimate(&over, true, None).unwrap().status, Status::Context);
+        assert_eq!(judge_estimate(&over, false, None).unwrap().status, Status::Context);
         let big = EstimateFacts::Report(Box::new(report(100, 28, 128, false)));
-        assert_eq!(judge_estimate(&big, true).unwrap().status, Status::OomEstimate);
-        assert_eq!(judge_estimate(&big, false), None);
+        assert_eq!(judge_estimate(&big, true, None).unwrap().status, Status::OomEstimate);
+        assert_eq!(judge_estimate(&big, false, None), None);
         let fine = EstimateFacts::Report(Box::new(report(100, 28, 128, true)));
-        assert_eq!(judge_estimate(&fine, true), None);
+        assert_eq!(judge_estimate(&fine, true, None), None);
         let failed = EstimateFacts::Failed("boom".into());
-        assert_eq!(judge_estimate(&failed, true).unwrap().status, Status::Estimate);
-        assert_eq!(judge_estimate(&failed, false), None);
+        assert_eq!(judge_estimate(&failed, true, None).unwrap().status, Status::Estimate);
+        assert_eq!(judge_estimate(&failed, false, None), None);
         let rule = EstimateFacts::ByRule("bad".into());
-        assert_eq!(judge_estimate(&rule, false).unwrap().status, Status::Unsupported);
+        assert_eq!(judge_estimate(&rule, false, None).unwrap().status, Status::Unsupported);
         let missing = EstimateFacts::MissingModel("model not found: x".into());
-        assert_eq!(judge_estimate(&missing, false).unwrap().status, Status::MissingModel);
+        assert_eq!(judge_estimate(&missing, false, None).unwrap().status, Status::MissingModel);
         // The engine's own verdict stands, whatever the numbers beside it say.
         let mut trusted = report(100, 28, 128, true);
         trusted.within_context = false;
-        let skip = judge_estimate(&EstimateFacts::Report(Box::new(trusted)), true).unwrap();
+        let skip = judge_estimate(&EstimateFacts::Report(Box::new(trusted)), true, None).unwrap();
         assert_eq!(skip.status, Status::Context);
         assert!(skip.reason.contains("context of 128 tokens"), "{}", skip.reason);
-        assert_eq!(judge_estimate(&EstimateFacts::NotApplicable, true), None);
+        assert_eq!(judge_estimate(&EstimateFacts::NotApplicable, true, None), None);
+    }
+
+    #[test]
+    fn on_a_gpu_the_budget_is_the_devices_memory_not_the_hosts() {
+        const GIB: u64 = 1 << 30;
+        let h200 = DeviceBudget::new("NVIDIA H200 (143771 MiB)", 143771 << 20, None);
+        assert_eq!(h200.bytes, 143771 << 20);
+        assert_eq!(h200.what, "the memory of NVIDIA H200 (143771 MiB)");
+        // The limit counts only when smaller than the device.
+        let limited = DeviceBudget::new("G", 100 * GIB, Some(GIB));
+        assert_eq!(limited.bytes, GIB);
+        assert!(limited.what.starts_with("the memory limit"), "{}", limited.what);
+        assert_eq!(DeviceBudget::new("G", 100 * GIB, Some(200 * GIB)).bytes, 100 * GIB);
+        // A peak above host memory (the engine's limit: fits false) but within the GPU's
+        // memory runs; one above the GPU's is skipped although the engine saw no limit.
+        let mut host_limited = report(100, 28, 128, false);
+        (host_limited.total_bytes, host_limited.weights_bytes) = (100 * GIB, 100 * GIB - 50);
+        host_limited.memory_limit_bytes = Some(24 * GIB);
+        let facts = EstimateFacts::Report(Box::new(host_limited.clone()));
+        assert_eq!(judge_estimate(&facts, true, None).unwrap().status, Status::OomEstimate);
+        assert_eq!(judge_estimate(&facts, true, Some(&h200)), None);
+        let mut unlimited = host_limited;
+        (unlimited.total_bytes, unlimited.weights_bytes) = (200 * GIB, 200 * GIB - 50);
+        (unlimited.memory_limit_bytes, unlimited.fits) = (None, true);
+        let facts = EstimateFacts::Report(Box::new(unlimited));
+        assert_eq!(judge_estimate(&facts, true, None), None);
+        let skip = judge_estimate(&facts, true, Some(&h200)).unwrap();
+        assert_eq!(skip.status, Status::OomEstimate);
+        assert!(
+            skip.reason
+                .ends_with("the budget of 150754820096 bytes (the memory of NVIDIA H200 (143771 MiB))"),
+            "{}",
+            skip.reason
+        );
+        // --no-estimate turns the device budget off too; the context rule still holds.
+        assert_eq!(judge_estimate(&facts, false, Some(&h200)), None);
+        let over = EstimateFacts::Report(Box::new(report(100, 30, 128, true)));
+        assert_eq!(judge_estimate(&over, true, Some(&h200)).unwrap().status, Status::Context);
     }
 
     #[test]

@@ -15,9 +15,25 @@ use super::plan::CellKey;
 use crate::console::usage;
 
 /// The fingerprint every sweep's rows carry, in this order: when, where and with what
-/// build a row was measured. The decode sweeps' header and bench-offload-copy's take it
-/// from here, between their own columns ([`with_fingerprint`]).
-pub const FINGERPRINT: [&str; 7] =
+/// build a row was measured, then the GPU software it ran on (the NVIDIA driver's version
+/// and the CUDA version it supports, empty off a GPU). The decode sweeps' header and
+/// bench-offload-copy's take it from here, between their own columns
+/// ([`with_fingerprint`]).
+pub const FINGERPRINT: [&str; 9] = [
+    "date",
+    "host",
+    "device",
+    "backend",
+    "kiln_version",
+    "commit",
+    "features",
+    "driver_version",
+    "cuda_version",
+];
+
+/// The fingerprint before `driver_version` and `cuda_version` were added at its end: files
+/// written then are still read (merge, report, plots), with those two columns empty.
+pub const FINGERPRINT_BEFORE_DRIVER: [&str; 7] =
     ["date", "host", "device", "backend", "kiln_version", "commit", "features"];
 
 /// A header: `head`, then [`FINGERPRINT`], then `tail`. `N` must be their total length,
@@ -26,16 +42,26 @@ pub const fn with_fingerprint<const H: usize, const T: usize, const N: usize>(
     head: [&'static str; H],
     tail: [&'static str; T],
 ) -> [&'static str; N] {
-    assert!(H + FINGERPRINT.len() + T == N, "a header's length is its columns and the fingerprint's");
+    with_fingerprint_of(head, &FINGERPRINT, tail)
+}
+
+/// A header: `head`, then `fingerprint` (this one or an earlier one), then `tail`.
+pub const fn with_fingerprint_of<const H: usize, const T: usize, const N: usize>(
+    head: [&'static str; H],
+    fingerprint: &[&'static str],
+    tail: [&'static str; T],
+) -> [&'static str; N] {
+    let f = fingerprint.len();
+    assert!(H + f + T == N, "a header's length is its columns and the fingerprint's");
     let mut out = [""; N];
     let mut i = 0;
     while i < N {
         out[i] = if i < H {
             head[i]
-        } else if i < H + FINGERPRINT.len() {
-            FINGERPRINT[i - H]
+        } else if i < H + f {
+            fingerprint[i - H]
         } else {
-            tail[i - H - FINGERPRINT.len()]
+            tail[i - H - f]
         };
         i += 1;
     }
@@ -44,8 +70,19 @@ pub const fn with_fingerprint<const H: usize, const T: usize, const N: usize>(
 
 /// The header, exactly: the measurement, the [`FINGERPRINT`], the token counts, the engine
 /// knobs' columns (kiln-protocol's list, `KNOB_COLUMNS`) and the cell's identity.
-pub const HEADER: [&str; 32] =
+pub const HEADER: [&str; 34] =
     concat(&[&HEADER_HEAD, &FINGERPRINT, &HEADER_TOKENS, &kiln_protocol::KNOB_COLUMNS, &HEADER_TAIL]);
+
+/// The header before the fingerprint's `driver_version` and `cuda_version`: such a file
+/// is read (its rows with those columns empty) but not resumed, since rows appended to
+/// it would not match its header.
+pub const HEADER_BEFORE_DRIVER: [&str; 32] = concat(&[
+    &HEADER_HEAD,
+    &FINGERPRINT_BEFORE_DRIVER,
+    &HEADER_TOKENS,
+    &kiln_protocol::KNOB_COLUMNS,
+    &HEADER_TAIL,
+]);
 
 /// The columns before the fingerprint.
 const HEADER_HEAD: [&str; 10] = [
@@ -131,6 +168,12 @@ pub struct Row {
     pub commit: String,
     /// Build features, then the `KILN_*` environment of the cell.
     pub features: String,
+    /// The NVIDIA driver's version when the row ran on a GPU; empty otherwise.
+    #[serde(default)]
+    pub driver_version: String,
+    /// The CUDA version that driver supports; empty off a GPU.
+    #[serde(default)]
+    pub cuda_version: String,
     /// Tokens asked for.
     pub max_tokens: u64,
     /// Decode steps before the timed ones.
@@ -351,7 +394,13 @@ impl CsvOut {
         let mut file = Self::open_locked(path, false)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).with_context(|| format!("reading {}", path.display()))?;
-        let (rows, whole) = parse_rows(&bytes, path)?;
+        let (rows, whole, header) = parse_rows(&bytes, path)?;
+        if header != HEADER {
+            usage!(
+                "{} was written before the driver_version and cuda_version columns: it is read (merge, report) but not resumed, since new rows would not match its header; pass a new --output",
+                path.display()
+            );
+        }
         if whole < bytes.len() {
             eprintln!(
                 "warning: {}: removing a last row cut short ({:?}); its cell runs again",
@@ -398,26 +447,34 @@ pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
     Ok(parse_rows(&bytes, path)?.0)
 }
 
+/// Whether `first_line` is a sweep header this harness reads: the current one, or one
+/// from before the fingerprint's driver columns.
+pub fn is_sweep_header(first_line: &str) -> bool {
+    [&HEADER[..], &HEADER_BEFORE_DRIVER[..]].iter().any(|h| first_line == h.join(","))
+}
+
 /// The finished rows of a sweep's CSV and the byte length of its whole lines. The header
 /// must be the exact one. A row is finished only when it is whole: it ends with its
 /// newline, has every column, every value parses, its status is a documented one and an
 /// `ok` row has its measurements. Any other row is warned about and left out, so its cell
 /// runs again.
-fn parse_rows(bytes: &[u8], path: &Path) -> Result<(Vec<Row>, usize)> {
+fn parse_rows(bytes: &[u8], path: &Path) -> Result<(Vec<Row>, usize, &'static [&'static str])> {
     let mut rdr = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(bytes);
     let mut rec = csv::ByteRecord::new();
-    let header_ok = rdr.read_byte_record(&mut rec).unwrap_or(false)
-        && rec.iter().eq(HEADER.iter().map(|h| h.as_bytes()))
+    let read = rdr.read_byte_record(&mut rec).unwrap_or(false)
         && bytes.get((rdr.position().byte() as usize).wrapping_sub(1)) == Some(&b'\n');
-    if !header_ok {
+    let found = [&HEADER[..], &HEADER_BEFORE_DRIVER[..]]
+        .into_iter()
+        .find(|h| read && rec.iter().eq(h.iter().map(|c| c.as_bytes())));
+    let Some(found) = found else {
         usage!(
             "{} does not start with the sweep header: expected {:?}, found {:?}",
             path.display(),
             HEADER.join(","),
             String::from_utf8_lossy(bytes.split(|&b| b == b'\n').next().unwrap_or_default())
         );
-    }
-    let header = csv::ByteRecord::from(HEADER.to_vec());
+    };
+    let header = csv::ByteRecord::from(found.to_vec());
     let mut whole = rdr.position().byte() as usize;
     let mut rows = Vec::new();
     loop {
@@ -434,8 +491,8 @@ fn parse_rows(bytes: &[u8], path: &Path) -> Result<(Vec<Row>, usize)> {
             Ok(true) if !terminated => {
                 Err("it has no newline at its end: it was cut short while being written".into())
             }
-            Ok(true) if rec.len() != HEADER.len() => {
-                Err(format!("it has {} fields, expected {}", rec.len(), HEADER.len()))
+            Ok(true) if rec.len() != found.len() => {
+                Err(format!("it has {} fields, expected {}", rec.len(), found.len()))
             }
             Ok(true) => rec
                 .deserialize::<Row>(Some(&header))
@@ -450,7 +507,32 @@ fn parse_rows(bytes: &[u8], path: &Path) -> Result<(Vec<Row>, usize)> {
             ),
         }
     }
-    Ok((rows, whole))
+    Ok((rows, whole, found))
+}
+
+/// `rows` as a CSV written before the driver columns existed: [`HEADER_BEFORE_DRIVER`],
+/// and each row without its `driver_version` and `cuda_version`.
+#[cfg(test)]
+pub(crate) fn before_driver_csv(rows: &[Row]) -> String {
+    let at = HEADER.iter().position(|&c| c == "driver_version").unwrap();
+    let mut out = csv::Writer::from_writer(Vec::new());
+    out.write_record(HEADER_BEFORE_DRIVER).unwrap();
+    for r in rows {
+        let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
+        w.serialize(r).unwrap();
+        let text = w.into_inner().unwrap();
+        let rec = csv::ReaderBuilder::new()
+            .has_headers(false)
+            .from_reader(&text[..])
+            .records()
+            .next()
+            .unwrap()
+            .unwrap();
+        let old: Vec<&str> =
+            rec.iter().enumerate().filter(|&(i, _)| i != at && i != at + 1).map(|(_, v)| v).collect();
+        out.write_record(&old).unwrap();
+    }
+    String::from_utf8(out.into_inner().unwrap()).unwrap()
 }
 
 #[cfg(test)]
@@ -485,8 +567,8 @@ mod tests {
         assert_eq!(
             HEADER.join(","),
             "model,model_path,prompt_tokens,generated_tokens,prefill_ms,prefill_tok_s,decode_ms,decode_tok_s,\
-             peak_bytes,max_rss_bytes,date,host,device,backend,kiln_version,commit,features,max_tokens,\
-             warmup_tokens,attention,prefill_chunk,kv_dtype,memory_limit_bytes,threads,prompt,\
+             peak_bytes,max_rss_bytes,date,host,device,backend,kiln_version,commit,features,\
+             driver_version,cuda_version,max_tokens,warmup_tokens,attention,prefill_chunk,kv_dtype,memory_limit_bytes,threads,prompt,\
              prompt_target_len,status,repetition,engine,engine_version,reason,disturbed"
         );
         let mut w = csv::Writer::from_writer(Vec::new());
@@ -600,6 +682,30 @@ mod tests {
             ]
         );
         assert!(a.differences(&a).is_empty());
+    }
+
+    #[test]
+    fn a_file_from_before_the_driver_columns_is_read_but_not_resumed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.csv");
+        let current = row("a", Some(1), "ok");
+        fs::write(&path, before_driver_csv(std::slice::from_ref(&current))).unwrap();
+        assert!(is_sweep_header(&HEADER_BEFORE_DRIVER.join(",")) && is_sweep_header(&HEADER.join(",")));
+        assert_eq!(
+            read_rows(&path).unwrap(),
+            [current],
+            "an older file's row reads with empty driver columns"
+        );
+        let e = CsvOut::resume(&path).err().expect("resumed an older header");
+        assert!(e.downcast_ref::<crate::console::UsageError>().is_some(), "{e:#}");
+        assert!(
+            e.to_string().contains("written before the driver_version and cuda_version columns"),
+            "{e:#}"
+        );
+        // A row of the current width under the old header is malformed, not misread.
+        fs::write(&path, format!("{}\n{}", HEADER_BEFORE_DRIVER.join(","), line(&row("b", Some(2), "ok"))))
+            .unwrap();
+        assert!(read_rows(&path).unwrap().is_empty());
     }
 
     #[test]

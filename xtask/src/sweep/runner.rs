@@ -11,9 +11,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use super::classify::{self, ChildExit, KILN_BY_RULE_EXIT_CODE, Status};
-use super::layers::EstimateFacts;
+use super::layers::{DeviceBudget, EstimateFacts};
 use super::plan::{Cell, Prompt};
 use crate::child::{self, Group, Shutdown, Waited};
+use crate::engine::Backend;
 use kiln_protocol::{DecodeReport, EstimateReport, ReportError};
 
 /// A step that either finished or was cut short by a signal.
@@ -54,6 +55,11 @@ pub trait CellRunner {
     fn run(&mut self, index: usize, cell: &Cell) -> Result<Ran<Outcome>>;
     /// The device the cells run on (what record lines are scoped to).
     fn device(&self) -> &str;
+    /// The memory the estimate layer prices cells against when they run on a GPU whose
+    /// memory the harness knows; `None` leaves the verdict to the engine's estimate.
+    fn device_budget(&self) -> Option<&DeviceBudget> {
+        None
+    }
 }
 
 /// Knobs passed through to every engine call: the protocol's set, whose `to_args` is
@@ -74,12 +80,16 @@ pub struct LocalRunner<'a> {
     pub run_dir: PathBuf,
     /// Passed to every call.
     pub knobs: EngineKnobs,
+    /// The backend every call runs on (`--backend`, passed only when not the CPU).
+    pub backend: Backend,
     /// Per cell.
     pub cell_timeout: Duration,
     /// This host.
     pub host: String,
     /// This device.
     pub device: String,
+    /// On a GPU: its memory, or the memory limit when smaller.
+    pub device_budget: Option<DeviceBudget>,
     /// Signals and child exits.
     pub shutdown: &'a Shutdown,
 }
@@ -91,6 +101,14 @@ impl LocalRunner<'_> {
 
     pub(crate) fn log_base(&self, index: usize, cell: &Cell) -> PathBuf {
         log_base(&self.run_dir, index, cell)
+    }
+
+    /// What every engine call gets after its own arguments: the backend (nothing for the
+    /// CPU, so an older binary runs as before), then the knobs.
+    pub(crate) fn engine_args(&self) -> Vec<String> {
+        let mut args = crate::engine::backend_args(self.backend);
+        args.extend(self.knobs.to_args());
+        args
     }
 
     /// Runs `kiln args...` with stdout and stderr in `<base>.stdout` / `<base>.stderr`.
@@ -216,7 +234,7 @@ impl CellRunner for LocalRunner<'_> {
             "--max-tokens".into(),
             cell.max_tokens.to_string(),
         ];
-        args.extend(self.knobs.to_args());
+        args.extend(self.engine_args());
         let base = self.log_base(index, cell);
         let base = base.with_extension(ext(&base, "estimate"));
         // The estimate reads a config, never weights, but a slow disk or a huge config is
@@ -242,7 +260,7 @@ impl CellRunner for LocalRunner<'_> {
             "--format".into(),
             "json".into(),
         ]);
-        args.extend(self.knobs.to_args());
+        args.extend(self.engine_args());
         let (c, log) = match self.run_kiln(index, cell, &args, DecodeReport::parse)? {
             Ran::Done(x) => x,
             Ran::Interrupted(sig) => return Ok(Ran::Interrupted(sig)),
@@ -260,6 +278,10 @@ impl CellRunner for LocalRunner<'_> {
 
     fn device(&self) -> &str {
         &self.device
+    }
+
+    fn device_budget(&self) -> Option<&DeviceBudget> {
+        self.device_budget.as_ref()
     }
 }
 

@@ -123,7 +123,13 @@ impl Session {
         Ok(Session {
             root: root.to_path_buf(),
             commit: machine::commit(root),
-            defaults: Defaults::for_backend(backend),
+            // The host execution runs the CUDA kernels on the CPU, one block at a time: it
+            // gets the CPU's ladder, not the one a GPU is judged on.
+            defaults: Defaults::for_backend(if machine.on_device(backend.as_str()) {
+                backend
+            } else {
+                Backend::Cpu
+            }),
             machine,
             backend,
             features,
@@ -193,9 +199,16 @@ impl Session {
         Ok(())
     }
 
-    /// Whether the chosen backend is a GPU's.
+    /// What the estimate layer prices cells against on a GPU: its memory, or the memory
+    /// limit when smaller (never host memory); `None` off a GPU.
+    fn device_budget(&self) -> Option<super::layers::DeviceBudget> {
+        let (gpu, memory) = self.machine.device_memory(self.backend.as_str())?;
+        Some(super::layers::DeviceBudget::new(gpu, memory, self.memory_limit_bytes))
+    }
+
+    /// Whether the cells run on a GPU: a GPU backend, not the host execution of its kernels.
     pub fn is_gpu(&self) -> bool {
-        self.backend.is_gpu()
+        self.machine.on_device(self.backend.as_str())
     }
 
     /// The backend's defaults.
@@ -411,7 +424,10 @@ impl Session {
             "cpus": self.machine.cpus,
             "memory_bytes": self.machine.memory_bytes,
             "gpus": self.machine.gpus,
+            "driver_version": self.machine.driver_version,
+            "cuda_version": self.machine.cuda_version,
             "device": self.device,
+            "device_budget_bytes": self.device_budget().map(|b| b.bytes),
             "kiln_env": self.kiln_env,
             "output": output,
             "oom_record": record,
@@ -467,9 +483,11 @@ impl Started {
             user_cwd: self.user_cwd.clone(),
             run_dir: self.run_dir.clone(),
             knobs: self.knobs.clone(),
+            backend: s.backend,
             cell_timeout: self.cell_timeout,
             host: s.machine.host.clone(),
             device: s.device.clone(),
+            device_budget: s.device_budget(),
             shutdown: &s.shutdown,
             memory_events: classify::memory_events_path(),
         }
@@ -506,7 +524,10 @@ impl Started {
     /// The fingerprint of every row.
     pub(crate) fn meta(&self) -> RowMeta {
         let s = &self.session;
+        let (driver_version, cuda_version) = s.machine.gpu_software(s.backend.as_str());
         RowMeta {
+            driver_version,
+            cuda_version,
             root: s.root.clone(),
             host: s.machine.host.clone(),
             backend: s.backend.as_str().to_string(),

@@ -15,13 +15,14 @@ use serde::{Deserialize, Serialize};
 
 use super::classify;
 use super::driver::{Driver, RowMeta};
-use super::layers::{Backstop, FakeOom, OomLayers};
+use super::layers::{Backstop, DeviceBudget, FakeOom, OomLayers};
 use super::plan::Plan;
 use super::record::{RecordFile, RecordView};
 use super::rows::{self, CsvOut, Knobs, Row};
 use super::runner::{EngineKnobs, LocalRunner, Ran};
 use crate::child::{self, Shutdown};
 use crate::console::usage;
+use crate::engine::Backend;
 use crate::machine::Machine;
 
 /// The file in a run directory that holds the spec.
@@ -118,6 +119,8 @@ impl TaskSpec {
             features: self.features.clone(),
             kiln_env: self.kiln_env.clone(),
             kiln_version: self.kiln_version.clone(),
+            driver_version: String::new(),
+            cuda_version: String::new(),
         }
     }
 
@@ -226,6 +229,10 @@ impl SweepTask {
             );
             return Ok(ExitCode::SUCCESS);
         }
+        let backend: Backend = match spec.backend.parse() {
+            Ok(b) => b,
+            Err(e) => usage!("{}: {e}", run_dir.join(SPEC_FILE).display()),
+        };
         let shutdown = Shutdown::install()?;
         let machine = Machine::probe();
         let device = machine.device(&spec.backend, spec.memory_limit.as_deref());
@@ -239,9 +246,14 @@ impl SweepTask {
             memory_events: classify::memory_events_path(),
             run_dir: logs,
             knobs: spec.knobs.clone(),
+            backend,
             cell_timeout: Duration::from_secs(spec.cell_timeout_s),
             host: machine.host.clone(),
             device,
+            // The node's GPU, under the sweep's memory limit.
+            device_budget: machine
+                .device_memory(&spec.backend)
+                .map(|(gpu, memory)| DeviceBudget::new(gpu, memory, spec.row_knobs.memory_limit_bytes)),
             shutdown: &shutdown,
         };
         let layers = OomLayers {
@@ -250,8 +262,11 @@ impl SweepTask {
             ignore_record: spec.ignore_record,
             fake: FakeOom::new(spec.fake_oom.clone()),
         };
+        let mut meta = spec.row_meta(machine.host.clone());
+        // The GPU software is the node's, as the device is.
+        (meta.driver_version, meta.cuda_version) = machine.gpu_software(&spec.backend);
         let mut driver = Driver {
-            meta: spec.row_meta(machine.host.clone()),
+            meta,
             shutdown: &shutdown,
             plan: &spec.plan,
             layers,

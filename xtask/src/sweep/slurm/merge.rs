@@ -568,6 +568,26 @@ mod tests {
     }
 
     #[test]
+    fn a_run_whose_rows_predate_the_driver_columns_still_merges() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path();
+        fs::create_dir_all(run.join("rows")).unwrap();
+        let spec = spec(run);
+        let jobs = Jobs { submitted_unix: 0.0, job_ids: vec!["41".into(), "42".into()] };
+        let shards = [row("a", 64, "ok"), row("a", 16, "ok"), row("b", 64, "ok"), row("b", 16, "ok")];
+        for (i, r) in shards.iter().enumerate() {
+            let text = super::super::super::rows::before_driver_csv(std::slice::from_ref(r));
+            fs::write(task::row_path(run, i), text).unwrap();
+        }
+        let merged = merge_rows(run, &spec, &jobs, &BTreeMap::new()).unwrap();
+        let rows: Vec<Row> = merged.into_iter().map(|m| m.row).collect();
+        assert_eq!(rows, shards);
+        let out = run.join("out.csv");
+        write_csv(&out, &rows).unwrap();
+        assert_eq!(fs::read_to_string(&out).unwrap().lines().next().unwrap(), HEADER.join(","));
+    }
+
+    #[test]
     fn unknown_tasks_fall_back_to_slurms_line_in_the_log() {
         let dir = tempfile::tempdir().unwrap();
         let run = dir.path();
