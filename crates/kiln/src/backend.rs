@@ -69,32 +69,33 @@ pub fn check(args: &RunArgs, command: &str, runs_cuda: bool, speculative: bool) 
     }
 }
 
-/// Whether `KILN_CUDA_EMULATE` asks for the host execution: unset, empty or `0` is no,
-/// `1` is yes, anything else is refused.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+/// A `0`/`1` switch read from `name`: unset or empty is `default`, anything else is
+/// refused naming the variable.
+fn switch_env(name: &str, default: bool) -> anyhow::Result<bool> {
+    match std::env::var(name) {
+        Err(_) => Ok(default),
+        Ok(v) if v.is_empty() => Ok(default),
+        Ok(v) if v == "0" => Ok(false),
+        Ok(v) if v == "1" => Ok(true),
+        Ok(v) => Err(usage(format!("invalid {name} {v:?}: accepted values are 0 and 1"))),
+    }
+}
+
+/// Whether `KILN_CUDA_EMULATE` asks for the host execution (default no).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn emulate_from_env() -> anyhow::Result<bool> {
-    match std::env::var(EMULATE_ENV) {
-        Err(_) => Ok(false),
-        Ok(v) if v.is_empty() || v == "0" => Ok(false),
-        Ok(v) if v == "1" => Ok(true),
-        Ok(v) => Err(usage(format!("invalid {EMULATE_ENV} {v:?}: accepted values are 0 and 1"))),
-    }
+    switch_env(EMULATE_ENV, false)
 }
 
 /// Replays device decode steps as CUDA graphs unless `0`.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub const GRAPHS_ENV: &str = "KILN_CUDA_GRAPHS";
 
-/// Whether `KILN_CUDA_GRAPHS` leaves decode graphs on: unset, empty or `1` is on, `0` off,
-/// anything else is refused.
+/// Whether `KILN_CUDA_GRAPHS` leaves decode graphs on (default yes).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn graphs_from_env() -> anyhow::Result<bool> {
-    match std::env::var(GRAPHS_ENV) {
-        Err(_) => Ok(true),
-        Ok(v) if v.is_empty() || v == "1" => Ok(true),
-        Ok(v) if v == "0" => Ok(false),
-        Ok(v) => Err(usage(format!("invalid {GRAPHS_ENV} {v:?}: accepted values are 0 and 1"))),
-    }
+    switch_env(GRAPHS_ENV, true)
 }
 
 /// Opens the device of a `cuda` run (none for `cpu`): GPU 0, its pool limited by its free

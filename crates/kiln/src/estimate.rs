@@ -53,34 +53,68 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
         .with_context(|| {
             format!("planning --prompt-tokens {} with --max-tokens {}", args.prompt_tokens, args.max_tokens)
         })?;
-    let limit = runtime::limit_bytes(&pool);
-    let context = info.config.max_position_embeddings;
-    let record = EstimateReport {
-        model: name.clone(),
-        model_path: info.source.display_path(),
-        prompt_tokens: args.prompt_tokens as u64,
-        max_tokens: args.max_tokens as u64,
+    let planned = Planned {
         weights_bytes: plan.weights_bytes,
         kv_bytes: plan.kv_bytes,
         scratch_bytes: plan.scratch_bytes,
         total_bytes: plan.total_bytes,
-        memory_limit_bytes: limit,
-        fits: limit.is_none_or(|l| plan.total_bytes <= l),
-        context_length: context as u64,
-        attention: options.attention.as_str().into(),
-        prefill_chunk: options.prefill_chunk as u64,
-        within_context: kiln_protocol::check_context(shape.prompt_tokens, shape.max_tokens, context).is_ok(),
-        kv_dtype: Some(options.kv_dtype.as_str().into()),
-        workspace_bytes: Some(plan.workspace_bytes),
-        attention_scores_bytes: Some(plan.attention_scores_bytes),
-        expert_slots: geometry.as_ref().map(|g| g.slots as u64),
-        experts_bytes: geometry.as_ref().map(|_| plan.experts_bytes),
-        moe_layers: info.config.moe.map(|_| info.config.num_hidden_layers as u64),
-        moe_experts: info.config.moe.map(|m| m.experts as u64),
-        moe_top_k: info.config.moe.map(|m| m.top_k as u64),
-        expert_slot_bytes: info.expert_slot_bytes,
+        workspace_bytes: plan.workspace_bytes,
+        attention_scores_bytes: plan.attention_scores_bytes,
     };
+    let mut record = record(&args, &info, &shape, planned, runtime::limit_bytes(&pool));
+    record.expert_slots = geometry.as_ref().map(|g| g.slots as u64);
+    record.experts_bytes = geometry.as_ref().map(|_| plan.experts_bytes);
+    record.moe_layers = info.config.moe.map(|_| info.config.num_hidden_layers as u64);
+    record.moe_experts = info.config.moe.map(|m| m.experts as u64);
+    record.moe_top_k = info.config.moe.map(|m| m.top_k as u64);
+    record.expert_slot_bytes = info.expert_slot_bytes;
     write(&args, record)
+}
+
+/// A plan's figures, from either backend.
+struct Planned {
+    weights_bytes: u64,
+    kv_bytes: u64,
+    scratch_bytes: u64,
+    total_bytes: u64,
+    workspace_bytes: u64,
+    attention_scores_bytes: u64,
+}
+
+/// The record of a plan against `limit`, without the MoE fields (the CPU path adds them).
+fn record(
+    args: &EstimateArgs,
+    info: &kiln_model::ModelInfo,
+    shape: &RunShape,
+    p: Planned,
+    limit: Option<u64>,
+) -> EstimateReport {
+    let context = info.config.max_position_embeddings;
+    EstimateReport {
+        model: args.run.model.clone(),
+        model_path: info.source.display_path(),
+        prompt_tokens: shape.prompt_tokens as u64,
+        max_tokens: shape.max_tokens as u64,
+        weights_bytes: p.weights_bytes,
+        kv_bytes: p.kv_bytes,
+        scratch_bytes: p.scratch_bytes,
+        total_bytes: p.total_bytes,
+        memory_limit_bytes: limit,
+        fits: limit.is_none_or(|l| p.total_bytes <= l),
+        context_length: context as u64,
+        attention: shape.attention.as_str().into(),
+        prefill_chunk: shape.prefill_chunk as u64,
+        within_context: kiln_protocol::check_context(shape.prompt_tokens, shape.max_tokens, context).is_ok(),
+        kv_dtype: Some(shape.kv_dtype.as_str().into()),
+        workspace_bytes: Some(p.workspace_bytes),
+        attention_scores_bytes: Some(p.attention_scores_bytes),
+        expert_slots: None,
+        experts_bytes: None,
+        moe_layers: None,
+        moe_experts: None,
+        moe_top_k: None,
+        expert_slot_bytes: None,
+    }
 }
 
 fn write(args: &EstimateArgs, record: EstimateReport) -> anyhow::Result<()> {
@@ -101,8 +135,6 @@ fn device(
 ) -> anyhow::Result<()> {
     let rows = crate::backend::device_rows(shape.prefill_chunk, shape.prompt_tokens);
     let run = kiln_cuda::DeviceRunShape { sequence_tokens: shape.sequence_tokens(), rows, logit_rows: 1 };
-    let context = info.config.max_position_embeddings;
-    let within_context = kiln_protocol::check_context(shape.prompt_tokens, shape.max_tokens, context).is_ok();
     // Past the context the cache would be refused: plan its length anyway, as the CPU
     // estimate does, so the record still says how much memory it would take.
     let mut config = info.config.clone();
@@ -115,34 +147,15 @@ fn device(
     })?;
     let limit = runtime::limit_bytes(pool)
         .filter(|_| args.run.memory_limit.is_some() || std::env::var_os("KILN_MEMORY_LIMIT").is_some());
-    write(
-        args,
-        EstimateReport {
-            model: args.run.model.clone(),
-            model_path: info.source.display_path(),
-            prompt_tokens: shape.prompt_tokens as u64,
-            max_tokens: shape.max_tokens as u64,
-            weights_bytes: plan.weights_bytes,
-            kv_bytes: plan.kv_bytes,
-            scratch_bytes: plan.scratch_bytes,
-            total_bytes: plan.total_bytes,
-            memory_limit_bytes: limit,
-            fits: limit.is_none_or(|l| plan.total_bytes <= l),
-            context_length: context as u64,
-            attention: shape.attention.as_str().into(),
-            prefill_chunk: shape.prefill_chunk as u64,
-            within_context,
-            kv_dtype: Some(shape.kv_dtype.as_str().into()),
-            workspace_bytes: Some(plan.scratch_bytes),
-            attention_scores_bytes: Some(0),
-            expert_slots: None,
-            experts_bytes: None,
-            moe_layers: None,
-            moe_experts: None,
-            moe_top_k: None,
-            expert_slot_bytes: None,
-        },
-    )
+    let planned = Planned {
+        weights_bytes: plan.weights_bytes,
+        kv_bytes: plan.kv_bytes,
+        scratch_bytes: plan.scratch_bytes,
+        total_bytes: plan.total_bytes,
+        workspace_bytes: plan.scratch_bytes,
+        attention_scores_bytes: 0,
+    };
+    write(args, record(args, info, &shape, planned, limit))
 }
 
 #[cfg(not(feature = "cuda"))]
