@@ -517,7 +517,9 @@ impl<'e> DeviceEngine<'e> {
         tokens: &[u32],
         logits: Logits,
     ) -> Result<&[f32], CudaError> {
-        let c = self.config.clone();
+        let c = &self.config;
+        let (vocab, h, inter) = (c.vocab_size, c.hidden_size, c.mlp_width());
+        let (heads, kvh, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let rows = tokens.len();
         if rows == 0 {
             return Err(CudaError::Input {
@@ -525,10 +527,10 @@ impl<'e> DeviceEngine<'e> {
                 message: "a forward needs at least one new token".into(),
             });
         }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(CudaError::Input {
                 what: "token id".into(),
-                message: format!("{t} is outside the vocabulary: accepted ids are 0..{}", c.vocab_size),
+                message: format!("{t} is outside the vocabulary: accepted ids are 0..{vocab}"),
             });
         }
         let start = cache.len;
@@ -547,9 +549,6 @@ impl<'e> DeviceEngine<'e> {
             Logits::All => rows,
         };
         self.reserve(rows, cache.capacity, logit_rows)?;
-        let (h, inter) = (c.hidden_size, c.mlp_width());
-        let (heads, kvh, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-        let vocab = c.vocab_size;
         let exec = self.exec;
         let w = self.work.as_mut().expect("reserved above");
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();

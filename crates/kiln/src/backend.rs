@@ -182,21 +182,34 @@ impl<'m> Runner<'m> {
                 Ok(Runner::Cpu { engine, cache })
             }
             #[cfg(feature = "cuda")]
-            Some(exec) => {
-                let mut engine = kiln_cuda::DeviceEngine::new(exec, &model.config, &model.weights)
-                    .context("copying the weights to the device")?;
-                engine.set_graphs(graphs_from_env()?);
-                let rows = device_rows(options.prefill_chunk, prompt_tokens);
-                engine.reserve(rows, capacity, 1).context("allocating the device workspace")?;
-                let cache = engine.new_cache(capacity).context("allocating the device KV cache")?;
-                Ok(Runner::Cuda { engine, cache, chunk: options.prefill_chunk })
-            }
+            Some(exec) => Self::device(exec, model, options.prefill_chunk, capacity, prompt_tokens),
             #[cfg(not(feature = "cuda"))]
             Some(d) => {
                 let _ = (capacity, prompt_tokens);
                 match *d {}
             }
         }
+    }
+
+    /// A runner on `exec` for one sequence of up to `capacity` positions whose prompt is
+    /// `prompt_tokens` long, prefilled in chunks of `chunk`: the weights copied, the
+    /// workspace and the whole cache allocated before anything runs.
+    #[cfg(feature = "cuda")]
+    pub fn device(
+        exec: &'m DeviceExec,
+        model: &LoadedModel,
+        chunk: usize,
+        capacity: usize,
+        prompt_tokens: usize,
+    ) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let mut engine = kiln_cuda::DeviceEngine::new(exec, &model.config, &model.weights)
+            .context("copying the weights to the device")?;
+        engine.set_graphs(graphs_from_env()?);
+        let rows = device_rows(chunk, prompt_tokens);
+        engine.reserve(rows, capacity, 1).context("allocating the device workspace")?;
+        let cache = engine.new_cache(capacity).context("allocating the device KV cache")?;
+        Ok(Runner::Cuda { engine, cache, chunk })
     }
 
     /// Runs the prompt, returning its last token's logits.

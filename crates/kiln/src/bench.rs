@@ -296,14 +296,10 @@ fn on_device(
         let run = kiln_cuda::DeviceRunShape { sequence_tokens: seq, rows, logit_rows: 1 };
         let plan =
             kiln_cuda::model::plan(&model.config, weight_bytes, run).context("planning the device run")?;
-        let mut engine = kiln_cuda::DeviceEngine::new(exec, &model.config, &model.weights)
-            .context("copying the weights to the device")?;
-        engine.set_graphs(backend::graphs_from_env()?);
-        engine.reserve(rows, seq, 1).context("allocating the device workspace")?;
-        let mut cache = engine.new_cache(seq).context("allocating the device KV cache")?;
+        let mut runner = backend::Runner::device(exec, model, shape.prefill_chunk, seq, ids.len())?;
         let startup_ms = clock.ms();
         let t = Instant::now();
-        let logits = engine.prefill(&mut cache, ids, shape.prefill_chunk).context("running the prefill")?;
+        let logits = runner.prefill(ids).context("running the prefill")?;
         let mut next = argmax(logits) as u32;
         let prefill_s = t.elapsed().as_secs_f64();
         let first_token_ms = clock.ms();
@@ -314,7 +310,7 @@ fn on_device(
                 exec.synchronize()?;
                 timed_from = Some(Instant::now());
             }
-            next = argmax(engine.decode(&mut cache, next).context("running a decode step")?) as u32;
+            next = argmax(runner.decode(next).context("running a decode step")?) as u32;
         }
         exec.synchronize()?;
         let decode_s = timed_from.map_or(0.0, |t| t.elapsed().as_secs_f64());
