@@ -3,8 +3,8 @@
 //! forward on GPU 0, or, with `KILN_CUDA_EMULATE=1`, the same launches through the host
 //! execution of the kernels (for tests and CI: slow, and not a GPU measurement). The
 //! one-sequence commands (`generate`, `bench-decode`) run either through [`Runner`];
-//! `estimate` prices the device's plan; `serve` and `score` run on the CPU only and refuse
-//! `cuda` by name. docs/cuda.md says what the device forward runs.
+//! `estimate` prices the device's plan; `serve`, `score` and `bench-expert-copy` run on
+//! the CPU only and refuse `cuda` by name. docs/cuda.md says what the device forward runs.
 
 use kiln_model::{Engine, EngineOptions, KvCache, LoadedModel};
 use kiln_protocol::{Attention, Backend, KvDtype};

@@ -94,6 +94,13 @@ fn what_the_device_forward_does_not_run_is_exit_2_naming_it() {
     assert!(run.stderr().contains("does not run a mixture-of-experts model"), "{}", run.describe());
     let run = dir.run(&["serve", "-m", "synthetic:tiny", "--backend", "cuda"]).expect_code(2);
     assert!(run.stderr().contains("kiln serve runs on the cpu backend only"), "{}", run.describe());
+    let copy = ["bench-expert-copy", "-m", "synthetic:tiny-moe", "--expert-slots", "4", "--backend", "cuda"];
+    let run = dir.run(&copy).expect_code(2);
+    assert!(
+        run.stderr().contains("kiln bench-expert-copy runs on the cpu backend only"),
+        "{}",
+        run.describe()
+    );
     let run = dir.run_env(&base, &[("KILN_CUDA_EMULATE", "yes")]).expect_code(2);
     assert!(run.stderr().contains("invalid KILN_CUDA_EMULATE"), "{}", run.describe());
 }
