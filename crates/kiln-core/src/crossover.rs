@@ -16,8 +16,12 @@
 //! is cached per CPU model, thread count, path and activation scheme in
 //! `$XDG_CACHE_HOME/kiln/qmv-crossover` (else `~/.cache/kiln/qmv-crossover`), a small text
 //! file replaced atomically; a line that does not parse is measured again, never an
-//! error. `KILN_QMV_CROSSOVER` skips or forces the measurement ([`CrossoverSetting`]);
-//! the `KILN_QMV_WIDE` pin overrides all of it ([`crate::wide`]).
+//! error. A measurement taken while other processes kept the CPUs busy (more than
+//! `KILN_QMV_CROSSOVER_BUSY_LIMIT` CPUs, [`BusyLimit`]) is used for that boot but not
+//! cached: a crossover timed under a neighbour's load would otherwise be followed on the
+//! quiet machine until someone remeasured. `KILN_QMV_CROSSOVER` skips or forces the
+//! measurement ([`CrossoverSetting`]); the `KILN_QMV_WIDE` pin overrides all of it
+//! ([`crate::wide`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -31,6 +35,10 @@ pub use crate::wide::Crossover;
 
 /// The environment variable choosing how the crossover is found.
 pub const CROSSOVER_ENV: &str = "KILN_QMV_CROSSOVER";
+
+/// The environment variable bounding the other processes' load under which a measurement
+/// is cached.
+pub const BUSY_LIMIT_ENV: &str = "KILN_QMV_CROSSOVER_BUSY_LIMIT";
 
 /// The batch sizes [`calibrate`] times; larger ones below the `qmm` limit follow the last.
 pub const MEASURED_ROWS: std::ops::RangeInclusive<usize> = 2..=8;
@@ -81,11 +89,131 @@ impl CrossoverSetting {
     }
 }
 
+/// How busy the other processes may keep the CPUs while the crossover is measured for the
+/// measurement to be cached, in CPUs (`KILN_QMV_CROSSOVER_BUSY_LIMIT`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum BusyLimit {
+    /// Cache only when the others used less than this many CPUs (`0` never caches).
+    Below(f64),
+    /// `none`: cache whatever the load.
+    None,
+}
+
+impl BusyLimit {
+    /// The default: half a CPU.
+    pub const DEFAULT: BusyLimit = BusyLimit::Below(0.5);
+
+    /// Accepted values, for messages.
+    pub const ACCEPTED: &'static str = "a number of CPUs >= 0 (default 0.5; 0 never caches), or none";
+
+    /// Parses a value (surrounding spaces and case ignored; empty is the default).
+    pub fn parse(value: &str) -> Result<BusyLimit, String> {
+        let v = value.trim().to_ascii_lowercase();
+        match v.as_str() {
+            "" => Ok(BusyLimit::DEFAULT),
+            "none" => Ok(BusyLimit::None),
+            n => match n.parse::<f64>() {
+                Ok(x) if x.is_finite() && x >= 0.0 => Ok(BusyLimit::Below(x)),
+                _ => {
+                    Err(format!("invalid {BUSY_LIMIT_ENV} {value:?}: accepted values are {}", Self::ACCEPTED))
+                }
+            },
+        }
+    }
+
+    /// The limit `KILN_QMV_CROSSOVER_BUSY_LIMIT` asks for, or the error naming a bad value.
+    pub fn from_env() -> Result<BusyLimit, String> {
+        match std::env::var(BUSY_LIMIT_ENV) {
+            Ok(v) => Self::parse(&v),
+            Err(std::env::VarError::NotPresent) => Ok(BusyLimit::DEFAULT),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err(format!("invalid {BUSY_LIMIT_ENV}: not UTF-8; accepted values are {}", Self::ACCEPTED))
+            }
+        }
+    }
+
+    /// Whether a measurement taken while the others used `others` CPUs (`None`: unknown,
+    /// as without `/proc`) may be cached.
+    pub fn allows(self, others: Option<f64>) -> bool {
+        match (self, others) {
+            (BusyLimit::None, _) | (_, None) => true,
+            (BusyLimit::Below(limit), Some(o)) => o < limit,
+        }
+    }
+}
+
+/// What one measurement gave: [`calibrate`]'s timings and the CPUs other processes used
+/// meanwhile ([`OthersLoad`]), `None` where that cannot be read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measurement {
+    /// `(m, per_row_s, wide_s)` rows.
+    pub timings: Vec<(usize, f64, f64)>,
+    /// Other processes' CPU use during the measurement, in CPUs.
+    pub others_cpus: Option<f64>,
+}
+
+/// A sample of the machine's busy CPU time and this process's own, to tell how much CPU
+/// other processes used between two samples (Linux `/proc/stat` and `/proc/self/stat`,
+/// both in clock ticks).
+#[derive(Clone, Copy, Debug)]
+pub struct OthersLoad {
+    busy: u64,
+    own: u64,
+    at: Instant,
+}
+
+impl OthersLoad {
+    /// Samples now; `None` without a readable `/proc`.
+    pub fn sample() -> Option<OthersLoad> {
+        let at = Instant::now();
+        let busy = busy_ticks(&std::fs::read_to_string("/proc/stat").ok()?)?;
+        let own = own_ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
+        Some(OthersLoad { busy, own, at })
+    }
+
+    /// The CPUs other processes used on average since this sample (never below 0).
+    pub fn others_since(&self) -> Option<f64> {
+        let now = OthersLoad::sample()?;
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        let secs = now.at.duration_since(self.at).as_secs_f64();
+        if hz <= 0 || secs <= 0.0 {
+            return None;
+        }
+        let others = now.busy.saturating_sub(self.busy) as f64 - now.own.saturating_sub(self.own) as f64;
+        Some((others / hz as f64 / secs).max(0.0))
+    }
+}
+
+/// The machine's busy ticks from `/proc/stat`'s first line: user, nice, system, irq,
+/// softirq and steal (a hypervisor's neighbours count as load too).
+fn busy_ticks(stat: &str) -> Option<u64> {
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let f: Vec<u64> = line.split_whitespace().map(|v| v.parse().ok()).collect::<Option<_>>()?;
+    let at = |i: usize| f.get(i).copied().unwrap_or(0);
+    (f.len() >= 4).then(|| at(0) + at(1) + at(2) + at(5) + at(6) + at(7))
+}
+
+/// This process's user and system ticks, all threads, from `/proc/self/stat` (fields 14
+/// and 15; the command name before them may hold spaces, so they are counted from its
+/// closing parenthesis).
+fn own_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
 /// Where the crossover in force came from, for the kernel configuration line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CrossoverSource {
     /// Measured now (and cached when the cache could be written).
     Measured,
+    /// Measured now while other processes used more CPU than `KILN_QMV_CROSSOVER_BUSY_LIMIT`
+    /// allows, in hundredths of a CPU: used for this boot, not cached.
+    MeasuredBusy {
+        /// The others' load during the measurement, in hundredths of a CPU.
+        others_centi: u32,
+    },
     /// Read from the cache file.
     Cached,
     /// Set by `KILN_QMV_CROSSOVER=<M>`.
@@ -101,6 +229,7 @@ impl CrossoverSource {
     pub fn as_str(self) -> &'static str {
         match self {
             CrossoverSource::Measured => "measured",
+            CrossoverSource::MeasuredBusy { .. } => "measured-busy",
             CrossoverSource::Cached => "cached",
             CrossoverSource::Env => "env",
             CrossoverSource::Pinned => "pinned",
@@ -292,10 +421,18 @@ pub fn calibrate(scheme: ActScheme) -> Vec<(usize, f64, f64)> {
     out
 }
 
+/// [`calibrate`], with the CPU other processes used while it ran.
+pub fn measure(scheme: ActScheme) -> Measurement {
+    let before = OthersLoad::sample();
+    let timings = calibrate(scheme);
+    Measurement { timings, others_cpus: before.and_then(|b| b.others_since()) }
+}
+
 /// The crossover this process should run and where it came from, following
 /// `setting`: a pin (`pinned`, from `KILN_QMV_WIDE`) needs none; `From(m)` sets it;
 /// otherwise the cache at `path` under `key`, else `measure()` (written to the cache
-/// when there is a path; a failed write only loses the cache). `measure` is `None` for a
+/// when there is a path and `busy` allows the others' load during it; a failed write only
+/// loses the cache). `measure` is `None` for a
 /// command that never measures (it would cost its own timing and memory): then an
 /// uncached key gets [`Crossover::ALL_WIDE`], and `remeasure` reads the cache too.
 pub fn resolve(
@@ -303,7 +440,8 @@ pub fn resolve(
     pinned: bool,
     key: &CacheKey,
     path: Option<&Path>,
-    measure: Option<impl FnOnce() -> Vec<(usize, f64, f64)>>,
+    busy: BusyLimit,
+    measure: Option<impl FnOnce() -> Measurement>,
 ) -> (Crossover, CrossoverSource) {
     if pinned {
         return (Crossover::ALL_WIDE, CrossoverSource::Pinned);
@@ -323,7 +461,13 @@ pub fn resolve(
         }
         (CrossoverSetting::Remeasure, Some(measure)) => measure,
     };
-    let c = Crossover::from_timings(&measure());
+    let m = measure();
+    let c = Crossover::from_timings(&m.timings);
+    if !busy.allows(m.others_cpus) {
+        let others = m.others_cpus.unwrap_or(0.0);
+        let others_centi = (others * 100.0).round().clamp(0.0, u32::MAX as f64) as u32;
+        return (c, CrossoverSource::MeasuredBusy { others_centi });
+    }
     if let Some(p) = path {
         let _ = write_cached(p, key, c);
     }
@@ -331,17 +475,18 @@ pub fn resolve(
 }
 
 /// Resolves the crossover from the environment (`KILN_QMV_CROSSOVER`, `KILN_QMV_WIDE`,
-/// `KILN_ACT_PRECISION`) for the current rayon pool, measuring if need be and `may_measure`
+/// `KILN_ACT_PRECISION`, `KILN_QMV_CROSSOVER_BUSY_LIMIT`) for the current rayon pool, measuring if need be and `may_measure`
 /// allows, and installs it for [`crate::kernels::select_kernel`]. Run it inside the pool
 /// the kernels will use.
 pub fn configure_from_env(may_measure: bool) -> Result<(Crossover, CrossoverSource), String> {
     let setting = CrossoverSetting::from_env()?;
+    let busy = BusyLimit::from_env()?;
     let scheme = ActScheme::from_env()?;
     let key = CacheKey::current(scheme);
     let path = cache_path();
-    let measure = may_measure.then_some(|| calibrate(scheme));
-    let (c, source) =
-        resolve(setting, crate::wide::qmv_wide_pinned_by_operator(), &key, path.as_deref(), measure);
+    let measurer = may_measure.then_some(|| measure(scheme));
+    let pinned = crate::wide::qmv_wide_pinned_by_operator();
+    let (c, source) = resolve(setting, pinned, &key, path.as_deref(), busy, measurer);
     crate::wide::set_crossover(c);
     Ok((c, source))
 }
@@ -434,6 +579,7 @@ mod tests {
         let path = dir.path().join("kiln").join(CACHE_FILE);
         let k = key(2);
         let timings = || vec![(2, 1.0, 2.0), (8, 3.0, 2.0)];
+        let quiet = || Measurement { timings: timings(), others_cpus: Some(0.1) };
         let measured = std::cell::Cell::new(0);
         let go = |setting, pinned| {
             resolve(
@@ -441,15 +587,16 @@ mod tests {
                 pinned,
                 &k,
                 Some(&path),
+                BusyLimit::DEFAULT,
                 Some(|| {
                     measured.set(measured.get() + 1);
-                    timings()
+                    quiet()
                 }),
             )
         };
-        let never = None::<fn() -> Vec<(usize, f64, f64)>>;
+        let never = None::<fn() -> Measurement>;
         let other = key(7);
-        let r = resolve(CrossoverSetting::Remeasure, false, &other, Some(&path), never);
+        let r = resolve(CrossoverSetting::Remeasure, false, &other, Some(&path), BusyLimit::DEFAULT, never);
         assert_eq!(r, (Crossover::ALL_WIDE, CrossoverSource::Default));
         let want = Crossover::from_timings(&timings());
         assert_eq!(go(CrossoverSetting::Measure, false), (want, CrossoverSource::Measured));
@@ -459,7 +606,7 @@ mod tests {
         assert_eq!(go(CrossoverSetting::Measure, true), (Crossover::ALL_WIDE, CrossoverSource::Pinned));
         assert_eq!(measured.get(), 2);
         // A command that never measures reads the cache, even when asked to remeasure.
-        let r = resolve(CrossoverSetting::Remeasure, false, &k, Some(&path), never);
+        let r = resolve(CrossoverSetting::Remeasure, false, &k, Some(&path), BusyLimit::DEFAULT, never);
         assert_eq!(r, (want, CrossoverSource::Cached));
         // A corrupt file is measured again and repaired, never an error.
         std::fs::write(&path, b"\xff\xfe garbage\n\tmore").unwrap();
@@ -474,7 +621,66 @@ mod tests {
         let blocked = dir.path().join("file");
         std::fs::write(&blocked, b"").unwrap();
         let p = blocked.join("kiln").join(CACHE_FILE);
-        let r = resolve(CrossoverSetting::Measure, false, &k, Some(&p), Some(timings));
+        let r = resolve(CrossoverSetting::Measure, false, &k, Some(&p), BusyLimit::DEFAULT, Some(quiet));
         assert_eq!(r, (want, CrossoverSource::Measured));
+    }
+
+    #[test]
+    fn a_measurement_under_load_is_used_but_not_cached() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kiln").join(CACHE_FILE);
+        let k = key(2);
+        let busy_t = vec![(2, 2.0, 1.0), (8, 4.0, 2.0)];
+        let loaded = || Measurement { timings: busy_t.clone(), others_cpus: Some(1.26) };
+        let go = |limit| resolve(CrossoverSetting::Measure, false, &k, Some(&path), limit, Some(loaded));
+        let want = Crossover::from_timings(&busy_t);
+        assert_eq!(go(BusyLimit::DEFAULT), (want, CrossoverSource::MeasuredBusy { others_centi: 126 }));
+        assert_eq!(go(BusyLimit::DEFAULT).1.as_str(), "measured-busy");
+        assert!(!path.exists(), "a busy measurement reached the cache");
+        // The next quiet boot measures again and caches.
+        let quiet = Measurement { timings: vec![(2, 1.0, 2.0)], others_cpus: Some(0.0) };
+        let r =
+            resolve(CrossoverSetting::Measure, false, &k, Some(&path), BusyLimit::DEFAULT, Some(|| quiet));
+        assert_eq!(r.1, CrossoverSource::Measured);
+        assert!(path.exists());
+        // `none` caches whatever the load; a load that cannot be read counts as quiet.
+        assert_eq!(go(BusyLimit::None).1, CrossoverSource::Cached);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(go(BusyLimit::None).1, CrossoverSource::Measured);
+        assert!(BusyLimit::Below(0.0).allows(None) && !BusyLimit::Below(0.0).allows(Some(0.0)));
+        assert!(BusyLimit::DEFAULT.allows(Some(0.49)) && !BusyLimit::DEFAULT.allows(Some(0.5)));
+    }
+
+    #[test]
+    fn busy_limits_parse_and_bad_ones_are_named() {
+        assert_eq!(BusyLimit::parse(""), Ok(BusyLimit::DEFAULT));
+        assert_eq!(BusyLimit::parse(" NONE "), Ok(BusyLimit::None));
+        assert_eq!(BusyLimit::parse("0"), Ok(BusyLimit::Below(0.0)));
+        assert_eq!(BusyLimit::parse("1.5"), Ok(BusyLimit::Below(1.5)));
+        for bad in ["-1", "nan", "inf", "x", "1e999"] {
+            let e = BusyLimit::parse(bad).unwrap_err();
+            assert!(
+                e.contains(BUSY_LIMIT_ENV) && e.contains(&format!("{bad:?}")) && e.contains("none"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn proc_stat_lines_give_busy_and_own_ticks() {
+        let stat = "cpu  100 5 20 900 7 3 2 11 0 0\ncpu0 50 2 10 450 3 1 1 5 0 0\n";
+        assert_eq!(busy_ticks(stat), Some(100 + 5 + 20 + 3 + 2 + 11));
+        assert_eq!(busy_ticks("cpu0 1 2 3 4\n"), None);
+        assert_eq!(busy_ticks("cpu  1 x 3 4\n"), None);
+        assert_eq!(busy_ticks(""), None);
+        // A command name with spaces and parentheses does not shift the fields.
+        let own = "4242 (kiln (x) y) S 1 2 3 4 5 6 7 8 9 10 17 4 0 0 20 0 3 0 1 2 3";
+        assert_eq!(own_ticks(own), Some(21));
+        assert_eq!(own_ticks("4242 (kiln) S 1 2"), None);
+        // On Linux the live files parse, and an idle wait shows no negative load.
+        if let Some(s) = OthersLoad::sample() {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            assert!(s.others_since().is_some_and(|o| o >= 0.0));
+        }
     }
 }

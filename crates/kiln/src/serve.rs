@@ -210,6 +210,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let workers = Arc::new(builder.build().context("starting the worker threads")?);
     // A server batches: it measures the crossover on its own workers when none is cached.
     let (_, crossover_source) = workers.install(|| runtime::configure_kernels(true))?;
+    if let kiln_core::crossover::CrossoverSource::MeasuredBusy { others_centi } = crossover_source {
+        tracing::warn!(
+            "the qmv_wide crossover was measured while other processes used {:.2} CPUs: it is used for \
+             this boot but not cached (KILN_QMV_CROSSOVER_BUSY_LIMIT); boot again on a quiet machine to cache it",
+            f64::from(others_centi) / 100.0
+        );
+    }
     let kernels = kiln_protocol::KernelConfigLine {
         isa: Isa::detected().as_str().to_string(),
         threads: workers.current_num_threads(),

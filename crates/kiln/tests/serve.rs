@@ -63,8 +63,10 @@ fn the_crossover_is_measured_once_cached_and_reported_on_the_kernel_line() {
     let cache = tempfile::tempdir().unwrap();
     let xdg = cache.path().to_str().unwrap().to_string();
     let file = cache.path().join("kiln").join("qmv-crossover");
+    // A busy CI machine must not turn the first boot into `measured-busy`: this test is
+    // about the cache, so it caches whatever the load (the busy rule has its own test).
     let boot = |env: &[(&str, &str)]| {
-        let mut all = vec![("XDG_CACHE_HOME", xdg.as_str())];
+        let mut all = vec![("XDG_CACHE_HOME", xdg.as_str()), ("KILN_QMV_CROSSOVER_BUSY_LIMIT", "none")];
         all.extend_from_slice(env);
         let s = Serve::start_env(&["-m", "synthetic:tiny", "--threads", "1"], &all);
         let line = s.wait_for("kernel configuration: isa=");
@@ -92,6 +94,33 @@ fn the_crossover_is_measured_once_cached_and_reported_on_the_kernel_line() {
         Dir::new().run_env(&["serve", "-m", "synthetic:tiny"], &[("KILN_QMV_CROSSOVER", "1")]).expect_code(2);
     assert!(
         bad.stderr().contains("invalid KILN_QMV_CROSSOVER \"1\": accepted values are"),
+        "{}",
+        bad.describe()
+    );
+}
+
+/// A crossover measured while other processes keep the CPUs busy is used for that boot
+/// but never cached: with a limit of 0 CPUs every measurement counts as busy, so the
+/// kernel line says `measured-busy`, a warning names the load, no cache file appears,
+/// and the next boot measures again. A bad limit is refused by name (exit 2).
+#[test]
+fn a_crossover_measured_under_load_is_not_cached() {
+    let cache = tempfile::tempdir().unwrap();
+    let xdg = cache.path().to_str().unwrap().to_string();
+    let env = [("XDG_CACHE_HOME", xdg.as_str()), ("KILN_QMV_CROSSOVER_BUSY_LIMIT", "0")];
+    for _ in 0..2 {
+        let s = Serve::start_env(&["-m", "synthetic:tiny", "--threads", "1"], &env);
+        let line = s.wait_for("kernel configuration: isa=");
+        assert!(line.contains(" qmv_crossover=measured-busy"), "{line}");
+        let warned = s.wait_for("measured while other processes used");
+        assert!(warned.contains("not cached"), "{warned}");
+    }
+    assert!(!cache.path().join("kiln").join("qmv-crossover").exists(), "a busy measurement was cached");
+    let bad = Dir::new()
+        .run_env(&["serve", "-m", "synthetic:tiny"], &[("KILN_QMV_CROSSOVER_BUSY_LIMIT", "-1")])
+        .expect_code(2);
+    assert!(
+        bad.stderr().contains("invalid KILN_QMV_CROSSOVER_BUSY_LIMIT \"-1\": accepted values are"),
         "{}",
         bad.describe()
     );
