@@ -196,8 +196,9 @@ impl XTile {
         !self.lo.is_empty()
     }
 
-    /// Splits `m` rows of `x` into tiles of at most eight rows.
-    #[inline(always)]
+    /// Splits `m` rows of `x` into tiles of at most eight rows (the kernels quantize tiles
+    /// on the pool, `x86::quantize_tiles`; tests compare with this).
+    #[cfg(test)]
     pub fn tiles(x: &[f32], m: usize, k: usize, g: usize, codes: ActCodes) -> Vec<XTile> {
         (0..m)
             .step_by(TILE_ROWS)
