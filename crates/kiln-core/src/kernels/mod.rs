@@ -427,9 +427,9 @@ pub fn qmv_wide_scheme_on(
     match (isa, integer_codes(w, scheme.rows_scheme(m))) {
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx512Vnni | Isa::Avx512 | Isa::Avx2, Some(codes)) => {
-            // SAFETY: `check_isa` confirmed AVX2, FMA and F16C at run time (every x86
-            // path has them).
-            unsafe { x86::qmv_wide(x, m, w, y, codes) }
+            // SAFETY: `check_isa` confirmed the path's features at run time (AVX2, FMA
+            // and F16C on every x86 path, and the AVX-512 ones its dots use).
+            unsafe { x86::qmv_wide(x86::Dots::of(isa), x, m, w, y, codes) }
         }
         #[cfg(target_arch = "aarch64")]
         (Isa::Neon, Some(codes)) => neon::matmul(x, m, w, y, codes),
@@ -458,9 +458,9 @@ pub fn qmm_scheme_on(isa: Isa, scheme: ActScheme, x: &[f32], m: usize, w: &Quant
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni | Isa::Avx512 | Isa::Avx2 => {
-            // SAFETY: `check_isa` confirmed AVX2, FMA and F16C at run time (every x86
-            // path has them).
-            unsafe { x86::qmm(x, m, w, y, codes) }
+            // SAFETY: `check_isa` confirmed the path's features at run time (AVX2, FMA
+            // and F16C on every x86 path, and the AVX-512 ones its dots use).
+            unsafe { x86::qmm(x86::Dots::of(isa), x, m, w, y, codes) }
         }
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => neon::matmul(x, m, w, y, codes),
@@ -494,6 +494,26 @@ mod tests {
             }
         }
         out
+    }
+
+    /// The AVX-512 dots are `inline(always)` functions with no target features of their
+    /// own; a closure in them is a function of its own with none either, so its
+    /// intrinsics become calls whenever the inliner does not fold it first. That happened
+    /// once (single-stream decode at a third of its speed, every output still right), so
+    /// the file keeps to loops and named `inline(always)` helpers.
+    #[test]
+    fn the_avx512_dots_hold_no_closures() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kernels/x86/avx512.rs");
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            assert!(
+                !code.contains("|(") && !code.contains("(|") && !code.contains("= |"),
+                "{}:{}: a closure in the AVX-512 dots: {line}",
+                path.display(),
+                i + 1
+            );
+        }
     }
 
     #[test]

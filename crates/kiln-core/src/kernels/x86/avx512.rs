@@ -191,10 +191,15 @@ unsafe fn pairs_to_groups(p: [__m512i; 4]) -> __m256i {
     // SAFETY: the caller guarantees AVX-512F (and with it AVX2).
     unsafe {
         // Quarters 0 + 2 and 1 + 3: [first group | second group], four i32 partials each.
-        let t = p.map(|v| {
+        // Loops, not closures: a closure has no target features of its own, so the
+        // intrinsics in it are calls unless the inliner happens to fold it first (it did
+        // not once the tile kernels below joined this codegen unit: decode ran at a third
+        // of its speed).
+        let mut t = [_mm256_setzero_si256(); 4];
+        for (ti, &v) in t.iter_mut().zip(&p) {
             let s = _mm512_add_epi32(v, _mm512_shuffle_i64x2::<0b01_00_11_10>(v, v));
-            _mm512_castsi512_si256(s)
-        });
+            *ti = _mm512_castsi512_si256(s);
+        }
         // Per 128 bits: [g0, g2, g4, g6 | g1, g3, g5, g7].
         let q = fold32b(fold32(t[0], t[1]), fold32(t[2], t[3]));
         _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
@@ -206,8 +211,74 @@ unsafe fn pairs_to_groups(p: [__m512i; 4]) -> __m256i {
 unsafe fn groups_to_lanes(v: [__m512i; 8]) -> __m256i {
     // SAFETY: the caller guarantees AVX-512F (and with it AVX2).
     unsafe {
-        let y = v.map(|g| _mm256_add_epi32(_mm512_castsi512_si256(g), _mm512_extracti64x4_epi64::<1>(g)));
+        let mut y = [_mm256_setzero_si256(); 8];
+        for (yi, &g) in y.iter_mut().zip(&v) {
+            *yi = _mm256_add_epi32(_mm512_castsi512_si256(g), _mm512_extracti64x4_epi64::<1>(g));
+        }
         let (lo, hi) = reduce8::<8, 32>(y);
         _mm256_add_epi32(lo, hi)
     }
+}
+
+/// AVX-512's totals of a 4-bit g32 pair against a tile's rows (lane = row), for the
+/// eight-row tiles of `qmv_wide` and `qmm` ([`super::tile8`]): the same exact sums as
+/// AVX2's `q4_tile_tot`, so the same bits. The pair's 32 bytes are unpacked once into one
+/// register ([`nibbles`]) that meets each row's 64-byte block in one multiply (two for
+/// split codes, joined as `256 * high + low` before any reduction); the eight rows' 16
+/// lanes are then folded by unpacks into one register of row sums per 128-bit quarter
+/// (quarters 0 and 2 hold the first group, 1 and 3 the second).
+pub(super) struct Avx512Pairs<const VNNI: bool>;
+
+impl<const VNNI: bool> super::tile8::PairTotals for Avx512Pairs<VNNI> {
+    #[inline(always)]
+    unsafe fn pair<const T: usize>(wv: __m256i, x: *const Block, xlo: *const Block) -> (__m256i, __m256i) {
+        // SAFETY: the caller guarantees AVX-512F/BW/VL (and VNNI when `VNNI`) and `T`
+        // readable blocks at `x` and at a non-null `xlo`.
+        unsafe {
+            let nib = nibbles(wv);
+            let zero = _mm512_setzero_si512();
+            let mut v = [zero; 8];
+            for (r, vr) in v.iter_mut().enumerate().take(T) {
+                let xh = load_block(&*x.add(r));
+                *vr = if xlo.is_null() {
+                    dot_u4_i8::<VNNI>(zero, nib, xh)
+                } else if VNNI {
+                    // The high plane's sums shifted, then the low plane's added on: at most
+                    // 4 * 15 * 128 * 256 + 4 * 15 * 255 per lane.
+                    let h = _mm512_slli_epi32::<8>(_mm512_dpbusd_epi32(zero, nib, xh));
+                    _mm512_dpbusd_epi32(h, nib, load_block(&*xlo.add(r)))
+                } else {
+                    let h = _mm512_madd_epi16(_mm512_maddubs_epi16(nib, xh), _mm512_set1_epi16(256));
+                    let l = _mm512_maddubs_epi16(nib, load_block(&*xlo.add(r)));
+                    _mm512_add_epi32(h, _mm512_madd_epi16(l, _mm512_set1_epi16(1)))
+                };
+            }
+            // Quarter q of r03 holds rows 0..3's sums of their blocks' quarter q.
+            let r03 = fold512b(fold512(v[0], v[1]), fold512(v[2], v[3]));
+            let r47 = fold512b(fold512(v[4], v[5]), fold512(v[6], v[7]));
+            // [first r0-3, second r0-3, first r4-7, second r4-7].
+            let s = _mm512_add_epi32(
+                _mm512_shuffle_i64x2::<0b01_00_01_00>(r03, r47),
+                _mm512_shuffle_i64x2::<0b11_10_11_10>(r03, r47),
+            );
+            let t = _mm512_shuffle_i64x2::<0b11_01_10_00>(s, s);
+            (_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64::<1>(t))
+        }
+    }
+}
+
+/// One fold of i32 partials of two vectors: per 128 bits `[a0 + a2, b0 + b2, a1 + a3,
+/// b1 + b3]`.
+#[inline(always)]
+unsafe fn fold512(a: __m512i, b: __m512i) -> __m512i {
+    // SAFETY: the caller guarantees AVX-512F.
+    unsafe { _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b)) }
+}
+
+/// The second fold: two [`fold512`] results to per 128 bits `[a, b, c, d]`, each the sum
+/// of its input's four lanes in that quarter.
+#[inline(always)]
+unsafe fn fold512b(ab: __m512i, cd: __m512i) -> __m512i {
+    // SAFETY: the caller guarantees AVX-512F.
+    unsafe { _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd)) }
 }

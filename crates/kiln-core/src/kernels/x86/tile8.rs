@@ -2,6 +2,7 @@
 
 use std::arch::x86_64::*;
 
+use super::Dots;
 use super::lanes::{center_of, times_center};
 use super::loads::{load_hi, load_lo};
 use super::reduce::{fold16, fold16b, fold32b, nib_dot, quad_split, reduce8};
@@ -11,6 +12,9 @@ use crate::kernels::tile::{Block, XTile};
 /// One weight row against a tile of `T` activation rows: lane `r` of the result is the
 /// output for row `r`. The float work runs per group with lane = row, kept in eight
 /// accumulators by group modulo 8 so that every lane rounds as `qmv`'s lane does.
+///
+/// `dots` picks the integer dots of a 4-bit g32 row: AVX-512's ([`super::avx512`]) give
+/// the same exact totals as AVX2's, so the same bits.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn wide_row<const BITS: u32, const G: usize, const T: usize>(
     wrow: &[u8],
@@ -18,6 +22,7 @@ pub(super) fn wide_row<const BITS: u32, const G: usize, const T: usize>(
     b: &[f32],
     xt: &XTile,
     gpr: usize,
+    dots: Dots,
 ) -> __m256 {
     let gb = G * BITS as usize / 8;
     let xblocks = (gpr * gb).div_ceil(32) * T;
@@ -47,8 +52,46 @@ pub(super) fn wide_row<const BITS: u32, const G: usize, const T: usize>(
     // SAFETY: the assertion above gives every extent `wide_row_raw` requires: the row's
     // `gpr * gb` packed bytes, `ceil(gpr * gb / 32) * T` activation blocks (and as many
     // low-plane blocks when the codes are split, 4-bit only), `gpr` scales and biases, and
-    // `gpr * 8` activation scales, sums and code sums.
-    unsafe { wide_row_raw::<BITS, G, T>(args) }
+    // `gpr * 8` activation scales, sums and code sums. The AVX-512 dots run only when
+    // `dots` names them, which its caller derives from the detected path.
+    unsafe {
+        match dots {
+            Dots::Avx512Vnni if BITS == 4 && G == 32 => wide_row_raw_avx512_vnni::<BITS, G, T>(args),
+            Dots::Avx512 if BITS == 4 && G == 32 => wide_row_raw_avx512::<BITS, G, T>(args),
+            _ => wide_row_raw::<BITS, G, T>(args),
+        }
+    }
+}
+
+/// The exact integer totals, lane = activation row, of one 4-bit g32 pair of groups
+/// against `T` rows of an eight-slot tile: `(first group, second group)`.
+pub(super) trait PairTotals {
+    /// `wv` is the pair's 32 packed bytes (the high 16 zero for a last lone group), `x`
+    /// the pair's `T` activation blocks and `xlo` their low planes, or null when the codes
+    /// are not split.
+    ///
+    /// # Safety
+    /// The implementation's features are available; `x` (and a non-null `xlo`) are
+    /// readable for `T` blocks.
+    unsafe fn pair<const T: usize>(wv: __m256i, x: *const Block, xlo: *const Block) -> (__m256i, __m256i);
+}
+
+/// AVX2's totals ([`q4_tile_tot`], [`q4_tile_tot_split`]).
+pub(super) struct Avx2Pairs;
+
+impl PairTotals for Avx2Pairs {
+    #[inline(always)]
+    unsafe fn pair<const T: usize>(wv: __m256i, x: *const Block, xlo: *const Block) -> (__m256i, __m256i) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let zero = _mm256_setzero_si256();
+            if xlo.is_null() {
+                q4_tile_tot::<32, T>(wv, zero, x, 0)
+            } else {
+                q4_tile_tot_split::<32, T>(wv, zero, x, xlo, 0)
+            }
+        }
+    }
 }
 
 /// The inputs of [`wide_row_raw`] for one weight row: the row's packed codes, the tile's
@@ -69,94 +112,116 @@ pub(super) struct WideRow {
 }
 
 /// [`wide_row`]'s loop over raw pointers, so no bounds check or spilled slice sits in the
-/// hot path.
+/// hot path, compiled for one feature set (`$features`) with one [`PairTotals`]
+/// (`$pairs`) as `$name`: the totals are `inline(always)`, and the loop's closures inherit
+/// the function's features, so each feature set gets a loop of its own.
 ///
-/// # Safety
-/// AVX2, FMA and F16C are available, and with `gb = G * BITS / 8`: `w` is readable for
+/// # Safety (of each generated function)
+/// `$features` are available, and with `gb = G * BITS / 8`: `w` is readable for
 /// `gpr * gb` bytes, `x` (and `xlo` unless null, which only 4-bit rows may pass) for
 /// `ceil(gpr * gb / 32) * T` blocks, `s` and `b` for `gpr` values, `sx`, `xsum` and
 /// `qsum` for `gpr * 8`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn wide_row_raw<const BITS: u32, const G: usize, const T: usize>(a: WideRow) -> __m256 {
-    let gb = G * BITS as usize / 8;
-    let bpg = gb.div_ceil(32);
-    let mut acc = [_mm256_setzero_ps(); 8];
-    // SAFETY: group `g < gpr` reads `w[g * gb .. (g + 1) * gb]` (4-bit g32: pair `g / 2`
-    // reads 32 bytes, or 16 for a last lone group), blocks `[g * bpg * T, (g + 1) * bpg * T)`
-    // (4-bit g32: `[p * T, (p + 1) * T)`) of `x` and of a non-null `xlo`, `s[g]`, `b[g]`,
-    // and `sx`, `xsum`, `qsum` at `[8g .. 8g + 8]`: all inside the extents this function's
-    // contract gives.
-    unsafe {
-        let split = !a.xlo.is_null();
-        let center = _mm256_set1_ps(center_of(BITS) as f32);
-        let step = |acc: &mut __m256, tot: __m256i, g: usize| {
-            let qsum = _mm256_loadu_si256(a.qsum.add(g * TILE_ROWS).cast());
-            let centred = _mm256_sub_epi32(tot, times_center::<BITS>(qsum));
-            let s = _mm256_set1_ps(*a.s.add(g));
-            let bc = _mm256_fmadd_ps(s, center, _mm256_set1_ps(*a.b.add(g)));
-            let ss = _mm256_mul_ps(s, _mm256_loadu_ps(a.sx.add(g * TILE_ROWS)));
-            let t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(centred), ss, *acc);
-            *acc = _mm256_fmadd_ps(bc, _mm256_loadu_ps(a.xsum.add(g * TILE_ROWS)), t);
-        };
-        if BITS == 4 && G == 32 {
-            let mut g = 0;
-            while g < a.gpr {
-                let p = g / 2;
-                let wv = if g + 1 < a.gpr {
-                    _mm256_loadu_si256(a.w.add(32 * p).cast())
-                } else {
-                    _mm256_zextsi128_si256(_mm_loadu_si128(a.w.add(32 * p).cast()))
+macro_rules! wide_row_loop {
+    ($(#[$doc:meta])* $name:ident, $features:tt, $pairs:ty) => {
+        $(#[$doc])*
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $name<const BITS: u32, const G: usize, const T: usize>(a: WideRow) -> __m256 {
+            let gb = G * BITS as usize / 8;
+            let bpg = gb.div_ceil(32);
+            let mut acc = [_mm256_setzero_ps(); 8];
+            // SAFETY: group `g < gpr` reads `w[g * gb .. (g + 1) * gb]` (4-bit g32: pair `g / 2`
+            // reads 32 bytes, or 16 for a last lone group), blocks `[g * bpg * T, (g + 1) * bpg * T)`
+            // (4-bit g32: `[p * T, (p + 1) * T)`) of `x` and of a non-null `xlo`, `s[g]`, `b[g]`,
+            // and `sx`, `xsum`, `qsum` at `[8g .. 8g + 8]`: all inside the extents this function's
+            // contract gives.
+            unsafe {
+                let split = !a.xlo.is_null();
+                let center = _mm256_set1_ps(center_of(BITS) as f32);
+                let step = |acc: &mut __m256, tot: __m256i, g: usize| {
+                    let qsum = _mm256_loadu_si256(a.qsum.add(g * TILE_ROWS).cast());
+                    let centred = _mm256_sub_epi32(tot, times_center::<BITS>(qsum));
+                    let s = _mm256_set1_ps(*a.s.add(g));
+                    let bc = _mm256_fmadd_ps(s, center, _mm256_set1_ps(*a.b.add(g)));
+                    let ss = _mm256_mul_ps(s, _mm256_loadu_ps(a.sx.add(g * TILE_ROWS)));
+                    let t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(centred), ss, *acc);
+                    *acc = _mm256_fmadd_ps(bc, _mm256_loadu_ps(a.xsum.add(g * TILE_ROWS)), t);
                 };
-                let zero = _mm256_setzero_si256();
-                let (ta, tb) = if split {
-                    q4_tile_tot_split::<32, T>(wv, zero, a.x.add(p * T), a.xlo.add(p * T), 0)
+                if BITS == 4 && G == 32 {
+                    let mut g = 0;
+                    while g < a.gpr {
+                        let p = g / 2;
+                        let wv = if g + 1 < a.gpr {
+                            _mm256_loadu_si256(a.w.add(32 * p).cast())
+                        } else {
+                            _mm256_zextsi128_si256(_mm_loadu_si128(a.w.add(32 * p).cast()))
+                        };
+                        let xlo = if split { a.xlo.add(p * T) } else { std::ptr::null() };
+                        let (ta, tb) = <$pairs>::pair::<T>(wv, a.x.add(p * T), xlo);
+                        step(&mut acc[g % 8], ta, g);
+                        if g + 1 < a.gpr {
+                            step(&mut acc[(g + 1) % 8], tb, g + 1);
+                        }
+                        g += 2;
+                    }
                 } else {
-                    q4_tile_tot::<32, T>(wv, zero, a.x.add(p * T), 0)
-                };
-                step(&mut acc[g % 8], ta, g);
-                if g + 1 < a.gpr {
-                    step(&mut acc[(g + 1) % 8], tb, g + 1);
-                }
-                g += 2;
-            }
-        } else {
-            let tot = |g: usize| {
-                let wg = a.w.add(g * gb);
-                let xg = a.x.add(g * bpg * T);
-                if BITS == 4 {
-                    let w1 =
-                        if G == 128 { _mm256_loadu_si256(wg.add(32).cast()) } else { _mm256_setzero_si256() };
-                    let w0 = _mm256_loadu_si256(wg.cast());
-                    let (lo, hi) = if split {
-                        q4_tile_tot_split::<G, T>(w0, w1, xg, a.xlo.add(g * bpg * T), T)
-                    } else {
-                        q4_tile_tot::<G, T>(w0, w1, xg, T)
+                    let tot = |g: usize| {
+                        let wg = a.w.add(g * gb);
+                        let xg = a.x.add(g * bpg * T);
+                        if BITS == 4 {
+                            let w1 =
+                                if G == 128 { _mm256_loadu_si256(wg.add(32).cast()) } else { _mm256_setzero_si256() };
+                            let w0 = _mm256_loadu_si256(wg.cast());
+                            let (lo, hi) = if split {
+                                q4_tile_tot_split::<G, T>(w0, w1, xg, a.xlo.add(g * bpg * T), T)
+                            } else {
+                                q4_tile_tot::<G, T>(w0, w1, xg, T)
+                            };
+                            _mm256_add_epi32(lo, hi)
+                        } else {
+                            q8_tile_tot::<T>(wg, xg, bpg)
+                        }
                     };
-                    _mm256_add_epi32(lo, hi)
-                } else {
-                    q8_tile_tot::<T>(wg, xg, bpg)
+                    // Two groups per step: their independent work interleaves, so the serial tail
+                    // of one group's reduction overlaps the other's products.
+                    let mut g = 0;
+                    while g + 1 < a.gpr {
+                        let (t0, t1) = (tot(g), tot(g + 1));
+                        step(&mut acc[g % 8], t0, g);
+                        step(&mut acc[(g + 1) % 8], t1, g + 1);
+                        g += 2;
+                    }
+                    if g < a.gpr {
+                        step(&mut acc[g % 8], tot(g), g);
+                    }
                 }
-            };
-            // Two groups per step: their independent work interleaves, so the serial tail
-            // of one group's reduction overlaps the other's products.
-            let mut g = 0;
-            while g + 1 < a.gpr {
-                let (t0, t1) = (tot(g), tot(g + 1));
-                step(&mut acc[g % 8], t0, g);
-                step(&mut acc[(g + 1) % 8], t1, g + 1);
-                g += 2;
             }
-            if g < a.gpr {
-                step(&mut acc[g % 8], tot(g), g);
-            }
+            let t0 = _mm256_add_ps(acc[0], acc[4]);
+            let t1 = _mm256_add_ps(acc[1], acc[5]);
+            let t2 = _mm256_add_ps(acc[2], acc[6]);
+            let t3 = _mm256_add_ps(acc[3], acc[7]);
+            _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3))
         }
-    }
-    let t0 = _mm256_add_ps(acc[0], acc[4]);
-    let t1 = _mm256_add_ps(acc[1], acc[5]);
-    let t2 = _mm256_add_ps(acc[2], acc[6]);
-    let t3 = _mm256_add_ps(acc[3], acc[7]);
-    _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3))
+    };
 }
+
+wide_row_loop!(
+    /// The loop with AVX2's dots.
+    wide_row_raw,
+    "avx2,fma,f16c",
+    Avx2Pairs
+);
+wide_row_loop!(
+    /// The loop with AVX-512BW's dots for 4-bit g32 pairs.
+    wide_row_raw_avx512,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl",
+    super::avx512::Avx512Pairs<false>
+);
+wide_row_loop!(
+    /// The loop with AVX-512 VNNI's dots for 4-bit g32 pairs.
+    wide_row_raw_avx512_vnni,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    super::avx512::Avx512Pairs<true>
+);
 
 /// Row totals of one 4-bit group (or g32 pair) for `T` activation rows, reduced as the
 /// rows are computed so few registers stay live. `w0` is the group's first 32-byte block,

@@ -4,7 +4,6 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::Order;
 use super::lanes::{XGroups, hsum, lanes_step};
 use super::loads::{load8f, store8f};
 use super::prefetch::{Prefetch, prefetch_ahead, prefetch_burst};
@@ -14,12 +13,14 @@ use super::reduce::{
 };
 use super::scales::{RowScales, packed_bytes};
 use super::tile8::wide_row;
+use super::{Dots, Order};
 use crate::kernels::act::TILE_ROWS;
 use crate::kernels::tile::{Block, GROUP_LANE_ROWS, XTile};
 use crate::matrix::QuantizedMatrix;
 
 /// Weight rows `rows` against every activation tile in `order`; `outs[t * TILE_ROWS + i]`
-/// receives activation row `i` of tile `t` at the offsets of `rows`.
+/// receives activation row `i` of tile `t` at the offsets of `rows`. Eight-row tiles of
+/// 4-bit g32 weights take `dots`' integer dots (AVX-512 where the path has it).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn tiled_rows<const BITS: u32, const G: usize>(
     w: &QuantizedMatrix,
@@ -27,6 +28,7 @@ pub(super) fn tiled_rows<const BITS: u32, const G: usize>(
     rows: Range<usize>,
     outs: &mut [&mut [f32]],
     order: Order,
+    dots: Dots,
 ) {
     let k = w.k();
     let gpr = k / G;
@@ -48,7 +50,7 @@ pub(super) fn tiled_rows<const BITS: u32, const G: usize>(
             3 => group_lanes_row::<BITS, G, 3, false>(wrow, s, b, tile, gpr),
             4 if two_level => group_lanes_row::<BITS, G, 4, true>(wrow, s, b, tile, gpr),
             4 => group_lanes_row::<BITS, G, 4, false>(wrow, s, b, tile, gpr),
-            _ => store8f(wide_row::<BITS, G, 8>(wrow, s, b, tile, gpr)),
+            _ => store8f(wide_row::<BITS, G, 8>(wrow, s, b, tile, gpr, dots)),
         };
         for (i, &l) in lanes.iter().enumerate().take(tile.rows) {
             outs[ti * TILE_ROWS + i][r - r0] = l;
