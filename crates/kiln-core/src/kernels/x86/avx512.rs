@@ -220,13 +220,14 @@ unsafe fn groups_to_lanes(v: [__m512i; 8]) -> __m256i {
     }
 }
 
-/// AVX-512's totals of a 4-bit g32 pair against a tile's rows (lane = row), for the
+/// AVX-512's totals of 4-bit groups against a tile's rows (lane = row), for the
 /// eight-row tiles of `qmv_wide` and `qmm` ([`super::tile8`]): the same exact sums as
-/// AVX2's `q4_tile_tot`, so the same bits. The pair's 32 bytes are unpacked once into one
-/// register ([`nibbles`]) that meets each row's 64-byte block in one multiply (two for
+/// AVX2's `q4_tile_tot`, so the same bits. Each 32 bytes of codes are unpacked once into
+/// one register ([`nibbles`]) that meets each row's 64-byte block in one multiply (two for
 /// split codes, joined as `256 * high + low` before any reduction); the eight rows' 16
 /// lanes are then folded by unpacks into one register of row sums per 128-bit quarter
-/// (quarters 0 and 2 hold the first group, 1 and 3 the second).
+/// (for a g32 pair quarters 0 and 2 hold the first group, 1 and 3 the second; g64 and
+/// g128 groups fill all four).
 pub(super) struct Avx512Pairs<const VNNI: bool>;
 
 impl<const VNNI: bool> super::tile8::PairTotals for Avx512Pairs<VNNI> {
@@ -263,6 +264,51 @@ impl<const VNNI: bool> super::tile8::PairTotals for Avx512Pairs<VNNI> {
             );
             let t = _mm512_shuffle_i64x2::<0b11_01_10_00>(s, s);
             (_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64::<1>(t))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn group<const G: usize, const T: usize>(
+        w0: __m256i,
+        w1: __m256i,
+        x: *const Block,
+        xlo: *const Block,
+        stride: usize,
+    ) -> __m256i {
+        // SAFETY: the caller guarantees AVX-512F/BW/VL (and VNNI when `VNNI`) and `T`
+        // readable blocks at `x` and at a non-null `xlo` (`stride + T` at g128).
+        unsafe {
+            let two = G == 128;
+            let nib0 = nibbles(w0);
+            let nib1 = if two { nibbles(w1) } else { _mm512_setzero_si512() };
+            let zero = _mm512_setzero_si512();
+            let mut v = [zero; 8];
+            for (r, vr) in v.iter_mut().enumerate().take(T) {
+                let mut h = dot_u4_i8::<VNNI>(zero, nib0, load_block(&*x.add(r)));
+                if two {
+                    h = dot_u4_i8::<VNNI>(h, nib1, load_block(&*x.add(stride + r)));
+                }
+                *vr = if xlo.is_null() {
+                    h
+                } else {
+                    // At most 8 * 15 * 128 * 256 + 8 * 15 * 255 per lane.
+                    let mut l = dot_u4_i8::<VNNI>(zero, nib0, load_block(&*xlo.add(r)));
+                    if two {
+                        l = dot_u4_i8::<VNNI>(l, nib1, load_block(&*xlo.add(stride + r)));
+                    }
+                    _mm512_add_epi32(_mm512_slli_epi32::<8>(h), l)
+                };
+            }
+            let r03 = fold512b(fold512(v[0], v[1]), fold512(v[2], v[3]));
+            let r47 = fold512b(fold512(v[4], v[5]), fold512(v[6], v[7]));
+            // [r0-3 over quarters 0 + 2, 1 + 3, r4-7 over 0 + 2, 1 + 3], then each half's
+            // two quarters added: rows 0..3 in quarter 0, 4..7 in quarter 2.
+            let s = _mm512_add_epi32(
+                _mm512_shuffle_i64x2::<0b01_00_01_00>(r03, r47),
+                _mm512_shuffle_i64x2::<0b11_10_11_10>(r03, r47),
+            );
+            let t = _mm512_add_epi32(s, _mm512_shuffle_i64x2::<0b10_11_00_01>(s, s));
+            _mm512_castsi512_si256(_mm512_shuffle_i64x2::<0b00_00_10_00>(t, t))
         }
     }
 }

@@ -1,9 +1,9 @@
 //! AVX2 + FMA + F16C kernels for 4- and 8-bit weights at group sizes 32, 64 and 128, and
 //! the AVX-512 paths, which replace only integer dots (`avx512`): all of `qmv`'s, and the
-//! eight-row tiles' of `qmv_wide` and `qmm` for 4-bit g32 weights (GGUF's Q4_0 / Q4_1
-//! layout), where one 512-bit multiply meets a whole 64-element block of a row. On the
-//! 2-vCPU AVX-512 Xeon that took prefill 3-4% faster at one thread; the reductions and the
-//! float work per group, unchanged, are most of what is left.
+//! eight-row tiles' of `qmv_wide` and `qmm` for 4-bit weights, where one 512-bit multiply
+//! meets a whole 64-element block of a row. On the 2-vCPU AVX-512 Xeon that took g32
+//! prefill 3-4% faster at one thread; the reductions and the float work per group,
+//! unchanged, are most of what is left.
 //!
 //! They follow the integer scheme (see [`super::act`]): activations quantized per group,
 //! one exact integer dot per weight group, then the float work of [`super::act::Lanes`]

@@ -13,7 +13,7 @@ use crate::kernels::tile::{Block, XTile};
 /// output for row `r`. The float work runs per group with lane = row, kept in eight
 /// accumulators by group modulo 8 so that every lane rounds as `qmv`'s lane does.
 ///
-/// `dots` picks the integer dots of a 4-bit g32 row: AVX-512's ([`super::avx512`]) give
+/// `dots` picks the integer dots of a 4-bit row: AVX-512's ([`super::avx512`]) give
 /// the same exact totals as AVX2's, so the same bits.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn wide_row<const BITS: u32, const G: usize, const T: usize>(
@@ -56,17 +56,18 @@ pub(super) fn wide_row<const BITS: u32, const G: usize, const T: usize>(
     // `dots` names them, which its caller derives from the detected path.
     unsafe {
         match dots {
-            Dots::Avx512Vnni if BITS == 4 && G == 32 => wide_row_raw_avx512_vnni::<BITS, G, T>(args),
-            Dots::Avx512 if BITS == 4 && G == 32 => wide_row_raw_avx512::<BITS, G, T>(args),
+            Dots::Avx512Vnni if BITS == 4 => wide_row_raw_avx512_vnni::<BITS, G, T>(args),
+            Dots::Avx512 if BITS == 4 => wide_row_raw_avx512::<BITS, G, T>(args),
             _ => wide_row_raw::<BITS, G, T>(args),
         }
     }
 }
 
-/// The exact integer totals, lane = activation row, of one 4-bit g32 pair of groups
-/// against `T` rows of an eight-slot tile: `(first group, second group)`.
+/// The exact integer totals, lane = activation row, of 4-bit groups against `T` rows of
+/// an eight-slot tile: a g32 pair's ([`PairTotals::pair`]) or one g64 / g128 group's
+/// ([`PairTotals::group`]).
 pub(super) trait PairTotals {
-    /// `wv` is the pair's 32 packed bytes (the high 16 zero for a last lone group), `x`
+    /// `(first group, second group)` of a g32 pair. `wv` is the pair's 32 packed bytes (the high 16 zero for a last lone group), `x`
     /// the pair's `T` activation blocks and `xlo` their low planes, or null when the codes
     /// are not split.
     ///
@@ -74,6 +75,22 @@ pub(super) trait PairTotals {
     /// The implementation's features are available; `x` (and a non-null `xlo`) are
     /// readable for `T` blocks.
     unsafe fn pair<const T: usize>(wv: __m256i, x: *const Block, xlo: *const Block) -> (__m256i, __m256i);
+
+    /// The exact totals, lane = activation row, of one 4-bit group of `G` = 64 or 128
+    /// against `T` rows: `w0` is the group's first 32 packed bytes and `w1` its second
+    /// (g128; zero at g64), `x[r]` row `r`'s first block and `x[stride + r]` its second
+    /// (g128), `xlo` the low planes laid out as `x`, or null when the codes are not split.
+    ///
+    /// # Safety
+    /// The implementation's features are available; `x` (and a non-null `xlo`) are
+    /// readable for `T` blocks (`stride + T` at g128).
+    unsafe fn group<const G: usize, const T: usize>(
+        w0: __m256i,
+        w1: __m256i,
+        x: *const Block,
+        xlo: *const Block,
+        stride: usize,
+    ) -> __m256i;
 }
 
 /// AVX2's totals ([`q4_tile_tot`], [`q4_tile_tot_split`]).
@@ -90,6 +107,25 @@ impl PairTotals for Avx2Pairs {
             } else {
                 q4_tile_tot_split::<32, T>(wv, zero, x, xlo, 0)
             }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn group<const G: usize, const T: usize>(
+        w0: __m256i,
+        w1: __m256i,
+        x: *const Block,
+        xlo: *const Block,
+        stride: usize,
+    ) -> __m256i {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let (lo, hi) = if xlo.is_null() {
+                q4_tile_tot::<G, T>(w0, w1, x, stride)
+            } else {
+                q4_tile_tot_split::<G, T>(w0, w1, x, xlo, stride)
+            };
+            _mm256_add_epi32(lo, hi)
         }
     }
 }
@@ -171,12 +207,8 @@ macro_rules! wide_row_loop {
                             let w1 =
                                 if G == 128 { _mm256_loadu_si256(wg.add(32).cast()) } else { _mm256_setzero_si256() };
                             let w0 = _mm256_loadu_si256(wg.cast());
-                            let (lo, hi) = if split {
-                                q4_tile_tot_split::<G, T>(w0, w1, xg, a.xlo.add(g * bpg * T), T)
-                            } else {
-                                q4_tile_tot::<G, T>(w0, w1, xg, T)
-                            };
-                            _mm256_add_epi32(lo, hi)
+                            let xlo = if split { a.xlo.add(g * bpg * T) } else { std::ptr::null() };
+                            <$pairs>::group::<G, T>(w0, w1, xg, xlo, T)
                         } else {
                             q8_tile_tot::<T>(wg, xg, bpg)
                         }
@@ -211,13 +243,13 @@ wide_row_loop!(
     Avx2Pairs
 );
 wide_row_loop!(
-    /// The loop with AVX-512BW's dots for 4-bit g32 pairs.
+    /// The loop with AVX-512BW's dots for 4-bit rows.
     wide_row_raw_avx512,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl",
     super::avx512::Avx512Pairs<false>
 );
 wide_row_loop!(
-    /// The loop with AVX-512 VNNI's dots for 4-bit g32 pairs.
+    /// The loop with AVX-512 VNNI's dots for 4-bit rows.
     wide_row_raw_avx512_vnni,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     super::avx512::Avx512Pairs<true>
