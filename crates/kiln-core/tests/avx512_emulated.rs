@@ -1,5 +1,6 @@
-//! The AVX-512 `qmv` paths, bit for bit against AVX2 and `reference::qmv_int`, on every
-//! geometry, scale dtype and integer scheme.
+//! The AVX-512 `qmv` paths, and the AVX-512 eight-row tiles of `qmv_wide` / `qmm` for
+//! 4-bit weights, bit for bit against AVX2 and `reference::qmv_int`, on every geometry,
+//! scale dtype and integer scheme.
 //!
 //! On a CPU with AVX-512 the paths run natively (and `kernels.rs` runs them beside every
 //! other path). On one without, the row loop runs under an emulator: the inputs are
@@ -8,7 +9,8 @@
 //! (AVX-512F/BW/VL, no VNNI), giving back the outputs. `KILN_TEST_BOCHS_PYTHON` names a
 //! Python with `bochscpu-python` (scripts/emulate/requirements.txt); CI sets it. Without
 //! it, and without AVX-512, this test says so and checks nothing. The VNNI path needs a
-//! CPU (or model) with VNNI.
+//! CPU (or model) with VNNI. `KILN_TEST_BOCHS_FORCE=1` runs the emulator on an AVX-512
+//! CPU too.
 
 #![cfg(target_arch = "x86_64")]
 
@@ -21,8 +23,8 @@ use std::process::Command;
 use kiln_core::Buffer;
 use kiln_core::act_precision::ActScheme;
 use kiln_core::format::{QuantSpec, write_code};
-use kiln_core::kernels::emulated::EmulatedQmv;
-use kiln_core::kernels::{Isa, qmv_scheme_on, reference};
+use kiln_core::kernels::emulated::{EmulatedQmv, EmulatedTile};
+use kiln_core::kernels::{Isa, qmv_scheme_on, qmv_wide_scheme_on, reference};
 use kiln_core::matrix::{QuantizedMatrix, ScaleData, ScaleDtype};
 
 use common::Rng;
@@ -117,7 +119,7 @@ fn avx512_qmv_matches_avx2_bit_for_bit() {
     assert!(Isa::Avx2.is_available(), "kiln's x86 tests need AVX2");
     let cases = cases();
     let native: Vec<Isa> = [Isa::Avx512, Isa::Avx512Vnni].into_iter().filter(|i| i.is_available()).collect();
-    if !native.is_empty() {
+    if !native.is_empty() && !forced() {
         for case in &cases {
             let want = expected(case);
             for &isa in &native {
@@ -138,20 +140,11 @@ fn avx512_qmv_matches_avx2_bit_for_bit() {
     let prepared: Vec<EmulatedQmv<'_>> =
         cases.iter().map(|c| EmulatedQmv::new(Isa::Avx512, c.act, &c.x, &c.w)).collect();
     let dir = tempfile::tempdir().unwrap();
-    snapshot(dir.path(), &prepared);
-    let mut cmd = Command::new(&python);
-    cmd.arg(script()).arg(dir.path());
-    if let Some(shim) = glibc_shim(dir.path()) {
-        cmd.env("LD_PRELOAD", shim);
-    }
-    let out = cmd.output().expect("running the emulator's Python");
-    assert!(
-        out.status.success(),
-        "the emulator failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let calls: Vec<EmuCall> = prepared
+        .iter()
+        .map(|q| EmuCall { entry: EmulatedQmv::entry(), arg: q.arg(), out: q.out_bytes() })
+        .collect();
+    emulate(&python, dir.path(), &calls);
     for (i, (case, q)) in cases.iter().zip(&prepared).enumerate() {
         let got = std::fs::read(dir.path().join(format!("out-{i}.bin"))).unwrap();
         let got: Vec<u32> = got.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
@@ -163,12 +156,119 @@ fn avx512_qmv_matches_avx2_bit_for_bit() {
     eprintln!("avx512_emulated: {} cases on the emulated CPU", cases.len());
 }
 
+/// Runs `calls` on the emulated CPU: each writes `out-<i>.bin` into `dir`.
+fn emulate(python: &std::ffi::OsStr, dir: &Path, calls: &[EmuCall]) {
+    snapshot(dir, calls);
+    let mut cmd = Command::new(python);
+    cmd.arg(script()).arg(dir);
+    if let Some(shim) = glibc_shim(dir) {
+        cmd.env("LD_PRELOAD", shim);
+    }
+    let out = cmd.output().expect("running the emulator's Python");
+    assert!(
+        out.status.success(),
+        "the emulator failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// 4-bit weights at every group size and dtype, both integer schemes, against tiles of
+/// 8 and of 5 activation rows (alternating from case to case): the eight-row tiles
+/// `qmv_wide` and `qmm` run on AVX-512's dots.
+fn tile_cases() -> Vec<(Case, usize)> {
+    let four_bit = cases().into_iter().filter(|c| c.w.spec().bits() == 4);
+    four_bit
+        .enumerate()
+        .map(|(i, mut c)| {
+            let rows = if i % 2 == 0 { 8 } else { 5 };
+            let k = c.w.k();
+            let mut rng = Rng(k as u64 * 7 + i as u64);
+            // The case's row first (extreme rows stay extreme), then random rows.
+            for _ in 1..rows {
+                c.x.extend((0..k).map(|_| rng.sym(2.0)));
+            }
+            c.label = format!("{} rows={rows}", c.label);
+            (c, rows)
+        })
+        .collect()
+}
+
+/// AVX2's `qmv_wide` over the tile's rows, checked against the reference's bits.
+fn expected_tile(case: &Case, rows: usize) -> Vec<f32> {
+    let mut y = vec![0f32; rows * case.w.n()];
+    qmv_wide_scheme_on(Isa::Avx2, case.act, &case.x, rows, &case.w, &mut y);
+    let want = reference::qmv_int(&case.x, rows, &case.w, case.act.rows_scheme(rows)).unwrap();
+    assert_eq!(bits(&y), bits(&want), "{}: AVX2 qmv_wide against the reference", case.label);
+    y
+}
+
+/// The eight-row tiles of 4-bit weights on AVX-512, bit for bit against AVX2's
+/// `qmv_wide` and `reference::qmv_int`: natively where the CPU has AVX-512, else under
+/// the emulator as `qmv`'s row loop is.
+#[test]
+fn avx512_tiles_match_avx2_bit_for_bit() {
+    assert!(Isa::Avx2.is_available(), "kiln's x86 tests need AVX2");
+    let cases = tile_cases();
+    let native: Vec<Isa> = [Isa::Avx512, Isa::Avx512Vnni].into_iter().filter(|i| i.is_available()).collect();
+    if !native.is_empty() && !forced() {
+        for (case, rows) in &cases {
+            let want = expected_tile(case, *rows);
+            for &isa in &native {
+                let mut t = EmulatedTile::new(isa, case.act, &case.x, *rows, &case.w);
+                assert_eq!(bits(&t.run_native()), bits(&want), "{} on {}", case.label, isa.as_str());
+            }
+        }
+        eprintln!("avx512_emulated: {} tile cases natively on {:?}", cases.len(), native);
+        return;
+    }
+    let Some(python) = std::env::var_os("KILN_TEST_BOCHS_PYTHON") else {
+        eprintln!("avx512_emulated: no AVX-512 and KILN_TEST_BOCHS_PYTHON is unset: no tile checked");
+        return;
+    };
+    let prepared: Vec<EmulatedTile<'_>> =
+        cases.iter().map(|(c, rows)| EmulatedTile::new(Isa::Avx512, c.act, &c.x, *rows, &c.w)).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let calls: Vec<EmuCall> = prepared
+        .iter()
+        .map(|t| EmuCall { entry: EmulatedTile::entry(), arg: t.arg(), out: t.out_bytes() })
+        .collect();
+    emulate(&python, dir.path(), &calls);
+    for (i, ((case, rows), t)) in cases.iter().zip(&prepared).enumerate() {
+        let got = std::fs::read(dir.path().join(format!("out-{i}.bin"))).unwrap();
+        let got: Vec<f32> = got.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        assert_eq!(got.len(), t.out().len());
+        assert_eq!(
+            bits(&t.to_rows(&got)),
+            bits(&expected_tile(case, *rows)),
+            "{} on emulated avx512",
+            case.label
+        );
+        assert!(t.out().iter().all(|&v| v == 0.0));
+    }
+    eprintln!("avx512_emulated: {} tile cases on the emulated CPU", cases.len());
+}
+
+/// `KILN_TEST_BOCHS_FORCE=1`: run the emulator even on a CPU with AVX-512, to check the
+/// emulated path itself.
+fn forced() -> bool {
+    std::env::var_os("KILN_TEST_BOCHS_FORCE").is_some_and(|v| v == "1")
+}
+
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/emulate/bochs_call.py")
 }
 
+/// One call for the emulator: the entry, its argument, and where its outputs lie.
+struct EmuCall {
+    entry: usize,
+    arg: usize,
+    out: (usize, usize),
+}
+
 /// This process's readable memory (`mem.bin`) and the calls (`snapshot.json`).
-fn snapshot(dir: &Path, calls: &[EmulatedQmv<'_>]) {
+fn snapshot(dir: &Path, calls: &[EmuCall]) {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
     let mut mem = std::fs::File::open("/proc/self/mem").unwrap();
     let mut bin = std::io::BufWriter::new(std::fs::File::create(dir.join("mem.bin")).unwrap());
@@ -195,10 +295,7 @@ fn snapshot(dir: &Path, calls: &[EmulatedQmv<'_>]) {
     bin.flush().unwrap();
     let calls: Vec<_> = calls
         .iter()
-        .map(|q| {
-            let (out, out_len) = q.out_bytes();
-            serde_json::json!({ "entry": EmulatedQmv::entry(), "arg": q.arg(), "out": out, "out_len": out_len })
-        })
+        .map(|c| serde_json::json!({ "entry": c.entry, "arg": c.arg, "out": c.out.0, "out_len": c.out.1 }))
         .collect();
     let meta = serde_json::json!({ "regions": regions, "fs_base": fs_base(), "calls": calls });
     std::fs::write(dir.join("snapshot.json"), meta.to_string()).unwrap();

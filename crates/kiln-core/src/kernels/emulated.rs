@@ -1,12 +1,16 @@
-//! `qmv` on an x86 path this CPU may lack, prepared for an x86 emulator to run.
+//! `qmv`, and `qmv_wide`'s eight-row tiles, on an x86 path this CPU may lack, prepared for
+//! an x86 emulator to run.
 //!
-//! The AVX-512 paths differ from AVX2 only in `qmv`'s row loop (see `x86::avx512`). An
+//! The AVX-512 paths differ from AVX2 only in integer dots: `qmv`'s row loop and the
+//! eight-row tiles of 4-bit weights (see `x86::avx512`). An
 //! [`EmulatedQmv`] quantizes the activation row natively (AVX2) and leaves the row loop
 //! for one entry, [`EmulatedQmv::entry`], a C-ABI function of one pointer that computes
 //! every output row without allocating, locking or calling the system: an emulator given
 //! a copy of this process's memory can call it on a CPU model with AVX-512 and hand the
 //! outputs back (`crates/kiln-core/tests/avx512_emulated.rs` does, under Bochs). On a
 //! CPU with the path, [`EmulatedQmv::run_native`] runs the same entry directly.
+//! [`EmulatedTile`] does the same for one tile of 5 to 8 activation rows against every
+//! weight row, the loop `qmv_wide` and `qmm` run for such tiles.
 
 use std::marker::PhantomData;
 
@@ -107,5 +111,124 @@ unsafe extern "C" fn qmv_rows_entry(call: *const Call) {
         let c = &*call;
         let out = std::slice::from_raw_parts_mut(c.out, c.n);
         x86::qmv_rows_with(c.dots, &*c.w, &*c.xt, 0..c.n, out);
+    }
+}
+
+/// What the tile entry reads.
+#[repr(C)]
+struct TileCall {
+    dots: x86::Dots,
+    w: *const QuantizedMatrix,
+    tile: *const x86::PreparedTile,
+    out: *mut f32,
+    n: usize,
+}
+
+/// One eight-slot tile of `qmv_wide` (`rows` activation rows against every row of `W`)
+/// prepared for its loop to run on `isa`.
+pub struct EmulatedTile<'a> {
+    isa: Isa,
+    rows: usize,
+    call: Box<TileCall>,
+    _tile: Box<x86::PreparedTile>,
+    out: Vec<f32>,
+    _w: PhantomData<&'a QuantizedMatrix>,
+}
+
+impl<'a> EmulatedTile<'a> {
+    /// Quantizes the `rows` (5 to 8) rows of `x` for `w` under `scheme` and widens `w`'s
+    /// scales (natively, with AVX2), and allocates the output.
+    ///
+    /// # Panics
+    /// As [`EmulatedQmv::new`], and when `rows` is not 5 to 8.
+    pub fn new(
+        isa: Isa,
+        scheme: ActScheme,
+        x: &[f32],
+        rows: usize,
+        w: &'a QuantizedMatrix,
+    ) -> EmulatedTile<'a> {
+        let mut out = vec![0.0f32; 8 * w.n()];
+        check_shapes("EmulatedTile", x, rows, w, &out[..rows * w.n()]);
+        assert!(
+            Isa::Avx2.is_available(),
+            "EmulatedTile: the activations are quantized with AVX2, which this CPU lacks"
+        );
+        assert!(
+            matches!(isa, Isa::Avx512Vnni | Isa::Avx512 | Isa::Avx2),
+            "EmulatedTile: {} is not an x86 path",
+            isa.as_str()
+        );
+        // `int16-wide8` gives these rows its wide codes, as `qmv_wide` does.
+        let codes = integer_codes(w, scheme.rows_scheme(rows)).unwrap_or_else(|| {
+            panic!("EmulatedTile: {}-bit weights have no integer codes under {scheme:?}", w.spec().bits())
+        });
+        // SAFETY: AVX2, FMA and F16C were confirmed above.
+        let tile = Box::new(unsafe { x86::PreparedTile::new(x, rows, w, codes) });
+        let call =
+            Box::new(TileCall { dots: x86::Dots::of(isa), w, tile: &*tile, out: out.as_mut_ptr(), n: w.n() });
+        EmulatedTile { isa, rows, call, _tile: tile, out, _w: PhantomData }
+    }
+
+    /// The address of the entry: `extern "C" fn(arg)`, see [`EmulatedTile::arg`].
+    pub fn entry() -> usize {
+        tile_rows_entry as *const () as usize
+    }
+
+    /// The entry's one argument.
+    pub fn arg(&self) -> usize {
+        &*self.call as *const TileCall as usize
+    }
+
+    /// Where the raw outputs lie (`8 * N` values, weight row by weight row, eight lanes
+    /// each), and how many bytes they are.
+    pub fn out_bytes(&self) -> (usize, usize) {
+        (self.out.as_ptr() as usize, 4 * self.out.len())
+    }
+
+    /// The raw outputs as the entry left them here (zero until [`EmulatedTile::run_native`]).
+    pub fn out(&self) -> &[f32] {
+        &self.out
+    }
+
+    /// Raw outputs (as [`EmulatedTile::out_bytes`] lays them out) to `y[rows, N]`, the
+    /// layout `qmv_wide` writes.
+    pub fn to_rows(&self, raw: &[f32]) -> Vec<f32> {
+        let n = self.call.n;
+        assert_eq!(raw.len(), 8 * n);
+        let mut y = vec![0f32; self.rows * n];
+        for (r, lanes) in raw.chunks_exact(8).enumerate() {
+            for (i, &v) in lanes.iter().enumerate().take(self.rows) {
+                y[i * n + r] = v;
+            }
+        }
+        y
+    }
+
+    /// Runs the entry on this CPU and returns `y[rows, N]`.
+    ///
+    /// # Panics
+    /// When this CPU lacks the path it was prepared for.
+    pub fn run_native(&mut self) -> Vec<f32> {
+        let isa = self.isa;
+        assert!(isa.is_available(), "EmulatedTile::run_native: this CPU lacks {}", isa.as_str());
+        // SAFETY: the call's pointers are this struct's own, alive; the path's features
+        // were confirmed above.
+        unsafe { tile_rows_entry(&*self.call) };
+        self.to_rows(&self.out)
+    }
+}
+
+/// Every weight row of `call` against its tile, on its dots' path.
+///
+/// # Safety
+/// `call` and its pointers must be those of a live [`EmulatedTile`], and the CPU (or the
+/// emulated one) must have the features of the call's path.
+unsafe extern "C" fn tile_rows_entry(call: *const TileCall) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        let c = &*call;
+        let out = std::slice::from_raw_parts_mut(c.out, 8 * c.n);
+        x86::tile_rows_with(c.dots, &*c.w, &*c.tile, out);
     }
 }

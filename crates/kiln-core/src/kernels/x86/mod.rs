@@ -208,6 +208,66 @@ unsafe fn tiled(
     });
 }
 
+/// A tile's inputs prepared for [`tile_rows_with`]: the rows quantized into one
+/// eight-slot tile and the matrix's scales widened, both natively with AVX2, so the loop
+/// itself allocates nothing (an emulator runs it, see [`super::emulated`]).
+pub(crate) struct PreparedTile {
+    pub(crate) xt: XTile,
+    sc: scales::RowScales,
+}
+
+impl PreparedTile {
+    /// `rows` (5 to 8) activation rows of `x` for `w` under `codes`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    pub(crate) unsafe fn new(x: &[f32], rows: usize, w: &QuantizedMatrix, codes: ActCodes) -> PreparedTile {
+        assert!((5..=TILE_ROWS).contains(&rows), "an eight-slot tile holds 5 to 8 rows, got {rows}");
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            PreparedTile {
+                xt: quantize_tile(x, rows, w.k(), w.spec().group_size(), codes),
+                sc: scales::RowScales::new(w, 0..w.n()),
+            }
+        }
+    }
+}
+
+/// Every weight row of `w` against the eight-slot tile of `p` with `dots`, as `qmv_wide`
+/// runs it: `out[r * 8 + i]` is activation row `i`'s output for weight row `r` (lanes
+/// past the tile's rows are not outputs). Allocates nothing.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C, and the features of `dots`; `p` was prepared
+/// for `w`, and `out` holds `8 * w.n()` values.
+pub(crate) unsafe fn tile_rows_with(dots: Dots, w: &QuantizedMatrix, p: &PreparedTile, out: &mut [f32]) {
+    assert_eq!(out.len(), TILE_ROWS * w.n());
+    // SAFETY: forwarded from this function's contract.
+    unsafe { tile_rows_any(dots, w, p, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_rows_any(dots: Dots, w: &QuantizedMatrix, p: &PreparedTile, out: &mut [f32]) {
+    by_geometry!(w, tile_rows, (dots, w, p, out))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_rows<const BITS: u32, const G: usize>(
+    dots: Dots,
+    w: &QuantizedMatrix,
+    p: &PreparedTile,
+    out: &mut [f32],
+) {
+    let (gpr, row_bytes) = (w.k() / G, w.k() * BITS as usize / 8);
+    let packed = scales::packed_bytes(w);
+    for (r, o) in out.chunks_exact_mut(TILE_ROWS).enumerate() {
+        let (s, b) = p.sc.row(r);
+        let wrow = &packed[r * row_bytes..(r + 1) * row_bytes];
+        let lanes = loads::store8f(tile8::wide_row::<BITS, G, 8>(wrow, s, b, &p.xt, gpr, dots));
+        o.copy_from_slice(&lanes);
+    }
+}
+
 /// The activation quantizer compiled for AVX2 (its functions are `inline(always)`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn quantize_vector(x: &[f32], g: usize, codes: ActCodes) -> XTile {
