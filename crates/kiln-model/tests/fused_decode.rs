@@ -65,3 +65,64 @@ fn fused_decode_is_bit_identical_without_biases_and_tied_head() {
     assert_fused_matches_unfused("tiny");
     assert_fused_matches_unfused("tiny@4bit-g32");
 }
+
+/// The logits of `steps` batched greedy decode steps of two sequences (M = 2 rows a
+/// step, each after its own prefill), concatenated.
+fn run_batched(model: &LoadedModel, pool: &MemoryPool, fused: bool, steps: usize) -> Vec<f32> {
+    let mut t = Transformer::new(&model.config, &model.weights, AttentionKind::Streaming).unwrap();
+    t.set_fused_decode(fused);
+    let mut ws = Workspace::empty(&model.config, pool).unwrap();
+    let (mut a, mut b) =
+        (KvCache::new(t.kv_layout(KvDtype::F16), pool), KvCache::new(t.kv_layout(KvDtype::F16), pool));
+    let vocab = model.config.vocab_size;
+    let mut next = [0u32; 2];
+    for (i, cache) in [&mut a, &mut b].into_iter().enumerate() {
+        let prompt: Vec<u32> = (0..7 + 2 * i as u32).map(|j| (j * 31 + 11 * i as u32 + 3) % 250).collect();
+        let logits = t.forward(&mut ws, &mut [SeqChunk { cache, tokens: &prompt }], Logits::Last).unwrap();
+        next[i] = kiln_model::ops::argmax(logits) as u32;
+    }
+    let mut all = Vec::new();
+    for _ in 0..steps {
+        let (ta, tb) = ([next[0]], [next[1]]);
+        let mut seqs = [SeqChunk { cache: &mut a, tokens: &ta }, SeqChunk { cache: &mut b, tokens: &tb }];
+        let logits = t.forward(&mut ws, &mut seqs, Logits::Last).unwrap();
+        for (n, row) in next.iter_mut().zip(logits.chunks_exact(vocab)) {
+            *n = kiln_model::ops::argmax(row) as u32;
+        }
+        all.extend_from_slice(logits);
+    }
+    all
+}
+
+/// A batched step whose kernels run one row at a time (the measured crossover put `qmv`
+/// per row ahead of `qmv_wide` at M = 2) fuses each row's q|k|v and gate|up as a decode
+/// step does: the logits are those of the unfused step, and of the wide kernel, bit for
+/// bit.
+#[test]
+fn per_row_batched_steps_fuse_each_row_and_keep_the_bits() {
+    let pool = MemoryPool::unlimited();
+    for name in ["tiny-qwen", "tiny@4bit-g32"] {
+        let model = synthetic::load_with_seed(name, 7, &pool).unwrap();
+        let rayon = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let (per_row_fused, per_row_unfused) = rayon.install(|| {
+            kiln_core::wide::set_crossover(kiln_core::wide::Crossover::wide_from(16));
+            assert_eq!(
+                kiln_core::kernels::select_kernel(2, 64, 64),
+                kiln_core::kernels::KernelChoice::QmvPerRow
+            );
+            (run_batched(&model, &pool, true, 5), run_batched(&model, &pool, false, 5))
+        });
+        let wide = rayon.install(|| {
+            kiln_core::wide::set_crossover(kiln_core::wide::Crossover::ALL_WIDE);
+            run_batched(&model, &pool, true, 5)
+        });
+        for (what, other) in [("unfused", &per_row_unfused), ("qmv_wide", &wide)] {
+            let differing =
+                per_row_fused.iter().zip(other).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(
+                differing, 0,
+                "{name}: {differing} logits differ between fused per-row and {what} steps"
+            );
+        }
+    }
+}

@@ -30,7 +30,7 @@ use crate::rope::Rope;
 use crate::weights::{Linear, LinearWeight, Mlp, ModelWeights, RmsNorm};
 use crate::workspace::Workspace;
 use kiln_core::Tag;
-use kiln_core::kernels::{QmvPart, qmv_many};
+use kiln_core::kernels::{KernelChoice, QmvPart, qmv_many, select_kernel};
 
 /// New tokens of one sequence in a forward, and its cache.
 pub struct SeqChunk<'a> {
@@ -295,10 +295,16 @@ impl<'m> Transformer<'m> {
 
     /// `y_i = x W_i^T + b_i` for linears that read the same `rows` rows `x`. A single row
     /// of a fused transformer (a decode step) runs them as one [`qmv_many`] region when
-    /// every matrix is quantized; otherwise each runs on its own. Both give the same bits.
+    /// every matrix is quantized, and so does each row of a batch the kernels run one row
+    /// at a time (`QmvPerRow`, where the measured crossover puts `qmv` per row ahead of
+    /// `qmv_wide`): a batched step then costs what its rows cost one by one, not more
+    /// regions than that. Otherwise each runs on its own. All give the same bits.
     fn project<const N: usize>(&self, x: &[f32], rows: usize, outs: [(&Linear, &mut [f32]); N]) {
         let all_quantized = outs.iter().all(|(l, _)| matches!(l.weight, LinearWeight::Quantized(_)));
-        if !(self.fused && rows == 1 && all_quantized) {
+        let k = x.len() / rows.max(1);
+        let per_row = rows == 1
+            || outs.iter().all(|(l, _)| select_kernel(rows, k, l.weight.n()) == KernelChoice::QmvPerRow);
+        if !(self.fused && per_row && all_quantized) {
             for (l, y) in outs {
                 l.forward(x, rows, y);
             }
@@ -306,9 +312,17 @@ impl<'m> Transformer<'m> {
         }
         let mut parts = outs.map(|(l, y)| {
             let LinearWeight::Quantized(w) = &l.weight else { unreachable!("checked above") };
-            QmvPart { w, y, bias: l.bias.as_deref() }
+            (w, l.bias.as_deref(), y)
         });
-        qmv_many(x, &mut parts);
+        for (r, xr) in x.chunks_exact(k).enumerate() {
+            let mut row_parts = std::array::from_fn::<_, N, _>(|_| None);
+            for (slot, (w, bias, y)) in row_parts.iter_mut().zip(parts.iter_mut()) {
+                let n = w.n();
+                *slot = Some(QmvPart { w, y: &mut y[r * n..(r + 1) * n], bias: *bias });
+            }
+            let mut row_parts = row_parts.map(|p| p.expect("every part is set above"));
+            qmv_many(xr, &mut row_parts);
+        }
     }
 
     fn apply_rope(&self, x: &mut [f32], width: usize, cos: &[f32], sin: &[f32]) {
