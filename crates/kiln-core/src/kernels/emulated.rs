@@ -9,8 +9,8 @@
 //! a copy of this process's memory can call it on a CPU model with AVX-512 and hand the
 //! outputs back (`crates/kiln-core/tests/avx512_emulated.rs` does, under Bochs). On a
 //! CPU with the path, [`EmulatedQmv::run_native`] runs the same entry directly.
-//! [`EmulatedTile`] does the same for one tile of 5 to 8 activation rows against every
-//! weight row, the loop `qmv_wide` and `qmm` run for such tiles.
+//! [`EmulatedTile`] does the same for one tile of 1 to 8 activation rows against every
+//! weight row, the loops `qmv_wide` and `qmm` run for such tiles.
 
 use std::marker::PhantomData;
 
@@ -124,8 +124,8 @@ struct TileCall {
     n: usize,
 }
 
-/// One eight-slot tile of `qmv_wide` (`rows` activation rows against every row of `W`)
-/// prepared for its loop to run on `isa`.
+/// One tile of `qmv_wide` (`rows` activation rows against every row of `W`) prepared for
+/// its loop to run on `isa`.
 pub struct EmulatedTile<'a> {
     isa: Isa,
     rows: usize,
@@ -136,11 +136,11 @@ pub struct EmulatedTile<'a> {
 }
 
 impl<'a> EmulatedTile<'a> {
-    /// Quantizes the `rows` (5 to 8) rows of `x` for `w` under `scheme` and widens `w`'s
+    /// Quantizes the `rows` (1 to 8) rows of `x` for `w` under `scheme` and widens `w`'s
     /// scales (natively, with AVX2), and allocates the output.
     ///
     /// # Panics
-    /// As [`EmulatedQmv::new`], and when `rows` is not 5 to 8.
+    /// As [`EmulatedQmv::new`], and when `rows` is not 1 to 8.
     pub fn new(
         isa: Isa,
         scheme: ActScheme,

@@ -20,7 +20,7 @@ use std::arch::x86_64::*;
 use super::loads::{load16z, load32};
 use super::reduce::{fold32, fold32b, reduce8};
 use super::row::Dots;
-use crate::kernels::tile::Block;
+use crate::kernels::tile::{Block, XTile};
 
 /// AVX-512's dots; `VNNI` picks `vpdpbusd` / `vpdpwssd`.
 pub(in crate::kernels) struct Avx512Dots<const VNNI: bool>;
@@ -327,4 +327,85 @@ unsafe fn fold512(a: __m512i, b: __m512i) -> __m512i {
 unsafe fn fold512b(ab: __m512i, cd: __m512i) -> __m512i {
     // SAFETY: the caller guarantees AVX-512F.
     unsafe { _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd)) }
+}
+
+/// AVX-512's dots for the small tiles (up to four rows, lane = group) of `qmv_wide`: for
+/// each row the integer sums `qmv`'s AVX-512 loop computes for one chunk of eight groups
+/// ([`Avx512Dots::chunk8`]), with each block of codes unpacked once for all the tile's
+/// rows. Exact integer sums, so the same bits as AVX2's `chunk_rows`. Only 4-bit g32 and
+/// g64 rows (whose groups are one 64-byte block or half of one) take them; others run
+/// AVX2's.
+pub(super) struct Avx512Small<const VNNI: bool>;
+
+impl<const VNNI: bool> super::tiled::SmallTotals for Avx512Small<VNNI> {
+    #[inline(always)]
+    unsafe fn rows<const BITS: u32, const G: usize, const T: usize>(
+        wrow: &[u8],
+        xt: &XTile,
+        g0: usize,
+        ng: usize,
+    ) -> [__m256i; T] {
+        use super::tiled::Avx2Small;
+        if !(BITS == 4 && G <= 64) {
+            // SAFETY: AVX-512 implies the AVX2 the caller's features include.
+            return unsafe { Avx2Small::rows::<BITS, G, T>(wrow, xt, g0, ng) };
+        }
+        assert!(ng <= 8 && xt.slots == T && (!xt.split() || xt.lo.len() == xt.blocks.len()));
+        let split = xt.split();
+        // SAFETY: the caller guarantees AVX-512F/BW/VL (and VNNI when `VNNI`); every load
+        // is of a checked slice or an indexed block.
+        unsafe {
+            let zero = _mm512_setzero_si512();
+            let mut out = [_mm256_setzero_si256(); T];
+            if G == 32 {
+                // Pair `p = g / 2` holds groups 2p and 2p + 1; a last lone group is half a
+                // block.
+                let mut nib = [zero; 4];
+                let mut pair = [usize::MAX; 4];
+                for (i, (ni, pi)) in nib.iter_mut().zip(pair.iter_mut()).enumerate() {
+                    let g = g0 + 2 * i;
+                    if g < g0 + ng {
+                        let p = g / 2;
+                        let wb = &wrow[32 * p..(32 * p + 32).min(wrow.len())];
+                        *ni = nibbles(if wb.len() == 32 { load32(wb) } else { load16z(wb) });
+                        *pi = p;
+                    }
+                }
+                for (r, o) in out.iter_mut().enumerate() {
+                    let mut acc = [zero; 4];
+                    for ((a, &ni), &p) in acc.iter_mut().zip(&nib).zip(&pair) {
+                        if p != usize::MAX {
+                            let i = p * T + r;
+                            *a = if split {
+                                q4_block_split::<VNNI>(ni, &xt.blocks[i], &xt.lo[i])
+                            } else {
+                                q4_block::<VNNI>(ni, &xt.blocks[i])
+                            };
+                        }
+                    }
+                    *o = pairs_to_groups(acc);
+                }
+            } else {
+                // g64: group `g` is one 32-byte block against block `g` of each row.
+                let mut nib = [zero; 8];
+                for (j, nj) in nib.iter_mut().enumerate().take(ng) {
+                    let g = g0 + j;
+                    *nj = nibbles(load32(&wrow[32 * g..32 * g + 32]));
+                }
+                for (r, o) in out.iter_mut().enumerate() {
+                    let mut v = [zero; 8];
+                    for (j, (vj, &nj)) in v.iter_mut().zip(&nib).enumerate().take(ng) {
+                        let i = (g0 + j) * T + r;
+                        *vj = if split {
+                            q4_block_split::<VNNI>(nj, &xt.blocks[i], &xt.lo[i])
+                        } else {
+                            dot_u4_i8::<VNNI>(zero, nj, load_block(&xt.blocks[i]))
+                        };
+                    }
+                    *o = groups_to_lanes(v);
+                }
+            }
+            out
+        }
+    }
 }

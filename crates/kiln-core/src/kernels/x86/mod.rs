@@ -1,7 +1,8 @@
 //! AVX2 + FMA + F16C kernels for 4- and 8-bit weights at group sizes 32, 64 and 128, and
-//! the AVX-512 paths, which replace only integer dots (`avx512`): all of `qmv`'s, and the
+//! the AVX-512 paths, which replace only integer dots (`avx512`): all of `qmv`'s, the
 //! eight-row tiles' of `qmv_wide` and `qmm` for 4-bit weights, where one 512-bit multiply
-//! meets a whole 64-element block of a row. On the 2-vCPU AVX-512 Xeon that took g32
+//! meets a whole 64-element block of a row, and the small tiles' (up to four rows) for
+//! 4-bit g32 and g64 weights. On the 2-vCPU AVX-512 Xeon that took g32
 //! prefill 3-4% faster at one thread; the reductions and the float work per group,
 //! unchanged, are most of what is left.
 //!
@@ -217,12 +218,13 @@ pub(crate) struct PreparedTile {
 }
 
 impl PreparedTile {
-    /// `rows` (5 to 8) activation rows of `x` for `w` under `codes`.
+    /// `rows` (1 to 8) activation rows of `x` for `w` under `codes`: a small tile (lane =
+    /// group) up to four rows, an eight-slot one (lane = row) from five.
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
     pub(crate) unsafe fn new(x: &[f32], rows: usize, w: &QuantizedMatrix, codes: ActCodes) -> PreparedTile {
-        assert!((5..=TILE_ROWS).contains(&rows), "an eight-slot tile holds 5 to 8 rows, got {rows}");
+        assert!((1..=TILE_ROWS).contains(&rows), "a tile holds 1 to 8 rows, got {rows}");
         // SAFETY: forwarded from this function's contract.
         unsafe {
             PreparedTile {
@@ -233,9 +235,10 @@ impl PreparedTile {
     }
 }
 
-/// Every weight row of `w` against the eight-slot tile of `p` with `dots`, as `qmv_wide`
-/// runs it: `out[r * 8 + i]` is activation row `i`'s output for weight row `r` (lanes
-/// past the tile's rows are not outputs). Allocates nothing.
+/// Every weight row of `w` against the tile of `p` with `dots`, as `qmv_wide` runs it (the
+/// small-tile loop up to four rows, the eight-row one from five): `out[r * 8 + i]` is
+/// activation row `i`'s output for weight row `r` (lanes past the tile's rows are not
+/// outputs). Allocates nothing.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C, and the features of `dots`; `p` was prepared
@@ -263,7 +266,14 @@ fn tile_rows<const BITS: u32, const G: usize>(
     for (r, o) in out.chunks_exact_mut(TILE_ROWS).enumerate() {
         let (s, b) = p.sc.row(r);
         let wrow = &packed[r * row_bytes..(r + 1) * row_bytes];
-        let lanes = loads::store8f(tile8::wide_row::<BITS, G, 8>(wrow, s, b, &p.xt, gpr, dots));
+        let xt = &p.xt;
+        let lanes = match xt.slots {
+            1 => tiled::small_tile::<BITS, G, 1, false>(dots, wrow, s, b, xt, gpr),
+            2 => tiled::small_tile::<BITS, G, 2, false>(dots, wrow, s, b, xt, gpr),
+            3 => tiled::small_tile::<BITS, G, 3, false>(dots, wrow, s, b, xt, gpr),
+            4 => tiled::small_tile::<BITS, G, 4, false>(dots, wrow, s, b, xt, gpr),
+            _ => loads::store8f(tile8::wide_row::<BITS, G, 8>(wrow, s, b, xt, gpr, dots)),
+        };
         o.copy_from_slice(&lanes);
     }
 }

@@ -42,14 +42,14 @@ pub(super) fn tiled_rows<const BITS: u32, const G: usize>(
         let (s, b) = sc.row(r - r0);
         let wrow = &packed[r * row_bytes..(r + 1) * row_bytes];
         let lanes = match tile.slots {
-            1 if two_level => group_lanes_row::<BITS, G, 1, true>(wrow, s, b, tile, gpr),
-            1 => group_lanes_row::<BITS, G, 1, false>(wrow, s, b, tile, gpr),
-            2 if two_level => group_lanes_row::<BITS, G, 2, true>(wrow, s, b, tile, gpr),
-            2 => group_lanes_row::<BITS, G, 2, false>(wrow, s, b, tile, gpr),
-            3 if two_level => group_lanes_row::<BITS, G, 3, true>(wrow, s, b, tile, gpr),
-            3 => group_lanes_row::<BITS, G, 3, false>(wrow, s, b, tile, gpr),
-            4 if two_level => group_lanes_row::<BITS, G, 4, true>(wrow, s, b, tile, gpr),
-            4 => group_lanes_row::<BITS, G, 4, false>(wrow, s, b, tile, gpr),
+            1 if two_level => small_tile::<BITS, G, 1, true>(dots, wrow, s, b, tile, gpr),
+            1 => small_tile::<BITS, G, 1, false>(dots, wrow, s, b, tile, gpr),
+            2 if two_level => small_tile::<BITS, G, 2, true>(dots, wrow, s, b, tile, gpr),
+            2 => small_tile::<BITS, G, 2, false>(dots, wrow, s, b, tile, gpr),
+            3 if two_level => small_tile::<BITS, G, 3, true>(dots, wrow, s, b, tile, gpr),
+            3 => small_tile::<BITS, G, 3, false>(dots, wrow, s, b, tile, gpr),
+            4 if two_level => small_tile::<BITS, G, 4, true>(dots, wrow, s, b, tile, gpr),
+            4 => small_tile::<BITS, G, 4, false>(dots, wrow, s, b, tile, gpr),
             _ => store8f(wide_row::<BITS, G, 8>(wrow, s, b, tile, gpr, dots)),
         };
         for (i, &l) in lanes.iter().enumerate().take(tile.rows) {
@@ -88,48 +88,132 @@ pub(super) fn tiled_rows<const BITS: u32, const G: usize>(
 /// each weight group unpacked once for all `T` rows. Small tiles take this path because
 /// the lane = row kernel would leave most of its eight lanes empty. Returns the outputs in
 /// lanes `0..T`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn group_lanes_row<const BITS: u32, const G: usize, const T: usize, const TWO_LEVEL: bool>(
+///
+/// Compiled once per feature set as `$name`, the integer dots from `$totals`
+/// ([`SmallTotals`]); [`small_tile`] picks the one for the path.
+macro_rules! small_tile_loop {
+    ($(#[$doc:meta])* $name:ident, $features:tt, $totals:ty) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// The CPU has the features named here.
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $name<const BITS: u32, const G: usize, const T: usize, const TWO_LEVEL: bool>(
+            wrow: &[u8],
+            s: &[f32],
+            b: &[f32],
+            xt: &XTile,
+            gpr: usize,
+        ) -> [f32; 8] {
+            debug_assert_eq!(xt.slots, T);
+            let gp = gpr.div_ceil(8) * 8;
+            let gb = G * BITS as usize / 8;
+            let mut acc = [_mm256_setzero_ps(); T];
+            for c in 0..gpr.div_ceil(8) {
+                let g0 = 8 * c;
+                let ng = (gpr - g0).min(8);
+                // Spread over the row as `qmv` does: a burst at the start of each row leaves these
+                // memory-bound small tiles waiting on memory.
+                prefetch_ahead::<TWO_LEVEL>(wrow, g0 * gb, ng * gb);
+                // SAFETY: the function's features are those `$totals` needs.
+                let tots = unsafe { <$totals>::rows::<BITS, G, T>(wrow, xt, g0, ng) };
+                // `s` and `b` run on past the row (RowScales pads the last row with eight zeros):
+                // zero the lanes past the row's groups, so even a non-finite neighbour cannot
+                // reach this output.
+                let keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                    _mm256_set1_epi32(ng as i32),
+                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                ));
+                let sv = _mm256_and_ps(load8f(&s[g0..g0 + 8]), keep);
+                let bv = _mm256_and_ps(load8f(&b[g0..g0 + 8]), keep);
+                for (r, (a, tot)) in acc.iter_mut().zip(tots).enumerate() {
+                    let x0 = r * gp + g0;
+                    *a = lanes_step::<BITS>(*a, tot, sv, bv, XGroups::at(xt, x0));
+                }
+            }
+            let mut out = [0f32; 8];
+            for (o, a) in out.iter_mut().zip(acc) {
+                *o = hsum(a);
+            }
+            out
+        }
+    };
+}
+
+small_tile_loop!(
+    /// The small-tile loop with AVX2's dots.
+    group_lanes_row,
+    "avx2,fma,f16c",
+    Avx2Small
+);
+small_tile_loop!(
+    /// The small-tile loop with AVX-512BW's dots (4-bit g32 and g64; AVX2's otherwise).
+    group_lanes_row_avx512,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl",
+    super::avx512::Avx512Small<false>
+);
+small_tile_loop!(
+    /// The small-tile loop with AVX-512 VNNI's dots (4-bit g32 and g64; AVX2's otherwise).
+    group_lanes_row_avx512_vnni,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    super::avx512::Avx512Small<true>
+);
+
+/// One weight row against a small tile on `dots`' path: [`group_lanes_row`] or its
+/// AVX-512 twins, which give the same exact integer sums, so the same bits.
+#[inline(always)]
+pub(super) fn small_tile<const BITS: u32, const G: usize, const T: usize, const TWO_LEVEL: bool>(
+    dots: Dots,
     wrow: &[u8],
     s: &[f32],
     b: &[f32],
     xt: &XTile,
     gpr: usize,
 ) -> [f32; 8] {
-    debug_assert_eq!(xt.slots, T);
-    let gp = gpr.div_ceil(8) * 8;
-    let gb = G * BITS as usize / 8;
-    let mut acc = [_mm256_setzero_ps(); T];
-    for c in 0..gpr.div_ceil(8) {
-        let g0 = 8 * c;
-        let ng = (gpr - g0).min(8);
-        // Spread over the row as `qmv` does: a burst at the start of each row leaves these
-        // memory-bound small tiles waiting on memory.
-        prefetch_ahead::<TWO_LEVEL>(wrow, g0 * gb, ng * gb);
-        let tots = if BITS == 4 && xt.split() {
-            chunk_rows_split::<G, T>(wrow, &xt.blocks, &xt.lo, g0, ng)
-        } else {
-            chunk_rows::<BITS, G, T>(wrow, &xt.blocks, g0, ng)
-        };
-        // `s` and `b` run on past the row (RowScales pads the last row with eight zeros):
-        // zero the lanes past the row's groups, so even a non-finite neighbour cannot
-        // reach this output.
-        let keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-            _mm256_set1_epi32(ng as i32),
-            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-        ));
-        let sv = _mm256_and_ps(load8f(&s[g0..g0 + 8]), keep);
-        let bv = _mm256_and_ps(load8f(&b[g0..g0 + 8]), keep);
-        for (r, (a, tot)) in acc.iter_mut().zip(tots).enumerate() {
-            let x0 = r * gp + g0;
-            *a = lanes_step::<BITS>(*a, tot, sv, bv, XGroups::at(xt, x0));
+    // SAFETY: `dots` comes from the detected (or checked) path, so its features are
+    // present; every x86 path has AVX2, FMA and F16C.
+    unsafe {
+        match dots {
+            Dots::Avx512Vnni => group_lanes_row_avx512_vnni::<BITS, G, T, TWO_LEVEL>(wrow, s, b, xt, gpr),
+            Dots::Avx512 => group_lanes_row_avx512::<BITS, G, T, TWO_LEVEL>(wrow, s, b, xt, gpr),
+            Dots::Avx2 => group_lanes_row::<BITS, G, T, TWO_LEVEL>(wrow, s, b, xt, gpr),
         }
     }
-    let mut out = [0f32; 8];
-    for (o, a) in out.iter_mut().zip(acc) {
-        *o = hsum(a);
+}
+
+/// The integer dots of a small tile's rows: for each of `T` rows, groups `g0 .. g0 + ng`
+/// (`ng <= 8`) of one weight row, lane `j` = group `g0 + j`, zero beyond `ng`.
+pub(super) trait SmallTotals {
+    /// # Safety
+    /// The implementation's features are available.
+    unsafe fn rows<const BITS: u32, const G: usize, const T: usize>(
+        wrow: &[u8],
+        xt: &XTile,
+        g0: usize,
+        ng: usize,
+    ) -> [__m256i; T];
+}
+
+/// AVX2's small-tile dots ([`chunk_rows`], [`chunk_rows_split`]).
+pub(super) struct Avx2Small;
+
+impl SmallTotals for Avx2Small {
+    #[inline(always)]
+    unsafe fn rows<const BITS: u32, const G: usize, const T: usize>(
+        wrow: &[u8],
+        xt: &XTile,
+        g0: usize,
+        ng: usize,
+    ) -> [__m256i; T] {
+        // SAFETY: the caller guarantees AVX2.
+        unsafe {
+            if BITS == 4 && xt.split() {
+                chunk_rows_split::<G, T>(wrow, &xt.blocks, &xt.lo, g0, ng)
+            } else {
+                chunk_rows::<BITS, G, T>(wrow, &xt.blocks, g0, ng)
+            }
+        }
     }
-    out
 }
 
 /// For each of `T` activation rows, the integer dots of groups `g0 .. g0 + ng` (`ng <= 8`)
