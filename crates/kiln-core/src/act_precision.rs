@@ -69,13 +69,7 @@ impl ActScheme {
 
     /// The scheme `KILN_ACT_PRECISION` asks for, or the error naming a bad value.
     pub fn from_env() -> Result<ActScheme, String> {
-        match std::env::var(ACT_PRECISION_ENV) {
-            Ok(v) => Self::parse(&v),
-            Err(std::env::VarError::NotPresent) => Ok(ActScheme::Int16),
-            Err(std::env::VarError::NotUnicode(_)) => {
-                Err(format!("invalid {ACT_PRECISION_ENV}: not UTF-8; accepted values are {}", Self::ACCEPTED))
-            }
-        }
+        Self::parse(&crate::setting_env(ACT_PRECISION_ENV, Self::ACCEPTED)?)
     }
 
     /// The name reports use: `int16`, `int8`, `f32`.

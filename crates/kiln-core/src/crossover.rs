@@ -79,13 +79,7 @@ impl CrossoverSetting {
 
     /// The setting `KILN_QMV_CROSSOVER` asks for, or the error naming a bad value.
     pub fn from_env() -> Result<CrossoverSetting, String> {
-        match std::env::var(CROSSOVER_ENV) {
-            Ok(v) => Self::parse(&v),
-            Err(std::env::VarError::NotPresent) => Ok(CrossoverSetting::Measure),
-            Err(std::env::VarError::NotUnicode(_)) => {
-                Err(format!("invalid {CROSSOVER_ENV}: not UTF-8; accepted values are {}", Self::ACCEPTED))
-            }
-        }
+        Self::parse(&crate::setting_env(CROSSOVER_ENV, Self::ACCEPTED)?)
     }
 }
 
@@ -123,13 +117,7 @@ impl BusyLimit {
 
     /// The limit `KILN_QMV_CROSSOVER_BUSY_LIMIT` asks for, or the error naming a bad value.
     pub fn from_env() -> Result<BusyLimit, String> {
-        match std::env::var(BUSY_LIMIT_ENV) {
-            Ok(v) => Self::parse(&v),
-            Err(std::env::VarError::NotPresent) => Ok(BusyLimit::DEFAULT),
-            Err(std::env::VarError::NotUnicode(_)) => {
-                Err(format!("invalid {BUSY_LIMIT_ENV}: not UTF-8; accepted values are {}", Self::ACCEPTED))
-            }
-        }
+        Self::parse(&crate::setting_env(BUSY_LIMIT_ENV, Self::ACCEPTED)?)
     }
 
     /// Whether a measurement taken while the others used `others` CPUs (`None`: unknown,

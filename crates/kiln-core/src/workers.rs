@@ -78,13 +78,8 @@ impl SpinBudget {
 
     /// The budget [`SPIN_ENV`] asks for, or the default when it is unset.
     pub fn from_env() -> Result<SpinBudget, String> {
-        match std::env::var(SPIN_ENV) {
-            Ok(v) => Self::parse(&v),
-            Err(std::env::VarError::NotPresent) => Ok(SpinBudget::from_micros(DEFAULT_SPIN_US)),
-            Err(std::env::VarError::NotUnicode(_)) => Err(format!(
-                "invalid {SPIN_ENV}: not UTF-8; accepted values are whole microseconds from 0 to {MAX_SPIN_US}"
-            )),
-        }
+        let accepted = format!("whole microseconds from 0 to {MAX_SPIN_US}");
+        Self::parse(&crate::setting_env(SPIN_ENV, &accepted)?)
     }
 
     /// The budget as a duration.
