@@ -451,8 +451,7 @@ pub fn resolve(
     };
     let m = measure();
     let c = Crossover::from_timings(&m.timings);
-    if !busy.allows(m.others_cpus) {
-        let others = m.others_cpus.unwrap_or(0.0);
+    if let Some(others) = m.others_cpus.filter(|&o| !busy.allows(Some(o))) {
         let others_centi = (others * 100.0).round().clamp(0.0, u32::MAX as f64) as u32;
         return (c, CrossoverSource::MeasuredBusy { others_centi });
     }

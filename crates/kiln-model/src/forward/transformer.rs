@@ -315,12 +315,10 @@ impl<'m> Transformer<'m> {
             (w, l.bias.as_deref(), y)
         });
         for (r, xr) in x.chunks_exact(k).enumerate() {
-            let mut row_parts = std::array::from_fn::<_, N, _>(|_| None);
-            for (slot, (w, bias, y)) in row_parts.iter_mut().zip(parts.iter_mut()) {
+            let mut row_parts = parts.each_mut().map(|(w, bias, y)| {
                 let n = w.n();
-                *slot = Some(QmvPart { w, y: &mut y[r * n..(r + 1) * n], bias: *bias });
-            }
-            let mut row_parts = row_parts.map(|p| p.expect("every part is set above"));
+                QmvPart { w, y: &mut y[r * n..(r + 1) * n], bias: *bias }
+            });
             qmv_many(xr, &mut row_parts);
         }
     }

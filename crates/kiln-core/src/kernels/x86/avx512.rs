@@ -333,9 +333,14 @@ unsafe fn fold512b(ab: __m512i, cd: __m512i) -> __m512i {
 /// each row the integer sums `qmv`'s AVX-512 loop computes for one chunk of eight groups
 /// ([`Avx512Dots::chunk8`]), with each block of codes unpacked once for all the tile's
 /// rows. Exact integer sums, so the same bits as AVX2's `chunk_rows`. Only 4-bit g32 and
-/// g64 rows (whose groups are one 64-byte block or half of one) take them; others run
-/// AVX2's.
+/// g64 rows (whose groups are one 64-byte block or half of one) take them
+/// ([`small_tiles_take`]); the dispatcher runs AVX2's for the others.
 pub(super) struct Avx512Small<const VNNI: bool>;
+
+/// Whether the small tiles of `bits`-bit weights at group size `g` take [`Avx512Small`].
+pub(super) const fn small_tiles_take(bits: u32, g: usize) -> bool {
+    bits == 4 && g <= 64
+}
 
 impl<const VNNI: bool> super::tiled::SmallTotals for Avx512Small<VNNI> {
     #[inline(always)]
@@ -345,12 +350,12 @@ impl<const VNNI: bool> super::tiled::SmallTotals for Avx512Small<VNNI> {
         g0: usize,
         ng: usize,
     ) -> [__m256i; T] {
-        use super::tiled::Avx2Small;
-        if !(BITS == 4 && G <= 64) {
-            // SAFETY: AVX-512 implies the AVX2 the caller's features include.
-            return unsafe { Avx2Small::rows::<BITS, G, T>(wrow, xt, g0, ng) };
-        }
-        assert!(ng <= 8 && xt.slots == T && (!xt.split() || xt.lo.len() == xt.blocks.len()));
+        assert!(
+            small_tiles_take(BITS, G)
+                && ng <= 8
+                && xt.slots == T
+                && (!xt.split() || xt.lo.len() == xt.blocks.len())
+        );
         let split = xt.split();
         // SAFETY: the caller guarantees AVX-512F/BW/VL (and VNNI when `VNNI`); every load
         // is of a checked slice or an indexed block.

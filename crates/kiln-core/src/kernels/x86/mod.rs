@@ -2,9 +2,9 @@
 //! the AVX-512 paths, which replace only integer dots (`avx512`): all of `qmv`'s, the
 //! eight-row tiles' of `qmv_wide` and `qmm` for 4-bit weights, where one 512-bit multiply
 //! meets a whole 64-element block of a row, and the small tiles' (up to four rows) for
-//! 4-bit g32 and g64 weights. On the 2-vCPU AVX-512 Xeon that took g32
-//! prefill 3-4% faster at one thread; the reductions and the float work per group,
-//! unchanged, are most of what is left.
+//! 4-bit g32 and g64 weights. On the 2-vCPU AVX-512 Xeon that took prefill 3-4% faster
+//! at one thread on g32 weights and 49% on g64; the reductions and the float work per
+//! group, unchanged, are most of what is left.
 //!
 //! They follow the integer scheme (see [`super::act`]): activations quantized per group,
 //! one exact integer dot per weight group, then the float work of [`super::act::Lanes`]
@@ -209,9 +209,9 @@ unsafe fn tiled(
     });
 }
 
-/// A tile's inputs prepared for [`tile_rows_with`]: the rows quantized into one
-/// eight-slot tile and the matrix's scales widened, both natively with AVX2, so the loop
-/// itself allocates nothing (an emulator runs it, see [`super::emulated`]).
+/// A tile's inputs prepared for [`tile_rows_with`]: the rows quantized into one tile and
+/// the matrix's scales widened, both natively with AVX2, so the loop itself allocates
+/// nothing (an emulator runs it, see [`super::emulated`]).
 pub(crate) struct PreparedTile {
     pub(crate) xt: XTile,
     sc: scales::RowScales,
@@ -266,15 +266,7 @@ fn tile_rows<const BITS: u32, const G: usize>(
     for (r, o) in out.chunks_exact_mut(TILE_ROWS).enumerate() {
         let (s, b) = p.sc.row(r);
         let wrow = &packed[r * row_bytes..(r + 1) * row_bytes];
-        let xt = &p.xt;
-        let lanes = match xt.slots {
-            1 => tiled::small_tile::<BITS, G, 1, false>(dots, wrow, s, b, xt, gpr),
-            2 => tiled::small_tile::<BITS, G, 2, false>(dots, wrow, s, b, xt, gpr),
-            3 => tiled::small_tile::<BITS, G, 3, false>(dots, wrow, s, b, xt, gpr),
-            4 => tiled::small_tile::<BITS, G, 4, false>(dots, wrow, s, b, xt, gpr),
-            _ => loads::store8f(tile8::wide_row::<BITS, G, 8>(wrow, s, b, xt, gpr, dots)),
-        };
-        o.copy_from_slice(&lanes);
+        o.copy_from_slice(&tiled::row_against_tile::<BITS, G>(dots, wrow, s, b, &p.xt, gpr, false));
     }
 }
 

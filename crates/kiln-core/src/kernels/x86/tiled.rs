@@ -4,6 +4,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::avx512::{Avx512Small, small_tiles_take};
 use super::lanes::{XGroups, hsum, lanes_step};
 use super::loads::{load8f, store8f};
 use super::prefetch::{Prefetch, prefetch_ahead, prefetch_burst};
@@ -19,8 +20,7 @@ use crate::kernels::tile::{Block, GROUP_LANE_ROWS, XTile};
 use crate::matrix::QuantizedMatrix;
 
 /// Weight rows `rows` against every activation tile in `order`; `outs[t * TILE_ROWS + i]`
-/// receives activation row `i` of tile `t` at the offsets of `rows`. Eight-row tiles of
-/// 4-bit g32 weights take `dots`' integer dots (AVX-512 where the path has it).
+/// receives activation row `i` of tile `t` at the offsets of `rows`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn tiled_rows<const BITS: u32, const G: usize>(
     w: &QuantizedMatrix,
@@ -41,17 +41,7 @@ pub(super) fn tiled_rows<const BITS: u32, const G: usize>(
     let mut one = |r: usize, ti: usize, tile: &XTile| {
         let (s, b) = sc.row(r - r0);
         let wrow = &packed[r * row_bytes..(r + 1) * row_bytes];
-        let lanes = match tile.slots {
-            1 if two_level => small_tile::<BITS, G, 1, true>(dots, wrow, s, b, tile, gpr),
-            1 => small_tile::<BITS, G, 1, false>(dots, wrow, s, b, tile, gpr),
-            2 if two_level => small_tile::<BITS, G, 2, true>(dots, wrow, s, b, tile, gpr),
-            2 => small_tile::<BITS, G, 2, false>(dots, wrow, s, b, tile, gpr),
-            3 if two_level => small_tile::<BITS, G, 3, true>(dots, wrow, s, b, tile, gpr),
-            3 => small_tile::<BITS, G, 3, false>(dots, wrow, s, b, tile, gpr),
-            4 if two_level => small_tile::<BITS, G, 4, true>(dots, wrow, s, b, tile, gpr),
-            4 => small_tile::<BITS, G, 4, false>(dots, wrow, s, b, tile, gpr),
-            _ => store8f(wide_row::<BITS, G, 8>(wrow, s, b, tile, gpr, dots)),
-        };
+        let lanes = row_against_tile::<BITS, G>(dots, wrow, s, b, tile, gpr, two_level);
         for (i, &l) in lanes.iter().enumerate().take(tile.rows) {
             outs[ti * TILE_ROWS + i][r - r0] = l;
         }
@@ -80,6 +70,35 @@ pub(super) fn tiled_rows<const BITS: u32, const G: usize>(
                 }
             }
         }
+    }
+}
+
+/// One weight row (its packed codes `wrow`, widened scales `s` and biases `b`, `gpr`
+/// groups) against one activation tile on `dots`' path: the small-tile loop
+/// ([`small_tile`]) up to four slots, the eight-row one ([`wide_row`]) otherwise, each on
+/// AVX-512's dots where the path has them and the geometry takes them. Lanes `0..rows` of
+/// the result are the tile's outputs. `two_level` picks the small tiles' prefetch.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn row_against_tile<const BITS: u32, const G: usize>(
+    dots: Dots,
+    wrow: &[u8],
+    s: &[f32],
+    b: &[f32],
+    tile: &XTile,
+    gpr: usize,
+    two_level: bool,
+) -> [f32; 8] {
+    match tile.slots {
+        1 if two_level => small_tile::<BITS, G, 1, true>(dots, wrow, s, b, tile, gpr),
+        1 => small_tile::<BITS, G, 1, false>(dots, wrow, s, b, tile, gpr),
+        2 if two_level => small_tile::<BITS, G, 2, true>(dots, wrow, s, b, tile, gpr),
+        2 => small_tile::<BITS, G, 2, false>(dots, wrow, s, b, tile, gpr),
+        3 if two_level => small_tile::<BITS, G, 3, true>(dots, wrow, s, b, tile, gpr),
+        3 => small_tile::<BITS, G, 3, false>(dots, wrow, s, b, tile, gpr),
+        4 if two_level => small_tile::<BITS, G, 4, true>(dots, wrow, s, b, tile, gpr),
+        4 => small_tile::<BITS, G, 4, false>(dots, wrow, s, b, tile, gpr),
+        _ => store8f(wide_row::<BITS, G, 8>(wrow, s, b, tile, gpr, dots)),
     }
 }
 
@@ -147,16 +166,16 @@ small_tile_loop!(
     Avx2Small
 );
 small_tile_loop!(
-    /// The small-tile loop with AVX-512BW's dots (4-bit g32 and g64; AVX2's otherwise).
+    /// The small-tile loop with AVX-512BW's dots (4-bit g32 and g64 only).
     group_lanes_row_avx512,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl",
-    super::avx512::Avx512Small<false>
+    Avx512Small<false>
 );
 small_tile_loop!(
-    /// The small-tile loop with AVX-512 VNNI's dots (4-bit g32 and g64; AVX2's otherwise).
+    /// The small-tile loop with AVX-512 VNNI's dots (4-bit g32 and g64 only).
     group_lanes_row_avx512_vnni,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-    super::avx512::Avx512Small<true>
+    Avx512Small<true>
 );
 
 /// One weight row against a small tile on `dots`' path: [`group_lanes_row`] or its
@@ -174,9 +193,13 @@ pub(super) fn small_tile<const BITS: u32, const G: usize, const T: usize, const 
     // present; every x86 path has AVX2, FMA and F16C.
     unsafe {
         match dots {
-            Dots::Avx512Vnni => group_lanes_row_avx512_vnni::<BITS, G, T, TWO_LEVEL>(wrow, s, b, xt, gpr),
-            Dots::Avx512 => group_lanes_row_avx512::<BITS, G, T, TWO_LEVEL>(wrow, s, b, xt, gpr),
-            Dots::Avx2 => group_lanes_row::<BITS, G, T, TWO_LEVEL>(wrow, s, b, xt, gpr),
+            Dots::Avx512Vnni if small_tiles_take(BITS, G) => {
+                group_lanes_row_avx512_vnni::<BITS, G, T, TWO_LEVEL>(wrow, s, b, xt, gpr)
+            }
+            Dots::Avx512 if small_tiles_take(BITS, G) => {
+                group_lanes_row_avx512::<BITS, G, T, TWO_LEVEL>(wrow, s, b, xt, gpr)
+            }
+            _ => group_lanes_row::<BITS, G, T, TWO_LEVEL>(wrow, s, b, xt, gpr),
         }
     }
 }
