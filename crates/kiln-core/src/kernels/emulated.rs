@@ -47,15 +47,7 @@ impl<'a> EmulatedQmv<'a> {
     pub fn new(isa: Isa, scheme: ActScheme, x: &[f32], w: &'a QuantizedMatrix) -> EmulatedQmv<'a> {
         let mut out = vec![0.0f32; w.n()];
         check_shapes("EmulatedQmv", x, 1, w, &out);
-        assert!(
-            Isa::Avx2.is_available(),
-            "EmulatedQmv: the activations are quantized with AVX2, which this CPU lacks"
-        );
-        assert!(
-            matches!(isa, Isa::Avx512Vnni | Isa::Avx512 | Isa::Avx2),
-            "EmulatedQmv: {} is not an x86 path",
-            isa.as_str()
-        );
+        check_prepare("EmulatedQmv", isa);
         let dots = x86::Dots::of(isa);
         let codes = integer_codes(w, scheme).unwrap_or_else(|| {
             panic!("EmulatedQmv: {}-bit weights have no integer codes under {scheme:?}", w.spec().bits())
@@ -114,6 +106,20 @@ unsafe extern "C" fn qmv_rows_entry(call: *const Call) {
     }
 }
 
+/// What preparing a call for `isa` needs: AVX2 here, for the native quantization, and an
+/// x86 path to prepare for.
+fn check_prepare(what: &str, isa: Isa) {
+    assert!(
+        Isa::Avx2.is_available(),
+        "{what}: the activations are quantized with AVX2, which this CPU lacks"
+    );
+    assert!(
+        matches!(isa, Isa::Avx512Vnni | Isa::Avx512 | Isa::Avx2),
+        "{what}: {} is not an x86 path",
+        isa.as_str()
+    );
+}
+
 /// What the tile entry reads.
 #[repr(C)]
 struct TileCall {
@@ -150,15 +156,7 @@ impl<'a> EmulatedTile<'a> {
     ) -> EmulatedTile<'a> {
         let mut out = vec![0.0f32; 8 * w.n()];
         check_shapes("EmulatedTile", x, rows, w, &out[..rows * w.n()]);
-        assert!(
-            Isa::Avx2.is_available(),
-            "EmulatedTile: the activations are quantized with AVX2, which this CPU lacks"
-        );
-        assert!(
-            matches!(isa, Isa::Avx512Vnni | Isa::Avx512 | Isa::Avx2),
-            "EmulatedTile: {} is not an x86 path",
-            isa.as_str()
-        );
+        check_prepare("EmulatedTile", isa);
         // `int16-wide8` gives these rows its wide codes, as `qmv_wide` does.
         let codes = integer_codes(w, scheme.rows_scheme(rows)).unwrap_or_else(|| {
             panic!("EmulatedTile: {}-bit weights have no integer codes under {scheme:?}", w.spec().bits())
