@@ -69,7 +69,7 @@ impl ActScheme {
 
     /// The scheme `KILN_ACT_PRECISION` asks for, or the error naming a bad value.
     pub fn from_env() -> Result<ActScheme, String> {
-        Self::parse(&crate::setting_env(ACT_PRECISION_ENV, Self::ACCEPTED)?)
+        Self::parse(&crate::env::setting_env(ACT_PRECISION_ENV, Self::ACCEPTED)?)
     }
 
     /// The name reports use: `int16`, `int8`, `f32`.

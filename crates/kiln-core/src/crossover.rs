@@ -79,7 +79,7 @@ impl CrossoverSetting {
 
     /// The setting `KILN_QMV_CROSSOVER` asks for, or the error naming a bad value.
     pub fn from_env() -> Result<CrossoverSetting, String> {
-        Self::parse(&crate::setting_env(CROSSOVER_ENV, Self::ACCEPTED)?)
+        Self::parse(&crate::env::setting_env(CROSSOVER_ENV, Self::ACCEPTED)?)
     }
 }
 
@@ -117,7 +117,7 @@ impl BusyLimit {
 
     /// The limit `KILN_QMV_CROSSOVER_BUSY_LIMIT` asks for, or the error naming a bad value.
     pub fn from_env() -> Result<BusyLimit, String> {
-        Self::parse(&crate::setting_env(BUSY_LIMIT_ENV, Self::ACCEPTED)?)
+        Self::parse(&crate::env::setting_env(BUSY_LIMIT_ENV, Self::ACCEPTED)?)
     }
 
     /// Whether a measurement taken while the others used `others` CPUs (`None`: unknown,

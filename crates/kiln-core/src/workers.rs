@@ -79,7 +79,7 @@ impl SpinBudget {
     /// The budget [`SPIN_ENV`] asks for, or the default when it is unset.
     pub fn from_env() -> Result<SpinBudget, String> {
         let accepted = format!("whole microseconds from 0 to {MAX_SPIN_US}");
-        Self::parse(&crate::setting_env(SPIN_ENV, &accepted)?)
+        Self::parse(&crate::env::setting_env(SPIN_ENV, &accepted)?)
     }
 
     /// The budget as a duration.
