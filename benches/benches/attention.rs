@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
 use half::f16;
-use kiln_benches::{ROTATION_BYTES, Rng, all_threads, pool, read_bandwidth, smoke_run};
+use kiln_benches::{Rng, rotation_bytes, all_threads, pool, read_bandwidth, smoke_run};
 use kiln_core::kernels::attn::{self, DecodeShape, KvRun, KvSource};
 
 /// Decode depths measured (the list).
@@ -90,7 +90,7 @@ fn decode(c: &mut Criterion, model: &Model, depth: usize, threads: &[usize]) {
     let bytes = layer_values * 2;
     // Made on first use, so a filtered run never fills caches it does not measure.
     let mut cache: Option<Vec<f16>> = None;
-    let copies = if smoke { 1 } else { ROTATION_BYTES.div_ceil(bytes).max(2) };
+    let copies = if smoke { 1 } else { rotation_bytes().div_ceil(bytes).max(2) };
     let shape = DecodeShape::new(g, hd);
     let mut rng = Rng::new(depth as u64);
     let q0: Vec<f32> = (0..kvh * g * hd).map(|_| rng.sym(1.0)).collect();

@@ -8,13 +8,13 @@
 //! one slot laid out as an expert is (three matrices, each packed words, scales and
 //! biases, every part 64-byte aligned); throughput is the bytes copied, so criterion's
 //! GB/s is bytes copied per second (a copy reads and writes each byte). Sources and
-//! destinations are used in turn over three times a 32 MiB last-level cache each, so every
+//! destinations are used in turn over three times the largest cache each (`rotation_bytes`), so every
 //! fill reads and writes memory, as a miss in a long decode does.
 
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
-use kiln_benches::{ROTATION_BYTES, all_threads, pool, read_bandwidth, smoke_run};
+use kiln_benches::{all_threads, pool, read_bandwidth, rotation_bytes, smoke_run};
 use kiln_core::copy::{Stores, copy_ranges_with};
 
 /// (profile, packed bytes of one matrix, scale bytes of one matrix) for 4-bit group-64
@@ -53,7 +53,7 @@ fn main() {
         // `cargo bench` passes `--bench`; `cargo test --benches` (CI's smoke run, one
         // iteration each) does not, and gets one buffer of each.
         let measuring = !smoke_run() && std::env::args().any(|a| a == "--bench");
-        let copies = if measuring { ROTATION_BYTES.div_ceil(bytes) } else { 1 };
+        let copies = if measuring { rotation_bytes().div_ceil(bytes) } else { 1 };
         let mut copied = vec![false; copies];
         // Distinct contents, every page touched before timing.
         let src: Vec<Vec<u8>> = (0..copies).map(|i| vec![i as u8 ^ 0x5a; bytes]).collect();

@@ -33,9 +33,38 @@ pub const SHAPES: [Shape; 6] = [
     Shape { n: 4096, k: 14336, model: "llama-3.1-8b down" },
 ];
 
-/// Bytes of weights the copies of one matrix span together: three times a 32 MiB
-/// last-level cache, so every product reads its weights from memory, as decode does.
-pub const ROTATION_BYTES: usize = 96 << 20;
+/// Least bytes of weights the copies of one matrix span together: three times a 32 MiB
+/// last-level cache.
+pub const MIN_ROTATION_BYTES: usize = 96 << 20;
+
+/// Bytes of weights the copies of one matrix span together, so every product reads its
+/// weights from memory, as decode does: three times this machine's largest cache (sysfs
+/// names it on Linux; some hosts have 260 MiB of L3), and never under
+/// [`MIN_ROTATION_BYTES`].
+pub fn rotation_bytes() -> usize {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| largest_cache_bytes().map_or(0, |b| b.saturating_mul(3)).max(MIN_ROTATION_BYTES))
+}
+
+/// The largest cache cpu0's sysfs lists, in bytes; `None` where there is no such list.
+fn largest_cache_bytes() -> Option<usize> {
+    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
+    dir.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("size")).ok())
+        .filter_map(|s| cache_size_bytes(&s))
+        .max()
+}
+
+/// Parses a sysfs cache size (`266240K`, `32M`, `512`); `None` for anything else.
+pub fn cache_size_bytes(text: &str) -> Option<usize> {
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().last()? {
+        (i, 'K') => (&t[..i], 1usize << 10),
+        (i, 'M') => (&t[..i], 1 << 20),
+        (i, 'G') => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    digits.parse::<usize>().ok()?.checked_mul(unit)
+}
 
 /// The group size of the benchmarks (mlx-community's default).
 pub const GROUP_SIZE: usize = 64;
@@ -128,7 +157,7 @@ pub fn matrix_bytes(shape: Shape, bits: u32) -> usize {
 }
 
 /// Copies of one random matrix's geometry (each with its own random contents) spanning
-/// at least [`ROTATION_BYTES`], used in turn so no product finds its weights in cache.
+/// at least [`rotation_bytes`], used in turn so no product finds its weights in cache.
 pub struct Rotation {
     mats: Vec<QuantizedMatrix>,
     next: usize,
@@ -139,7 +168,7 @@ impl Rotation {
     /// With `single`, one copy only (a smoke run that measures nothing).
     pub fn new(shape: Shape, bits: u32, single: bool) -> Rotation {
         let first = random_matrix(shape, bits, 1);
-        let copies = if single { 1 } else { ROTATION_BYTES.div_ceil(first.bytes_read()).max(1) };
+        let copies = if single { 1 } else { rotation_bytes().div_ceil(first.bytes_read()).max(1) };
         let mut mats = vec![first];
         mats.extend((1..copies).map(|i| random_matrix(shape, bits, 1 + i as u64)));
         Rotation { mats, next: 0 }
@@ -200,4 +229,28 @@ pub fn read_bandwidth(c: &mut Criterion, threads: &[usize], buf: &mut Option<Rea
         });
     }
     g.finish();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_sizes_parse_as_sysfs_writes_them() {
+        assert_eq!(cache_size_bytes("266240K\n"), Some(266240 << 10));
+        assert_eq!(cache_size_bytes("32M"), Some(32 << 20));
+        assert_eq!(cache_size_bytes("1G"), Some(1 << 30));
+        assert_eq!(cache_size_bytes("4096"), Some(4096));
+        for bad in ["", "K", "12Q", "-1K", "99999999999999999999K"] {
+            assert_eq!(cache_size_bytes(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_rotation_never_spans_less_than_its_floor() {
+        assert!(rotation_bytes() >= MIN_ROTATION_BYTES);
+        if let Some(llc) = largest_cache_bytes() {
+            assert!(rotation_bytes() >= llc * 3, "{} under three caches of {llc}", rotation_bytes());
+        }
+    }
 }
