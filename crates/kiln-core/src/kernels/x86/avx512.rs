@@ -333,13 +333,17 @@ unsafe fn fold512b(ab: __m512i, cd: __m512i) -> __m512i {
 /// each row the integer sums `qmv`'s AVX-512 loop computes for one chunk of eight groups
 /// ([`Avx512Dots::chunk8`]), with each block of codes unpacked once for all the tile's
 /// rows. Exact integer sums, so the same bits as AVX2's `chunk_rows`. Only 4-bit g32 and
-/// g64 rows (whose groups are one 64-byte block or half of one) take them
-/// ([`small_tiles_take`]); the dispatcher runs AVX2's for the others.
+/// g64 rows (whose groups are one 64-byte block or half of one) under `int16`'s split
+/// planes take them ([`small_tiles_take`]); the dispatcher runs AVX2's for the others.
 pub(super) struct Avx512Small<const VNNI: bool>;
 
-/// Whether the small tiles of `bits`-bit weights at group size `g` take [`Avx512Small`].
-pub(super) const fn small_tiles_take(bits: u32, g: usize) -> bool {
-    bits == 4 && g <= 64
+/// Whether the small tiles of `bits`-bit weights at group size `g` take [`Avx512Small`],
+/// for activations in two planes (`split`, `int16`) or one (`int8`). With one plane
+/// AVX2's dots are faster: `qmv_wide` on 4-bit g64 4864 x 896 at 2 threads under `int8`
+/// took 0.273 ms at M = 2 and 0.386 ms at M = 4 on AVX-512's, 0.242 and 0.311 on AVX2's
+/// (Xeon family 6 model 207, medians of three interleaved runs).
+pub(super) const fn small_tiles_take(bits: u32, g: usize, split: bool) -> bool {
+    bits == 4 && g <= 64 && split
 }
 
 impl<const VNNI: bool> super::tiled::SmallTotals for Avx512Small<VNNI> {
@@ -351,12 +355,8 @@ impl<const VNNI: bool> super::tiled::SmallTotals for Avx512Small<VNNI> {
         ng: usize,
     ) -> [__m256i; T] {
         assert!(
-            small_tiles_take(BITS, G)
-                && ng <= 8
-                && xt.slots == T
-                && (!xt.split() || xt.lo.len() == xt.blocks.len())
+            small_tiles_take(BITS, G, xt.split()) && ng <= 8 && xt.slots == T && xt.lo.len() == xt.blocks.len()
         );
-        let split = xt.split();
         // SAFETY: the caller guarantees AVX-512F/BW/VL (and VNNI when `VNNI`); every load
         // is of a checked slice or an indexed block.
         unsafe {
@@ -381,11 +381,7 @@ impl<const VNNI: bool> super::tiled::SmallTotals for Avx512Small<VNNI> {
                     for ((a, &ni), &p) in acc.iter_mut().zip(&nib).zip(&pair) {
                         if p != usize::MAX {
                             let i = p * T + r;
-                            *a = if split {
-                                q4_block_split::<VNNI>(ni, &xt.blocks[i], &xt.lo[i])
-                            } else {
-                                q4_block::<VNNI>(ni, &xt.blocks[i])
-                            };
+                            *a = q4_block_split::<VNNI>(ni, &xt.blocks[i], &xt.lo[i]);
                         }
                     }
                     *o = pairs_to_groups(acc);
@@ -401,11 +397,7 @@ impl<const VNNI: bool> super::tiled::SmallTotals for Avx512Small<VNNI> {
                     let mut v = [zero; 8];
                     for (j, (vj, &nj)) in v.iter_mut().zip(&nib).enumerate().take(ng) {
                         let i = (g0 + j) * T + r;
-                        *vj = if split {
-                            q4_block_split::<VNNI>(nj, &xt.blocks[i], &xt.lo[i])
-                        } else {
-                            dot_u4_i8::<VNNI>(zero, nj, load_block(&xt.blocks[i]))
-                        };
+                        *vj = q4_block_split::<VNNI>(nj, &xt.blocks[i], &xt.lo[i]);
                     }
                     *o = groups_to_lanes(v);
                 }

@@ -166,13 +166,13 @@ small_tile_loop!(
     Avx2Small
 );
 small_tile_loop!(
-    /// The small-tile loop with AVX-512BW's dots (4-bit g32 and g64 only).
+    /// The small-tile loop with AVX-512BW's dots (4-bit g32 and g64 under `int16` only).
     group_lanes_row_avx512,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl",
     Avx512Small<false>
 );
 small_tile_loop!(
-    /// The small-tile loop with AVX-512 VNNI's dots (4-bit g32 and g64 only).
+    /// The small-tile loop with AVX-512 VNNI's dots (4-bit g32 and g64 under `int16` only).
     group_lanes_row_avx512_vnni,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     Avx512Small<true>
@@ -193,10 +193,10 @@ pub(super) fn small_tile<const BITS: u32, const G: usize, const T: usize, const 
     // present; every x86 path has AVX2, FMA and F16C.
     unsafe {
         match dots {
-            Dots::Avx512Vnni if small_tiles_take(BITS, G) => {
+            Dots::Avx512Vnni if small_tiles_take(BITS, G, xt.split()) => {
                 group_lanes_row_avx512_vnni::<BITS, G, T, TWO_LEVEL>(wrow, s, b, xt, gpr)
             }
-            Dots::Avx512 if small_tiles_take(BITS, G) => {
+            Dots::Avx512 if small_tiles_take(BITS, G, xt.split()) => {
                 group_lanes_row_avx512::<BITS, G, T, TWO_LEVEL>(wrow, s, b, xt, gpr)
             }
             _ => group_lanes_row::<BITS, G, T, TWO_LEVEL>(wrow, s, b, xt, gpr),
