@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
 use half::f16;
-use kiln_benches::{Rng, rotation_bytes, all_threads, pool, read_bandwidth, smoke_run};
+use kiln_benches::{Rng, all_threads, pool, read_bandwidth, rotation_bytes, smoke_run};
 use kiln_core::kernels::attn::{self, DecodeShape, KvRun, KvSource};
 
 /// Decode depths measured (the list).

@@ -355,7 +355,10 @@ impl<const VNNI: bool> super::tiled::SmallTotals for Avx512Small<VNNI> {
         ng: usize,
     ) -> [__m256i; T] {
         assert!(
-            small_tiles_take(BITS, G, xt.split()) && ng <= 8 && xt.slots == T && xt.lo.len() == xt.blocks.len()
+            small_tiles_take(BITS, G, xt.split())
+                && ng <= 8
+                && xt.slots == T
+                && xt.lo.len() == xt.blocks.len()
         );
         // SAFETY: the caller guarantees AVX-512F/BW/VL (and VNNI when `VNNI`); every load
         // is of a checked slice or an indexed block.
