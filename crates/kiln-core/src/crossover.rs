@@ -11,9 +11,11 @@
 //!
 //! The measurement ([`calibrate`]) times both at M = 2 to 8 on synthetic weights of a
 //! decode-sized shape (4-bit g32, 4864 x 896, the MLP of a 0.5B model), rotating through
-//! more bytes than a last-level cache holds so the weights stream from memory as in a
-//! decode step; M = 9 to 15 (one eight-row tile and a small one) follow M = 8. The result
-//! is cached per CPU model, thread count, path and activation scheme in
+//! 64 MiB, more bytes than most last-level caches hold, so the weights stream from memory
+//! as in a decode step (a CPU with a larger cache, such as a 260 MiB L3, holds part of
+//! them); M = 9 to 15 (one eight-row tile and a small one) follow M = 8. The result is
+//! cached per CPU model, thread count, path, activation scheme and engine build
+//! ([`build_id`]: a rebuilt kiln may have other kernels) in
 //! `$XDG_CACHE_HOME/kiln/qmv-crossover` (else `~/.cache/kiln/qmv-crossover`), a small text
 //! file replaced atomically; a line that does not parse is measured again, never an
 //! error. A measurement taken while other processes kept the CPUs busy (more than
@@ -227,7 +229,8 @@ impl CrossoverSource {
 }
 
 /// What a machine's measurement is cached under: the CPU model, the thread count, the
-/// kernels' path, the activation scheme and the calibration shape.
+/// kernels' path, the activation scheme, the calibration shape, and the engine build that
+/// measured it (a rebuilt kiln may have other kernels, so it measures again).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CacheKey {
     /// The CPU's model name (`/proc/cpuinfo`), or `unknown`.
@@ -238,17 +241,25 @@ pub struct CacheKey {
     pub isa: Isa,
     /// The activation scheme.
     pub scheme: ActScheme,
+    /// The running executable ([`build_id`]).
+    pub build: String,
 }
 
 impl CacheKey {
-    /// The key for this CPU and the current rayon pool.
+    /// The key for this CPU, the current rayon pool and the running executable.
     pub fn current(scheme: ActScheme) -> CacheKey {
-        CacheKey { cpu: cpu_model(), threads: rayon::current_num_threads(), isa: Isa::detected(), scheme }
+        CacheKey {
+            cpu: cpu_model(),
+            threads: rayon::current_num_threads(),
+            isa: Isa::detected(),
+            scheme,
+            build: build_id(),
+        }
     }
 
-    /// The key as the cache file's first field (tabs and newlines in the CPU name become
-    /// spaces, so a line always splits in two).
-    pub fn line_key(&self) -> String {
+    /// The machine part of the key: what one cache line stands for, whichever build
+    /// measured it.
+    fn slot(&self) -> String {
         let cpu: String = self.cpu.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
         format!(
             "cpu={} threads={} isa={} act={} shape={}",
@@ -259,6 +270,27 @@ impl CacheKey {
             SHAPE_NAME
         )
     }
+
+    /// The key as the cache file's first field (control characters in the CPU name become
+    /// spaces, and spaces or control characters in the build underscores, so a line always
+    /// splits in two).
+    pub fn line_key(&self) -> String {
+        let build: String =
+            self.build.chars().map(|c| if c.is_control() || c == ' ' { '_' } else { c }).collect();
+        format!("{} build={build}", self.slot())
+    }
+}
+
+/// The running executable as the cache key names it: its size and modification time
+/// (`<bytes>-<seconds>.<nanoseconds>`), which change whenever it is rebuilt or installed
+/// anew; `unknown` where they cannot be read.
+pub fn build_id() -> String {
+    let meta = std::env::current_exe().and_then(std::fs::metadata);
+    let id = meta.ok().and_then(|m| {
+        let t = m.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?;
+        Some(format!("{}-{}.{:09}", m.len(), t.as_secs(), t.subsec_nanos()))
+    });
+    id.unwrap_or_else(|| "unknown".to_string())
 }
 
 /// The CPU's model name from `/proc/cpuinfo`, or `unknown`.
@@ -295,12 +327,17 @@ pub fn lookup(text: &str, key: &CacheKey) -> Option<Crossover> {
 }
 
 /// The file's text with `key`'s line set to `c`: other well-formed lines are kept in
-/// order, lines that do not parse are dropped.
+/// order, except those of the same machine slot measured by another build or by none
+/// (replaced, so the file does not grow with every rebuild); lines that do not parse are
+/// dropped.
 pub fn updated(text: &str, key: &CacheKey, c: Crossover) -> String {
     let want = key.line_key();
+    let slot = format!("{} build=", key.slot());
     let mut out = String::new();
     for (k, v) in text.lines().filter_map(|l| l.split_once('\t')) {
-        if k != want && !k.is_empty() && Crossover::parse(v).is_some() {
+        // A line without a build (written before builds were keyed) is the slot's too.
+        let same_slot = k.starts_with(&slot) || k == key.slot();
+        if !same_slot && !k.is_empty() && Crossover::parse(v).is_some() {
             out.push_str(&format!("{k}\t{}\n", v.trim()));
         }
     }
@@ -332,7 +369,7 @@ pub fn write_cached(path: &Path, key: &CacheKey, c: Crossover) -> std::io::Resul
 const SHAPE_NAME: &str = "q4g32-4864x896";
 const SHAPE_N: usize = 4864;
 const SHAPE_K: usize = 896;
-/// Bytes of weights the calibration rotates through: more than a last-level cache, so
+/// Bytes of weights the calibration rotates through: more than most last-level caches, so
 /// they stream from memory as a decode step's do.
 const ROTATION_BYTES: usize = 64 << 20;
 /// Products per timed pass: about 17 MiB of weights. The rotation carries on from pass to
@@ -483,7 +520,45 @@ mod tests {
     use super::*;
 
     fn key(threads: usize) -> CacheKey {
-        CacheKey { cpu: "Test CPU\t9".into(), threads, isa: Isa::Portable, scheme: ActScheme::Int16 }
+        CacheKey {
+            cpu: "Test CPU\t9".into(),
+            threads,
+            isa: Isa::Portable,
+            scheme: ActScheme::Int16,
+            build: "1234-5.000000006".into(),
+        }
+    }
+
+    #[test]
+    fn another_build_measures_again_and_replaces_the_slot_s_line() {
+        let (a, other_slot) = (key(2), key(3));
+        let rebuilt = CacheKey { build: "999-7.000000000".into(), ..key(2) };
+        let text = updated(&updated("", &other_slot, Crossover::ALL_WIDE), &a, Crossover::wide_from(4));
+        assert_eq!(lookup(&text, &a), Some(Crossover::wide_from(4)));
+        assert_eq!(lookup(&text, &rebuilt), None, "a rebuilt engine must not follow the old one's line");
+        let after = updated(&text, &rebuilt, Crossover::wide_from(6));
+        assert_eq!(lookup(&after, &rebuilt), Some(Crossover::wide_from(6)));
+        assert_eq!(lookup(&after, &a), None, "the old build's line is replaced");
+        assert_eq!(lookup(&after, &other_slot), Some(Crossover::ALL_WIDE));
+        assert_eq!(after.lines().count(), 2);
+        // A line from before builds were keyed is replaced too.
+        let legacy = format!("{}\t2-15\n", a.slot());
+        assert_eq!(lookup(&legacy, &a), None);
+        assert_eq!(updated(&legacy, &a, Crossover::ALL_WIDE).lines().count(), 1);
+        // A build with spaces or control characters still gives a line of two fields.
+        let odd = CacheKey { build: "a b\tc\n".into(), ..key(2) };
+        let t = updated("", &odd, Crossover::ALL_WIDE);
+        assert_eq!((t.lines().count(), t.matches('\t').count()), (1, 1));
+        assert_eq!(lookup(&t, &odd), Some(Crossover::ALL_WIDE));
+    }
+
+    #[test]
+    fn this_executable_has_a_build_id() {
+        let id = build_id();
+        assert_ne!(id, "unknown");
+        assert_eq!(id, build_id(), "the same executable gives the same id");
+        let (len, time) = id.split_once('-').expect("<bytes>-<time>");
+        assert!(len.parse::<u64>().unwrap() > 0 && time.contains('.'), "{id}");
     }
 
     #[test]

@@ -84,6 +84,13 @@ fn the_crossover_is_measured_once_cached_and_reported_on_the_kernel_line() {
     let text = std::fs::read_to_string(&file).unwrap();
     assert!(text.contains("threads=1 ") && text.ends_with(&format!("\t{rows}\n")), "{text:?}");
     assert_eq!(boot(&[]), (rows.clone(), "cached".to_string()));
+    // A line another kiln build measured is not followed: its kernels may differ.
+    let (slot, _) = text.split_once(" build=").expect("the line names its build");
+    std::fs::write(&file, format!("{slot} build=1-2.000000003\t{rows}\n")).unwrap();
+    assert_eq!(boot(&[]).1, "measured");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(text.lines().count(), 1, "the other build's line is replaced: {text:?}");
+    assert!(!text.contains("build=1-2.000000003"), "{text:?}");
     std::fs::write(&file, b"\xff garbage\n").unwrap();
     assert_eq!(boot(&[]).1, "measured");
     assert!(std::fs::read_to_string(&file).unwrap().contains("threads=1 "));
