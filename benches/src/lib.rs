@@ -54,16 +54,10 @@ fn largest_cache_bytes() -> Option<usize> {
         .max()
 }
 
-/// Parses a sysfs cache size (`266240K`, `32M`, `512`); `None` for anything else.
+/// Parses a sysfs cache size (`266240K`, `32M`, `512`) by kiln's size syntax, in which
+/// `K`, `M` and `G` alone are binary units as in sysfs; `None` for anything else.
 pub fn cache_size_bytes(text: &str) -> Option<usize> {
-    let t = text.trim();
-    let (digits, unit) = match t.char_indices().last()? {
-        (i, 'K') => (&t[..i], 1usize << 10),
-        (i, 'M') => (&t[..i], 1 << 20),
-        (i, 'G') => (&t[..i], 1 << 30),
-        _ => (t, 1),
-    };
-    digits.parse::<usize>().ok()?.checked_mul(unit)
+    usize::try_from(kiln_protocol::parse_size(text).ok()?).ok()
 }
 
 /// The group size of the benchmarks (mlx-community's default).
