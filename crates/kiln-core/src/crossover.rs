@@ -332,11 +332,12 @@ pub fn lookup(text: &str, key: &CacheKey) -> Option<Crossover> {
 /// dropped.
 pub fn updated(text: &str, key: &CacheKey, c: Crossover) -> String {
     let want = key.line_key();
-    let slot = format!("{} build=", key.slot());
+    let bare = key.slot();
+    let slot = format!("{bare} build=");
     let mut out = String::new();
     for (k, v) in text.lines().filter_map(|l| l.split_once('\t')) {
         // A line without a build (written before builds were keyed) is the slot's too.
-        let same_slot = k.starts_with(&slot) || k == key.slot();
+        let same_slot = k.starts_with(&slot) || k == bare;
         if !same_slot && !k.is_empty() && Crossover::parse(v).is_some() {
             out.push_str(&format!("{k}\t{}\n", v.trim()));
         }
