@@ -1,5 +1,5 @@
-//! The AVX-512 `qmv` paths, and the AVX-512 eight-row tiles of `qmv_wide` / `qmm` for
-//! 4-bit weights, bit for bit against AVX2 and `reference::qmv_int`, on every geometry,
+//! The AVX-512 `qmv` paths, the AVX-512 eight-row tiles of `qmv_wide` / `qmm` for 4-bit
+//! weights, and `qmv_wide`'s lane-row kernel, bit for bit against AVX2 and `reference::qmv_int`, on every geometry,
 //! scale dtype and integer scheme.
 //!
 //! On a CPU with AVX-512 the paths run natively (and `kernels.rs` runs them beside every
@@ -23,7 +23,7 @@ use std::process::Command;
 use kiln_core::Buffer;
 use kiln_core::act_precision::ActScheme;
 use kiln_core::format::{QuantSpec, write_code};
-use kiln_core::kernels::emulated::{EmulatedQmv, EmulatedTile};
+use kiln_core::kernels::emulated::{EmulatedLaneRows, EmulatedQmv, EmulatedTile};
 use kiln_core::kernels::{Isa, qmv_scheme_on, qmv_wide_scheme_on, reference};
 use kiln_core::matrix::{QuantizedMatrix, ScaleData, ScaleDtype};
 
@@ -248,6 +248,55 @@ fn avx512_tiles_match_avx2_bit_for_bit() {
         assert!(t.out().iter().all(|&v| v == 0.0));
     }
     eprintln!("avx512_emulated: {} tile cases on the emulated CPU", cases.len());
+}
+
+/// `qmv_wide`'s lane-row kernel (a weight row per 32-bit lane, 4-bit weights with `K` a
+/// multiple of 64, 2 to 8 rows) on AVX-512, bit for bit against AVX2's `qmv_wide` and
+/// `reference::qmv_int`: natively where the CPU has AVX-512 (both paths), else its
+/// `vpmaddubsw` form under the emulator. The cases' 19 weight rows are one whole block of
+/// 16 and a partial one.
+#[test]
+fn avx512_lane_rows_match_avx2_bit_for_bit() {
+    assert!(Isa::Avx2.is_available(), "kiln's x86 tests need AVX2");
+    let cases: Vec<(Case, usize)> =
+        tile_cases().into_iter().filter(|(c, rows)| *rows >= 2 && c.w.k() % 64 == 0).collect();
+    assert!(cases.len() >= 24, "{} lane-row cases", cases.len());
+    let native: Vec<Isa> = [Isa::Avx512, Isa::Avx512Vnni].into_iter().filter(|i| i.is_available()).collect();
+    if !native.is_empty() && !forced() {
+        for (case, rows) in &cases {
+            let want = expected_tile(case, *rows);
+            for &isa in &native {
+                let mut t = EmulatedLaneRows::new(isa, case.act, &case.x, *rows, &case.w)
+                    .unwrap_or_else(|| panic!("{}: the lane-row kernel refused it", case.label));
+                assert_eq!(bits(t.run_native()), bits(&want), "{} on {}", case.label, isa.as_str());
+            }
+        }
+        eprintln!("avx512_emulated: {} lane-row cases natively on {:?}", cases.len(), native);
+        return;
+    }
+    let Some(python) = std::env::var_os("KILN_TEST_BOCHS_PYTHON") else {
+        eprintln!(
+            "avx512_emulated: no AVX-512 and KILN_TEST_BOCHS_PYTHON is unset: no lane-row case checked"
+        );
+        return;
+    };
+    let prepared: Vec<EmulatedLaneRows<'_>> = cases
+        .iter()
+        .map(|(c, rows)| EmulatedLaneRows::new(Isa::Avx512, c.act, &c.x, *rows, &c.w).expect("taken"))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let calls: Vec<EmuCall> = prepared
+        .iter()
+        .map(|t| EmuCall { entry: EmulatedLaneRows::entry(), arg: t.arg(), out: t.out_bytes() })
+        .collect();
+    emulate(&python, dir.path(), &calls);
+    for (i, ((case, rows), t)) in cases.iter().zip(&prepared).enumerate() {
+        let got = std::fs::read(dir.path().join(format!("out-{i}.bin"))).unwrap();
+        let got: Vec<u32> = got.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+        assert_eq!(got, bits(&expected_tile(case, *rows)), "{} on emulated avx512", case.label);
+        assert!(t.out().iter().all(|&v| v == 0.0));
+    }
+    eprintln!("avx512_emulated: {} lane-row cases on the emulated CPU", cases.len());
 }
 
 /// `KILN_TEST_BOCHS_FORCE=1`: run the emulator even on a CPU with AVX-512, to check the

@@ -10,7 +10,8 @@
 //! outputs back (`crates/kiln-core/tests/avx512_emulated.rs` does, under Bochs). On a
 //! CPU with the path, [`EmulatedQmv::run_native`] runs the same entry directly.
 //! [`EmulatedTile`] does the same for one tile of 1 to 8 activation rows against every
-//! weight row, the loops `qmv_wide` and `qmm` run for such tiles.
+//! weight row, the loops `qmv_wide` and `qmm` run for such tiles, and
+//! [`EmulatedLaneRows`] for `qmv_wide`'s lane-row kernel (a weight row per 32-bit lane).
 
 use std::marker::PhantomData;
 
@@ -228,5 +229,109 @@ unsafe extern "C" fn tile_rows_entry(call: *const TileCall) {
         let c = &*call;
         let out = std::slice::from_raw_parts_mut(c.out, 8 * c.n);
         x86::tile_rows_with(c.dots, &*c.w, &*c.tile, out);
+    }
+}
+
+/// What the lane-row entry reads.
+#[repr(C)]
+struct RowsCall {
+    vnni: bool,
+    w: *const QuantizedMatrix,
+    rows: *const x86::lanerows::PreparedRows,
+    out: *mut f32,
+    len: usize,
+}
+
+/// `qmv_wide`'s lane-row kernel (AVX-512, 4-bit weights, `K` a multiple of 64: a weight row
+/// per 32-bit lane) for 2 to 8 activation rows against every row of `W`, prepared for it to
+/// run on `isa`.
+pub struct EmulatedLaneRows<'a> {
+    isa: Isa,
+    call: Box<RowsCall>,
+    _rows: Box<x86::lanerows::PreparedRows>,
+    out: Vec<f32>,
+    _w: PhantomData<&'a QuantizedMatrix>,
+}
+
+impl<'a> EmulatedLaneRows<'a> {
+    /// Quantizes the `rows` rows of `x` for `w` under `scheme` (natively, with AVX2) and
+    /// allocates the output; `None` where `qmv_wide` does not take the lane-row kernel for
+    /// them (other widths or group sizes, `K` not a multiple of 64, one row or more than 8).
+    ///
+    /// # Panics
+    /// As [`EmulatedQmv::new`], and when `isa` is not an AVX-512 path.
+    pub fn new(
+        isa: Isa,
+        scheme: ActScheme,
+        x: &[f32],
+        rows: usize,
+        w: &'a QuantizedMatrix,
+    ) -> Option<EmulatedLaneRows<'a>> {
+        let mut out = vec![0.0f32; rows * w.n()];
+        check_shapes("EmulatedLaneRows", x, rows, w, &out);
+        check_prepare("EmulatedLaneRows", isa);
+        assert!(
+            matches!(isa, Isa::Avx512 | Isa::Avx512Vnni),
+            "EmulatedLaneRows: {} is not AVX-512",
+            isa.as_str()
+        );
+        let codes = integer_codes(w, scheme.rows_scheme(rows))?;
+        // SAFETY: AVX2, FMA and F16C were confirmed above.
+        let prepared = Box::new(unsafe { x86::lanerows::PreparedRows::new(x, rows, w, codes) }?);
+        let call = Box::new(RowsCall {
+            vnni: isa == Isa::Avx512Vnni,
+            w,
+            rows: &*prepared,
+            out: out.as_mut_ptr(),
+            len: out.len(),
+        });
+        Some(EmulatedLaneRows { isa, call, _rows: prepared, out, _w: PhantomData })
+    }
+
+    /// The address of the entry: `extern "C" fn(arg)`, see [`EmulatedLaneRows::arg`].
+    pub fn entry() -> usize {
+        lane_rows_entry as *const () as usize
+    }
+
+    /// The entry's one argument.
+    pub fn arg(&self) -> usize {
+        &*self.call as *const RowsCall as usize
+    }
+
+    /// Where the outputs (`y[rows, N]`) lie, and how many bytes they are.
+    pub fn out_bytes(&self) -> (usize, usize) {
+        (self.out.as_ptr() as usize, 4 * self.out.len())
+    }
+
+    /// The outputs as the entry left them here (zero until [`EmulatedLaneRows::run_native`]).
+    pub fn out(&self) -> &[f32] {
+        &self.out
+    }
+
+    /// Runs the entry on this CPU.
+    ///
+    /// # Panics
+    /// When this CPU lacks the path it was prepared for.
+    pub fn run_native(&mut self) -> &[f32] {
+        let isa = self.isa;
+        assert!(isa.is_available(), "EmulatedLaneRows::run_native: this CPU lacks {}", isa.as_str());
+        // SAFETY: the call's pointers are this struct's own, alive; the path's features
+        // were confirmed above.
+        unsafe { lane_rows_entry(&*self.call) };
+        &self.out
+    }
+}
+
+/// Every weight row of `call` against its rows, on its path.
+///
+/// # Safety
+/// `call` and its pointers must be those of a live [`EmulatedLaneRows`], and the CPU (or
+/// the emulated one) must have the features of the call's path.
+unsafe extern "C" fn lane_rows_entry(call: *const RowsCall) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        let c = &*call;
+        let out = std::slice::from_raw_parts_mut(c.out, c.len);
+        x86::lanerows::rows_with(c.vnni, &*c.w, &*c.rows, out);
     }
 }

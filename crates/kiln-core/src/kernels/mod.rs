@@ -75,11 +75,12 @@ pub enum KernelChoice {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Isa {
-    /// x86-64 with AVX-512F, BW and VL and VNNI besides the AVX2 set: `qmv`'s integer dots
-    /// with `vpdpbusd` / `vpdpwssd`; the other kernels run their AVX2 code.
+    /// x86-64 with AVX-512F, BW and VL and VNNI besides the AVX2 set: the integer dots of
+    /// `qmv` and of 4-bit tiles with `vpdpbusd` / `vpdpwssd`, and `qmv_wide`'s kernel with a
+    /// weight row per 32-bit lane for 4-bit weights; the rest runs its AVX2 code.
     Avx512Vnni,
-    /// x86-64 with AVX-512F, BW and VL besides the AVX2 set (no VNNI): `qmv`'s integer dots
-    /// with 512-bit `vpmaddubsw` / `vpmaddwd`; the other kernels run their AVX2 code.
+    /// x86-64 with AVX-512F, BW and VL besides the AVX2 set (no VNNI): as
+    /// [`Isa::Avx512Vnni`] with 512-bit `vpmaddubsw` / `vpmaddwd` for the dots.
     Avx512,
     /// x86-64 with AVX2, FMA and F16C, detected at run time.
     Avx2,

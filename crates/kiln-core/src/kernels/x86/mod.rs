@@ -1,8 +1,10 @@
 //! AVX2 + FMA + F16C kernels for 4- and 8-bit weights at group sizes 32, 64 and 128, and
-//! the AVX-512 paths, which replace only integer dots (`avx512`): all of `qmv`'s, the
-//! eight-row tiles' of `qmv_wide` and `qmm` for 4-bit weights, where one 512-bit multiply
-//! meets a whole 64-element block of a row, and the small tiles' (up to four rows) for
-//! 4-bit g32 and g64 weights. On the 2-vCPU AVX-512 Xeon that took prefill 3-4% faster
+//! the AVX-512 paths, which replace integer dots (`avx512`): all of `qmv`'s, the
+//! eight-row tiles' of `qmm` for 4-bit weights, where one 512-bit multiply meets a whole
+//! 64-element block of a row, and the small tiles' (up to four rows) for 4-bit g32 and
+//! g64 weights. `qmv_wide` on AVX-512 takes its own kernel for 4-bit weights with `K` a
+//! multiple of 64 (`lanerows`: 16 weight rows transposed into the lanes of a register, so
+//! no partial sums are folded), and the tiles for the rest. On the 2-vCPU AVX-512 Xeon that took prefill 3-4% faster
 //! at one thread on g32 weights and 49% on g64; the reductions and the float work per
 //! group, unchanged, are most of what is left.
 //!
@@ -28,7 +30,8 @@
 //! with `vcvtph2ps`, bf16 by a 16-bit left shift, f32 as is.
 //!
 //! This file holds the entry points and the dispatch on geometry and scale dtype; the
-//! work is in `row` (the `qmv` row loop, once per path), `avx512` (the 512-bit dots), `tiled` (the tiled loop and tiles of up to
+//! work is in `row` (the `qmv` row loop, once per path), `avx512` (the 512-bit dots),
+//! `lanerows` (`qmv_wide`'s AVX-512 kernel with a weight row per lane), `tiled` (the tiled loop and tiles of up to
 //! four rows), `tile8` (eight-row tiles), `reduce` (integer dots and their reductions),
 //! `lanes` (the float work per group), `scales` (scale and bias loads and widening),
 //! `prefetch` (the prefetch policy) and `loads` (checked SIMD loads and stores).
@@ -48,6 +51,7 @@ macro_rules! by_geometry {
 }
 
 mod avx512;
+pub(super) mod lanerows;
 mod lanes;
 mod loads;
 mod prefetch;
@@ -166,6 +170,10 @@ pub(super) unsafe fn qmv_wide(
     y: &mut [f32],
     codes: ActCodes,
 ) {
+    if dots != Dots::Avx2 && lanerows::takes(w, m, codes) {
+        // SAFETY: the AVX-512 path's features are this function's contract.
+        return unsafe { lanerows::qmv_wide(dots == Dots::Avx512Vnni, x, m, w, y, codes) };
+    }
     // SAFETY: forwarded from this function's contract.
     unsafe { tiled(dots, x, m, w, y, codes, Order::RowOuter) }
 }

@@ -1,0 +1,483 @@
+//! `qmv_wide` for 4-bit weights on AVX-512 with one weight row per 32-bit lane (`vpdpbusd`
+//! with VNNI, `vpmaddubsw` and `vpmaddwd` without).
+//!
+//! The other wide kernels hold one weight row's codes in a register and meet each
+//! activation row with it: every (weight row, activation row, group) leaves 16 lanes of
+//! partial sums to fold into one before the group's float work, and those folds cost more
+//! than the multiplies from two activation rows on (`qmv_wide` at M = 8 took 4.3-5.3x the
+//! time of M = 1). Here nothing is folded:
+//! - A block of 16 weight rows is transposed in registers, 32 bytes (64 codes) of each row
+//!   at a time, so lane `r` of register `c` holds bytes `4c .. 4c + 4` of row `r`:
+//!   elements `8c .. 8c + 8`, the even ones in the low nibbles and the odd ones in the high
+//!   ones (16 loads, 8 inserts and 24 shuffles per 1024 codes, shared by every activation
+//!   row).
+//! - Each activation row's codes are stored eight elements at a time as the four even
+//!   ones then the four odd ones ([`Acts`]), so the four codes lane `r` needs are one
+//!   32-bit word, broadcast from memory into `vpdpbusd`: lane `r` accumulates row `r`'s
+//!   exact group dot (u4 * i8, at most 128 * 15 * 127 per lane over a 128-group; split
+//!   codes as `256 * high + low`, exact in i32).
+//! - The float work of [`crate::kernels::act::Lanes`] runs with lane = weight row, the
+//!   group's scales and biases gathered for the 16 rows straight from their stored dtype,
+//!   into eight accumulators per activation row (group `g` into accumulator `g % 8`)
+//!   summed in `Lanes`' order at the end.
+//!
+//! The integer sums are exact and the float operations are `Lanes`' in its order, so every
+//! output has the bits of [`crate::kernels::reference::qmv_int`], as the other kernels'
+//! do. Taken for 4-bit weights at group sizes 32, 64 and 128 with `K` a multiple of 64,
+//! under `int16` (split planes) and `int8` codes; a block's rows past `N` are clamped
+//! copies of its last row whose lanes are never stored.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::scales::packed_bytes;
+use crate::kernels::act::{ActCodes, quantize_group, split_code};
+use crate::kernels::drive;
+use crate::matrix::{QuantizedMatrix, ScaleData};
+
+/// Weight rows per block: one per 32-bit lane of a 512-bit register.
+const ROWS: usize = 16;
+
+/// Activation rows per pass over a block: each holds eight float accumulators of 16 lanes
+/// (4 KiB for all, in L1); more rows read the block again, from L1 or L2.
+const PASS_ROWS: usize = 8;
+
+/// Elements per transposed unit: 32 bytes of 4-bit codes per row.
+const UNIT: usize = 64;
+
+/// Whether this kernel takes `m` rows against `w` under `codes`.
+pub(super) fn takes(w: &QuantizedMatrix, m: usize, codes: ActCodes) -> bool {
+    let spec = w.spec();
+    m >= 2
+        && spec.bits() == 4
+        && matches!(spec.group_size(), 32 | 64 | 128)
+        && w.k().is_multiple_of(UNIT)
+        && matches!(codes, ActCodes::I8Deinterleaved | ActCodes::I16Split)
+        // Gather offsets are i32 element indices.
+        && w.n().saturating_mul(w.k() / spec.group_size()) < i32::MAX as usize
+}
+
+/// Activation rows quantized per group for this kernel.
+struct Acts {
+    k: usize,
+    gpr: usize,
+    /// `[row][k]` codes (for split codes their high planes), every eight elements stored
+    /// as the four even ones then the four odd ones.
+    hi: Vec<u8>,
+    /// The low planes of split codes, laid out as `hi`; empty for 8-bit codes.
+    lo: Vec<u8>,
+    /// `[row][group]` scales.
+    sx: Vec<f32>,
+    /// `[row][group]` exact sums.
+    xsum: Vec<f32>,
+    /// `[row][group]` sums of the codes times the weights' centre.
+    cqsum: Vec<i32>,
+}
+
+/// Quantizes `m` rows of `k` activations per group of `g` (compiled for AVX2: the
+/// quantizer is `inline(always)`).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quantize(x: &[f32], m: usize, k: usize, g: usize, codes: ActCodes) -> Acts {
+    assert_eq!(x.len(), m * k);
+    let gpr = k / g;
+    let split = codes == ActCodes::I16Split;
+    let mut a = Acts {
+        k,
+        gpr,
+        hi: vec![0; m * k],
+        lo: if split { vec![0; m * k] } else { Vec::new() },
+        sx: vec![0.0; m * gpr],
+        xsum: vec![0.0; m * gpr],
+        cqsum: vec![0; m * gpr],
+    };
+    let mut q = vec![0i16; g];
+    // Rows are `gpr` whole groups long, so group `i` of the flattened rows starts at `i * g`.
+    for (i, xs) in x.chunks_exact(g).enumerate() {
+        let gq = quantize_group(xs, codes.max_code(), &mut q);
+        (a.sx[i], a.xsum[i], a.cqsum[i]) = (gq.sx, gq.xsum, codes.center() * gq.qsum);
+        for (c, e) in q.chunks_exact(8).enumerate() {
+            let o = i * g + 8 * c;
+            for j in 0..4 {
+                let (even, odd) = (e[2 * j], e[2 * j + 1]);
+                if split {
+                    let ((h0, l0), (h1, l1)) = (split_code(even), split_code(odd));
+                    (a.hi[o + j], a.hi[o + 4 + j]) = (h0 as u8, h1 as u8);
+                    (a.lo[o + j], a.lo[o + 4 + j]) = (l0 as u8, l1 as u8);
+                } else {
+                    (a.hi[o + j], a.hi[o + 4 + j]) = (even as i8 as u8, odd as i8 as u8);
+                }
+            }
+        }
+    }
+    a
+}
+
+/// Up to eight activation rows quantized for this kernel, for an emulator to run it on
+/// (see `kernels::emulated`): [`rows_with`] computes from them without allocating.
+pub(crate) struct PreparedRows {
+    acts: Acts,
+    m: usize,
+}
+
+impl PreparedRows {
+    /// The `m` (2 to 8) rows of `x` for `w` under `codes`, or `None` where the kernel does
+    /// not take them ([`takes`]).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    pub(crate) unsafe fn new(
+        x: &[f32],
+        m: usize,
+        w: &QuantizedMatrix,
+        codes: ActCodes,
+    ) -> Option<PreparedRows> {
+        if !takes(w, m, codes) || m > PASS_ROWS {
+            return None;
+        }
+        // SAFETY: forwarded from this function's contract.
+        let acts = unsafe { quantize(x, m, w.k(), w.spec().group_size(), codes) };
+        Some(PreparedRows { acts, m })
+    }
+}
+
+/// Every weight row of `w` against `p`'s rows, on the calling thread: `out[i * n + r]` is
+/// activation row `i`'s output for weight row `r`. Allocates nothing.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C and AVX-512F/BW/VL, and VNNI when `vnni`; `p` was
+/// prepared for `w`.
+pub(crate) unsafe fn rows_with(vnni: bool, w: &QuantizedMatrix, p: &PreparedRows, out: &mut [f32]) {
+    let n = w.n();
+    assert_eq!(out.len(), p.m * n);
+    let mut parts: [&mut [f32]; PASS_ROWS] = Default::default();
+    for (part, o) in parts.iter_mut().zip(out.chunks_exact_mut(n)) {
+        *part = o;
+    }
+    // SAFETY: forwarded from this function's contract.
+    unsafe { rows_any(vnni, w, &p.acts, 0..n, &mut parts[..p.m]) }
+}
+
+/// `y[m, n] = x[m, k] W^T`, every output with the bits of `reference::qmv_int` under
+/// `codes`' scheme.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C and AVX-512F/BW/VL, and VNNI when `vnni`;
+/// [`takes`] holds.
+pub(super) unsafe fn qmv_wide(
+    vnni: bool,
+    x: &[f32],
+    m: usize,
+    w: &QuantizedMatrix,
+    y: &mut [f32],
+    codes: ActCodes,
+) {
+    debug_assert!(takes(w, m, codes));
+    // SAFETY: this function's caller guarantees AVX2, FMA and F16C.
+    let acts = unsafe { quantize(x, m, w.k(), w.spec().group_size(), codes) };
+    let rpt = drive::rows_per_task(w.n(), w.bytes_read() / w.n()).next_multiple_of(ROWS);
+    drive::rows_multi(y, m, w.n(), rpt, |rows, outs| {
+        // SAFETY: this function's caller guarantees the features; every core rayon runs
+        // this closure on is the same CPU.
+        unsafe { rows_any(vnni, w, &acts, rows, outs) }
+    });
+}
+
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C and AVX-512F/BW/VL, and VNNI when `vnni`.
+unsafe fn rows_any(vnni: bool, w: &QuantizedMatrix, a: &Acts, rows: Range<usize>, outs: &mut [&mut [f32]]) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { if vnni { rows_vnni(w, a, rows, outs) } else { rows_bw(w, a, rows, outs) } }
+}
+
+macro_rules! rows_on {
+    ($name:ident, $features:tt, $vnni:expr) => {
+        #[target_feature(enable = $features)]
+        fn $name(w: &QuantizedMatrix, a: &Acts, rows: Range<usize>, outs: &mut [&mut [f32]]) {
+            // SAFETY: this function is compiled with the features `task` needs.
+            unsafe {
+                match (w.spec().group_size(), a.lo.is_empty()) {
+                    (32, false) => task::<32, true, $vnni>(w, a, rows, outs),
+                    (32, true) => task::<32, false, $vnni>(w, a, rows, outs),
+                    (64, false) => task::<64, true, $vnni>(w, a, rows, outs),
+                    (64, true) => task::<64, false, $vnni>(w, a, rows, outs),
+                    (128, false) => task::<128, true, $vnni>(w, a, rows, outs),
+                    (128, true) => task::<128, false, $vnni>(w, a, rows, outs),
+                    (g, _) => unreachable!("lane-row kernel at g{g}: `takes` refuses it"),
+                }
+            }
+        }
+    };
+}
+
+rows_on!(rows_vnni, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", true);
+rows_on!(rows_bw, "avx2,fma,f16c,avx512f,avx512bw,avx512vl", false);
+
+/// One task's weight rows, in blocks of 16, against every activation row, eight at a time.
+///
+/// # Safety
+/// The CPU must support AVX-512F/BW/VL, and VNNI when `VNNI`.
+#[inline(always)]
+unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool>(
+    w: &QuantizedMatrix,
+    a: &Acts,
+    rows: Range<usize>,
+    outs: &mut [&mut [f32]],
+) {
+    let m = outs.len();
+    let mut out = [[0f32; ROWS]; PASS_ROWS];
+    for b0 in rows.clone().step_by(ROWS) {
+        let nr = ROWS.min(rows.end - b0);
+        for m0 in (0..m).step_by(PASS_ROWS) {
+            let mt = PASS_ROWS.min(m - m0);
+            // The next block's bytes, asked for over this block's first pass.
+            let ahead = if m0 == 0 { Some((b0 + ROWS) * w.k() / 2) } else { None };
+            // SAFETY: forwarded from this function's contract.
+            unsafe { block::<G, SPLIT, VNNI>(w, a, b0, nr, m0, mt, ahead, &mut out) };
+            for (i, o) in out.iter().enumerate().take(mt) {
+                outs[m0 + i][b0 - rows.start..b0 - rows.start + nr].copy_from_slice(&o[..nr]);
+            }
+        }
+    }
+}
+
+/// Weight rows `b0 .. b0 + nr` (`nr <= 16`) against activation rows `m0 .. m0 + mt`
+/// (`mt <= 8`): `out[i][r]` is activation row `m0 + i`'s output for weight row `b0 + r`.
+///
+/// # Safety
+/// The CPU must support AVX-512F/BW/VL, and VNNI when `VNNI`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
+    w: &QuantizedMatrix,
+    a: &Acts,
+    b0: usize,
+    nr: usize,
+    m0: usize,
+    mt: usize,
+    ahead: Option<usize>,
+    out: &mut [[f32; ROWS]; PASS_ROWS],
+) {
+    assert!((1..=ROWS).contains(&nr) && b0 + nr <= w.n() && (1..=PASS_ROWS).contains(&mt));
+    assert!(m0 + mt <= a.hi.len() / a.k && (!SPLIT || a.lo.len() == a.hi.len()));
+    let (k, gpr) = (a.k, a.gpr);
+    let row_bytes = k / 2;
+    let packed = packed_bytes(w);
+    // Lanes past `nr` read the block's last row again; they are never stored.
+    let wrows: [&[u8]; ROWS] = std::array::from_fn(|r| {
+        let r = b0 + r.min(nr - 1);
+        &packed[r * row_bytes..(r + 1) * row_bytes]
+    });
+    let valid: __mmask16 = if nr == ROWS { 0xFFFF } else { ((1u32 << nr) - 1) as u16 };
+    // SAFETY: this function's contract gives every intrinsic here its features; each `o`
+    // holds 16 f32 and the store is unaligned.
+    unsafe {
+        let row_groups = _mm512_mullo_epi32(
+            _mm512_add_epi32(
+                _mm512_set1_epi32(b0 as i32),
+                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            ),
+            _mm512_set1_epi32(gpr as i32),
+        );
+        let low4 = _mm512_set1_epi8(0x0F);
+        let centre = _mm512_set1_ps(ActCodes::I16Split.center() as f32);
+        let mut lanes = [[_mm512_setzero_ps(); 8]; PASS_ROWS];
+        // g128: the integer sums of a group's first unit, until its second is added.
+        let mut first = [_mm512_setzero_si512(); PASS_ROWS];
+        for u in 0..k / UNIT {
+            if let Some(next) = ahead
+                && u % 2 == 0
+            {
+                // Each row's next line, in the next block.
+                let base = packed.as_ptr().wrapping_add(next + 32 * u);
+                for r in 0..ROWS {
+                    _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(r * row_bytes).cast::<i8>());
+                }
+            }
+            let z = transpose(&wrows, 32 * u);
+            // Loops, not closures: a closure has no target features of its own, so an
+            // intrinsic in one is a call unless the inliner folds it first.
+            let (mut even, mut odd) = ([low4; 8], [low4; 8]);
+            for c in 0..8 {
+                even[c] = _mm512_and_si512(z[c], low4);
+                odd[c] = _mm512_and_si512(_mm512_srli_epi16::<4>(z[c]), low4);
+            }
+            // The groups this unit holds or ends, with their chunks' range.
+            let (groups, per): (usize, usize) = if G == 32 { (2, 4) } else { (1, 8) };
+            for h in 0..groups {
+                let chunks = h * per..(h + 1) * per;
+                let g = if G == 128 { u / 2 } else { u * groups + h };
+                if G == 128 && u % 2 == 0 {
+                    for (i, f) in first.iter_mut().enumerate().take(mt) {
+                        *f = dots::<SPLIT, VNNI>(&even, &odd, chunks.clone(), a, (m0 + i) * k + UNIT * u);
+                    }
+                    continue;
+                }
+                let idx = _mm512_add_epi32(row_groups, _mm512_set1_epi32(g as i32));
+                let s = gather(w.scales(), idx, valid);
+                let b = gather(w.biases(), idx, valid);
+                let bc = _mm512_fmadd_ps(s, centre, b);
+                for (i, l) in lanes.iter_mut().enumerate().take(mt) {
+                    let mut tot =
+                        dots::<SPLIT, VNNI>(&even, &odd, chunks.clone(), a, (m0 + i) * k + UNIT * u);
+                    if G == 128 {
+                        tot = _mm512_add_epi32(tot, first[i]);
+                    }
+                    let gi = (m0 + i) * gpr + g;
+                    let centred = _mm512_sub_epi32(tot, _mm512_set1_epi32(a.cqsum[gi]));
+                    let acc = &mut l[g % 8];
+                    *acc = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(centred),
+                        _mm512_mul_ps(s, _mm512_set1_ps(a.sx[gi])),
+                        *acc,
+                    );
+                    *acc = _mm512_fmadd_ps(bc, _mm512_set1_ps(a.xsum[gi]), *acc);
+                }
+            }
+        }
+        for (o, l) in out.iter_mut().zip(&lanes).take(mt) {
+            let sum = _mm512_add_ps(
+                _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
+                _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
+            );
+            _mm512_storeu_ps(o.as_mut_ptr(), sum);
+        }
+    }
+}
+
+/// Bytes `off .. off + 32` of the 16 rows, transposed: lane `r` of register `c` is the
+/// `c`-th 32-bit word of row `r`'s bytes.
+#[inline(always)]
+fn transpose(wrows: &[&[u8]; ROWS], off: usize) -> [__m512i; 8] {
+    // SAFETY: for every intrinsic here, the caller is compiled with AVX-512F, and each load is
+    // of 32 bytes inside a row (asserted by the slicing).
+    unsafe {
+        // Rows p and p + 8 side by side: each 256-bit half is then an 8 x 8 transpose.
+        let mut v = [_mm512_setzero_si512(); 8];
+        for (p, vp) in v.iter_mut().enumerate() {
+            let lo = _mm256_loadu_si256(wrows[p][off..off + 32].as_ptr().cast());
+            let hi = _mm256_loadu_si256(wrows[p + 8][off..off + 32].as_ptr().cast());
+            *vp = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+        }
+        let t = [
+            _mm512_unpacklo_epi32(v[0], v[1]),
+            _mm512_unpackhi_epi32(v[0], v[1]),
+            _mm512_unpacklo_epi32(v[2], v[3]),
+            _mm512_unpackhi_epi32(v[2], v[3]),
+            _mm512_unpacklo_epi32(v[4], v[5]),
+            _mm512_unpackhi_epi32(v[4], v[5]),
+            _mm512_unpacklo_epi32(v[6], v[7]),
+            _mm512_unpackhi_epi32(v[6], v[7]),
+        ];
+        // Per 128 bits, u[d] (d < 4) holds word d of rows 0..3 (of 8..11 in the high half),
+        // word d + 4 in the odd quarters; u[d + 4] the same for rows 4..7 and 12..15.
+        let u = [
+            _mm512_unpacklo_epi64(t[0], t[2]),
+            _mm512_unpackhi_epi64(t[0], t[2]),
+            _mm512_unpacklo_epi64(t[1], t[3]),
+            _mm512_unpackhi_epi64(t[1], t[3]),
+            _mm512_unpacklo_epi64(t[4], t[6]),
+            _mm512_unpackhi_epi64(t[4], t[6]),
+            _mm512_unpacklo_epi64(t[5], t[7]),
+            _mm512_unpackhi_epi64(t[5], t[7]),
+        ];
+        let even_q = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+        let odd_q = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+        let mut z = [_mm512_setzero_si512(); 8];
+        for d in 0..4 {
+            z[d] = _mm512_permutex2var_epi64(u[d], even_q, u[d + 4]);
+            z[d + 4] = _mm512_permutex2var_epi64(u[d], odd_q, u[d + 4]);
+        }
+        z
+    }
+}
+
+/// One activation row's exact integer dot with the 16 rows over `chunks` of a unit: its
+/// codes for the unit start at byte `at` of [`Acts::hi`] (and [`Acts::lo`]).
+#[inline(always)]
+fn dots<const SPLIT: bool, const VNNI: bool>(
+    even: &[__m512i; 8],
+    odd: &[__m512i; 8],
+    chunks: Range<usize>,
+    a: &Acts,
+    at: usize,
+) -> __m512i {
+    // SAFETY: for every intrinsic here, the caller is compiled with AVX-512F/BW, and VNNI
+    // when `VNNI`.
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let (mut he, mut ho, mut le, mut lo) = (zero, zero, zero, zero);
+        for c in chunks {
+            let o = at + 8 * c;
+            he = dot4::<VNNI>(he, even[c], word(&a.hi, o));
+            ho = dot4::<VNNI>(ho, odd[c], word(&a.hi, o + 4));
+            if SPLIT {
+                le = dot4::<VNNI>(le, even[c], word(&a.lo, o));
+                lo = dot4::<VNNI>(lo, odd[c], word(&a.lo, o + 4));
+            }
+        }
+        let h = _mm512_add_epi32(he, ho);
+        if SPLIT { _mm512_add_epi32(_mm512_slli_epi32::<8>(h), _mm512_add_epi32(le, lo)) } else { h }
+    }
+}
+
+/// `acc` plus, per 32-bit lane, the four products of `w`'s u8 codes with `x`'s i8 ones:
+/// `vpdpbusd` with VNNI, else `vpmaddubsw` (pairs of u4 * i8, at most 2 * 15 * 127, no
+/// saturation) widened by `vpmaddwd` with ones.
+#[inline(always)]
+fn dot4<const VNNI: bool>(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
+    // SAFETY: the caller is compiled with AVX-512BW, and VNNI when `VNNI`.
+    unsafe {
+        if VNNI {
+            _mm512_dpbusd_epi32(acc, w, x)
+        } else {
+            _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)))
+        }
+    }
+}
+
+/// The 32-bit word at byte `o` of `plane` in every lane.
+#[inline(always)]
+fn word(plane: &[u8], o: usize) -> __m512i {
+    let b: [u8; 4] = plane[o..o + 4].try_into().expect("four bytes");
+    // SAFETY: the caller is compiled with AVX-512F.
+    unsafe { _mm512_set1_epi32(i32::from_le_bytes(b)) }
+}
+
+/// The scales (or biases) at element indices `idx`, widened to f32; lanes outside `valid`
+/// are unspecified.
+#[inline(always)]
+fn gather(sd: &ScaleData, idx: __m512i, valid: __mmask16) -> __m512 {
+    // SAFETY: for every intrinsic here, the caller is compiled with AVX-512F. Every lane in
+    // the gathers' masks indexes an element of `sd` (the caller's rows and groups exist);
+    // a 16-bit element is gathered as the 32-bit word at its address, so the last element,
+    // whose word would run two bytes past the data, is masked out and taken from `src`.
+    unsafe {
+        match sd {
+            ScaleData::F32(v) => {
+                _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), valid, idx, v.as_ptr().cast())
+            }
+            ScaleData::F16(v) => {
+                let words = gather16(bytemuck::cast_slice(v), idx, valid);
+                _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words))
+            }
+            ScaleData::Bf16(v) => {
+                let words = gather16(bytemuck::cast_slice(v), idx, valid);
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(words))
+            }
+        }
+    }
+}
+
+/// 16-bit elements of `v` at `idx` in the low halves of 32-bit lanes (high halves
+/// unspecified).
+#[inline(always)]
+fn gather16(v: &[u16], idx: __m512i, valid: __mmask16) -> __m512i {
+    let last = v.len() - 1;
+    // SAFETY: the caller is compiled with AVX-512F; the masked lanes index elements before
+    // the last, whose 32-bit words lie inside `v`.
+    unsafe {
+        let safe = valid & _mm512_cmplt_epu32_mask(idx, _mm512_set1_epi32(last as i32));
+        let src = _mm512_set1_epi32(i32::from(v[last]));
+        _mm512_mask_i32gather_epi32::<2>(src, safe, idx, v.as_ptr().cast())
+    }
+}
