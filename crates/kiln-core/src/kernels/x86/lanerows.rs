@@ -74,10 +74,16 @@ struct Acts {
     cqsum: Vec<i32>,
 }
 
-/// Quantizes `m` rows of `k` activations per group of `g` (compiled for AVX2: the
-/// quantizer is `inline(always)`).
-#[target_feature(enable = "avx2,fma,f16c")]
-fn quantize(x: &[f32], m: usize, k: usize, g: usize, codes: ActCodes) -> Acts {
+/// Rows from which the activations are quantized on the pool (a prefill's): below it (a
+/// batched decode step) the region's wake-up would cost more than the work.
+const PARALLEL_QUANTIZE_ROWS: usize = 32;
+
+/// Quantizes `m` rows of `k` activations per group of `g`, a prefill's on the pool.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+unsafe fn quantize(x: &[f32], m: usize, k: usize, g: usize, codes: ActCodes) -> Acts {
+    use rayon::prelude::*;
     assert_eq!(x.len(), m * k);
     let gpr = k / g;
     let split = codes == ActCodes::I16Split;
@@ -90,26 +96,72 @@ fn quantize(x: &[f32], m: usize, k: usize, g: usize, codes: ActCodes) -> Acts {
         xsum: vec![0.0; m * gpr],
         cqsum: vec![0; m * gpr],
     };
+    let threads = rayon::current_num_threads();
+    let per = if m < PARALLEL_QUANTIZE_ROWS || threads == 1 { m } else { m.div_ceil(4 * threads) }.max(1);
+    let mut lo_parts: Box<dyn Iterator<Item = &mut [u8]>> = if split {
+        Box::new(a.lo.chunks_mut(per * k))
+    } else {
+        Box::new(std::iter::repeat_with(<&mut [u8]>::default))
+    };
+    let mut jobs = Vec::new();
+    for ((((xs, hi), sx), xsum), cq) in x
+        .chunks(per * k)
+        .zip(a.hi.chunks_mut(per * k))
+        .zip(a.sx.chunks_mut(per * gpr))
+        .zip(a.xsum.chunks_mut(per * gpr))
+        .zip(a.cqsum.chunks_mut(per * gpr))
+    {
+        let lo = lo_parts.next().expect("a low plane per chunk");
+        jobs.push(RowsOut { xs, hi, lo, sx, xsum, cq });
+    }
+    drop(lo_parts);
+    let one = |j: RowsOut<'_>| {
+        // SAFETY: this function's caller guarantees AVX2, FMA and F16C; every core rayon
+        // runs this on is the same CPU.
+        unsafe { quantize_rows(j, g, codes) }
+    };
+    if jobs.len() == 1 {
+        jobs.into_iter().for_each(one);
+    } else {
+        jobs.into_par_iter().for_each(one);
+    }
+    a
+}
+
+/// One run of rows' activations and the pieces of [`Acts`] they fill.
+struct RowsOut<'a> {
+    xs: &'a [f32],
+    hi: &'a mut [u8],
+    /// Empty unless the codes are split.
+    lo: &'a mut [u8],
+    sx: &'a mut [f32],
+    xsum: &'a mut [f32],
+    cq: &'a mut [i32],
+}
+
+/// Quantizes the rows of `o` (compiled for AVX2: the quantizer is `inline(always)`).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quantize_rows(o: RowsOut<'_>, g: usize, codes: ActCodes) {
+    let split = !o.lo.is_empty();
     let mut q = vec![0i16; g];
-    // Rows are `gpr` whole groups long, so group `i` of the flattened rows starts at `i * g`.
-    for (i, xs) in x.chunks_exact(g).enumerate() {
+    // Rows are whole groups long, so group `i` of the run starts at element `i * g`.
+    for (i, xs) in o.xs.chunks_exact(g).enumerate() {
         let gq = quantize_group(xs, codes.max_code(), &mut q);
-        (a.sx[i], a.xsum[i], a.cqsum[i]) = (gq.sx, gq.xsum, codes.center() * gq.qsum);
+        (o.sx[i], o.xsum[i], o.cq[i]) = (gq.sx, gq.xsum, codes.center() * gq.qsum);
         for (c, e) in q.chunks_exact(8).enumerate() {
-            let o = i * g + 8 * c;
+            let at = i * g + 8 * c;
             for j in 0..4 {
                 let (even, odd) = (e[2 * j], e[2 * j + 1]);
                 if split {
                     let ((h0, l0), (h1, l1)) = (split_code(even), split_code(odd));
-                    (a.hi[o + j], a.hi[o + 4 + j]) = (h0 as u8, h1 as u8);
-                    (a.lo[o + j], a.lo[o + 4 + j]) = (l0 as u8, l1 as u8);
+                    (o.hi[at + j], o.hi[at + 4 + j]) = (h0 as u8, h1 as u8);
+                    (o.lo[at + j], o.lo[at + 4 + j]) = (l0 as u8, l1 as u8);
                 } else {
-                    (a.hi[o + j], a.hi[o + 4 + j]) = (even as i8 as u8, odd as i8 as u8);
+                    (o.hi[at + j], o.hi[at + 4 + j]) = (even as i8 as u8, odd as i8 as u8);
                 }
             }
         }
     }
-    a
 }
 
 /// Up to eight activation rows quantized for this kernel, for an emulator to run it on
@@ -157,13 +209,13 @@ pub(crate) unsafe fn rows_with(vnni: bool, w: &QuantizedMatrix, p: &PreparedRows
     unsafe { rows_any(vnni, w, &p.acts, 0..n, &mut parts[..p.m]) }
 }
 
-/// `y[m, n] = x[m, k] W^T`, every output with the bits of `reference::qmv_int` under
-/// `codes`' scheme.
+/// `y[m, n] = x[m, k] W^T` (`qmv_wide`'s batches and `qmm`'s prefills), every output with
+/// the bits of `reference::qmv_int` under `codes`' scheme.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA, F16C and AVX-512F/BW/VL, and VNNI when `vnni`;
 /// [`takes`] holds.
-pub(super) unsafe fn qmv_wide(
+pub(super) unsafe fn matmul(
     vnni: bool,
     x: &[f32],
     m: usize,
@@ -225,16 +277,35 @@ unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool>(
 ) {
     let m = outs.len();
     let mut out = [[0f32; ROWS]; PASS_ROWS];
-    for b0 in rows.clone().step_by(ROWS) {
-        let nr = ROWS.min(rows.end - b0);
-        for m0 in (0..m).step_by(PASS_ROWS) {
+    // A macro, not a closure: a closure has no target features of its own, so the
+    // intrinsics of `block` inlined into it would be calls.
+    macro_rules! one {
+        ($b0:expr, $m0:expr, $ahead:expr) => {{
+            let (b0, m0) = ($b0, $m0);
+            let nr = ROWS.min(rows.end - b0);
             let mt = PASS_ROWS.min(m - m0);
-            // The next block's bytes, asked for over this block's first pass.
-            let ahead = if m0 == 0 { Some((b0 + ROWS) * w.k() / 2) } else { None };
+            // The next block's bytes, asked for over this one.
+            let ahead = if $ahead { Some((b0 + ROWS) * w.k() / 2) } else { None };
             // SAFETY: forwarded from this function's contract.
             unsafe { block::<G, SPLIT, VNNI>(w, a, b0, nr, m0, mt, ahead, &mut out) };
             for (i, o) in out.iter().enumerate().take(mt) {
                 outs[m0 + i][b0 - rows.start..b0 - rows.start + nr].copy_from_slice(&o[..nr]);
+            }
+        }};
+    }
+    if m > 2 * PASS_ROWS {
+        // A prefill's rows: each pass of eight rows (its codes hot in L1) walks the task's
+        // block of weights, which stays in L2 from the first pass on.
+        for m0 in (0..m).step_by(PASS_ROWS) {
+            for b0 in rows.clone().step_by(ROWS) {
+                one!(b0, m0, true);
+            }
+        }
+    } else {
+        // A decode step's: each block of weights once from memory, every pass against it.
+        for b0 in rows.clone().step_by(ROWS) {
+            for m0 in (0..m).step_by(PASS_ROWS) {
+                one!(b0, m0, m0 == 0);
             }
         }
     }

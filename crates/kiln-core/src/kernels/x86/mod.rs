@@ -172,7 +172,7 @@ pub(super) unsafe fn qmv_wide(
 ) {
     if dots != Dots::Avx2 && lanerows::takes(w, m, codes) {
         // SAFETY: the AVX-512 path's features are this function's contract.
-        return unsafe { lanerows::qmv_wide(dots == Dots::Avx512Vnni, x, m, w, y, codes) };
+        return unsafe { lanerows::matmul(dots == Dots::Avx512Vnni, x, m, w, y, codes) };
     }
     // SAFETY: forwarded from this function's contract.
     unsafe { tiled(dots, x, m, w, y, codes, Order::RowOuter) }
@@ -191,6 +191,10 @@ pub(super) unsafe fn qmm(
     y: &mut [f32],
     codes: ActCodes,
 ) {
+    if dots != Dots::Avx2 && lanerows::takes(w, m, codes) {
+        // SAFETY: the AVX-512 path's features are this function's contract.
+        return unsafe { lanerows::matmul(dots == Dots::Avx512Vnni, x, m, w, y, codes) };
+    }
     // SAFETY: forwarded from this function's contract.
     unsafe { tiled(dots, x, m, w, y, codes, Order::TileOuter) }
 }
