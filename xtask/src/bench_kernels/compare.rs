@@ -3,9 +3,10 @@
 //! judged against numbers taken under another load.
 //!
 //! REV is checked out as a detached git worktree under `target/bench-compare/<sha>`, its
-//! bench binary built (with the workspace's target directory: deps are shared, and the
-//! two `kernels` binaries differ by their package path's hash) and the worktree removed
-//! again; then the working tree's is built. Each
+//! bench binary built (with the workspace's target directory, so deps are shared) and
+//! copied aside (`target/bench-compare/kernels-<sha>`: with the same dependency graph
+//! cargo names both trees' `kernels` binaries alike), and the worktree removed again;
+//! then the working tree's is built. Each
 //! benchmark then runs as rounds of one A (REV) and one B (working tree) run, alternating
 //! which goes first (A B, B A, A B, ...: ABBA), each run a fresh criterion process with
 //! its own output directory. Every round gives one pair; the change is the geometric
@@ -98,6 +99,17 @@ fn build(dir: &Path, target_dir: &Path) -> Result<PathBuf> {
     }
     bench_executable(&String::from_utf8_lossy(&out.stdout))
         .with_context(|| format!("cargo built no {BENCH_TARGET} bench executable in {}", dir.display()))
+}
+
+/// A copy of REV's bench executable `bin` in `dir`, named for `tag`. Both trees build into
+/// one target directory, and when their dependency graphs are the same cargo gives both
+/// `kernels` executables one name: the working tree's build then replaced REV's, and every
+/// pair compared the working tree with itself.
+fn keep_copy(bin: &Path, dir: &Path, tag: &str) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let kept = dir.join(format!("kernels-{tag}"));
+    std::fs::copy(bin, &kept).with_context(|| format!("copying {} to {}", bin.display(), kept.display()))?;
+    Ok(kept)
 }
 
 /// A detached worktree of `rev` under `<target>/bench-compare/<sha>`.
@@ -385,7 +397,7 @@ pub(super) fn run(root: &Path, target_dir: &Path, c: &CompareRun<'_>) -> Result<
     if !removed.is_ok_and(|s| s.success()) {
         eprintln!("warning: could not remove the worktree {}: run `git worktree prune`", tree.display());
     }
-    let bin_a = built?;
+    let bin_a = keep_copy(&built?, &target_dir.join("bench-compare"), &sha[..12])?;
     let bin_b = build(root, target_dir)?;
     let (ids_a, ids_b) = (list(&bin_a, filter)?, list(&bin_b, filter)?);
     let both: Vec<String> = ids_b.iter().filter(|id| ids_a.contains(id)).cloned().collect();
@@ -476,6 +488,21 @@ mod tests {
             judge(Some(Interval { n: 1, mean: 2.0, sd: 0.0, ci95: None }), 0.01),
             Verdict::TooFewPairs
         );
+    }
+
+    #[test]
+    fn revs_executable_is_kept_apart_from_a_rebuild_at_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("kernels-abc");
+        std::fs::write(&bin, b"rev").unwrap();
+        let kept = keep_copy(&bin, &dir.path().join("bench-compare"), "a645baff71c3").unwrap();
+        std::fs::write(&bin, b"working tree").unwrap();
+        assert_ne!(kept, bin);
+        assert_eq!(std::fs::read(&kept).unwrap(), b"rev");
+        // A second comparison of the same REV replaces the copy.
+        std::fs::write(&bin, b"rev again").unwrap();
+        let again = keep_copy(&bin, &dir.path().join("bench-compare"), "a645baff71c3").unwrap();
+        assert_eq!((again, std::fs::read(&kept).unwrap()), (kept, b"rev again".to_vec()));
     }
 
     #[test]
