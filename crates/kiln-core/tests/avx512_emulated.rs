@@ -250,23 +250,44 @@ fn avx512_tiles_match_avx2_bit_for_bit() {
     eprintln!("avx512_emulated: {} tile cases on the emulated CPU", cases.len());
 }
 
-/// `qmv_wide`'s lane-row kernel (a weight row per 32-bit lane, 4-bit weights with `K` a
-/// multiple of 64, 2 to 8 rows) on AVX-512, bit for bit against AVX2's `qmv_wide` and
+/// The lane-row kernel's cases: the tiles' 4-bit cases with K a multiple of 64 (2 to 8
+/// rows, one pass), and a third of them again with 12 rows (two passes per block, as a
+/// decode step of 9 to 16 rows runs) and with 20 (passes outer, as a prefill runs).
+fn lane_row_cases() -> Vec<(Case, usize)> {
+    let base: Vec<(Case, usize)> =
+        tile_cases().into_iter().filter(|(c, rows)| *rows >= 2 && c.w.k() % 64 == 0).collect();
+    let mut more = Vec::new();
+    for (i, (c, rows)) in base.iter().enumerate().filter(|(i, _)| i % 3 == 0) {
+        let m = if i % 2 == 0 { 12 } else { 20 };
+        let k = c.w.k();
+        let mut rng = Rng(k as u64 * 11 + i as u64);
+        let mut x = c.x.clone();
+        x.extend((0..(m - rows) * k).map(|_| rng.sym(2.0)));
+        let w = matrix(c.w.n(), k, 4, c.w.spec().group_size(), c.w.scales().dtype(), &mut rng, false);
+        more.push((Case { label: format!("{} rows={m}", c.label), w, x, act: c.act }, m));
+    }
+    base.into_iter().chain(more).collect()
+}
+
+/// Weight rows per task in the lane-row cases: the cases' 19 rows are two tasks, the
+/// second starting past row 0 with a partial block.
+const LANE_ROW_TASK: usize = 16;
+
+/// The lane-row kernel of `qmv_wide` and `qmm` (a weight row per 32-bit lane, 4-bit weights
+/// with `K` a multiple of 64) on AVX-512, bit for bit against AVX2's `qmv_wide` and
 /// `reference::qmv_int`: natively where the CPU has AVX-512 (both paths), else its
-/// `vpmaddubsw` form under the emulator. The cases' 19 weight rows are one whole block of
-/// 16 and a partial one.
+/// `vpmaddubsw` form under the emulator.
 #[test]
 fn avx512_lane_rows_match_avx2_bit_for_bit() {
     assert!(Isa::Avx2.is_available(), "kiln's x86 tests need AVX2");
-    let cases: Vec<(Case, usize)> =
-        tile_cases().into_iter().filter(|(c, rows)| *rows >= 2 && c.w.k() % 64 == 0).collect();
-    assert!(cases.len() >= 24, "{} lane-row cases", cases.len());
+    let cases = lane_row_cases();
+    assert!(cases.len() >= 50, "{} lane-row cases", cases.len());
     let native: Vec<Isa> = [Isa::Avx512, Isa::Avx512Vnni].into_iter().filter(|i| i.is_available()).collect();
     if !native.is_empty() && !forced() {
         for (case, rows) in &cases {
             let want = expected_tile(case, *rows);
             for &isa in &native {
-                let mut t = EmulatedLaneRows::new(isa, case.act, &case.x, *rows, &case.w)
+                let mut t = EmulatedLaneRows::new(isa, case.act, &case.x, *rows, LANE_ROW_TASK, &case.w)
                     .unwrap_or_else(|| panic!("{}: the lane-row kernel refused it", case.label));
                 assert_eq!(bits(t.run_native()), bits(&want), "{} on {}", case.label, isa.as_str());
             }
@@ -282,7 +303,9 @@ fn avx512_lane_rows_match_avx2_bit_for_bit() {
     };
     let prepared: Vec<EmulatedLaneRows<'_>> = cases
         .iter()
-        .map(|(c, rows)| EmulatedLaneRows::new(Isa::Avx512, c.act, &c.x, *rows, &c.w).expect("taken"))
+        .map(|(c, rows)| {
+            EmulatedLaneRows::new(Isa::Avx512, c.act, &c.x, *rows, LANE_ROW_TASK, &c.w).expect("taken")
+        })
         .collect();
     let dir = tempfile::tempdir().unwrap();
     let calls: Vec<EmuCall> = prepared

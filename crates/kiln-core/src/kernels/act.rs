@@ -72,7 +72,7 @@ impl ActCodes {
 
     /// The weight code the products are centred on, `2^(bits - 1)`: 8 for 4-bit weights,
     /// 128 for 8-bit ones.
-    pub fn center(self) -> i32 {
+    pub const fn center(self) -> i32 {
         match self {
             ActCodes::I8Deinterleaved | ActCodes::I16Split => 8,
             ActCodes::I16 => 128,

@@ -11,7 +11,8 @@
 //! CPU with the path, [`EmulatedQmv::run_native`] runs the same entry directly.
 //! [`EmulatedTile`] does the same for one tile of 1 to 8 activation rows against every
 //! weight row, the loops `qmv_wide` and `qmm` run for such tiles, and
-//! [`EmulatedLaneRows`] for `qmv_wide`'s lane-row kernel (a weight row per 32-bit lane).
+//! [`EmulatedLaneRows`] for the lane-row kernel of `qmv_wide` and `qmm` on AVX-512 (a
+//! weight row per 32-bit lane).
 
 use std::marker::PhantomData;
 
@@ -238,13 +239,15 @@ struct RowsCall {
     vnni: bool,
     w: *const QuantizedMatrix,
     rows: *const x86::lanerows::PreparedRows,
+    rows_per_task: usize,
     out: *mut f32,
     len: usize,
 }
 
-/// `qmv_wide`'s lane-row kernel (AVX-512, 4-bit weights, `K` a multiple of 64: a weight row
-/// per 32-bit lane) for 2 to 8 activation rows against every row of `W`, prepared for it to
-/// run on `isa`.
+/// The lane-row kernel of `qmv_wide` and `qmm` (AVX-512, 4-bit weights, `K` a multiple of
+/// 64: a weight row per 32-bit lane) for 2 to 32 activation rows against every row of `W`,
+/// in tasks of a given number of weight rows as the pool runs them, prepared for it to run
+/// on `isa`.
 pub struct EmulatedLaneRows<'a> {
     isa: Isa,
     call: Box<RowsCall>,
@@ -255,18 +258,25 @@ pub struct EmulatedLaneRows<'a> {
 
 impl<'a> EmulatedLaneRows<'a> {
     /// Quantizes the `rows` rows of `x` for `w` under `scheme` (natively, with AVX2) and
-    /// allocates the output; `None` where `qmv_wide` does not take the lane-row kernel for
-    /// them (other widths or group sizes, `K` not a multiple of 64, one row or more than 8).
+    /// allocates the output, for tasks of `rows_per_task` weight rows (a multiple of 16);
+    /// `None` where the lane-row kernel does not take them (other widths or group sizes,
+    /// `K` not a multiple of 64, one row or more than 32).
     ///
     /// # Panics
-    /// As [`EmulatedQmv::new`], and when `isa` is not an AVX-512 path.
+    /// As [`EmulatedQmv::new`], when `isa` is not an AVX-512 path, and when
+    /// `rows_per_task` is not a positive multiple of 16.
     pub fn new(
         isa: Isa,
         scheme: ActScheme,
         x: &[f32],
         rows: usize,
+        rows_per_task: usize,
         w: &'a QuantizedMatrix,
     ) -> Option<EmulatedLaneRows<'a>> {
+        assert!(
+            rows_per_task > 0 && rows_per_task.is_multiple_of(16),
+            "EmulatedLaneRows: {rows_per_task} rows per task is not a positive multiple of 16"
+        );
         let mut out = vec![0.0f32; rows * w.n()];
         check_shapes("EmulatedLaneRows", x, rows, w, &out);
         check_prepare("EmulatedLaneRows", isa);
@@ -282,6 +292,7 @@ impl<'a> EmulatedLaneRows<'a> {
             vnni: isa == Isa::Avx512Vnni,
             w,
             rows: &*prepared,
+            rows_per_task,
             out: out.as_mut_ptr(),
             len: out.len(),
         });
@@ -332,6 +343,6 @@ unsafe extern "C" fn lane_rows_entry(call: *const RowsCall) {
     unsafe {
         let c = &*call;
         let out = std::slice::from_raw_parts_mut(c.out, c.len);
-        x86::lanerows::rows_with(c.vnni, &*c.w, &*c.rows, out);
+        x86::lanerows::rows_with(c.vnni, &*c.w, &*c.rows, c.rows_per_task, out);
     }
 }

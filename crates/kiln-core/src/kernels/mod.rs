@@ -76,8 +76,9 @@ pub enum KernelChoice {
 #[serde(rename_all = "snake_case")]
 pub enum Isa {
     /// x86-64 with AVX-512F, BW and VL and VNNI besides the AVX2 set: the integer dots of
-    /// `qmv` and of 4-bit tiles with `vpdpbusd` / `vpdpwssd`, and `qmv_wide`'s kernel with a
-    /// weight row per 32-bit lane for 4-bit weights; the rest runs its AVX2 code.
+    /// `qmv` and of 4-bit tiles with `vpdpbusd` / `vpdpwssd`, and the kernel of `qmv_wide`
+    /// and `qmm` with a weight row per 32-bit lane for 4-bit weights; the rest runs its AVX2
+    /// code.
     Avx512Vnni,
     /// x86-64 with AVX-512F, BW and VL besides the AVX2 set (no VNNI): as
     /// [`Isa::Avx512Vnni`] with 512-bit `vpmaddubsw` / `vpmaddwd` for the dots.

@@ -1,5 +1,5 @@
-//! `qmv_wide` for 4-bit weights on AVX-512 with one weight row per 32-bit lane (`vpdpbusd`
-//! with VNNI, `vpmaddubsw` and `vpmaddwd` without).
+//! `qmv_wide` and `qmm` for 4-bit weights on AVX-512 with one weight row per 32-bit lane
+//! (`vpdpbusd` with VNNI, `vpmaddubsw` and `vpmaddwd` without).
 //!
 //! The other wide kernels hold one weight row's codes in a register and meet each
 //! activation row with it: every (weight row, activation row, group) leaves 16 lanes of
@@ -13,9 +13,9 @@
 //!   row).
 //! - Each activation row's codes are stored eight elements at a time as the four even
 //!   ones then the four odd ones ([`Acts`]), so the four codes lane `r` needs are one
-//!   32-bit word, broadcast from memory into `vpdpbusd`: lane `r` accumulates row `r`'s
-//!   exact group dot (u4 * i8, at most 128 * 15 * 127 per lane over a 128-group; split
-//!   codes as `256 * high + low`, exact in i32).
+//!   32-bit word, broadcast into every lane (from memory into `vpdpbusd`): lane `r`
+//!   accumulates row `r`'s exact group dot (u4 * i8, at most 128 * 15 * 128 per lane over a
+//!   128-group; split codes as `256 * high + low`, at most 62.7M, exact in i32).
 //! - The float work of [`crate::kernels::act::Lanes`] runs with lane = weight row, the
 //!   group's scales and biases gathered for the 16 rows straight from their stored dtype,
 //!   into eight accumulators per activation row (group `g` into accumulator `g % 8`)
@@ -25,7 +25,9 @@
 //! output has the bits of [`crate::kernels::reference::qmv_int`], as the other kernels'
 //! do. Taken for 4-bit weights at group sizes 32, 64 and 128 with `K` a multiple of 64,
 //! under `int16` (split planes) and `int8` codes; a block's rows past `N` are clamped
-//! copies of its last row whose lanes are never stored.
+//! copies of its last row whose lanes are never stored. Up to 16 activation rows meet each
+//! block of weights once (a decode step's, read from memory); more rows (a prefill's) walk
+//! a task's blocks in passes of eight, the weights in L2 from the first pass on.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -164,16 +166,21 @@ fn quantize_rows(o: RowsOut<'_>, g: usize, codes: ActCodes) {
     }
 }
 
-/// Up to eight activation rows quantized for this kernel, for an emulator to run it on
-/// (see `kernels::emulated`): [`rows_with`] computes from them without allocating.
+/// Activation rows [`PreparedRows`] holds at most (the entry's output slices live in a
+/// fixed array).
+pub(crate) const MAX_PREPARED_ROWS: usize = 32;
+
+/// Up to [`MAX_PREPARED_ROWS`] activation rows quantized for this kernel, for an emulator
+/// to run it on (see `kernels::emulated`): [`rows_with`] computes from them without
+/// allocating.
 pub(crate) struct PreparedRows {
     acts: Acts,
     m: usize,
 }
 
 impl PreparedRows {
-    /// The `m` (2 to 8) rows of `x` for `w` under `codes`, or `None` where the kernel does
-    /// not take them ([`takes`]).
+    /// The `m` (2 to [`MAX_PREPARED_ROWS`]) rows of `x` for `w` under `codes`, or `None`
+    /// where the kernel does not take them ([`takes`]).
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
@@ -183,7 +190,7 @@ impl PreparedRows {
         w: &QuantizedMatrix,
         codes: ActCodes,
     ) -> Option<PreparedRows> {
-        if !takes(w, m, codes) || m > PASS_ROWS {
+        if !takes(w, m, codes) || m > MAX_PREPARED_ROWS {
             return None;
         }
         // SAFETY: forwarded from this function's contract.
@@ -192,21 +199,32 @@ impl PreparedRows {
     }
 }
 
-/// Every weight row of `w` against `p`'s rows, on the calling thread: `out[i * n + r]` is
+/// Every weight row of `w` against `p`'s rows, on the calling thread, in tasks of
+/// `rows_per_task` rows (a multiple of 16) as the pool would run them: `out[i * n + r]` is
 /// activation row `i`'s output for weight row `r`. Allocates nothing.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA, F16C and AVX-512F/BW/VL, and VNNI when `vnni`; `p` was
 /// prepared for `w`.
-pub(crate) unsafe fn rows_with(vnni: bool, w: &QuantizedMatrix, p: &PreparedRows, out: &mut [f32]) {
+pub(crate) unsafe fn rows_with(
+    vnni: bool,
+    w: &QuantizedMatrix,
+    p: &PreparedRows,
+    rows_per_task: usize,
+    out: &mut [f32],
+) {
     let n = w.n();
     assert_eq!(out.len(), p.m * n);
-    let mut parts: [&mut [f32]; PASS_ROWS] = Default::default();
-    for (part, o) in parts.iter_mut().zip(out.chunks_exact_mut(n)) {
-        *part = o;
+    assert!(rows_per_task > 0 && rows_per_task.is_multiple_of(ROWS), "{rows_per_task} rows per task");
+    for r0 in (0..n).step_by(rows_per_task) {
+        let r1 = (r0 + rows_per_task).min(n);
+        let mut parts: [&mut [f32]; MAX_PREPARED_ROWS] = Default::default();
+        for (part, o) in parts.iter_mut().zip(out.chunks_exact_mut(n)) {
+            *part = &mut o[r0..r1];
+        }
+        // SAFETY: forwarded from this function's contract.
+        unsafe { rows_any(vnni, w, &p.acts, r0..r1, &mut parts[..p.m]) }
     }
-    // SAFETY: forwarded from this function's contract.
-    unsafe { rows_any(vnni, w, &p.acts, 0..n, &mut parts[..p.m]) }
 }
 
 /// `y[m, n] = x[m, k] W^T` (`qmv_wide`'s batches and `qmm`'s prefills), every output with
@@ -330,6 +348,9 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
 ) {
     assert!((1..=ROWS).contains(&nr) && b0 + nr <= w.n() && (1..=PASS_ROWS).contains(&mt));
     assert!(m0 + mt <= a.hi.len() / a.k && (!SPLIT || a.lo.len() == a.hi.len()));
+    // The codes were quantized for this matrix: the gathers' indices `(b0 + r) * gpr + g`
+    // then address its scales and biases.
+    assert!(a.k == w.k() && a.gpr * G == a.k);
     let (k, gpr) = (a.k, a.gpr);
     let row_bytes = k / 2;
     let packed = packed_bytes(w);
@@ -339,8 +360,9 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
         &packed[r * row_bytes..(r + 1) * row_bytes]
     });
     let valid: __mmask16 = if nr == ROWS { 0xFFFF } else { ((1u32 << nr) - 1) as u16 };
-    // SAFETY: this function's contract gives every intrinsic here its features; each `o`
-    // holds 16 f32 and the store is unaligned.
+    // SAFETY: this function's contract gives every intrinsic here its features; the
+    // gathers' lanes in `valid` index rows `b0 .. b0 + nr` and groups `< gpr` of `w`'s
+    // scales and biases (asserted above); each `o` holds 16 f32 and the store is unaligned.
     unsafe {
         let row_groups = _mm512_mullo_epi32(
             _mm512_add_epi32(
@@ -350,6 +372,8 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
             _mm512_set1_epi32(gpr as i32),
         );
         let low4 = _mm512_set1_epi8(0x0F);
+        // Both 4-bit schemes centre the weight codes on 8.
+        const _: () = assert!(ActCodes::I16Split.center() == ActCodes::I8Deinterleaved.center());
         let centre = _mm512_set1_ps(ActCodes::I16Split.center() as f32);
         let mut lanes = [[_mm512_setzero_ps(); 8]; PASS_ROWS];
         // g128: the integer sums of a group's first unit, until its second is added.
@@ -417,9 +441,12 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
 
 /// Bytes `off .. off + 32` of the 16 rows, transposed: lane `r` of register `c` is the
 /// `c`-th 32-bit word of row `r`'s bytes.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
 #[inline(always)]
-fn transpose(wrows: &[&[u8]; ROWS], off: usize) -> [__m512i; 8] {
-    // SAFETY: for every intrinsic here, the caller is compiled with AVX-512F, and each load is
+unsafe fn transpose(wrows: &[&[u8]; ROWS], off: usize) -> [__m512i; 8] {
+    // SAFETY: for every intrinsic here, this function's contract gives AVX-512F, and each load is
     // of 32 bytes inside a row (asserted by the slicing).
     unsafe {
         // Rows p and p + 8 side by side: each 256-bit half is then an 8 x 8 transpose.
@@ -464,15 +491,18 @@ fn transpose(wrows: &[&[u8]; ROWS], off: usize) -> [__m512i; 8] {
 
 /// One activation row's exact integer dot with the 16 rows over `chunks` of a unit: its
 /// codes for the unit start at byte `at` of [`Acts::hi`] (and [`Acts::lo`]).
+///
+/// # Safety
+/// The CPU must support AVX-512F/BW, and VNNI when `VNNI`.
 #[inline(always)]
-fn dots<const SPLIT: bool, const VNNI: bool>(
+unsafe fn dots<const SPLIT: bool, const VNNI: bool>(
     even: &[__m512i; 8],
     odd: &[__m512i; 8],
     chunks: Range<usize>,
     a: &Acts,
     at: usize,
 ) -> __m512i {
-    // SAFETY: for every intrinsic here, the caller is compiled with AVX-512F/BW, and VNNI
+    // SAFETY: for every intrinsic here, this function's contract gives AVX-512F/BW, and VNNI
     // when `VNNI`.
     unsafe {
         let zero = _mm512_setzero_si512();
@@ -494,9 +524,12 @@ fn dots<const SPLIT: bool, const VNNI: bool>(
 /// `acc` plus, per 32-bit lane, the four products of `w`'s u8 codes with `x`'s i8 ones:
 /// `vpdpbusd` with VNNI, else `vpmaddubsw` (pairs of u4 * i8, at most 2 * 15 * 127, no
 /// saturation) widened by `vpmaddwd` with ones.
+///
+/// # Safety
+/// The CPU must support AVX-512BW, and VNNI when `VNNI`.
 #[inline(always)]
-fn dot4<const VNNI: bool>(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
-    // SAFETY: the caller is compiled with AVX-512BW, and VNNI when `VNNI`.
+unsafe fn dot4<const VNNI: bool>(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
+    // SAFETY: this function's contract gives AVX-512BW, and VNNI when `VNNI`.
     unsafe {
         if VNNI {
             _mm512_dpbusd_epi32(acc, w, x)
@@ -507,18 +540,25 @@ fn dot4<const VNNI: bool>(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
 }
 
 /// The 32-bit word at byte `o` of `plane` in every lane.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
 #[inline(always)]
-fn word(plane: &[u8], o: usize) -> __m512i {
+unsafe fn word(plane: &[u8], o: usize) -> __m512i {
     let b: [u8; 4] = plane[o..o + 4].try_into().expect("four bytes");
-    // SAFETY: the caller is compiled with AVX-512F.
+    // SAFETY: this function's contract gives AVX-512F.
     unsafe { _mm512_set1_epi32(i32::from_le_bytes(b)) }
 }
 
 /// The scales (or biases) at element indices `idx`, widened to f32; lanes outside `valid`
 /// are unspecified.
+///
+/// # Safety
+/// The CPU must support AVX-512F, and every lane of `idx` in `valid` must index an element
+/// of `sd`.
 #[inline(always)]
-fn gather(sd: &ScaleData, idx: __m512i, valid: __mmask16) -> __m512 {
-    // SAFETY: for every intrinsic here, the caller is compiled with AVX-512F. Every lane in
+unsafe fn gather(sd: &ScaleData, idx: __m512i, valid: __mmask16) -> __m512 {
+    // SAFETY: for every intrinsic here, this function's contract gives AVX-512F. Every lane in
     // the gathers' masks indexes an element of `sd` (the caller's rows and groups exist);
     // a 16-bit element is gathered as the 32-bit word at its address, so the last element,
     // whose word would run two bytes past the data, is masked out and taken from `src`.
@@ -541,10 +581,13 @@ fn gather(sd: &ScaleData, idx: __m512i, valid: __mmask16) -> __m512 {
 
 /// 16-bit elements of `v` at `idx` in the low halves of 32-bit lanes (high halves
 /// unspecified).
+///
+/// # Safety
+/// As [`gather`], for `v`.
 #[inline(always)]
-fn gather16(v: &[u16], idx: __m512i, valid: __mmask16) -> __m512i {
+unsafe fn gather16(v: &[u16], idx: __m512i, valid: __mmask16) -> __m512i {
     let last = v.len() - 1;
-    // SAFETY: the caller is compiled with AVX-512F; the masked lanes index elements before
+    // SAFETY: this function's contract gives AVX-512F; the masked lanes index elements before
     // the last, whose 32-bit words lie inside `v`.
     unsafe {
         let safe = valid & _mm512_cmplt_epu32_mask(idx, _mm512_set1_epi32(last as i32));

@@ -1,12 +1,11 @@
 //! AVX2 + FMA + F16C kernels for 4- and 8-bit weights at group sizes 32, 64 and 128, and
-//! the AVX-512 paths, which replace integer dots (`avx512`): all of `qmv`'s, the
-//! eight-row tiles' of `qmm` for 4-bit weights, where one 512-bit multiply meets a whole
-//! 64-element block of a row, and the small tiles' (up to four rows) for 4-bit g32 and
-//! g64 weights. `qmv_wide` on AVX-512 takes its own kernel for 4-bit weights with `K` a
-//! multiple of 64 (`lanerows`: 16 weight rows transposed into the lanes of a register, so
-//! no partial sums are folded), and the tiles for the rest. On the 2-vCPU AVX-512 Xeon that took prefill 3-4% faster
-//! at one thread on g32 weights and 49% on g64; the reductions and the float work per
-//! group, unchanged, are most of what is left.
+//! the AVX-512 paths. These replace integer dots (`avx512`): all of `qmv`'s, the eight-row
+//! tiles' of 4-bit weights, where one 512-bit multiply meets a whole 64-element block of a
+//! row, and the small tiles' (up to four rows) for 4-bit g32 and g64 weights; on the 2-vCPU
+//! AVX-512 Xeon those dots took prefill 3-4% faster at one thread on g32 weights and 49% on
+//! g64. And `qmv_wide` and `qmm` on AVX-512 take their own kernel for 4-bit weights with
+//! `K` a multiple of 64 (`lanerows`: 16 weight rows transposed into the lanes of a
+//! register, so no partial sums are folded), the tiles for the rest.
 //!
 //! They follow the integer scheme (see [`super::act`]): activations quantized per group,
 //! one exact integer dot per weight group, then the float work of [`super::act::Lanes`]
@@ -31,7 +30,8 @@
 //!
 //! This file holds the entry points and the dispatch on geometry and scale dtype; the
 //! work is in `row` (the `qmv` row loop, once per path), `avx512` (the 512-bit dots),
-//! `lanerows` (`qmv_wide`'s AVX-512 kernel with a weight row per lane), `tiled` (the tiled loop and tiles of up to
+//! `lanerows` (the AVX-512 kernel of `qmv_wide` and `qmm` with a weight row per lane),
+//! `tiled` (the tiled loop and tiles of up to
 //! four rows), `tile8` (eight-row tiles), `reduce` (integer dots and their reductions),
 //! `lanes` (the float work per group), `scales` (scale and bias loads and widening),
 //! `prefetch` (the prefetch policy) and `loads` (checked SIMD loads and stores).
