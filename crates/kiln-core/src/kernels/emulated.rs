@@ -21,6 +21,47 @@ use super::{Isa, check_shapes, integer_codes, x86};
 use crate::act_precision::ActScheme;
 use crate::matrix::QuantizedMatrix;
 
+/// The accessors every prepared call shares: the entry's address and argument, the
+/// outputs' bytes, the outputs as left here, and a native run of the entry.
+macro_rules! call_accessors {
+    ($ty:ident, $call:ty, $entry:ident, $out_bytes_doc:literal, $out_doc:literal) => {
+        impl<'a> $ty<'a> {
+            #[doc = concat!("The address of the entry: `extern \"C\" fn(arg)`, see [`", stringify!($ty), "::arg`].")]
+            pub fn entry() -> usize {
+                $entry as *const () as usize
+            }
+
+            /// The entry's one argument.
+            pub fn arg(&self) -> usize {
+                &*self.call as *const $call as usize
+            }
+
+            #[doc = $out_bytes_doc]
+            pub fn out_bytes(&self) -> (usize, usize) {
+                (self.out.as_ptr() as usize, 4 * self.out.len())
+            }
+
+            #[doc = $out_doc]
+            pub fn out(&self) -> &[f32] {
+                &self.out
+            }
+
+            /// Runs the entry on this CPU, leaving the outputs in `self.out`.
+            fn run_entry(&mut self) {
+                let isa = self.isa;
+                assert!(
+                    isa.is_available(),
+                    concat!(stringify!($ty), "::run_native: this CPU lacks {}"),
+                    isa.as_str()
+                );
+                // SAFETY: the call's pointers are this struct's own, alive; the path's
+                // features were confirmed above.
+                unsafe { $entry(&*self.call) };
+            }
+        }
+    };
+}
+
 /// What the entry reads: plain pointers, laid out for C.
 #[repr(C)]
 struct Call {
@@ -60,39 +101,23 @@ impl<'a> EmulatedQmv<'a> {
         EmulatedQmv { isa, call, _xt: xt, out, _w: PhantomData }
     }
 
-    /// The address of the entry: `extern "C" fn(arg)`, see [`EmulatedQmv::arg`].
-    pub fn entry() -> usize {
-        qmv_rows_entry as *const () as usize
-    }
-
-    /// The entry's one argument.
-    pub fn arg(&self) -> usize {
-        &*self.call as *const Call as usize
-    }
-
-    /// Where the outputs lie, and how many bytes they are.
-    pub fn out_bytes(&self) -> (usize, usize) {
-        (self.out.as_ptr() as usize, 4 * self.out.len())
-    }
-
-    /// The outputs as the entry left them here (zero until [`EmulatedQmv::run_native`]).
-    pub fn out(&self) -> &[f32] {
-        &self.out
-    }
-
     /// Runs the entry on this CPU.
     ///
     /// # Panics
     /// When this CPU lacks the path it was prepared for.
     pub fn run_native(&mut self) -> &[f32] {
-        let isa = self.isa;
-        assert!(isa.is_available(), "EmulatedQmv::run_native: this CPU lacks {}", isa.as_str());
-        // SAFETY: the call's pointers are this struct's own, alive; the path's features
-        // were confirmed above.
-        unsafe { qmv_rows_entry(&*self.call) };
+        self.run_entry();
         &self.out
     }
 }
+
+call_accessors!(
+    EmulatedQmv,
+    Call,
+    qmv_rows_entry,
+    "Where the outputs lie, and how many bytes they are.",
+    "The outputs as the entry left them here (zero until [`EmulatedQmv::run_native`])."
+);
 
 /// Every output row of `call`, on its dots' path.
 ///
@@ -170,27 +195,6 @@ impl<'a> EmulatedTile<'a> {
         EmulatedTile { isa, rows, call, _tile: tile, out, _w: PhantomData }
     }
 
-    /// The address of the entry: `extern "C" fn(arg)`, see [`EmulatedTile::arg`].
-    pub fn entry() -> usize {
-        tile_rows_entry as *const () as usize
-    }
-
-    /// The entry's one argument.
-    pub fn arg(&self) -> usize {
-        &*self.call as *const TileCall as usize
-    }
-
-    /// Where the raw outputs lie (`8 * N` values, weight row by weight row, eight lanes
-    /// each), and how many bytes they are.
-    pub fn out_bytes(&self) -> (usize, usize) {
-        (self.out.as_ptr() as usize, 4 * self.out.len())
-    }
-
-    /// The raw outputs as the entry left them here (zero until [`EmulatedTile::run_native`]).
-    pub fn out(&self) -> &[f32] {
-        &self.out
-    }
-
     /// Raw outputs (as [`EmulatedTile::out_bytes`] lays them out) to `y[rows, N]`, the
     /// layout `qmv_wide` writes.
     pub fn to_rows(&self, raw: &[f32]) -> Vec<f32> {
@@ -210,14 +214,18 @@ impl<'a> EmulatedTile<'a> {
     /// # Panics
     /// When this CPU lacks the path it was prepared for.
     pub fn run_native(&mut self) -> Vec<f32> {
-        let isa = self.isa;
-        assert!(isa.is_available(), "EmulatedTile::run_native: this CPU lacks {}", isa.as_str());
-        // SAFETY: the call's pointers are this struct's own, alive; the path's features
-        // were confirmed above.
-        unsafe { tile_rows_entry(&*self.call) };
+        self.run_entry();
         self.to_rows(&self.out)
     }
 }
+
+call_accessors!(
+    EmulatedTile,
+    TileCall,
+    tile_rows_entry,
+    "Where the raw outputs lie (`8 * N` values, weight row by weight row, eight lanes each), and how many bytes they are.",
+    "The raw outputs as the entry left them here (zero until [`EmulatedTile::run_native`])."
+);
 
 /// Every weight row of `call` against its tile, on its dots' path.
 ///
@@ -299,39 +307,23 @@ impl<'a> EmulatedLaneRows<'a> {
         Some(EmulatedLaneRows { isa, call, _rows: prepared, out, _w: PhantomData })
     }
 
-    /// The address of the entry: `extern "C" fn(arg)`, see [`EmulatedLaneRows::arg`].
-    pub fn entry() -> usize {
-        lane_rows_entry as *const () as usize
-    }
-
-    /// The entry's one argument.
-    pub fn arg(&self) -> usize {
-        &*self.call as *const RowsCall as usize
-    }
-
-    /// Where the outputs (`y[rows, N]`) lie, and how many bytes they are.
-    pub fn out_bytes(&self) -> (usize, usize) {
-        (self.out.as_ptr() as usize, 4 * self.out.len())
-    }
-
-    /// The outputs as the entry left them here (zero until [`EmulatedLaneRows::run_native`]).
-    pub fn out(&self) -> &[f32] {
-        &self.out
-    }
-
     /// Runs the entry on this CPU.
     ///
     /// # Panics
     /// When this CPU lacks the path it was prepared for.
     pub fn run_native(&mut self) -> &[f32] {
-        let isa = self.isa;
-        assert!(isa.is_available(), "EmulatedLaneRows::run_native: this CPU lacks {}", isa.as_str());
-        // SAFETY: the call's pointers are this struct's own, alive; the path's features
-        // were confirmed above.
-        unsafe { lane_rows_entry(&*self.call) };
+        self.run_entry();
         &self.out
     }
 }
+
+call_accessors!(
+    EmulatedLaneRows,
+    RowsCall,
+    lane_rows_entry,
+    "Where the outputs (`y[rows, N]`) lie, and how many bytes they are.",
+    "The outputs as the entry left them here (zero until [`EmulatedLaneRows::run_native`])."
+);
 
 /// Every weight row of `call` against its rows, on its path.
 ///

@@ -117,9 +117,13 @@ unsafe fn load_block(b: &Block) -> __m512i {
 }
 
 /// u4 codes times i8 activations, every four neighbouring products summed into an i32
-/// lane.
+/// lane (`vpdpbusd` with VNNI; else `vpmaddubsw`, pairs of at most 2 * 15 * 128, no
+/// saturation, widened by `vpmaddwd` with ones).
+///
+/// # Safety
+/// The CPU must support AVX-512BW, and VNNI when `VNNI`.
 #[inline(always)]
-unsafe fn dot_u4_i8<const VNNI: bool>(acc: __m512i, nib: __m512i, x: __m512i) -> __m512i {
+pub(super) unsafe fn dot_u4_i8<const VNNI: bool>(acc: __m512i, nib: __m512i, x: __m512i) -> __m512i {
     // SAFETY: the caller guarantees AVX-512BW, and VNNI when `VNNI`.
     unsafe {
         if VNNI {

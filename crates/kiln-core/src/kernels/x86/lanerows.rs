@@ -32,6 +32,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::avx512::dot_u4_i8;
 use super::scales::packed_bytes;
 use crate::kernels::act::{ActCodes, quantize_group, split_code};
 use crate::kernels::drive;
@@ -509,33 +510,15 @@ unsafe fn dots<const SPLIT: bool, const VNNI: bool>(
         let (mut he, mut ho, mut le, mut lo) = (zero, zero, zero, zero);
         for c in chunks {
             let o = at + 8 * c;
-            he = dot4::<VNNI>(he, even[c], word(&a.hi, o));
-            ho = dot4::<VNNI>(ho, odd[c], word(&a.hi, o + 4));
+            he = dot_u4_i8::<VNNI>(he, even[c], word(&a.hi, o));
+            ho = dot_u4_i8::<VNNI>(ho, odd[c], word(&a.hi, o + 4));
             if SPLIT {
-                le = dot4::<VNNI>(le, even[c], word(&a.lo, o));
-                lo = dot4::<VNNI>(lo, odd[c], word(&a.lo, o + 4));
+                le = dot_u4_i8::<VNNI>(le, even[c], word(&a.lo, o));
+                lo = dot_u4_i8::<VNNI>(lo, odd[c], word(&a.lo, o + 4));
             }
         }
         let h = _mm512_add_epi32(he, ho);
         if SPLIT { _mm512_add_epi32(_mm512_slli_epi32::<8>(h), _mm512_add_epi32(le, lo)) } else { h }
-    }
-}
-
-/// `acc` plus, per 32-bit lane, the four products of `w`'s u8 codes with `x`'s i8 ones:
-/// `vpdpbusd` with VNNI, else `vpmaddubsw` (pairs of u4 * i8, at most 2 * 15 * 127, no
-/// saturation) widened by `vpmaddwd` with ones.
-///
-/// # Safety
-/// The CPU must support AVX-512BW, and VNNI when `VNNI`.
-#[inline(always)]
-unsafe fn dot4<const VNNI: bool>(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
-    // SAFETY: this function's contract gives AVX-512BW, and VNNI when `VNNI`.
-    unsafe {
-        if VNNI {
-            _mm512_dpbusd_epi32(acc, w, x)
-        } else {
-            _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)))
-        }
     }
 }
 
