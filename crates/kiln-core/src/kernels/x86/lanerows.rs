@@ -32,6 +32,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::PARALLEL_QUANTIZE_ROWS;
 use super::avx512::dot_u4_i8;
 use super::scales::packed_bytes;
 use crate::kernels::act::{ActCodes, quantize_group, split_code};
@@ -77,11 +78,8 @@ struct Acts {
     cqsum: Vec<i32>,
 }
 
-/// Rows from which the activations are quantized on the pool (a prefill's): below it (a
-/// batched decode step) the region's wake-up would cost more than the work.
-const PARALLEL_QUANTIZE_ROWS: usize = 32;
-
-/// Quantizes `m` rows of `k` activations per group of `g`, a prefill's on the pool.
+/// Quantizes `m` rows of `k` activations per group of `g`, on the pool from
+/// [`PARALLEL_QUANTIZE_ROWS`] rows on, as the tiles are.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.

@@ -170,10 +170,6 @@ pub(super) unsafe fn qmv_wide(
     y: &mut [f32],
     codes: ActCodes,
 ) {
-    if dots != Dots::Avx2 && lanerows::takes(w, m, codes) {
-        // SAFETY: the AVX-512 path's features are this function's contract.
-        return unsafe { lanerows::matmul(dots == Dots::Avx512Vnni, x, m, w, y, codes) };
-    }
     // SAFETY: forwarded from this function's contract.
     unsafe { tiled(dots, x, m, w, y, codes, Order::RowOuter) }
 }
@@ -191,14 +187,13 @@ pub(super) unsafe fn qmm(
     y: &mut [f32],
     codes: ActCodes,
 ) {
-    if dots != Dots::Avx2 && lanerows::takes(w, m, codes) {
-        // SAFETY: the AVX-512 path's features are this function's contract.
-        return unsafe { lanerows::matmul(dots == Dots::Avx512Vnni, x, m, w, y, codes) };
-    }
     // SAFETY: forwarded from this function's contract.
     unsafe { tiled(dots, x, m, w, y, codes, Order::TileOuter) }
 }
 
+/// The lane-row kernel where an AVX-512 path takes it (it picks its own loop order by M),
+/// else the tiles in `order`.
+///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C, and the features of `dots`.
 unsafe fn tiled(
@@ -210,6 +205,10 @@ unsafe fn tiled(
     codes: ActCodes,
     order: Order,
 ) {
+    if dots != Dots::Avx2 && lanerows::takes(w, m, codes) {
+        // SAFETY: the AVX-512 path's features are this function's contract.
+        return unsafe { lanerows::matmul(dots == Dots::Avx512Vnni, x, m, w, y, codes) };
+    }
     let spec = w.spec();
     // SAFETY: this function's caller guarantees AVX2, FMA and F16C.
     let tiles = unsafe { quantize_tiles(x, m, w.k(), spec.group_size(), codes) };
@@ -296,7 +295,7 @@ fn quantize_tile(x: &[f32], rows: usize, k: usize, g: usize, codes: ActCodes) ->
 
 /// Tiles at least this many rows are quantized in parallel: below it (a batched decode
 /// step) the region's wake-up would cost more than the work.
-const PARALLEL_QUANTIZE_ROWS: usize = 32;
+pub(super) const PARALLEL_QUANTIZE_ROWS: usize = 32;
 
 /// `m` rows of `x` quantized into tiles of at most eight rows, as [`XTile::tiles`] gives
 /// them. A prefill's tiles are quantized on the pool, a tile per task: run on the caller
