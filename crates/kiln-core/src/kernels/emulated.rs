@@ -96,7 +96,7 @@ impl<'a> EmulatedQmv<'a> {
             panic!("EmulatedQmv: {}-bit weights have no integer codes under {scheme:?}", w.spec().bits())
         });
         // SAFETY: AVX2, FMA and F16C were confirmed above.
-        let xt = Box::new(unsafe { x86::quantize_vector(x, w.spec().group_size(), codes) });
+        let xt = Box::new(unsafe { x86::qmv_vector(dots, x, w.spec().group_size(), codes) });
         let call = Box::new(Call { dots, w, xt: &*xt, out: out.as_mut_ptr(), n: w.n() });
         EmulatedQmv { isa, call, _xt: xt, out, _w: PhantomData }
     }

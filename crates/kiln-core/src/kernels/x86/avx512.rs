@@ -1,19 +1,24 @@
-//! `qmv`'s integer dots on AVX-512 (F, BW, VL; with VNNI where the CPU has it).
+//! `qmv`'s integer dots on AVX-512 (F, BW, VL; with VNNI where the CPU has it), and the
+//! tiles'.
 //!
 //! They compute exactly the sums AVX2's [`super::row::chunk8`] and
 //! [`super::row::chunk8_split`] do (lane `j` = group `j`'s dot with the activation
 //! codes): integer sums are exact in any order, so the float work after them, shared
 //! with AVX2, gives bit-identical outputs.
 //!
-//! A 32-byte block of 4-bit codes is broadcast to both halves of a 512-bit register and
-//! shifted by 0 in the low half and 4 in the high one, so after `and 0x0F` it holds the
-//! even elements' codes beside the odd ones', the layout of its 64-byte activation block
-//! ([`Block`]): one multiply covers the whole block. 8-bit codes are widened 32 at a time
-//! against a block of 32 16-bit activations. Without VNNI the products are `vpmaddubsw`
-//! (u4 * i8 pairs, at most 2 * 15 * 128 per i16 lane, no saturation) widened by
-//! `vpmaddwd` with ones (or with 256 for the high plane of split codes), and `vpmaddwd`
-//! for 8-bit codes; with VNNI `vpdpbusd` and `vpdpwssd` sum four (two) products straight
-//! into i32 lanes.
+//! `qmv` reads 4-bit codes 64 bytes (128 codes) at a time: `and 0x0F` gives the even
+//! elements' codes, `>> 4` and `and` the odd ones', each multiplied against the matching
+//! half of a pair of activation blocks put in that order once per vector
+//! ([`pair_blocks`]), so lane `l` holds the dot of elements `8l .. 8l + 8` and a group is
+//! a run of lanes (4 at g32, 8 at g64, a register at g128). The tiles, whose activation
+//! blocks are shared with AVX2's, broadcast a 32-byte block to both halves of a register
+//! and shift by 0 in the low half and 4 in the high one ([`nibbles`]), which after
+//! `and 0x0F` holds the even elements' codes beside the odd ones', the layout of its
+//! 64-byte activation block ([`Block`]). 8-bit codes are widened 32 at a time against a
+//! block of 32 16-bit activations. Without VNNI the products are `vpmaddubsw` (u4 * i8
+//! pairs, at most 2 * 15 * 128 per i16 lane, no saturation) widened by `vpmaddwd` with
+//! ones (or with 256 for the high plane of split codes), and `vpmaddwd` for 8-bit codes;
+//! with VNNI `vpdpbusd` and `vpdpwssd` sum four (two) products straight into i32 lanes.
 
 use std::arch::x86_64::*;
 
@@ -34,65 +39,117 @@ impl<const VNNI: bool> Dots for Avx512Dots<VNNI> {
         // SAFETY: the caller guarantees AVX-512F/BW/VL (and VNNI when `VNNI`); every
         // load is of a checked slice.
         unsafe {
-            let zero = _mm512_setzero_si512();
-            if BITS == 4 && G == 32 {
-                // Block `i` holds groups 2i and 2i + 1; a last lone group is a half block.
-                let mut p = [zero; 4];
-                for (i, pi) in p.iter_mut().enumerate() {
-                    if 2 * i + 1 < ng {
-                        *pi = q4_block::<VNNI>(nibbles(load32(&w[32 * i..32 * i + 32])), &x[i]);
-                    } else if 2 * i < ng {
-                        *pi = q4_block::<VNNI>(nibbles(load16z(&w[32 * i..32 * i + 16])), &x[i]);
-                    }
-                }
-                pairs_to_groups(p)
-            } else {
-                let mut v = [zero; 8];
-                for (j, vj) in v.iter_mut().enumerate() {
-                    if j < ng {
-                        *vj =
-                            group_dot::<BITS, G, VNNI>(&w[j * gb..(j + 1) * gb], &x[j * bpg..(j + 1) * bpg]);
-                    }
-                }
-                groups_to_lanes(v)
+            if BITS == 4 {
+                return q4_chunks::<G, false, VNNI>(w, x, x, ng);
             }
+            let zero = _mm512_setzero_si512();
+            let mut v = [zero; 8];
+            for (j, vj) in v.iter_mut().enumerate() {
+                if j < ng {
+                    *vj = group_dot::<BITS, G, VNNI>(&w[j * gb..(j + 1) * gb], &x[j * bpg..(j + 1) * bpg]);
+                }
+            }
+            groups_to_lanes(v)
         }
     }
 
     #[inline(always)]
     unsafe fn chunk8_split<const G: usize>(w: &[u8], xh: &[Block], xl: &[Block], ng: usize) -> __m256i {
         let gb = G / 2;
-        let bpg = gb.div_ceil(32);
         assert!(ng <= 8 && w.len() == ng * gb && xh.len() == 8 * gb / 32 && xl.len() == xh.len());
         // SAFETY: as in `chunk8`.
-        unsafe {
-            let zero = _mm512_setzero_si512();
-            if G == 32 {
-                let mut p = [zero; 4];
-                for (i, pi) in p.iter_mut().enumerate() {
-                    if 2 * i + 1 < ng {
-                        *pi =
-                            q4_block_split::<VNNI>(nibbles(load32(&w[32 * i..32 * i + 32])), &xh[i], &xl[i]);
-                    } else if 2 * i < ng {
-                        *pi =
-                            q4_block_split::<VNNI>(nibbles(load16z(&w[32 * i..32 * i + 16])), &xh[i], &xl[i]);
-                    }
-                }
-                pairs_to_groups(p)
-            } else {
-                let mut v = [zero; 8];
-                for (j, vj) in v.iter_mut().enumerate() {
-                    if j < ng {
-                        let wg = &w[j * gb..(j + 1) * gb];
-                        for blk in 0..bpg {
-                            let nib = nibbles(load32(&wg[32 * blk..32 * blk + 32]));
-                            let d = q4_block_split::<VNNI>(nib, &xh[j * bpg + blk], &xl[j * bpg + blk]);
-                            *vj = _mm512_add_epi32(*vj, d);
-                        }
-                    }
-                }
-                groups_to_lanes(v)
+        unsafe { q4_chunks::<G, true, VNNI>(w, xh, xl, ng) }
+    }
+}
+
+/// Puts a vector's 4-bit activation blocks in the order [`Avx512Dots`] reads them: each
+/// pair of 64-element blocks `[even | odd]`, `[even' | odd']` becomes `[even | even']`,
+/// `[odd | odd']`, the 128 elements' even codes then their odd ones, so that one 64-byte
+/// load of packed weights (128 codes) meets them with an `and` and a shift, and no
+/// permute. `blocks` (a vector's, padded to whole steps of eight groups) has an even
+/// length.
+pub(super) fn pair_blocks(blocks: &mut [Block]) {
+    assert!(blocks.len().is_multiple_of(2), "{} blocks do not pair", blocks.len());
+    for p in blocks.chunks_exact_mut(2) {
+        let (a, b) = (p[0].0, p[1].0);
+        p[0].0[..32].copy_from_slice(&a[..32]);
+        p[0].0[32..].copy_from_slice(&b[..32]);
+        p[1].0[..32].copy_from_slice(&a[32..]);
+        p[1].0[32..].copy_from_slice(&b[32..]);
+    }
+}
+
+/// The integer dots of `ng <= 8` consecutive 4-bit groups against paired blocks
+/// ([`pair_blocks`]; `xl` the low planes when `SPLIT`), lane `j` = group `j`, zero from
+/// `ng` on. `w` holds the `ng` groups' packed bytes.
+///
+/// Each 64 bytes of `w` (128 codes, a "chunk") are loaded once: `and 0x0F` gives the even
+/// elements' codes in the order of the pair's first block, `>> 4` the odd ones' in that
+/// of its second, so two multiplies (four for split codes) leave lane `l` of the chunk
+/// holding the dot of its elements `8l .. 8l + 8`. A group is then 4 (g32), 8 (g64) or 16
+/// (g128) lanes of one chunk, summed by unpacks and adds.
+///
+/// # Safety
+/// The CPU must support AVX-512F/BW/VL, and VNNI when `VNNI`.
+#[inline(always)]
+unsafe fn q4_chunks<const G: usize, const SPLIT: bool, const VNNI: bool>(
+    w: &[u8],
+    xh: &[Block],
+    xl: &[Block],
+    ng: usize,
+) -> __m256i {
+    // SAFETY: the caller guarantees the features; every full load is of a checked slice,
+    // and the masked load of a last, short chunk reads only its bytes of `w`.
+    unsafe {
+        let chunks = 8 * G / 128;
+        let bytes = ng * G / 2;
+        assert!(w.len() == bytes && xh.len() == 2 * chunks && (!SPLIT || xl.len() == xh.len()));
+        let zero = _mm512_setzero_si512();
+        let low4 = _mm512_set1_epi8(0x0F);
+        let mut t = [zero; 8];
+        for (c, tc) in t.iter_mut().enumerate().take(chunks) {
+            let at = 64 * c;
+            if at >= bytes {
+                continue;
             }
+            let wv = if at + 64 <= bytes {
+                _mm512_loadu_si512(w[at..at + 64].as_ptr().cast())
+            } else {
+                let mask: __mmask64 = (1u64 << (bytes - at)) - 1;
+                _mm512_maskz_loadu_epi8(mask, w[at..].as_ptr().cast())
+            };
+            let even = _mm512_and_si512(wv, low4);
+            let odd = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), low4);
+            let (e, o) = (&xh[2 * c], &xh[2 * c + 1]);
+            let h = dot_u4_i8::<VNNI>(dot_u4_i8::<VNNI>(zero, even, load_block(e)), odd, load_block(o));
+            *tc = if SPLIT {
+                // At most 8 * 15 * 128 * 256 + 8 * 15 * 255 per lane.
+                let (e, o) = (&xl[2 * c], &xl[2 * c + 1]);
+                let l = dot_u4_i8::<VNNI>(_mm512_slli_epi32::<8>(h), even, load_block(e));
+                dot_u4_i8::<VNNI>(l, odd, load_block(o))
+            } else {
+                h
+            };
+        }
+        match G {
+            32 => {
+                // Chunk c's quarter q is group 4c + q.
+                let x = fold512(t[0], t[1]);
+                // Per 128 bits: [chunk 0's group, chunk 1's, the same again].
+                let y = _mm512_add_epi32(x, _mm512_shuffle_epi32::<0b01_00_11_10>(x));
+                let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+                _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, y))
+            }
+            64 => {
+                // Chunk c's quarters 0 and 1 are group 2c, 2 and 3 group 2c + 1; quarter q
+                // of `y` holds each chunk's sum of its quarter q.
+                let y = fold512b(fold512(t[0], t[1]), fold512(t[2], t[3]));
+                // Quarter 0: [g0, g2, g4, g6]; quarter 2: [g1, g3, g5, g7].
+                let z = _mm512_add_epi32(y, _mm512_shuffle_i64x2::<0b10_11_00_01>(y, y));
+                let order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0);
+                _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, z))
+            }
+            _ => groups_to_lanes(t),
         }
     }
 }
@@ -134,16 +191,10 @@ pub(super) unsafe fn dot_u4_i8<const VNNI: bool>(acc: __m512i, nib: __m512i, x: 
     }
 }
 
-/// One 4-bit block against its 8-bit activation block: i32 lanes whose 128-bit quarter
-/// `q` sums to the dot of the block's bytes `16 * (q % 2)..` with the activations (g32:
-/// quarters 0 and 2 are the block's first group, 1 and 3 its second).
-#[inline(always)]
-unsafe fn q4_block<const VNNI: bool>(nib: __m512i, x: &Block) -> __m512i {
-    // SAFETY: forwarded from the caller.
-    unsafe { dot_u4_i8::<VNNI>(_mm512_setzero_si512(), nib, load_block(x)) }
-}
-
-/// [`q4_block`] against both planes of split codes, joined exactly as `256 * high + low`.
+/// A 4-bit block ([`nibbles`]) against both planes of split codes, joined exactly as
+/// `256 * high + low`: i32 lanes whose 128-bit quarter `q` sums to the dot of the block's
+/// bytes `16 * (q % 2)..` (g32: quarters 0 and 2 are the block's first group, 1 and 3 its
+/// second).
 #[inline(always)]
 unsafe fn q4_block_split<const VNNI: bool>(nib: __m512i, xh: &Block, xl: &Block) -> __m512i {
     // SAFETY: forwarded from the caller.
@@ -189,7 +240,7 @@ unsafe fn group_dot<const BITS: u32, const G: usize, const VNNI: bool>(w: &[u8],
     }
 }
 
-/// Four g32 block results ([`q4_block`]) to the eight groups' sums in order.
+/// Four g32 block results ([`q4_block_split`]) to the eight groups' sums in order.
 #[inline(always)]
 unsafe fn pairs_to_groups(p: [__m512i; 4]) -> __m256i {
     // SAFETY: the caller guarantees AVX-512F (and with it AVX2).

@@ -107,7 +107,8 @@ impl Dots {
 /// `qmv` rows of `w` against `xt` with `dots`.
 ///
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C, and the features of `dots`.
+/// The CPU must support AVX2, FMA and F16C, and the features of `dots`; `xt` is
+/// [`qmv_vector`]'s for `dots`.
 pub(crate) unsafe fn qmv_rows_with(
     dots: Dots,
     w: &QuantizedMatrix,
@@ -130,9 +131,8 @@ pub(crate) unsafe fn qmv_rows_with(
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C, and the features of `dots`.
 pub(super) unsafe fn qmv(dots: Dots, x: &[f32], w: &QuantizedMatrix, y: &mut [f32], codes: ActCodes) {
-    let spec = w.spec();
     // SAFETY: this function's caller guarantees AVX2, FMA and F16C.
-    let xt = unsafe { quantize_vector(x, spec.group_size(), codes) };
+    let xt = unsafe { qmv_vector(dots, x, w.spec().group_size(), codes) };
     let rpt = drive::rows_per_task(w.n(), w.bytes_read() / w.n());
     drive::rows(y, rpt, |rows, out| {
         // SAFETY: this function's caller guarantees the features; every core rayon runs
@@ -149,7 +149,7 @@ pub(super) unsafe fn qmv(dots: Dots, x: &[f32], w: &QuantizedMatrix, y: &mut [f3
 pub(super) unsafe fn qmv_many(dots: Dots, x: &[f32], parts: &mut [super::QmvPart<'_>], codes: ActCodes) {
     let Some(first) = parts.first() else { return };
     // SAFETY: this function's caller guarantees AVX2, FMA and F16C.
-    let xt = unsafe { quantize_vector(x, first.w.spec().group_size(), codes) };
+    let xt = unsafe { qmv_vector(dots, x, first.w.spec().group_size(), codes) };
     drive::parts(parts, |w, bias, rows, out| {
         // SAFETY: this function's caller guarantees the features; every core rayon runs
         // this closure on is the same CPU.
@@ -283,8 +283,23 @@ fn tile_rows<const BITS: u32, const G: usize>(
 
 /// The activation quantizer compiled for AVX2 (its functions are `inline(always)`).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn quantize_vector(x: &[f32], g: usize, codes: ActCodes) -> XTile {
+fn quantize_vector(x: &[f32], g: usize, codes: ActCodes) -> XTile {
     XTile::vector(x, g, codes)
+}
+
+/// One activation row quantized for `qmv`'s row loop with `dots`: AVX-512's dots read
+/// 4-bit codes in pairs of blocks ([`avx512::pair_blocks`]), AVX2's as quantized.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+pub(crate) unsafe fn qmv_vector(dots: Dots, x: &[f32], g: usize, codes: ActCodes) -> XTile {
+    // SAFETY: this function's caller guarantees AVX2, FMA and F16C.
+    let mut xt = unsafe { quantize_vector(x, g, codes) };
+    if dots != Dots::Avx2 && matches!(codes, ActCodes::I8Deinterleaved | ActCodes::I16Split) {
+        avx512::pair_blocks(&mut xt.blocks);
+        avx512::pair_blocks(&mut xt.lo);
+    }
+    xt
 }
 
 /// The tile quantizer compiled for AVX2: one tile of up to eight rows.
