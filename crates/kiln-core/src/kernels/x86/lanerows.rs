@@ -16,10 +16,13 @@
 //!   32-bit word, broadcast into every lane (from memory into `vpdpbusd`): lane `r`
 //!   accumulates row `r`'s exact group dot (u4 * i8, at most 128 * 15 * 128 per lane over a
 //!   128-group; split codes as `256 * high + low`, at most 62.7M, exact in i32).
-//! - The float work of [`crate::kernels::act::Lanes`] runs with lane = weight row, the
-//!   group's scales and biases gathered for the 16 rows straight from their stored dtype,
-//!   into eight accumulators per activation row (group `g` into accumulator `g % 8`)
-//!   summed in `Lanes`' order at the end.
+//! - The float work of [`crate::kernels::act::Lanes`] runs with lane = weight row, into
+//!   eight accumulators per activation row (group `g` into accumulator `g % 8`) summed in
+//!   `Lanes`' order at the end. The 16 rows' scales and biases come a window of groups at
+//!   a time (32 bytes of each row: 16 groups of a 16-bit dtype, 8 of f32), transposed as
+//!   the codes are and widened from their stored dtype once per block ([`widen_window`]):
+//!   gathering them per group instead cost more than the multiplies on AMD's Zen 5, where
+//!   at g32 `qmv_wide` at M = 2 took 4x the time of `qmv` at M = 1.
 //!
 //! The integer sums are exact and the float operations are `Lanes`' in its order, so every
 //! output has the bits of [`crate::kernels::reference::qmv_int`], as the other kernels'
@@ -34,7 +37,7 @@ use std::ops::Range;
 
 use super::PARALLEL_QUANTIZE_ROWS;
 use super::avx512::dot_u4_i8;
-use super::scales::packed_bytes;
+use super::scales::{packed_bytes, scale_bytes};
 use crate::kernels::act::{ActCodes, quantize_group, split_code};
 use crate::kernels::drive;
 use crate::matrix::{QuantizedMatrix, ScaleData};
@@ -57,8 +60,6 @@ pub(super) fn takes(w: &QuantizedMatrix, m: usize, codes: ActCodes) -> bool {
         && matches!(spec.group_size(), 32 | 64 | 128)
         && w.k().is_multiple_of(UNIT)
         && matches!(codes, ActCodes::I8Deinterleaved | ActCodes::I16Split)
-        // Gather offsets are i32 element indices.
-        && w.n().saturating_mul(w.k() / spec.group_size()) < i32::MAX as usize
 }
 
 /// Activation rows quantized per group for this kernel.
@@ -347,29 +348,24 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
 ) {
     assert!((1..=ROWS).contains(&nr) && b0 + nr <= w.n() && (1..=PASS_ROWS).contains(&mt));
     assert!(m0 + mt <= a.hi.len() / a.k && (!SPLIT || a.lo.len() == a.hi.len()));
-    // The codes were quantized for this matrix: the gathers' indices `(b0 + r) * gpr + g`
-    // then address its scales and biases.
     assert!(a.k == w.k() && a.gpr * G == a.k);
     let (k, gpr) = (a.k, a.gpr);
     let row_bytes = k / 2;
     let packed = packed_bytes(w);
     // Lanes past `nr` read the block's last row again; they are never stored.
-    let wrows: [&[u8]; ROWS] = std::array::from_fn(|r| {
-        let r = b0 + r.min(nr - 1);
-        &packed[r * row_bytes..(r + 1) * row_bytes]
-    });
-    let valid: __mmask16 = if nr == ROWS { 0xFFFF } else { ((1u32 << nr) - 1) as u16 };
-    // SAFETY: this function's contract gives every intrinsic here its features; the
-    // gathers' lanes in `valid` index rows `b0 .. b0 + nr` and groups `< gpr` of `w`'s
-    // scales and biases (asserted above); each `o` holds 16 f32 and the store is unaligned.
+    let last = |r: usize| b0 + r.min(nr - 1);
+    let wrows: [&[u8]; ROWS] =
+        std::array::from_fn(|r| &packed[last(r) * row_bytes..(last(r) + 1) * row_bytes]);
+    // The rows' scales and biases in their stored bytes, read a window of groups at a time.
+    let (sall, ball) = (scale_bytes(w.scales()), scale_bytes(w.biases()));
+    let srow = sall.len() / w.n();
+    let srows: [&[u8]; ROWS] = std::array::from_fn(|r| &sall[last(r) * srow..(last(r) + 1) * srow]);
+    let brows: [&[u8]; ROWS] = std::array::from_fn(|r| &ball[last(r) * srow..(last(r) + 1) * srow]);
+    let window = 32 / (srow / gpr);
+    let (mut sw, mut bw) = (Window([[0.0; ROWS]; 16]), Window([[0.0; ROWS]; 16]));
+    // SAFETY: this function's contract gives every intrinsic here its features; each `o`
+    // holds 16 f32 and the store is unaligned.
     unsafe {
-        let row_groups = _mm512_mullo_epi32(
-            _mm512_add_epi32(
-                _mm512_set1_epi32(b0 as i32),
-                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            ),
-            _mm512_set1_epi32(gpr as i32),
-        );
         let low4 = _mm512_set1_epi8(0x0F);
         // Both 4-bit schemes centre the weight codes on 8.
         const _: () = assert!(ActCodes::I16Split.center() == ActCodes::I8Deinterleaved.center());
@@ -406,9 +402,12 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
                     }
                     continue;
                 }
-                let idx = _mm512_add_epi32(row_groups, _mm512_set1_epi32(g as i32));
-                let s = gather(w.scales(), idx, valid);
-                let b = gather(w.biases(), idx, valid);
+                if g % window == 0 {
+                    widen_window(w.scales(), &srows, 32 * (g / window), &mut sw);
+                    widen_window(w.biases(), &brows, 32 * (g / window), &mut bw);
+                }
+                let s = _mm512_load_ps(sw.0[g % window].as_ptr());
+                let b = _mm512_load_ps(bw.0[g % window].as_ptr());
                 let bc = _mm512_fmadd_ps(s, centre, b);
                 for (i, l) in lanes.iter_mut().enumerate().take(mt) {
                     let mut tot =
@@ -531,48 +530,50 @@ unsafe fn word(plane: &[u8], o: usize) -> __m512i {
     unsafe { _mm512_set1_epi32(i32::from_le_bytes(b)) }
 }
 
-/// The scales (or biases) at element indices `idx`, widened to f32; lanes outside `valid`
-/// are unspecified.
+/// A window of groups' scales (or biases) for a block's 16 rows, widened to f32: `0[j][r]`
+/// is row `r`'s value for the window's group `j` (16 groups for 16-bit dtypes, 8 for
+/// f32).
+#[repr(C, align(64))]
+struct Window([[f32; ROWS]; 16]);
+
+/// Fills `out` with the window at byte `off` of each row's stored scales (or biases) `rows`:
+/// the 32 bytes there (fewer, zero-padded, at a row's end) transposed as the weights are
+/// ([`transpose`]), so lane `r` of word `c` holds row `r`'s values `2c` and `2c + 1`
+/// (16-bit dtypes) or `c` (f32), then widened with the dtype's own conversion
+/// (`vcvtph2ps`; bf16 by a 16-bit shift), the values the other kernels use.
 ///
 /// # Safety
-/// The CPU must support AVX-512F, and every lane of `idx` in `valid` must index an element
-/// of `sd`.
+/// The CPU must support AVX-512F.
 #[inline(always)]
-unsafe fn gather(sd: &ScaleData, idx: __m512i, valid: __mmask16) -> __m512 {
-    // SAFETY: for every intrinsic here, this function's contract gives AVX-512F. Every lane in
-    // the gathers' masks indexes an element of `sd` (the caller's rows and groups exist);
-    // a 16-bit element is gathered as the 32-bit word at its address, so the last element,
-    // whose word would run two bytes past the data, is masked out and taken from `src`.
+unsafe fn widen_window(sd: &ScaleData, rows: &[&[u8]; ROWS], off: usize, out: &mut Window) {
+    let len = rows[0].len();
+    // SAFETY: this function's contract gives AVX-512F; `out`'s rows are 64-byte aligned.
     unsafe {
-        match sd {
-            ScaleData::F32(v) => {
-                _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), valid, idx, v.as_ptr().cast())
+        let z = if off + 32 <= len {
+            transpose(rows, off)
+        } else {
+            let mut pad = [[0u8; 32]; ROWS];
+            for (p, r) in pad.iter_mut().zip(rows) {
+                p[..len - off].copy_from_slice(&r[off..]);
             }
-            ScaleData::F16(v) => {
-                let words = gather16(bytemuck::cast_slice(v), idx, valid);
-                _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words))
-            }
-            ScaleData::Bf16(v) => {
-                let words = gather16(bytemuck::cast_slice(v), idx, valid);
-                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(words))
+            transpose(&std::array::from_fn(|r| &pad[r][..]), 0)
+        };
+        let o = &mut out.0;
+        for (c, &zc) in z.iter().enumerate() {
+            match sd {
+                ScaleData::F32(_) => _mm512_store_ps(o[c].as_mut_ptr(), _mm512_castsi512_ps(zc)),
+                ScaleData::F16(_) => {
+                    let (lo, hi) =
+                        (_mm512_cvtepi32_epi16(zc), _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(zc)));
+                    _mm512_store_ps(o[2 * c].as_mut_ptr(), _mm512_cvtph_ps(lo));
+                    _mm512_store_ps(o[2 * c + 1].as_mut_ptr(), _mm512_cvtph_ps(hi));
+                }
+                ScaleData::Bf16(_) => {
+                    let hi = _mm512_and_si512(zc, _mm512_set1_epi32(0xFFFF_0000u32 as i32));
+                    _mm512_store_ps(o[2 * c].as_mut_ptr(), _mm512_castsi512_ps(_mm512_slli_epi32::<16>(zc)));
+                    _mm512_store_ps(o[2 * c + 1].as_mut_ptr(), _mm512_castsi512_ps(hi));
+                }
             }
         }
-    }
-}
-
-/// 16-bit elements of `v` at `idx` in the low halves of 32-bit lanes (high halves
-/// unspecified).
-///
-/// # Safety
-/// As [`gather`], for `v`.
-#[inline(always)]
-unsafe fn gather16(v: &[u16], idx: __m512i, valid: __mmask16) -> __m512i {
-    let last = v.len() - 1;
-    // SAFETY: this function's contract gives AVX-512F; the masked lanes index elements before
-    // the last, whose 32-bit words lie inside `v`.
-    unsafe {
-        let safe = valid & _mm512_cmplt_epu32_mask(idx, _mm512_set1_epi32(last as i32));
-        let src = _mm512_set1_epi32(i32::from(v[last]));
-        _mm512_mask_i32gather_epi32::<2>(src, safe, idx, v.as_ptr().cast())
     }
 }
