@@ -358,10 +358,12 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
         std::array::from_fn(|r| &packed[last(r) * row_bytes..(last(r) + 1) * row_bytes]);
     // The rows' scales and biases in their stored bytes, read a window of groups at a time.
     let (sall, ball) = (scale_bytes(w.scales()), scale_bytes(w.biases()));
-    let srow = sall.len() / w.n();
+    let size = w.scales().dtype().size();
+    let srow = gpr * size;
     let srows: [&[u8]; ROWS] = std::array::from_fn(|r| &sall[last(r) * srow..(last(r) + 1) * srow]);
     let brows: [&[u8]; ROWS] = std::array::from_fn(|r| &ball[last(r) * srow..(last(r) + 1) * srow]);
-    let window = 32 / (srow / gpr);
+    // Groups per 32-byte window: 16 of a 16-bit dtype, 8 of f32.
+    let window = 32 / size;
     let (mut sw, mut bw) = (Window([[0.0; ROWS]; 16]), Window([[0.0; ROWS]; 16]));
     // SAFETY: this function's contract gives every intrinsic here its features; each `o`
     // holds 16 f32 and the store is unaligned.
