@@ -7,9 +7,15 @@ kiln=$1
 python=$2
 here="$(cd "$(dirname "$0")" && pwd)"
 log="$(mktemp)"
-"$kiln" serve -m synthetic:tiny --port 0 2>"$log" &
+"$kiln" serve -m synthetic:tiny --port 0 >"$log" 2>&1 &
 pid=$!
-cleanup() { kill "$pid" 2>/dev/null || true; rm -f "$log"; }
+# A server still running on the way out gets SIGTERM, then SIGKILL after 5 s.
+cleanup() {
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+  rm -f "$log"
+}
 trap cleanup EXIT
 
 url=""
@@ -26,9 +32,15 @@ for _ in $(seq 1 600); do
   sleep 0.1
 done
 
-"$python" "$here/openai_smoke.py" "$url" synthetic:tiny || { cat "$log" >&2; exit 1; }
+# Every request has a 120 s timeout; the whole client run is bounded too, so a hang fails
+# the smoke instead of CI's time limit.
+timeout --kill-after=15 600 "$python" "$here/openai_smoke.py" "$url" synthetic:tiny || {
+  tail -n 200 "$log" >&2; echo "openai smoke: the client failed or ran past 600 s" >&2; exit 1; }
 
+# SIGTERM must end the server within 30 s.
 kill -TERM "$pid"
+for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$pid" 2>/dev/null && { tail -n 50 "$log" >&2; echo "openai smoke: kiln serve still running 30 s after SIGTERM" >&2; exit 1; }
 status=0
 wait "$pid" || status=$?
 trap - EXIT
