@@ -16,14 +16,10 @@ seconds=5
 work="$(mktemp -d)"
 log="$work/server.log"
 pid=""
-# On the way out a server still running gets SIGTERM, then SIGKILL after 5 s (a stopped or
-# stuck one would otherwise outlive the script).
+# shellcheck source=lib.sh
+. "$here/lib.sh"
 cleanup() {
-  if [ -n "$pid" ]; then
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
+  if [ -n "$pid" ]; then stop_server "$pid"; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -62,8 +58,8 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 # $run_limit s. A run that hits that limit is diagnosed before anything is retried: the
 # server's /metrics is sampled twice, 3 s apart; slots still held while no token was
 # generated in between is a stalled server, which fails the smoke at once with every
-# server thread's stack (gdb, when installed). An idle, healthy server that then answers
-# a new streamed chat means guidellm itself hung: that is said, and the profile runs once
+# server thread's stack (gdb, when installed). A server that is not stalled (idle, or
+# generating) and answers a new streamed chat means guidellm itself hung: that is said, and the profile runs once
 # more; a second hang fails.
 run_limit=180
 metric() { sed -n "s/^$1 \([0-9.e+]*\)$/\1/p" "$2" | head -n1; }
@@ -75,17 +71,14 @@ stacks() {
   fi
 }
 stalled_or_healthy() {
-  # 0: the server is idle and answers; 1: it is stalled or does not answer.
+  # 0: the server is not stalled (idle, or generating) and answers a new request; 1: it
+  # holds slots without generating, or does not answer.
   scrape "$work/m1"; sleep 3; scrape "$work/m2"
   local active tok1 tok2
   active="$(metric kiln_active_slots "$work/m2")"; tok1="$(metric kiln_generated_tokens_total "$work/m1")"
   tok2="$(metric kiln_generated_tokens_total "$work/m2")"
   echo "guidellm smoke: server after the hang: active_slots=${active:-?} queue_depth=$(metric kiln_queue_depth "$work/m2") generated_tokens ${tok1:-?} -> ${tok2:-?} over 3 s" >&2
   if [ -z "$active" ] || { [ "$active" != 0 ] && [ "$tok1" = "$tok2" ]; }; then return 1; fi
-  for _ in $(seq 1 20); do
-    [ "$(metric kiln_active_slots "$work/m2")" = 0 ] && break
-    sleep 0.5; scrape "$work/m2"
-  done
   "$python" - "$url" <<'PY' >&2 || return 1
 import json, sys, urllib.request
 with urllib.request.urlopen(sys.argv[1] + "/v1/models", timeout=10) as r:
@@ -116,8 +109,8 @@ for profile in synchronous "concurrent,streams=4"; do
     tail -n 40 "$work/$name.out" >&2
     echo "guidellm smoke: guidellm run --profile $profile (attempt $attempt) did not end in $run_limit s" >&2
     if ! stalled_or_healthy; then stacks; fail "kiln serve stalled or stopped answering during --profile $profile"; fi
-    [ "$attempt" -eq 1 ] || fail "guidellm hung twice on --profile $profile while kiln serve stayed idle and answered"
-    echo "guidellm smoke: kiln serve is idle and answers, so guidellm itself hung; running --profile $profile once more" >&2
+    [ "$attempt" -eq 1 ] || fail "guidellm hung twice on --profile $profile while kiln serve was not stalled and answered"
+    echo "guidellm smoke: kiln serve is not stalled and answers, so guidellm itself hung; running --profile $profile once more" >&2
   done
   [ "$rc" -eq 0 ] || { cat "$work/$name.out" >&2; fail "guidellm run --profile $profile exited $rc"; }
   "$python" "$here/guidellm_smoke.py" report "$work/$name.json" "$name" || {
@@ -125,8 +118,7 @@ for profile in synchronous "concurrent,streams=4"; do
 done
 
 kill -TERM "$pid"
-for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-kill -0 "$pid" 2>/dev/null && fail "kiln serve still running 30 s after SIGTERM"
+wait_gone "$pid" 300 || fail "kiln serve still running 30 s after SIGTERM"
 status=0
 wait "$pid" || status=$?
 pid=""

@@ -9,13 +9,9 @@ here="$(cd "$(dirname "$0")" && pwd)"
 log="$(mktemp)"
 "$kiln" serve -m synthetic:tiny --port 0 >"$log" 2>&1 &
 pid=$!
-# A server still running on the way out gets SIGTERM, then SIGKILL after 5 s.
-cleanup() {
-  kill "$pid" 2>/dev/null || true
-  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null || true
-  rm -f "$log"
-}
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+cleanup() { stop_server "$pid"; rm -f "$log"; }
 trap cleanup EXIT
 
 url=""
@@ -39,8 +35,7 @@ timeout --kill-after=15 600 "$python" "$here/openai_smoke.py" "$url" synthetic:t
 
 # SIGTERM must end the server within 30 s.
 kill -TERM "$pid"
-for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-kill -0 "$pid" 2>/dev/null && { tail -n 50 "$log" >&2; echo "openai smoke: kiln serve still running 30 s after SIGTERM" >&2; exit 1; }
+wait_gone "$pid" 300 || { tail -n 50 "$log" >&2; echo "openai smoke: kiln serve still running 30 s after SIGTERM" >&2; exit 1; }
 status=0
 wait "$pid" || status=$?
 trap - EXIT
