@@ -5,7 +5,7 @@
 //! With one thread it also reports the best thread CPU time, which time slices lost to
 //! other processes do not inflate.
 //!
-//! `cargo run --release -p kiln-benches --example probe -- <kernel> <bits> <n> <k> <m> <threads> [reps] [hot]`
+//! `cargo run --release -p kiln-benches --example probe -- <kernel> <bits> <n> <k> <m> <threads> [reps] [hot|cold] [g<group>]`
 //! with kernel one of `qmv`, `qmv_wide`, `qmv_per_row`, `qmm`, `qmm_sgemm`.
 
 use std::time::Instant;
@@ -29,7 +29,13 @@ fn main() {
     // An 8th argument "hot" keeps one copy (cache-resident
     // when it fits), to see the compute-bound speed.
     let hot = args.get(7).is_some_and(|a| a == "hot");
-    let mut rot = Rotation::new(shape, bits, hot);
+    // A last argument `g<size>` sets the group size (the benchmarks' 64 by default).
+    let group = args
+        .iter()
+        .skip(7)
+        .find_map(|a| a.strip_prefix('g').map(|g| g.parse().unwrap_or_else(|e| panic!("group {a}: {e}"))))
+        .unwrap_or(kiln_benches::GROUP_SIZE);
+    let mut rot = Rotation::grouped(shape, bits, group, hot);
     let x = random_activations(m, k, 5);
     let mut y = vec![0f32; m * n];
     let buf = ReadBuffer::new(if hot { 1 << 20 } else { 128 << 20 });

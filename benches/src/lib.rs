@@ -119,7 +119,12 @@ impl Rng {
 /// A random quantized matrix: random codes (every word random), f16 scales of both signs
 /// and biases of the size real checkpoints have.
 pub fn random_matrix(shape: Shape, bits: u32, seed: u64) -> QuantizedMatrix {
-    let spec = QuantSpec::new(bits, GROUP_SIZE).expect("benchmark spec is valid");
+    random_matrix_grouped(shape, bits, GROUP_SIZE, seed)
+}
+
+/// [`random_matrix`] at group size `group` (a probe of another checkpoint's geometry).
+pub fn random_matrix_grouped(shape: Shape, bits: u32, group: usize, seed: u64) -> QuantizedMatrix {
+    let spec = QuantSpec::new(bits, group).expect("benchmark spec is valid");
     let mut rng = Rng::new(seed);
     let words = shape.n * spec.words_per_row(shape.k);
     let mut packed = vec![0u32; words];
@@ -161,10 +166,15 @@ impl Rotation {
     /// Makes the copies for `shape` at `bits`.
     /// With `single`, one copy only (a smoke run that measures nothing).
     pub fn new(shape: Shape, bits: u32, single: bool) -> Rotation {
-        let first = random_matrix(shape, bits, 1);
+        Rotation::grouped(shape, bits, GROUP_SIZE, single)
+    }
+
+    /// [`Rotation::new`] at group size `group`.
+    pub fn grouped(shape: Shape, bits: u32, group: usize, single: bool) -> Rotation {
+        let first = random_matrix_grouped(shape, bits, group, 1);
         let copies = if single { 1 } else { rotation_bytes().div_ceil(first.bytes_read()).max(1) };
         let mut mats = vec![first];
-        mats.extend((1..copies).map(|i| random_matrix(shape, bits, 1 + i as u64)));
+        mats.extend((1..copies).map(|i| random_matrix_grouped(shape, bits, group, 1 + i as u64)));
         Rotation { mats, next: 0 }
     }
 

@@ -75,8 +75,9 @@ struct Acts {
     sx: Vec<f32>,
     /// `[row][group]` exact sums.
     xsum: Vec<f32>,
-    /// `[row][group]` sums of the codes times the weights' centre.
-    cqsum: Vec<i32>,
+    /// `[row][group]` sums of the codes times the weights' centre, negated (the start of
+    /// a group's integer sum).
+    ncq: Vec<i32>,
 }
 
 /// Quantizes `m` rows of `k` activations per group of `g`, on the pool from
@@ -96,7 +97,7 @@ unsafe fn quantize(x: &[f32], m: usize, k: usize, g: usize, codes: ActCodes) -> 
         lo: if split { vec![0; m * k] } else { Vec::new() },
         sx: vec![0.0; m * gpr],
         xsum: vec![0.0; m * gpr],
-        cqsum: vec![0; m * gpr],
+        ncq: vec![0; m * gpr],
     };
     let threads = rayon::current_num_threads();
     let per = if m < PARALLEL_QUANTIZE_ROWS || threads == 1 { m } else { m.div_ceil(4 * threads) }.max(1);
@@ -111,10 +112,10 @@ unsafe fn quantize(x: &[f32], m: usize, k: usize, g: usize, codes: ActCodes) -> 
         .zip(a.hi.chunks_mut(per * k))
         .zip(a.sx.chunks_mut(per * gpr))
         .zip(a.xsum.chunks_mut(per * gpr))
-        .zip(a.cqsum.chunks_mut(per * gpr))
+        .zip(a.ncq.chunks_mut(per * gpr))
     {
         let lo = lo_parts.next().expect("a low plane per chunk");
-        jobs.push(RowsOut { xs, hi, lo, sx, xsum, cq });
+        jobs.push(RowsOut { xs, hi, lo, sx, xsum, ncq: cq });
     }
     drop(lo_parts);
     let one = |j: RowsOut<'_>| {
@@ -138,7 +139,7 @@ struct RowsOut<'a> {
     lo: &'a mut [u8],
     sx: &'a mut [f32],
     xsum: &'a mut [f32],
-    cq: &'a mut [i32],
+    ncq: &'a mut [i32],
 }
 
 /// Quantizes the rows of `o` (compiled for AVX2: the quantizer is `inline(always)`).
@@ -149,7 +150,7 @@ fn quantize_rows(o: RowsOut<'_>, g: usize, codes: ActCodes) {
     // Rows are whole groups long, so group `i` of the run starts at element `i * g`.
     for (i, xs) in o.xs.chunks_exact(g).enumerate() {
         let gq = quantize_group(xs, codes.max_code(), &mut q);
-        (o.sx[i], o.xsum[i], o.cq[i]) = (gq.sx, gq.xsum, codes.center() * gq.qsum);
+        (o.sx[i], o.xsum[i], o.ncq[i]) = (gq.sx, gq.xsum, -(codes.center() * gq.qsum));
         for (c, e) in q.chunks_exact(8).enumerate() {
             let at = i * g + 8 * c;
             for j in 0..4 {
@@ -400,7 +401,8 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
                 let g = if G == 128 { u / 2 } else { u * groups + h };
                 if G == 128 && u % 2 == 0 {
                     for (i, f) in first.iter_mut().enumerate().take(mt) {
-                        *f = dots::<SPLIT, VNNI>(&even, &odd, chunks.clone(), a, (m0 + i) * k + UNIT * u);
+                        let (hi, lo) = unit_codes::<SPLIT>(a, (m0 + i) * k + UNIT * u);
+                        *f = dots::<SPLIT, VNNI>(&even, &odd, chunks.clone(), hi, lo, _mm512_setzero_si512());
                     }
                     continue;
                 }
@@ -412,20 +414,20 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
                 let b = _mm512_load_ps(bw.0[g % window].as_ptr());
                 let bc = _mm512_fmadd_ps(s, centre, b);
                 for (i, l) in lanes.iter_mut().enumerate().take(mt) {
-                    let mut tot =
-                        dots::<SPLIT, VNNI>(&even, &odd, chunks.clone(), a, (m0 + i) * k + UNIT * u);
-                    if G == 128 {
-                        tot = _mm512_add_epi32(tot, first[i]);
-                    }
                     let gi = (m0 + i) * gpr + g;
-                    let centred = _mm512_sub_epi32(tot, _mm512_set1_epi32(a.cqsum[gi]));
+                    let (ncq, sx, xsum) = (a.ncq[gi], a.sx[gi], a.xsum[gi]);
+                    // The sum starts at minus the centre's share, so it ends centred.
+                    let start = if G == 128 { first[i] } else { _mm512_setzero_si512() };
+                    let start = _mm512_add_epi32(start, _mm512_set1_epi32(ncq));
+                    let (hi, lo) = unit_codes::<SPLIT>(a, (m0 + i) * k + UNIT * u);
+                    let centred = dots::<SPLIT, VNNI>(&even, &odd, chunks.clone(), hi, lo, start);
                     let acc = &mut l[g % 8];
                     *acc = _mm512_fmadd_ps(
                         _mm512_cvtepi32_ps(centred),
-                        _mm512_mul_ps(s, _mm512_set1_ps(a.sx[gi])),
+                        _mm512_mul_ps(s, _mm512_set1_ps(sx)),
                         *acc,
                     );
-                    *acc = _mm512_fmadd_ps(bc, _mm512_set1_ps(a.xsum[gi]), *acc);
+                    *acc = _mm512_fmadd_ps(bc, _mm512_set1_ps(xsum), *acc);
                 }
             }
         }
@@ -489,8 +491,18 @@ unsafe fn transpose(wrows: &[&[u8]; ROWS], off: usize) -> [__m512i; 8] {
     }
 }
 
-/// One activation row's exact integer dot with the 16 rows over `chunks` of a unit: its
-/// codes for the unit start at byte `at` of [`Acts::hi`] (and [`Acts::lo`]).
+/// One activation row's codes for one unit, from byte `at` of [`Acts::hi`] and
+/// [`Acts::lo`] (`hi` again for 8-bit codes): checked once here, so the unit's 16 to 32
+/// word reads need no checks of their own.
+#[inline(always)]
+fn unit_codes<const SPLIT: bool>(a: &Acts, at: usize) -> (&[u8; UNIT], &[u8; UNIT]) {
+    let hi: &[u8; UNIT] = a.hi[at..at + UNIT].try_into().expect("a unit of codes");
+    let lo: &[u8; UNIT] = if SPLIT { a.lo[at..at + UNIT].try_into().expect("a unit of codes") } else { hi };
+    (hi, lo)
+}
+
+/// `start` plus one activation row's exact integer dot with the 16 rows over `chunks` (within
+/// `0..8`) of a unit whose codes are `hi` (and `lo`).
 ///
 /// # Safety
 /// The CPU must support AVX-512F/BW, and VNNI when `VNNI`.
@@ -499,35 +511,39 @@ unsafe fn dots<const SPLIT: bool, const VNNI: bool>(
     even: &[__m512i; 8],
     odd: &[__m512i; 8],
     chunks: Range<usize>,
-    a: &Acts,
-    at: usize,
+    hi: &[u8; UNIT],
+    lo: &[u8; UNIT],
+    start: __m512i,
 ) -> __m512i {
     // SAFETY: for every intrinsic here, this function's contract gives AVX-512F/BW, and VNNI
     // when `VNNI`.
     unsafe {
+        // Four sums, each plane's even and odd elements apart: half as long a chain of
+        // `vpdpbusd` as two would be, which a decode step's few rows cannot hide.
         let zero = _mm512_setzero_si512();
-        let (mut he, mut ho, mut le, mut lo) = (zero, zero, zero, zero);
+        let (mut h_even, mut h_odd, mut l_even, mut l_odd) =
+            if SPLIT { (zero, zero, start, zero) } else { (start, zero, zero, zero) };
         for c in chunks {
-            let o = at + 8 * c;
-            he = dot_u4_i8::<VNNI>(he, even[c], word(&a.hi, o));
-            ho = dot_u4_i8::<VNNI>(ho, odd[c], word(&a.hi, o + 4));
+            let o = 8 * c;
+            h_even = dot_u4_i8::<VNNI>(h_even, even[c], word(hi, o));
+            h_odd = dot_u4_i8::<VNNI>(h_odd, odd[c], word(hi, o + 4));
             if SPLIT {
-                le = dot_u4_i8::<VNNI>(le, even[c], word(&a.lo, o));
-                lo = dot_u4_i8::<VNNI>(lo, odd[c], word(&a.lo, o + 4));
+                l_even = dot_u4_i8::<VNNI>(l_even, even[c], word(lo, o));
+                l_odd = dot_u4_i8::<VNNI>(l_odd, odd[c], word(lo, o + 4));
             }
         }
-        let h = _mm512_add_epi32(he, ho);
-        if SPLIT { _mm512_add_epi32(_mm512_slli_epi32::<8>(h), _mm512_add_epi32(le, lo)) } else { h }
+        let h = _mm512_add_epi32(h_even, h_odd);
+        if SPLIT { _mm512_add_epi32(_mm512_slli_epi32::<8>(h), _mm512_add_epi32(l_even, l_odd)) } else { h }
     }
 }
 
-/// The 32-bit word at byte `o` of `plane` in every lane.
+/// The 32-bit word at byte `o` of a unit's codes in every lane.
 ///
 /// # Safety
 /// The CPU must support AVX-512F.
 #[inline(always)]
-unsafe fn word(plane: &[u8], o: usize) -> __m512i {
-    let b: [u8; 4] = plane[o..o + 4].try_into().expect("four bytes");
+unsafe fn word(codes: &[u8; UNIT], o: usize) -> __m512i {
+    let b: [u8; 4] = codes[o..o + 4].try_into().expect("four bytes");
     // SAFETY: this function's contract gives AVX-512F.
     unsafe { _mm512_set1_epi32(i32::from_le_bytes(b)) }
 }
