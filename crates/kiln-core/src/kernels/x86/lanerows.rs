@@ -395,40 +395,50 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
                 odd[c] = _mm512_and_si512(_mm512_srli_epi16::<4>(z[c]), low4);
             }
             // The groups this unit holds or ends, with their chunks' range.
-            let (groups, per): (usize, usize) = if G == 32 { (2, 4) } else { (1, 8) };
-            for h in 0..groups {
-                let chunks = h * per..(h + 1) * per;
-                let g = if G == 128 { u / 2 } else { u * groups + h };
-                if G == 128 && u % 2 == 0 {
-                    for (i, f) in first.iter_mut().enumerate().take(mt) {
-                        let (hi, lo) = unit_codes::<SPLIT>(a, (m0 + i) * k + UNIT * u);
-                        *f = dots::<SPLIT, VNNI>(&even, &odd, chunks.clone(), hi, lo, _mm512_setzero_si512());
+            // One group's work (`$h`: which of the unit's groups) over chunks `$c0 .. $c0 +
+            // $nc`, constants, so every index into `even` and `odd` is one and both stay in
+            // registers (a runtime range kept them on the stack, a reload per `vpdpbusd`).
+            macro_rules! group {
+                ($h:expr, $c0:expr, $nc:expr) => {{
+                    let g = if G == 128 { u / 2 } else { u * (UNIT / G) + $h };
+                    if G == 128 && u % 2 == 0 {
+                        for (i, f) in first.iter_mut().enumerate().take(mt) {
+                            let (hi, lo) = unit_codes::<SPLIT>(a, (m0 + i) * k + UNIT * u);
+                            *f = dots::<SPLIT, VNNI, $c0, $nc>(&even, &odd, hi, lo, _mm512_setzero_si512());
+                        }
+                    } else {
+                        if g % window == 0 {
+                            widen_window(w.scales(), &srows, 32 * (g / window), &mut sw);
+                            widen_window(w.biases(), &brows, 32 * (g / window), &mut bw);
+                        }
+                        let s = _mm512_load_ps(sw.0[g % window].as_ptr());
+                        let b = _mm512_load_ps(bw.0[g % window].as_ptr());
+                        let bc = _mm512_fmadd_ps(s, centre, b);
+                        for (i, l) in lanes.iter_mut().enumerate().take(mt) {
+                            let gi = (m0 + i) * gpr + g;
+                            let (ncq, sx, xsum) = (a.ncq[gi], a.sx[gi], a.xsum[gi]);
+                            // The sum starts at minus the centre's share, so it ends centred.
+                            let start = if G == 128 { first[i] } else { _mm512_setzero_si512() };
+                            let start = _mm512_add_epi32(start, _mm512_set1_epi32(ncq));
+                            let (hi, lo) = unit_codes::<SPLIT>(a, (m0 + i) * k + UNIT * u);
+                            let centred = dots::<SPLIT, VNNI, $c0, $nc>(&even, &odd, hi, lo, start);
+                            let acc = &mut l[g % 8];
+                            *acc = _mm512_fmadd_ps(
+                                _mm512_cvtepi32_ps(centred),
+                                _mm512_mul_ps(s, _mm512_set1_ps(sx)),
+                                *acc,
+                            );
+                            *acc = _mm512_fmadd_ps(bc, _mm512_set1_ps(xsum), *acc);
+                        }
                     }
-                    continue;
-                }
-                if g % window == 0 {
-                    widen_window(w.scales(), &srows, 32 * (g / window), &mut sw);
-                    widen_window(w.biases(), &brows, 32 * (g / window), &mut bw);
-                }
-                let s = _mm512_load_ps(sw.0[g % window].as_ptr());
-                let b = _mm512_load_ps(bw.0[g % window].as_ptr());
-                let bc = _mm512_fmadd_ps(s, centre, b);
-                for (i, l) in lanes.iter_mut().enumerate().take(mt) {
-                    let gi = (m0 + i) * gpr + g;
-                    let (ncq, sx, xsum) = (a.ncq[gi], a.sx[gi], a.xsum[gi]);
-                    // The sum starts at minus the centre's share, so it ends centred.
-                    let start = if G == 128 { first[i] } else { _mm512_setzero_si512() };
-                    let start = _mm512_add_epi32(start, _mm512_set1_epi32(ncq));
-                    let (hi, lo) = unit_codes::<SPLIT>(a, (m0 + i) * k + UNIT * u);
-                    let centred = dots::<SPLIT, VNNI>(&even, &odd, chunks.clone(), hi, lo, start);
-                    let acc = &mut l[g % 8];
-                    *acc = _mm512_fmadd_ps(
-                        _mm512_cvtepi32_ps(centred),
-                        _mm512_mul_ps(s, _mm512_set1_ps(sx)),
-                        *acc,
-                    );
-                    *acc = _mm512_fmadd_ps(bc, _mm512_set1_ps(xsum), *acc);
-                }
+                }};
+            }
+            // The groups this unit holds (g32: two) or ends (g128: the second unit of one).
+            if G == 32 {
+                group!(0, 0, 4);
+                group!(1, 4, 4);
+            } else {
+                group!(0, 0, 8);
             }
         }
         for (o, l) in out.iter_mut().zip(&lanes).take(mt) {
@@ -501,16 +511,15 @@ fn unit_codes<const SPLIT: bool>(a: &Acts, at: usize) -> (&[u8; UNIT], &[u8; UNI
     (hi, lo)
 }
 
-/// `start` plus one activation row's exact integer dot with the 16 rows over `chunks` (within
-/// `0..8`) of a unit whose codes are `hi` (and `lo`).
+/// `start` plus one activation row's exact integer dot with the 16 rows over chunks `C0 ..
+/// C0 + NC` (within `0..8`) of a unit whose codes are `hi` (and `lo`).
 ///
 /// # Safety
 /// The CPU must support AVX-512F/BW, and VNNI when `VNNI`.
 #[inline(always)]
-unsafe fn dots<const SPLIT: bool, const VNNI: bool>(
+unsafe fn dots<const SPLIT: bool, const VNNI: bool, const C0: usize, const NC: usize>(
     even: &[__m512i; 8],
     odd: &[__m512i; 8],
-    chunks: Range<usize>,
     hi: &[u8; UNIT],
     lo: &[u8; UNIT],
     start: __m512i,
@@ -523,7 +532,7 @@ unsafe fn dots<const SPLIT: bool, const VNNI: bool>(
         let zero = _mm512_setzero_si512();
         let (mut h_even, mut h_odd, mut l_even, mut l_odd) =
             if SPLIT { (zero, zero, start, zero) } else { (start, zero, zero, zero) };
-        for c in chunks {
+        for c in C0..C0 + NC {
             let o = 8 * c;
             h_even = dot_u4_i8::<VNNI>(h_even, even[c], word(hi, o));
             h_odd = dot_u4_i8::<VNNI>(h_odd, odd[c], word(hi, o + 4));
