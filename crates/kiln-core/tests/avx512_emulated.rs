@@ -251,8 +251,8 @@ fn avx512_tiles_match_avx2_bit_for_bit() {
 }
 
 /// The lane-row kernel's cases: the tiles' 4-bit cases with K a multiple of 64 (2 to 8
-/// rows, one pass), and a third of them again with 12 rows (two passes per block, as a
-/// decode step of 9 to 16 rows runs) and with 20 (passes outer, as a prefill runs).
+/// rows), and a third of them again with 12 rows (one pass of more than eight, as a decode
+/// step of 9 to 16 rows runs) and with 20 (passes outer, 16 rows then 4, as a prefill runs).
 fn lane_row_cases() -> Vec<(Case, usize)> {
     let base: Vec<(Case, usize)> =
         tile_cases().into_iter().filter(|(c, rows)| *rows >= 2 && c.w.k() % 64 == 0).collect();
