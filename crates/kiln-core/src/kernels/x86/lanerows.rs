@@ -110,7 +110,7 @@ unsafe fn quantize(x: &[f32], m: usize, k: usize, g: usize, codes: ActCodes) -> 
         Box::new(std::iter::repeat_with(<&mut [u8]>::default))
     };
     let mut jobs = Vec::new();
-    for ((((xs, hi), sx), xsum), cq) in x
+    for ((((xs, hi), sx), xsum), ncq) in x
         .chunks(per * k)
         .zip(a.hi.chunks_mut(per * k))
         .zip(a.sx.chunks_mut(per * gpr))
@@ -118,7 +118,7 @@ unsafe fn quantize(x: &[f32], m: usize, k: usize, g: usize, codes: ActCodes) -> 
         .zip(a.ncq.chunks_mut(per * gpr))
     {
         let lo = lo_parts.next().expect("a low plane per chunk");
-        jobs.push(RowsOut { xs, hi, lo, sx, xsum, ncq: cq });
+        jobs.push(RowsOut { xs, hi, lo, sx, xsum, ncq });
     }
     drop(lo_parts);
     let one = |j: RowsOut<'_>| {
@@ -302,14 +302,12 @@ unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool>(
     // A macro, not a closure: a closure has no target features of its own, so the
     // intrinsics of `block` inlined into it would be calls.
     macro_rules! one {
-        ($b0:expr, $m0:expr, $ahead:expr) => {{
+        ($b0:expr, $m0:expr) => {{
             let (b0, m0) = ($b0, $m0);
             let nr = ROWS.min(rows.end - b0);
             let mt = PASS_ROWS.min(m - m0);
-            // The next block's bytes, asked for over this one.
-            let ahead = if $ahead { Some((b0 + ROWS) * w.k() / 2) } else { None };
             // SAFETY: forwarded from this function's contract.
-            unsafe { block::<G, SPLIT, VNNI>(w, a, b0, nr, m0, mt, ahead, &mut out) };
+            unsafe { block::<G, SPLIT, VNNI>(w, a, b0, nr, m0, mt, &mut out) };
             for (i, o) in out.iter().enumerate().take(mt) {
                 outs[m0 + i][b0 - rows.start..b0 - rows.start + nr].copy_from_slice(&o[..nr]);
             }
@@ -320,13 +318,13 @@ unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool>(
         // block of weights, which stays in L2 from the first pass on.
         for m0 in (0..m).step_by(PASS_ROWS) {
             for b0 in rows.clone().step_by(ROWS) {
-                one!(b0, m0, true);
+                one!(b0, m0);
             }
         }
     } else {
         // A decode step's: each block of weights once from memory, in one pass.
         for b0 in rows.clone().step_by(ROWS) {
-            one!(b0, 0, true);
+            one!(b0, 0);
         }
     }
 }
@@ -337,7 +335,6 @@ unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool>(
 /// # Safety
 /// The CPU must support AVX-512F/BW/VL, and VNNI when `VNNI`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
     w: &QuantizedMatrix,
     a: &Acts,
@@ -345,7 +342,6 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
     nr: usize,
     m0: usize,
     mt: usize,
-    ahead: Option<usize>,
     out: &mut [[f32; ROWS]; PASS_ROWS],
 ) {
     assert!((1..=ROWS).contains(&nr) && b0 + nr <= w.n() && (1..=PASS_ROWS).contains(&mt));
@@ -378,11 +374,10 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
         // g128: the integer sums of a group's first unit, until its second is added.
         let mut first = [_mm512_setzero_si512(); PASS_ROWS];
         for u in 0..k / UNIT {
-            if let Some(next) = ahead
-                && u % 2 == 0
-            {
-                // Each row's next line, in the next block.
-                let base = packed.as_ptr().wrapping_add(next + 32 * u);
+            if u % 2 == 0 {
+                // Each row's next line, in the next block (asked for over this one; past the
+                // matrix's end for its last block, where a prefetch is a no-op).
+                let base = packed.as_ptr().wrapping_add((b0 + ROWS) * row_bytes + 32 * u);
                 for r in 0..ROWS {
                     _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(r * row_bytes).cast::<i8>());
                 }
@@ -395,7 +390,6 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
                 even[c] = _mm512_and_si512(z[c], low4);
                 odd[c] = _mm512_and_si512(_mm512_srli_epi16::<4>(z[c]), low4);
             }
-            // The groups this unit holds or ends, with their chunks' range.
             // One group's work (`$h`: which of the unit's groups) over chunks `$c0 .. $c0 +
             // $nc`, constants, so every index into `even` and `odd` is one and both stay in
             // registers (a runtime range kept them on the stack, a reload per `vpdpbusd`).
