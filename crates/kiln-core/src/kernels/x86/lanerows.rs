@@ -38,7 +38,7 @@ use std::ops::Range;
 use super::PARALLEL_QUANTIZE_ROWS;
 use super::avx512::dot_u4_i8;
 use super::scales::{packed_bytes, scale_bytes};
-use crate::kernels::act::{ActCodes, quantize_group, split_code};
+use crate::kernels::act::{ActCodes, quantize_group};
 use crate::kernels::drive;
 use crate::matrix::{QuantizedMatrix, ScaleData};
 
@@ -154,18 +154,58 @@ fn quantize_rows(o: RowsOut<'_>, g: usize, codes: ActCodes) {
     for (i, xs) in o.xs.chunks_exact(g).enumerate() {
         let gq = quantize_group(xs, codes.max_code(), &mut q);
         (o.sx[i], o.xsum[i], o.ncq[i]) = (gq.sx, gq.xsum, -(codes.center() * gq.qsum));
-        for (c, e) in q.chunks_exact(8).enumerate() {
-            let at = i * g + 8 * c;
-            for j in 0..4 {
-                let (even, odd) = (e[2 * j], e[2 * j + 1]);
-                if split {
-                    let ((h0, l0), (h1, l1)) = (split_code(even), split_code(odd));
-                    (o.hi[at + j], o.hi[at + 4 + j]) = (h0 as u8, h1 as u8);
-                    (o.lo[at + j], o.lo[at + 4 + j]) = (l0 as u8, l1 as u8);
-                } else {
-                    (o.hi[at + j], o.hi[at + 4 + j]) = (even as i8 as u8, odd as i8 as u8);
-                }
-            }
+        let at = i * g..(i + 1) * g;
+        if split {
+            store_split(&q, &mut o.hi[at.clone()], &mut o.lo[at]);
+        } else {
+            store_bytes(&q, &mut o.hi[at]);
+        }
+    }
+}
+
+/// Within every 16 bytes, each eight's even elements then its odd ones: the order
+/// [`Acts`] stores codes in.
+const EVEN_ODD: [i8; 16] = [0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15];
+
+/// Stores 16-bit codes `q` as their two 8-bit planes, each eight elements' even ones then
+/// odd ones, 16 codes at a time: `hi = (q + 128) >> 8` and `lo = q - 256 * hi`, both within
+/// `i8`, as [`crate::kernels::act::split_code`] gives them.
+#[target_feature(enable = "avx2")]
+fn store_split(q: &[i16], hi: &mut [u8], lo: &mut [u8]) {
+    assert!(q.len().is_multiple_of(16) && hi.len() == q.len() && lo.len() == q.len());
+    for ((q, h), l) in q.chunks_exact(16).zip(hi.chunks_exact_mut(16)).zip(lo.chunks_exact_mut(16)) {
+        // SAFETY: AVX2 is this function's feature; the load reads the 16 codes of a
+        // checked chunk and the stores write 8 bytes into checked 16-byte chunks.
+        unsafe {
+            let v = _mm256_loadu_si256(q.as_ptr().cast());
+            let vh = _mm256_srai_epi16::<8>(_mm256_add_epi16(v, _mm256_set1_epi16(128)));
+            let vl = _mm256_sub_epi16(v, _mm256_slli_epi16::<8>(vh));
+            // Per 128 bits: eight high codes then eight low ones, exact (both in i8), then
+            // each eight put in even-odd order.
+            let order = _mm256_broadcastsi128_si256(_mm_loadu_si128(EVEN_ODD.as_ptr().cast()));
+            let b = _mm256_shuffle_epi8(_mm256_packs_epi16(vh, vl), order);
+            let (b0, b1) = (_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
+            _mm_storel_epi64(h.as_mut_ptr().cast(), b0);
+            _mm_storel_epi64(h[8..].as_mut_ptr().cast(), b1);
+            _mm_storel_epi64(l.as_mut_ptr().cast(), _mm_unpackhi_epi64(b0, b0));
+            _mm_storel_epi64(l[8..].as_mut_ptr().cast(), _mm_unpackhi_epi64(b1, b1));
+        }
+    }
+}
+
+/// Stores codes `q` (within `i8`) as bytes, each eight elements' even ones then odd ones,
+/// 16 at a time.
+#[target_feature(enable = "avx2")]
+fn store_bytes(q: &[i16], out: &mut [u8]) {
+    assert!(q.len().is_multiple_of(16) && out.len() == q.len());
+    for (q, o) in q.chunks_exact(16).zip(out.chunks_exact_mut(16)) {
+        // SAFETY: AVX2 is this function's feature; the load reads the 16 codes of a
+        // checked chunk and the store writes a checked 16-byte chunk.
+        unsafe {
+            let v = _mm256_loadu_si256(q.as_ptr().cast());
+            let b = _mm_packs_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+            let b = _mm_shuffle_epi8(b, _mm_loadu_si128(EVEN_ODD.as_ptr().cast()));
+            _mm_storeu_si128(o.as_mut_ptr().cast(), b);
         }
     }
 }
