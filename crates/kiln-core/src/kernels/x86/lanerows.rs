@@ -346,7 +346,8 @@ unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool>(
     outs: &mut [&mut [f32]],
 ) {
     let m = outs.len();
-    let mut out = [[0f32; ROWS]; PASS_ROWS];
+    // Zeroed once per task, not once per block: every block fills what it reads.
+    let mut scratch = Scratch { out: [[0.0; ROWS]; PASS_ROWS], scales: Window::ZERO, biases: Window::ZERO };
     // A macro, not a closure: a closure has no target features of its own, so the
     // intrinsics of `block` inlined into it would be calls.
     macro_rules! one {
@@ -360,9 +361,15 @@ unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool>(
             // the task's blocks in L2, and the next task's first pass asks for its own).
             let far = m0 == 0 && (m <= PASS_ROWS || b0 + FAR_BLOCKS * ROWS < rows.end);
             // SAFETY: forwarded from this function's contract.
-            unsafe { block::<G, SPLIT, VNNI>(w, a, b0, nr, m0..m0 + mt, far, &mut out) };
-            for (i, o) in out.iter().enumerate().take(mt) {
-                outs[m0 + i][b0 - rows.start..b0 - rows.start + nr].copy_from_slice(&o[..nr]);
+            unsafe { block::<G, SPLIT, VNNI>(w, a, b0, nr, m0..m0 + mt, far, &mut scratch) };
+            for (i, o) in scratch.out.iter().enumerate().take(mt) {
+                let to = &mut outs[m0 + i][b0 - rows.start..b0 - rows.start + nr];
+                // A whole block's 16 outputs as one fixed-size copy: as a slice copy of a
+                // runtime length, each was a call to `memcpy`, 2% of a prefill's time.
+                match <&mut [f32; ROWS]>::try_from(&mut *to) {
+                    Ok(to) => *to = *o,
+                    Err(_) => to.copy_from_slice(&o[..nr]),
+                }
             }
         }};
     }
@@ -383,7 +390,7 @@ unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool>(
 }
 
 /// Weight rows `b0 .. b0 + nr` (`nr <= 16`) against activation rows `acts` (at most 16):
-/// `out[i][r]` is activation row `acts.start + i`'s output for weight row `b0 + r`.
+/// `scratch.out[i][r]` is activation row `acts.start + i`'s output for weight row `b0 + r`.
 /// `far` asks for the lines [`FAR_BLOCKS`] blocks ahead as well as the next block's.
 ///
 /// # Safety
@@ -396,7 +403,7 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
     nr: usize,
     acts: Range<usize>,
     far: bool,
-    out: &mut [[f32; ROWS]; PASS_ROWS],
+    scratch: &mut Scratch,
 ) {
     let (m0, mt) = (acts.start, acts.len());
     assert!((1..=ROWS).contains(&nr) && b0 + nr <= w.n() && (1..=PASS_ROWS).contains(&mt));
@@ -417,7 +424,6 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
     let brows: [&[u8]; ROWS] = std::array::from_fn(|r| &ball[last(r) * srow..(last(r) + 1) * srow]);
     // Groups per 32-byte window: 16 of a 16-bit dtype, 8 of f32.
     let window = 32 / size;
-    let (mut sw, mut bw) = (Window([[0.0; ROWS]; 16]), Window([[0.0; ROWS]; 16]));
     // SAFETY: this function's contract gives every intrinsic here its features; each `o`
     // holds 16 f32 and the store is unaligned.
     unsafe {
@@ -444,7 +450,7 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
                     }
                 }
             }
-            let z = transpose(&wrows, 32 * u);
+            let z = transpose(&wrows, 32 * u, 32);
             // Loops, not closures: a closure has no target features of its own, so an
             // intrinsic in one is a call unless the inliner folds it first.
             let (mut even, mut odd) = ([low4; 8], [low4; 8]);
@@ -465,11 +471,11 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
                         }
                     } else {
                         if g % window == 0 {
-                            widen_window(w.scales(), &srows, 32 * (g / window), &mut sw);
-                            widen_window(w.biases(), &brows, 32 * (g / window), &mut bw);
+                            widen_window(w.scales(), &srows, 32 * (g / window), &mut scratch.scales);
+                            widen_window(w.biases(), &brows, 32 * (g / window), &mut scratch.biases);
                         }
-                        let s = _mm512_load_ps(sw.0[g % window].as_ptr());
-                        let b = _mm512_load_ps(bw.0[g % window].as_ptr());
+                        let s = _mm512_load_ps(scratch.scales.0[g % window].as_ptr());
+                        let b = _mm512_load_ps(scratch.biases.0[g % window].as_ptr());
                         let bc = _mm512_fmadd_ps(s, centre, b);
                         for (i, l) in lanes.iter_mut().enumerate().take(mt) {
                             let gi = (m0 + i) * gpr + g;
@@ -498,7 +504,7 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
                 group!(0, 0, 8);
             }
         }
-        for (o, l) in out.iter_mut().zip(&lanes).take(mt) {
+        for (o, l) in scratch.out.iter_mut().zip(&lanes).take(mt) {
             let sum = _mm512_add_ps(
                 _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
                 _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
@@ -508,21 +514,30 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
     }
 }
 
-/// Bytes `off .. off + 32` of the 16 rows, transposed: lane `r` of register `c` is the
-/// `c`-th 32-bit word of row `r`'s bytes.
+/// Bytes `off .. off + len` (`len` 1 to 32; bytes past it read as zero) of the 16 rows,
+/// transposed: lane `r` of register `c` is the `c`-th 32-bit word of row `r`'s bytes.
 ///
 /// # Safety
-/// The CPU must support AVX-512F.
+/// The CPU must support AVX-512F/BW/VL.
 #[inline(always)]
-unsafe fn transpose(wrows: &[&[u8]; ROWS], off: usize) -> [__m512i; 8] {
-    // SAFETY: for every intrinsic here, this function's contract gives AVX-512F, and each load is
-    // of 32 bytes inside a row (asserted by the slicing).
+unsafe fn transpose(wrows: &[&[u8]; ROWS], off: usize, len: usize) -> [__m512i; 8] {
+    assert!((1..=32).contains(&len));
+    // SAFETY: for every intrinsic here, this function's contract gives AVX-512F/BW/VL; each
+    // load is of `len` bytes inside a row (asserted by the slicing), a masked load reading
+    // none of the bytes past them.
     unsafe {
+        let load = |row: &[u8]| {
+            let row = &row[off..off + len];
+            if len == 32 {
+                _mm256_loadu_si256(row.as_ptr().cast())
+            } else {
+                _mm256_maskz_loadu_epi8(u32::MAX >> (32 - len), row.as_ptr().cast())
+            }
+        };
         // Rows p and p + 8 side by side: each 256-bit half is then an 8 x 8 transpose.
         let mut v = [_mm512_setzero_si512(); 8];
         for (p, vp) in v.iter_mut().enumerate() {
-            let lo = _mm256_loadu_si256(wrows[p][off..off + 32].as_ptr().cast());
-            let hi = _mm256_loadu_si256(wrows[p + 8][off..off + 32].as_ptr().cast());
+            let (lo, hi) = (load(wrows[p]), load(wrows[p + 8]));
             *vp = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
         }
         let t = [
@@ -620,6 +635,17 @@ unsafe fn word(codes: &[u8; UNIT], o: usize) -> __m512i {
 #[repr(C, align(64))]
 struct Window([[f32; ROWS]; 16]);
 
+impl Window {
+    const ZERO: Window = Window([[0.0; ROWS]; 16]);
+}
+
+/// A task's space for its blocks: one pass's outputs and the scale and bias windows.
+struct Scratch {
+    out: [[f32; ROWS]; PASS_ROWS],
+    scales: Window,
+    biases: Window,
+}
+
 /// Fills `out` with the window at byte `off` of each row's stored scales (or biases) `rows`:
 /// the 32 bytes there (fewer, zero-padded, at a row's end) transposed as the weights are
 /// ([`transpose`]), so lane `r` of word `c` holds row `r`'s values `2c` and `2c + 1`
@@ -627,21 +653,13 @@ struct Window([[f32; ROWS]; 16]);
 /// (`vcvtph2ps`; bf16 by a 16-bit shift), the values the other kernels use.
 ///
 /// # Safety
-/// The CPU must support AVX-512F.
+/// The CPU must support AVX-512F/BW/VL.
 #[inline(always)]
 unsafe fn widen_window(sd: &ScaleData, rows: &[&[u8]; ROWS], off: usize, out: &mut Window) {
-    let len = rows[0].len();
-    // SAFETY: this function's contract gives AVX-512F; `out`'s rows are 64-byte aligned.
+    // SAFETY: this function's contract gives AVX-512F/BW/VL; `out`'s rows are 64-byte
+    // aligned.
     unsafe {
-        let z = if off + 32 <= len {
-            transpose(rows, off)
-        } else {
-            let mut pad = [[0u8; 32]; ROWS];
-            for (p, r) in pad.iter_mut().zip(rows) {
-                p[..len - off].copy_from_slice(&r[off..]);
-            }
-            transpose(&std::array::from_fn(|r| &pad[r][..]), 0)
-        };
+        let z = transpose(rows, off, 32.min(rows[0].len() - off));
         let o = &mut out.0;
         for (c, &zc) in z.iter().enumerate() {
             match sd {
