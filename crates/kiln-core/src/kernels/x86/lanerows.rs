@@ -347,7 +347,15 @@ unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool>(
 ) {
     let m = outs.len();
     // Zeroed once per task, not once per block: every block fills what it reads.
-    let mut scratch = Scratch { out: [[0.0; ROWS]; PASS_ROWS], scales: Window::ZERO, biases: Window::ZERO };
+    // SAFETY: `task`'s callers have AVX-512F.
+    let (zf, zi) = unsafe { (_mm512_setzero_ps(), _mm512_setzero_si512()) };
+    let mut scratch = Scratch {
+        out: [[0.0; ROWS]; PASS_ROWS],
+        scales: Window::ZERO,
+        biases: Window::ZERO,
+        lanes: [[zf; 8]; PASS_ROWS],
+        first: [zi; PASS_ROWS],
+    };
     // A macro, not a closure: a closure has no target features of its own, so the
     // intrinsics of `block` inlined into it would be calls.
     macro_rules! one {
@@ -436,9 +444,10 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
         // Both 4-bit schemes centre the weight codes on 8.
         const _: () = assert!(ActCodes::I16Split.center() == ActCodes::I8Deinterleaved.center());
         let centre = _mm512_set1_ps(ActCodes::I16Split.center() as f32);
-        let mut lanes = [[_mm512_setzero_ps(); 8]; PASS_ROWS];
-        // g128: the integer sums of a group's first unit, until its second is added.
-        let mut first = [_mm512_setzero_si512(); PASS_ROWS];
+        // The pass's rows' accumulators start at zero; the rows past `mt` are not touched.
+        for l in scratch.lanes.iter_mut().take(mt) {
+            *l = [_mm512_setzero_ps(); 8];
+        }
         for u in 0..k / UNIT {
             if u % 2 == 0 {
                 // Each row's next line, in the next block, into L1 (asked for over this one;
@@ -470,7 +479,7 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
                 ($h:expr, $c0:expr, $nc:expr) => {{
                     let g = if G == 128 { u / 2 } else { u * (UNIT / G) + $h };
                     if G == 128 && u % 2 == 0 {
-                        for (i, f) in first.iter_mut().enumerate().take(mt) {
+                        for (i, f) in scratch.first.iter_mut().enumerate().take(mt) {
                             let (hi, lo) = unit_codes::<SPLIT>(a, (m0 + i) * k + UNIT * u);
                             *f = dots::<SPLIT, VNNI, $c0, $nc>(&even, &odd, hi, lo, _mm512_setzero_si512());
                         }
@@ -482,11 +491,11 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
                         let s = _mm512_load_ps(scratch.scales.0[g % window].as_ptr());
                         let b = _mm512_load_ps(scratch.biases.0[g % window].as_ptr());
                         let bc = _mm512_fmadd_ps(s, centre, b);
-                        for (i, l) in lanes.iter_mut().enumerate().take(mt) {
+                        for (i, l) in scratch.lanes.iter_mut().enumerate().take(mt) {
                             let gi = (m0 + i) * gpr + g;
                             let (ncq, sx, xsum) = (a.ncq[gi], a.sx[gi], a.xsum[gi]);
                             // The sum starts at minus the centre's share, so it ends centred.
-                            let start = if G == 128 { first[i] } else { _mm512_setzero_si512() };
+                            let start = if G == 128 { scratch.first[i] } else { _mm512_setzero_si512() };
                             let start = _mm512_add_epi32(start, _mm512_set1_epi32(ncq));
                             let (hi, lo) = unit_codes::<SPLIT>(a, (m0 + i) * k + UNIT * u);
                             let centred = dots::<SPLIT, VNNI, $c0, $nc>(&even, &odd, hi, lo, start);
@@ -509,7 +518,7 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
                 group!(0, 0, 8);
             }
         }
-        for (o, l) in scratch.out.iter_mut().zip(&lanes).take(mt) {
+        for (o, l) in scratch.out.iter_mut().zip(&scratch.lanes).take(mt) {
             let sum = _mm512_add_ps(
                 _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
                 _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
@@ -649,6 +658,12 @@ struct Scratch {
     out: [[f32; ROWS]; PASS_ROWS],
     scales: Window,
     biases: Window,
+    /// Eight accumulators per activation row of a pass, lane = weight row (8 KiB: a block
+    /// zeroed all of them, a memset of 8 KiB per block even at M = 2, and now zeroes its
+    /// pass's rows).
+    lanes: [[__m512; 8]; PASS_ROWS],
+    /// g128: the integer sums of a group's first unit, until its second is added.
+    first: [__m512i; PASS_ROWS],
 }
 
 /// Fills `out` with the window at byte `off` of each row's stored scales (or biases) `rows`:
