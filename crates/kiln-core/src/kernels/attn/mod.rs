@@ -214,9 +214,17 @@ pub fn finish(shape: &DecodeShape, state: &[f32], out: &mut [f32]) {
 pub const SPAN_KEYS: usize = 256;
 
 /// Cached values (keys and values of every key/value head) below which [`decode`] runs on
-/// the calling thread: 256K values is about 10 us of one core's work, where waking the
-/// other threads and joining them costs several.
-pub const SERIAL_VALUES: usize = 1 << 18;
+/// the calling thread, where handing tasks to the other threads would cost more than they
+/// save. One core folds about 2.5 values a nanosecond (on a 2-vCPU Zen 4 EPYC, attention
+/// was 16% of SmolLM2-135M's two-thread decode samples at 300 to 700 positions, about
+/// 75 us per layer for 190K values), so 32K values are about 13 us of work, and a decode
+/// step's workers are spinning for its tasks (`KILN_SPIN_US`). At 256K, as before, every
+/// layer of SmolLM2 (384 values a position) ran its attention on one thread up to 683
+/// positions, and the Qwen2.5-0.5B shape (256) up to 1024, while the other thread waited:
+/// from 1 << 18 to 1 << 15, eight interleaved pairs of a 300-token prompt and 128 new
+/// tokens there decoded 1.08x (SmolLM2 Q4_1) and 1.06x (the Qwen shape) as fast, and a
+/// 24-token prompt with 96 new ones 1.01x and 1.03x.
+pub const SERIAL_VALUES: usize = 1 << 15;
 
 /// f32 values of partial states [`decode`] holds at once, at most (4 MiB), unless one row
 /// alone needs more.
