@@ -346,7 +346,6 @@ unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool>(
     outs: &mut [&mut [f32]],
 ) {
     let m = outs.len();
-    // Zeroed once per task, not once per block: every block fills what it reads.
     // SAFETY: `task`'s callers have AVX-512F.
     let (zf, zi) = unsafe { (_mm512_setzero_ps(), _mm512_setzero_si512()) };
     let mut scratch = Scratch {
@@ -653,14 +652,17 @@ impl Window {
     const ZERO: Window = Window([[0.0; ROWS]; 16]);
 }
 
-/// A task's space for its blocks: one pass's outputs and the scale and bias windows.
+/// A task's space for its blocks, made once per task: a block writes each part before it
+/// reads it.
 struct Scratch {
+    /// One pass's outputs.
     out: [[f32; ROWS]; PASS_ROWS],
+    /// The block's current windows of scales and biases.
     scales: Window,
     biases: Window,
-    /// Eight accumulators per activation row of a pass, lane = weight row (8 KiB: a block
-    /// zeroed all of them, a memset of 8 KiB per block even at M = 2, and now zeroes its
-    /// pass's rows).
+    /// Eight accumulators per activation row of a pass, lane = weight row: 8 KiB, of which a
+    /// block zeroes its pass's rows only (zeroing all of them was an 8 KiB memset per block,
+    /// even for a decode step's two rows).
     lanes: [[__m512; 8]; PASS_ROWS],
     /// g128: the integer sums of a group's first unit, until its second is added.
     first: [__m512i; PASS_ROWS],
