@@ -48,6 +48,30 @@ unsafe fn load8(run: KvRun<'_>, i: usize) -> __m256 {
     }
 }
 
+/// Positions ahead of the eight being read whose keys (in `scores`) or values (in
+/// `accumulate`) are asked for into L1. A decode step reads each layer's cache once, from
+/// memory, and the hardware prefetchers left its loads waiting: on a 2-vCPU Zen 4 EPYC a
+/// fifth of SmolLM2-135M's attention samples sat on the load that converts the keys. With
+/// the prefetch its two-thread decode after a 1500-token prompt ran 1.10x as fast (six
+/// interleaved pairs, medians 121 -> 133 tok/s); after 300 tokens, and on the Qwen2.5-0.5B
+/// shape (two key/value heads), it was within 3% either way.
+const AHEAD: usize = 16;
+
+/// Asks for the lines of values `from..from + n` of `run` (past its end too: a prefetch is
+/// a hint and never faults).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn prefetch(run: KvRun<'_>, from: usize, n: usize) {
+    let (base, size) = match run {
+        KvRun::F16(s) => (s.as_ptr().cast::<i8>(), 2),
+        KvRun::F32(s) => (s.as_ptr().cast::<i8>(), 4),
+    };
+    let at = base.wrapping_add(from * size);
+    for line in (0..n * size).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(line));
+    }
+}
+
 /// Lane `t` of the result is the sum of the lanes of `a[t]`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -76,6 +100,7 @@ impl TileOps for Avx2 {
         let mut t0 = 0;
         while t0 < nk {
             let nt = 8.min(nk - t0);
+            prefetch(keys, (t0 + AHEAD) * hd, 8 * hd);
             // Eight keys as f32, `hd` apart: in place for a full chunk of an f32 run,
             // else converted (a short chunk padded with zeros, whose scores go unused).
             let k: &[f32] = match keys {
@@ -134,6 +159,7 @@ impl TileOps for Avx2 {
         let (g, hd) = (shape.group, shape.head_dim);
         let mut t0 = 0;
         while t0 + 8 <= nk {
+            prefetch(values, (t0 + AHEAD) * hd, 8 * hd);
             let mut c = 0;
             while c < hd {
                 // SAFETY: features from the caller; the eight value loads read positions
