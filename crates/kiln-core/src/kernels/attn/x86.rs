@@ -62,10 +62,11 @@ const AHEAD: usize = 16;
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn prefetch(run: KvRun<'_>, from: usize, n: usize) {
-    let (base, size) = match run {
-        KvRun::F16(s) => (s.as_ptr().cast::<i8>(), 2),
-        KvRun::F32(s) => (s.as_ptr().cast::<i8>(), 4),
+    let base = match run {
+        KvRun::F16(s) => s.as_ptr().cast::<i8>(),
+        KvRun::F32(s) => s.as_ptr().cast::<i8>(),
     };
+    let size = run.value_bytes();
     let at = base.wrapping_add(from * size);
     for line in (0..n * size).step_by(64) {
         _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(line));
