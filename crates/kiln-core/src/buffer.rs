@@ -6,6 +6,7 @@ use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
+use crate::arena::Slot;
 use crate::pool::Lease;
 
 /// Bytes that can be shared between threads and viewed as typed slices, such as a
@@ -23,13 +24,24 @@ impl SharedBytes for Vec<u8> {
 
 /// A vector whose bytes are counted by a [`crate::MemoryPool`] until it is dropped.
 pub struct PoolVec<T> {
-    vec: Vec<T>,
+    store: Store<T>,
     lease: Lease,
+}
+
+/// Where a [`PoolVec`]'s elements live: an ordinary vector, or a slot of the pool's weight
+/// arena (huge pages).
+enum Store<T> {
+    Vec(Vec<T>),
+    Arena(Slot<T>),
 }
 
 impl<T> PoolVec<T> {
     pub(crate) fn new(vec: Vec<T>, lease: Lease) -> Self {
-        PoolVec { vec, lease }
+        PoolVec { store: Store::Vec(vec), lease }
+    }
+
+    pub(crate) fn in_arena(slot: Slot<T>, lease: Lease) -> Self {
+        PoolVec { store: Store::Arena(slot), lease }
     }
 
     /// Bytes counted for this vector.
@@ -41,19 +53,25 @@ impl<T> PoolVec<T> {
 impl<T> Deref for PoolVec<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
-        &self.vec
+        match &self.store {
+            Store::Vec(v) => v,
+            Store::Arena(s) => s.as_slice(),
+        }
     }
 }
 
 impl<T> DerefMut for PoolVec<T> {
     fn deref_mut(&mut self) -> &mut [T] {
-        &mut self.vec
+        match &mut self.store {
+            Store::Vec(v) => v,
+            Store::Arena(s) => s.as_mut_slice(),
+        }
     }
 }
 
 impl<T> fmt::Debug for PoolVec<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PoolVec").field("len", &self.vec.len()).field("lease", &self.lease).finish()
+        f.debug_struct("PoolVec").field("len", &self.len()).field("lease", &self.lease).finish()
     }
 }
 

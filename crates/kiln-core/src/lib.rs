@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 
 pub mod act_precision;
+mod arena;
 pub mod bandwidth;
 pub mod buffer;
 pub mod copy;

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::arena::Arena;
 use crate::buffer::PoolVec;
 use crate::size::{HumanBytes, SizeParseError, parse_size};
 
@@ -132,6 +133,8 @@ pub struct MemoryPool {
 struct Inner {
     limit: u64,
     state: Mutex<State>,
+    /// Where [`Tag::Weights`] allocations go.
+    arena: Mutex<Arena>,
 }
 
 #[derive(Default)]
@@ -177,7 +180,9 @@ impl Inner {
 impl MemoryPool {
     /// A pool refusing anything that would take the live total above `limit` bytes.
     pub fn with_limit(limit: u64) -> Self {
-        MemoryPool { inner: Arc::new(Inner { limit, state: Mutex::new(State::default()) }) }
+        MemoryPool {
+            inner: Arc::new(Inner { limit, state: Mutex::new(State::default()), arena: Mutex::default() }),
+        }
     }
 
     /// A pool that only counts; the system allocator is still asked fallibly, so a
@@ -221,7 +226,9 @@ impl MemoryPool {
         Ok(Lease { pool: Arc::clone(&self.inner), tag, bytes })
     }
 
-    /// Allocates `len` zeroed elements, counted under `tag`.
+    /// Allocates `len` zeroed elements, counted under `tag`. [`Tag::Weights`] go to the
+    /// pool's weight arena, in huge pages where the system gives them ([`crate::arena`]);
+    /// its chunks are never reused, which suits memory allocated once per model.
     pub fn alloc_zeroed<T: bytemuck::Zeroable + Copy>(
         &self,
         tag: Tag,
@@ -229,6 +236,17 @@ impl MemoryPool {
     ) -> Result<PoolVec<T>, OutOfMemory> {
         let bytes = (len as u64).saturating_mul(size_of::<T>() as u64);
         let lease = self.reserve(tag, bytes)?;
+        if tag == Tag::Weights {
+            // Weights stream from memory on every decode step: huge pages ([`crate::arena`]).
+            let slot = self.inner.arena.lock().unwrap_or_else(|p| p.into_inner()).take::<T>(len);
+            return match slot {
+                Some(slot) => Ok(PoolVec::in_arena(slot, lease)),
+                None => {
+                    let in_use = self.stats().live_bytes - bytes;
+                    Err(OutOfMemory { requested: bytes, tag, in_use, limit: u64::MAX })
+                }
+            };
+        }
         let mut vec = Vec::new();
         if vec.try_reserve_exact(len).is_err() {
             let in_use = self.stats().live_bytes - bytes;
