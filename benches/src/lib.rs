@@ -9,7 +9,7 @@ use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
 use kiln_core::bandwidth::{DEFAULT_BYTES, ReadBuffer};
 use kiln_core::format::QuantSpec;
 use kiln_core::matrix::{QuantizedMatrix, ScaleData, ScaleDtype};
-use kiln_core::{Buffer, KernelChoice};
+use kiln_core::{Buffer, KernelChoice, MemoryPool, PoolVec, Tag};
 
 /// A weight matrix shape: `n` output features (rows of W), `k` input features.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,11 +123,13 @@ pub fn random_matrix(shape: Shape, bits: u32, seed: u64) -> QuantizedMatrix {
 }
 
 /// [`random_matrix`] at group size `group` (a probe of another checkpoint's geometry).
+/// Its buffers come from a pool's weight allocations, as a loaded model's do (huge pages
+/// where the system gives them), so a product streams its weights as decode does.
 pub fn random_matrix_grouped(shape: Shape, bits: u32, group: usize, seed: u64) -> QuantizedMatrix {
     let spec = QuantSpec::new(bits, group).expect("benchmark spec is valid");
     let mut rng = Rng::new(seed);
     let words = shape.n * spec.words_per_row(shape.k);
-    let mut packed = vec![0u32; words];
+    let mut packed = weights(words);
     for pair in packed.chunks_mut(2) {
         let v = rng.next_u64();
         pair[0] = v as u32;
@@ -142,11 +144,35 @@ pub fn random_matrix_grouped(shape: Shape, bits: u32, group: usize, seed: u64) -
         shape.n,
         shape.k,
         spec,
-        Buffer::from(packed),
-        ScaleData::from_f32(&scales, SCALE_DTYPE),
-        ScaleData::from_f32(&biases, SCALE_DTYPE),
+        Buffer::from_pool(packed),
+        pooled_scales(&scales, SCALE_DTYPE),
+        pooled_scales(&biases, SCALE_DTYPE),
     )
     .expect("benchmark geometry is valid")
+}
+
+/// `len` zeroed elements allocated as a model's weights are.
+fn weights<T: bytemuck::Zeroable + Copy>(len: usize) -> PoolVec<T> {
+    static POOL: std::sync::OnceLock<MemoryPool> = std::sync::OnceLock::new();
+    POOL.get_or_init(MemoryPool::unlimited)
+        .alloc_zeroed(Tag::Weights, len)
+        .expect("benchmark weights fit in memory")
+}
+
+/// [`ScaleData::from_f32`] in [`weights`] buffers.
+fn pooled_scales(values: &[f32], dtype: ScaleDtype) -> ScaleData {
+    fn fill<T: bytemuck::Pod>(values: &[f32], f: impl Fn(f32) -> T) -> Buffer<T> {
+        let mut v = weights::<T>(values.len());
+        for (o, &x) in v.iter_mut().zip(values) {
+            *o = f(x);
+        }
+        Buffer::from_pool(v)
+    }
+    match dtype {
+        ScaleDtype::F16 => ScaleData::F16(fill(values, half::f16::from_f32)),
+        ScaleDtype::Bf16 => ScaleData::Bf16(fill(values, half::bf16::from_f32)),
+        ScaleDtype::F32 => ScaleData::F32(fill(values, |x| x)),
+    }
 }
 
 /// Bytes one product reads from a benchmark matrix: packed codes, scales and biases.
