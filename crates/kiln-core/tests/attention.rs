@@ -165,6 +165,39 @@ fn f16_and_f32_storage_of_the_same_values_give_identical_outputs() {
     }
 }
 
+/// The AVX-512 path keeps AVX2's scores, exponentials and order of accumulation, so its
+/// outputs are AVX2's bits (heads of 64 and 128, the ones it takes; one head and more
+/// heads than one register tile holds; lengths across tile and block edges).
+#[test]
+fn avx512_path_gives_the_avx2_bits() {
+    let wide: Vec<Isa> =
+        Isa::available().into_iter().filter(|i| matches!(i, Isa::Avx512Vnni | Isa::Avx512)).collect();
+    if wide.is_empty() {
+        eprintln!("no AVX-512 on this CPU: the AVX-512 attention path was not run");
+        return;
+    }
+    let mut seed = 500;
+    for (hd, groups) in [(64, &[1, 3, 7, 13][..]), (128, &[1, 4, 5])] {
+        for &g in groups {
+            for n in [1, 9, 64, 65, 300] {
+                seed += 1;
+                let case = Case::new(g, hd, n, 1.5, seed);
+                for f16 in [true, false] {
+                    let want = case.output(Isa::Avx2, f16, &[BLOCK / 2]);
+                    for &isa in &wide {
+                        let got = case.output(isa, f16, &[BLOCK / 2]);
+                        assert!(
+                            got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{} g={g} hd={hd} n={n} f16={f16}: outputs differ from avx2's",
+                            isa.as_str()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn empty_states_merge_and_finish_as_nothing() {
     let case = Case::new(2, 64, 10, 1.0, 3);

@@ -15,9 +15,10 @@
 //! a score and of the terms in a sum differ); [`reference::attend`] is the exact answer
 //! the tests hold them to, with a tolerance derived from that rounding.
 //!
-//! The dispatcher here picks the path from [`Isa`]: AVX2 (F16C conversion in registers,
-//! FMA) for head sizes that are a multiple of 8, the portable path otherwise and on other
-//! targets, where it converts each tile with `half`'s slice conversion (which uses the
+//! The dispatcher here picks the path from [`Isa`]: on AVX-512 hosts, heads of 64 and 128
+//! accumulate their values in registers (`x86::fold512`, AVX2's bits), AVX2 (F16C
+//! conversion in registers, FMA) takes the other head sizes that are a multiple of 8 there
+//! and every one on AVX2 hosts, the portable path the rest and other targets, where it converts each tile with `half`'s slice conversion (which uses the
 //! CPU's f16 instructions where it finds them) and leaves the loops to the compiler.
 
 pub mod reference;
@@ -150,6 +151,13 @@ pub fn fold(isa: Isa, shape: &DecodeShape, q: &[f32], keys: KvRun<'_>, values: K
         return;
     }
     match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni | Isa::Avx512 if x86::fold512_takes(hd) => {
+            // SAFETY: `is_available` above confirmed AVX-512F/BW/VL besides AVX2, FMA and
+            // F16C, the features the function is compiled for; `fold512_takes` admitted
+            // the head size; the lengths it relies on were checked above.
+            unsafe { x86::fold512(shape, &q[..g * hd], keys, values, state) }
+        }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni | Isa::Avx512 | Isa::Avx2 if hd.is_multiple_of(8) => {
             // SAFETY: `is_available` above confirmed AVX2, FMA and F16C, the features the
@@ -347,6 +355,15 @@ pub(crate) trait TileOps {
         nk: usize,
         acc: &mut [f32],
     );
+
+    /// [`exp_sum`], on the path's own vectors where it has them: the same bits.
+    ///
+    /// # Safety
+    /// The CPU must have the features the path is compiled for.
+    #[inline(always)]
+    unsafe fn exp_sum(x: &mut [f32], shift: f32) -> f32 {
+        exp_sum(x, shift)
+    }
 }
 
 /// The tile loop every path shares; inlined into each path's entry point so the softmax
@@ -381,7 +398,8 @@ pub(crate) unsafe fn drive<O: TileOps>(
             };
             let mx = max(sj).max(m[j]);
             let corr = exp(m[j] - mx);
-            let sum = exp_sum(sj, mx);
+            // SAFETY: the caller guarantees the features.
+            let sum = unsafe { O::exp_sum(sj, mx) };
             l[j] = l[j] * corr + sum;
             m[j] = mx;
             if corr != 1.0 {
@@ -398,7 +416,7 @@ pub(crate) unsafe fn drive<O: TileOps>(
 
 /// Replaces each value by `e^(v - shift)` and returns their sum, in eight lanes.
 #[inline(always)]
-fn exp_sum(x: &mut [f32], shift: f32) -> f32 {
+pub(crate) fn exp_sum(x: &mut [f32], shift: f32) -> f32 {
     let mut lanes = [0f32; 8];
     let mut chunks = x.chunks_exact_mut(8);
     for c in &mut chunks {

@@ -1,11 +1,16 @@
-//! The AVX2 decode attention path (AVX2, FMA, F16C; head sizes a multiple of 8).
+//! The AVX2 decode attention path (AVX2, FMA, F16C; head sizes a multiple of 8), and the
+//! AVX-512 one built on it (heads of 64 and 128).
 //!
 //! Scores go eight keys at a time: the eight keys are converted to f32 once into a small
 //! buffer that stays in L1 (an f32 cache is read in place), then each head of the group
 //! runs eight independent accumulators over the head's width, one per key, and a
 //! horizontal-add tree turns them into one vector of eight scores. Values go eight keys at
 //! a time too, converted in registers (`vcvtph2ps`), and every head's accumulator slice
-//! takes eight broadcast-weight FMAs per eight lanes of width.
+//! takes eight broadcast-weight FMAs per eight lanes of width. The softmax's exponentials
+//! go eight at a time ([`exp8`], the scalar `exp`'s bits).
+//!
+//! The AVX-512 path keeps those scores and instead holds a tile of heads' whole
+//! accumulators in registers over all of a tile's positions ([`accumulate_tile`]).
 
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
@@ -91,7 +96,64 @@ fn sum8x8(a: &[__m256; 8]) -> __m256 {
     }
 }
 
+/// [`crate::math::exp`] of eight lanes: the same operations in the same order (a multiply
+/// then an add wherever it multiplies and adds, never a fused one), so the same bits; the
+/// clamp keeps a NaN as `f32::clamp` does (`max` and `min` return their second operand
+/// when one is NaN).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn exp8(x: __m256) -> __m256 {
+    let x = _mm256_min_ps(_mm256_set1_ps(88.3), _mm256_max_ps(_mm256_set1_ps(-87.336_55), x));
+    let rounder = _mm256_set1_ps(12_582_912.0);
+    let t = _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)), rounder);
+    let n = _mm256_sub_ps(t, rounder);
+    let r = _mm256_sub_ps(
+        _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693_359_4))),
+        _mm256_mul_ps(n, _mm256_set1_ps(-2.121_944_4e-4)),
+    );
+    let mut p = _mm256_set1_ps(1.984_127e-4);
+    for c in [1.388_888_9e-3, 8.333_334e-3, 4.166_666_8e-2, 1.666_666_7e-1, 0.5, 1.0, 1.0] {
+        p = _mm256_add_ps(_mm256_set1_ps(c), _mm256_mul_ps(r, p));
+    }
+    let ni = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(12_582_912.0f32.to_bits() as i32));
+    let two_n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(ni, _mm256_set1_epi32(127))));
+    _mm256_mul_ps(p, two_n)
+}
+
+/// [`super::exp_sum`] eight lanes at a time with [`exp8`]: the same lanes, order of
+/// additions and tail, so the same bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn exp_sum8(x: &mut [f32], shift: f32) -> f32 {
+    let sh = _mm256_set1_ps(shift);
+    let mut lanes = _mm256_setzero_ps();
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        // SAFETY: `c` holds exactly eight values; AVX2 is enabled here.
+        unsafe {
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), sh));
+            _mm256_storeu_ps(c.as_mut_ptr(), e);
+            lanes = _mm256_add_ps(lanes, e);
+        }
+    }
+    let mut tail = 0f32;
+    for v in chunks.into_remainder() {
+        *v = crate::math::exp(*v - shift);
+        tail += *v;
+    }
+    let mut l = [0f32; 8];
+    // SAFETY: `l` holds eight values.
+    unsafe { _mm256_storeu_ps(l.as_mut_ptr(), lanes) };
+    ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])) + tail
+}
+
 impl TileOps for Avx2 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn exp_sum(x: &mut [f32], shift: f32) -> f32 {
+        exp_sum8(x, shift)
+    }
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn scores(shape: &DecodeShape, q: &[f32], keys: KvRun<'_>, nk: usize, s: &mut [MaybeUninit<f32>]) {
@@ -119,7 +181,11 @@ impl TileOps for Avx2 {
                     // SAFETY: the first `nt * hd` values were written above and the rest
                     // are zeroed here, so all `8 * hd` (inside `buf`) are initialised.
                     unsafe {
-                        std::ptr::write_bytes(part.add(nt * hd), 0, (8 - nt) * hd);
+                        // Only a short chunk has any (a call per chunk of eight cost a
+                        // call and the registers it clobbers).
+                        if nt < 8 {
+                            std::ptr::write_bytes(part.add(nt * hd), 0, (8 - nt) * hd);
+                        }
                         std::slice::from_raw_parts(part, 8 * hd)
                     }
                 }
@@ -200,6 +266,201 @@ impl TileOps for Avx2 {
                     }
                 }
                 c += 8;
+            }
+        }
+    }
+}
+
+/// Folds a run into `state` on the AVX-512 path: AVX2's scores, and values accumulated in
+/// registers ([`Avx512`]).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C and AVX-512F/BW/VL; `head_dim` must be 64 or 128
+/// (see [`fold512_takes`]), `q` hold `group * head_dim` values and `state` a whole state.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn fold512(
+    shape: &DecodeShape,
+    q: &[f32],
+    keys: KvRun<'_>,
+    values: KvRun<'_>,
+    state: &mut [f32],
+) {
+    // SAFETY: this function's features are the ones `Avx512` needs; the caller holds the rest.
+    unsafe { drive::<Avx512>(shape, q, keys, values, state) }
+}
+
+/// Whether [`fold512`] takes heads of `head_dim`: whole registers of 16 lanes, at most
+/// 8 of them, so a head's accumulators fit a register tile.
+pub(super) fn fold512_takes(head_dim: usize) -> bool {
+    head_dim == 64 || head_dim == 128
+}
+
+struct Avx512;
+
+/// Accumulator registers one tile of [`accumulate_tile`] holds: heads times registers per
+/// head (16 lanes each), leaving the rest of the 32 for a position's values.
+const ACC_REGISTERS: usize = 24;
+
+/// `acc_j += sum_t p[j * TILE_KEYS + t] v_t` for the `JB` heads from `j0`, each head's
+/// `16 * CB` accumulators held in registers over all `nk` positions: per position the
+/// values are converted once (`CB` registers) and each head takes a broadcast weight and
+/// `CB` independent FMAs, so no chain of FMAs waits on itself (AVX2's path runs eight
+/// dependent FMAs per accumulator and reloads it every eight positions). The order of the
+/// additions into each accumulator (position by position from its stored value) is
+/// AVX2's, so the outputs are the same bits.
+///
+/// # Safety
+/// AVX-512F and F16C; `hd == 16 * CB`; `values` holds `nk` positions; `p`'s entries
+/// `j * TILE_KEYS + t` for the tile's heads and `t < nk` are initialised; `acc` holds the
+/// heads `j0..j0 + JB`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn accumulate_tile<const CB: usize, const JB: usize>(
+    p: &[MaybeUninit<f32>],
+    values: KvRun<'_>,
+    nk: usize,
+    acc: &mut [f32],
+    j0: usize,
+) {
+    let hd = 16 * CB;
+    debug_assert!(values.len() >= nk * hd && acc.len() >= (j0 + JB) * hd);
+    // SAFETY: every load and store below is of 16 lanes inside `acc` (heads
+    // `j0..j0 + JB`, width `hd`), inside `values` (positions below `nk`) or at an
+    // initialised weight of `p`, by the caller's contract.
+    unsafe {
+        let dst = acc.as_mut_ptr();
+        let mut a = [[_mm512_setzero_ps(); CB]; JB];
+        for (j, aj) in a.iter_mut().enumerate() {
+            for (c, ajc) in aj.iter_mut().enumerate() {
+                *ajc = _mm512_loadu_ps(dst.add((j0 + j) * hd + 16 * c));
+            }
+        }
+        let w = p.as_ptr().cast::<f32>();
+        for t in 0..nk {
+            prefetch(values, (t + AHEAD) * hd, hd);
+            let mut v = [_mm512_setzero_ps(); CB];
+            for (c, vc) in v.iter_mut().enumerate() {
+                let i = t * hd + 16 * c;
+                *vc = match values {
+                    KvRun::F16(s) => _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().add(i).cast())),
+                    KvRun::F32(s) => _mm512_loadu_ps(s.as_ptr().add(i)),
+                };
+            }
+            for (j, aj) in a.iter_mut().enumerate() {
+                let wj = _mm512_set1_ps(*w.add((j0 + j) * TILE_KEYS + t));
+                for (ajc, &vc) in aj.iter_mut().zip(&v) {
+                    *ajc = _mm512_fmadd_ps(wj, vc, *ajc);
+                }
+            }
+        }
+        for (j, aj) in a.iter().enumerate() {
+            for (c, &ajc) in aj.iter().enumerate() {
+                _mm512_storeu_ps(dst.add((j0 + j) * hd + 16 * c), ajc);
+            }
+        }
+    }
+}
+
+/// [`accumulate_tile`] over all `g` heads, [`ACC_REGISTERS`]` / CB` heads at a time.
+///
+/// # Safety
+/// As [`accumulate_tile`], for heads `0..g`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn accumulate_heads<const CB: usize>(
+    g: usize,
+    p: &[MaybeUninit<f32>],
+    values: KvRun<'_>,
+    nk: usize,
+    acc: &mut [f32],
+) {
+    let most = ACC_REGISTERS / CB;
+    let mut j0 = 0;
+    while j0 < g {
+        let jb = (g - j0).min(most);
+        // SAFETY: forwarded from the caller, for heads `j0..j0 + jb` of `0..g`.
+        unsafe {
+            match jb {
+                1 => accumulate_tile::<CB, 1>(p, values, nk, acc, j0),
+                2 => accumulate_tile::<CB, 2>(p, values, nk, acc, j0),
+                3 => accumulate_tile::<CB, 3>(p, values, nk, acc, j0),
+                4 => accumulate_tile::<CB, 4>(p, values, nk, acc, j0),
+                5 => accumulate_tile::<CB, 5>(p, values, nk, acc, j0),
+                _ => accumulate_tile::<CB, 6>(p, values, nk, acc, j0),
+            }
+        }
+        j0 += jb;
+    }
+}
+
+impl TileOps for Avx512 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    unsafe fn exp_sum(x: &mut [f32], shift: f32) -> f32 {
+        exp_sum8(x, shift)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    unsafe fn scores(shape: &DecodeShape, q: &[f32], keys: KvRun<'_>, nk: usize, s: &mut [MaybeUninit<f32>]) {
+        // SAFETY: AVX2's features are a subset of this path's; the rest is the caller's.
+        unsafe { <Avx2 as TileOps>::scores(shape, q, keys, nk, s) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    unsafe fn accumulate(
+        shape: &DecodeShape,
+        p: &[MaybeUninit<f32>],
+        values: KvRun<'_>,
+        nk: usize,
+        acc: &mut [f32],
+    ) {
+        let (g, hd) = (shape.group, shape.head_dim);
+        // SAFETY: `fold512_takes` admitted `hd` (the dispatcher checks it); the rest is
+        // the caller's.
+        unsafe {
+            match hd {
+                64 => accumulate_heads::<4>(g, p, values, nk, acc),
+                _ => accumulate_heads::<8>(g, p, values, nk, acc),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::Isa;
+
+    #[test]
+    fn vector_exp_sum_gives_the_scalar_bits() {
+        if !Isa::Avx2.is_available() {
+            return;
+        }
+        // Scores from far below the clamp to above it, NaN and infinities among them, at
+        // every tail length.
+        let mut seed = 0x9e37_79b9_u32;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            (seed as f32 / u32::MAX as f32) * 240.0 - 120.0
+        };
+        for n in 0..=67 {
+            let mut x: Vec<f32> = (0..n).map(|_| next()).collect();
+            if n > 10 {
+                (x[3], x[7], x[9]) = (f32::NAN, f32::INFINITY, f32::NEG_INFINITY);
+            }
+            for shift in [0.0, 3.5, -40.0, 87.0] {
+                let (mut a, mut b) = (x.clone(), x.clone());
+                let want = super::super::exp_sum(&mut a, shift);
+                // SAFETY: AVX2 (with FMA and F16C) was detected above.
+                let got = unsafe { exp_sum8(&mut b, shift) };
+                assert_eq!(got.to_bits(), want.to_bits(), "sum of {n} at shift {shift}");
+                for (i, (g, w)) in b.iter().zip(&a).enumerate() {
+                    assert_eq!(g.to_bits(), w.to_bits(), "value {i} of {n} at shift {shift}");
+                }
             }
         }
     }
