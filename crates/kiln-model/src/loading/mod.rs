@@ -63,24 +63,9 @@ pub fn load(spec: &str, opts: &LoadOptions) -> Result<LoadedModel> {
         ModelSource::Dir(dir) => checkpoint::load(&dir, opts),
         ModelSource::Gguf(file) => checkpoint::gguf::load(&file, opts),
     };
-    return_freed_heap();
+    // The load's heap scratch, once the weights are built (see the function).
+    kiln_core::pool::return_freed_heap();
     model
-}
-
-/// Hands the heap memory freed so far back to the system. The pool keeps weights in an
-/// arena of their own, outside the heap ([`kiln_core::MemoryPool::alloc_zeroed`]), so
-/// what a load allocates and frees on the heap (building a tokenizer, decoding a tensor's
-/// scales) is no longer reused by the weights that follow; the allocator keeps such
-/// freed memory resident unless asked. Called once the tokenizer is built, before the
-/// weights, so the load's peak is not their sum (a GGUF of the Qwen2.5-0.5B shape peaked
-/// about 260 MB higher without it), and once the load is done.
-pub(crate) fn return_freed_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free memory of the allocator's own arenas; it
-    // takes no pointer and may be called from any thread at any time.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 #[cfg(test)]

@@ -66,7 +66,7 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     // Tokenizer and template first: they are cheap and their errors are common.
     let tokenizer = Tokenizer::from_dir(dir)?;
     let chat_template = ChatTemplate::from_dir(dir)?;
-    crate::loading::return_freed_heap();
+    kiln_core::pool::return_freed_heap();
     let weights = build::build(plan, &config, &TensorReader { ck: &ck, pool: &opts.pool })?;
     Ok(LoadedModel { source: ModelSource::Dir(dir.to_path_buf()), config, weights, tokenizer, chat_template })
 }

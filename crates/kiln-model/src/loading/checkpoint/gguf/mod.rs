@@ -69,7 +69,7 @@ pub fn inspect(path: &Path, _opts: &LoadOptions) -> Result<ModelInfo> {
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let g = Gguf::open(path)?;
     let (tokenizer, chat_template) = text_side(&g)?;
-    crate::loading::return_freed_heap();
+    kiln_core::pool::return_freed_heap();
     let weights = build(&g, &opts.pool)?;
     Ok(LoadedModel {
         source: ModelSource::Gguf(path.to_path_buf()),
