@@ -50,8 +50,9 @@ unsafe impl Sync for Chunk {}
 
 impl Chunk {
     /// A chunk of at least `bytes` (rounded up to whole huge pages), zero-filled and not
-    /// yet touched, its huge pages advised. `None` when the system refuses the mapping.
-    fn new(bytes: usize) -> Option<Arc<Chunk>> {
+    /// yet touched, its first `advised` bytes (whole huge pages) advised as huge pages.
+    /// `None` when the system refuses the mapping.
+    fn new(bytes: usize, advised: usize) -> Option<Arc<Chunk>> {
         let cap = bytes.checked_next_multiple_of(HUGE_PAGE)?;
         // One huge page more than the chunk, so an aligned start lies inside.
         let mut map = memmap2::MmapOptions::new().len(cap.checked_add(HUGE_PAGE)?).map_anon().ok()?;
@@ -59,7 +60,11 @@ impl Chunk {
         let skip = (start as usize).next_multiple_of(HUGE_PAGE) - start as usize;
         // A hint: refused (an old kernel, THP disabled), the chunk is still ordinary memory.
         #[cfg(target_os = "linux")]
-        let _ = map.advise_range(memmap2::Advice::HugePage, skip, cap);
+        if advised > 0 {
+            let _ = map.advise_range(memmap2::Advice::HugePage, skip, advised.min(cap));
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = advised;
         // SAFETY: `skip < HUGE_PAGE`, so `skip..skip + cap` lies inside the mapping.
         let base = unsafe { start.add(skip) };
         Some(Arc::new(Chunk { _map: map, base, cap }))
@@ -79,11 +84,16 @@ impl Arena {
         assert!(align_of::<T>() <= ALIGN, "arena: {}-byte alignment is over {ALIGN}", align_of::<T>());
         let bytes = len.checked_mul(size_of::<T>())?;
         if bytes >= OWN_CHUNK_FROM {
-            return Some(Slot { chunk: Chunk::new(bytes)?, off: 0, len, _t: PhantomData });
+            // Only the huge pages the allocation fills: its last, partial one stays in small
+            // pages, where a huge one would hold up to 2 MiB more than the allocation uses.
+            let whole = bytes / HUGE_PAGE * HUGE_PAGE;
+            return Some(Slot { chunk: Chunk::new(bytes, whole)?, off: 0, len, _t: PhantomData });
         }
         let room = |(c, used): &(Arc<Chunk>, usize)| used.next_multiple_of(ALIGN) + bytes <= c.cap;
         if !self.open.as_ref().is_some_and(room) {
-            self.open = Some((Chunk::new(CHUNK)?, 0));
+            // A shared chunk is advised whole (what later allocations will take is not known),
+            // so the huge page holding its last allocation's end is the most it holds unused.
+            self.open = Some((Chunk::new(CHUNK, CHUNK)?, 0));
         }
         let (chunk, used) = self.open.as_mut()?;
         let off = used.next_multiple_of(ALIGN);
@@ -183,6 +193,10 @@ mod tests {
             // has huge pages to back it, which depends on the machine).
             assert!(flags.split(' ').any(|f| f == "hg"), "{what} chunk's mapping has flags {flags}");
         }
+        // The own chunk's last, partial huge page is left in small pages.
+        let tail = large.as_slice().as_ptr() as usize + OWN_CHUNK_FROM;
+        let flags = vm_flags(tail);
+        assert!(!flags.split(' ').any(|f| f == "hg"), "the partial last huge page is advised: {flags}");
     }
 
     #[test]
