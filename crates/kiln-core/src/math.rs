@@ -5,31 +5,39 @@
 /// `e^x` for f32 within 4 ulp, branch-free and without float-to-int conversions so loops
 /// over it vectorise: `x = n ln2 + r` with `|r| <= ln2 / 2`, a degree-7 polynomial for
 /// `e^r`, and `2^n` built in the exponent bits. Inputs below -87.3 give about 1e-38 (0
-/// for any softmax purpose); inputs above 88.3 give about 2.2e38.
+/// for any softmax purpose); inputs above 88.3 give about 2.2e38. The vector forms (the
+/// attention kernels' `exp8`) take the constants below and run the same operations in the
+/// same order, so they give the same bits.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    // ln 2 split in two so `n * LN2_HI` is exact.
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // 1.5 * 2^23: adding it rounds to the nearest integer (ties to even), and leaves that
-    // integer in the low bits of the sum, where `round` and `as i32` would be library
-    // calls or saturating conversions on the baseline target.
-    const ROUNDER: f32 = 12_582_912.0;
-    // n stays in [-126, 127], so 2^n is a normal float.
-    let x = x.clamp(-87.336_55, 88.3);
-    let t = x * LOG2E + ROUNDER;
-    let n = t - ROUNDER;
-    let r = x - n * LN2_HI - n * LN2_LO;
-    // Taylor coefficients of e^r, enough for |r| <= 0.347.
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.666_666_7e-1
-                    + r * (4.166_666_8e-2 + r * (8.333_334e-3 + r * (1.388_888_9e-3 + r * 1.984_127e-4))))));
-    let ni = (t.to_bits() as i32).wrapping_sub(ROUNDER.to_bits() as i32);
+    let x = x.clamp(EXP_MIN, EXP_MAX);
+    let t = x * std::f32::consts::LOG2_E + EXP_ROUNDER;
+    let n = t - EXP_ROUNDER;
+    let r = x - n * EXP_LN2_HI - n * EXP_LN2_LO;
+    let mut p = EXP_POLY[0];
+    for &c in &EXP_POLY[1..] {
+        p = c + r * p;
+    }
+    let ni = (t.to_bits() as i32).wrapping_sub(EXP_ROUNDER.to_bits() as i32);
     p * f32::from_bits(((ni + 127) as u32) << 23)
 }
+
+/// [`exp`]'s clamp: `n` stays in [-126, 127], so `2^n` is a normal float.
+pub(crate) const EXP_MIN: f32 = -87.336_55;
+/// See [`EXP_MIN`].
+pub(crate) const EXP_MAX: f32 = 88.3;
+/// ln 2 split in two so `n * EXP_LN2_HI` is exact.
+pub(crate) const EXP_LN2_HI: f32 = 0.693_359_4;
+/// See [`EXP_LN2_HI`].
+pub(crate) const EXP_LN2_LO: f32 = -2.121_944_4e-4;
+/// 1.5 * 2^23: adding it rounds to the nearest integer (ties to even), and leaves that
+/// integer in the low bits of the sum, where `round` and `as i32` would be library calls
+/// or saturating conversions on the baseline target.
+pub(crate) const EXP_ROUNDER: f32 = 12_582_912.0;
+/// Taylor coefficients of `e^r` from the highest power down, enough for `|r| <= 0.347`,
+/// evaluated by Horner's rule (`p = c + r * p`).
+pub(crate) const EXP_POLY: [f32; 8] =
+    [1.984_127e-4, 1.388_888_9e-3, 8.333_334e-3, 4.166_666_8e-2, 1.666_666_7e-1, 0.5, 1.0, 1.0];
 
 /// The largest value (negative infinity for an empty slice; NaN is skipped), with eight
 /// independent lanes so it vectorises.

@@ -18,8 +18,9 @@
 //! The dispatcher here picks the path from [`Isa`]: on AVX-512 hosts, heads of 64 and 128
 //! accumulate their values in registers (`x86::fold512`, AVX2's bits), AVX2 (F16C
 //! conversion in registers, FMA) takes the other head sizes that are a multiple of 8 there
-//! and every one on AVX2 hosts, the portable path the rest and other targets, where it converts each tile with `half`'s slice conversion (which uses the
-//! CPU's f16 instructions where it finds them) and leaves the loops to the compiler.
+//! and every one on AVX2 hosts, the portable path the rest and other targets, where it
+//! converts each tile with `half`'s slice conversion (which uses the CPU's f16
+//! instructions where it finds them) and leaves the loops to the compiler.
 
 pub mod reference;
 
@@ -425,8 +426,16 @@ pub(crate) fn exp_sum(x: &mut [f32], shift: f32) -> f32 {
             lanes[i] += c[i];
         }
     }
+    exp_sum_finish(lanes, chunks.into_remainder(), shift)
+}
+
+/// The end every [`exp_sum`] shares, so the paths give the same bits: the values that do
+/// not fill eight lanes (`rest`) replaced and summed in order, and the eight lanes' sums
+/// joined in a fixed tree.
+#[inline(always)]
+pub(crate) fn exp_sum_finish(lanes: [f32; 8], rest: &mut [f32], shift: f32) -> f32 {
     let mut tail = 0f32;
-    for v in chunks.into_remainder() {
+    for v in rest {
         *v = exp(*v - shift);
         tail += *v;
     }

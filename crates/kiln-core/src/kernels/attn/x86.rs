@@ -96,32 +96,33 @@ fn sum8x8(a: &[__m256; 8]) -> __m256 {
     }
 }
 
-/// [`crate::math::exp`] of eight lanes: the same operations in the same order (a multiply
-/// then an add wherever it multiplies and adds, never a fused one), so the same bits; the
-/// clamp keeps a NaN as `f32::clamp` does (`max` and `min` return their second operand
+/// [`crate::math::exp`] of eight lanes: its constants, and its operations in its order (a
+/// multiply then an add wherever it multiplies and adds, never a fused one), so its bits;
+/// the clamp keeps a NaN as `f32::clamp` does (`max` and `min` return their second operand
 /// when one is NaN).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn exp8(x: __m256) -> __m256 {
-    let x = _mm256_min_ps(_mm256_set1_ps(88.3), _mm256_max_ps(_mm256_set1_ps(-87.336_55), x));
-    let rounder = _mm256_set1_ps(12_582_912.0);
+    use crate::math::{EXP_LN2_HI, EXP_LN2_LO, EXP_MAX, EXP_MIN, EXP_POLY, EXP_ROUNDER};
+    let x = _mm256_min_ps(_mm256_set1_ps(EXP_MAX), _mm256_max_ps(_mm256_set1_ps(EXP_MIN), x));
+    let rounder = _mm256_set1_ps(EXP_ROUNDER);
     let t = _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)), rounder);
     let n = _mm256_sub_ps(t, rounder);
     let r = _mm256_sub_ps(
-        _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693_359_4))),
-        _mm256_mul_ps(n, _mm256_set1_ps(-2.121_944_4e-4)),
+        _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(EXP_LN2_HI))),
+        _mm256_mul_ps(n, _mm256_set1_ps(EXP_LN2_LO)),
     );
-    let mut p = _mm256_set1_ps(1.984_127e-4);
-    for c in [1.388_888_9e-3, 8.333_334e-3, 4.166_666_8e-2, 1.666_666_7e-1, 0.5, 1.0, 1.0] {
+    let mut p = _mm256_set1_ps(EXP_POLY[0]);
+    for &c in &EXP_POLY[1..] {
         p = _mm256_add_ps(_mm256_set1_ps(c), _mm256_mul_ps(r, p));
     }
-    let ni = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(12_582_912.0f32.to_bits() as i32));
+    let ni = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(EXP_ROUNDER.to_bits() as i32));
     let two_n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(ni, _mm256_set1_epi32(127))));
     _mm256_mul_ps(p, two_n)
 }
 
-/// [`super::exp_sum`] eight lanes at a time with [`exp8`]: the same lanes, order of
-/// additions and tail, so the same bits.
+/// [`super::exp_sum`] eight lanes at a time with [`exp8`], finished by the same
+/// [`super::exp_sum_finish`], so the same bits.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn exp_sum8(x: &mut [f32], shift: f32) -> f32 {
@@ -136,15 +137,10 @@ fn exp_sum8(x: &mut [f32], shift: f32) -> f32 {
             lanes = _mm256_add_ps(lanes, e);
         }
     }
-    let mut tail = 0f32;
-    for v in chunks.into_remainder() {
-        *v = crate::math::exp(*v - shift);
-        tail += *v;
-    }
     let mut l = [0f32; 8];
     // SAFETY: `l` holds eight values.
     unsafe { _mm256_storeu_ps(l.as_mut_ptr(), lanes) };
-    ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])) + tail
+    super::exp_sum_finish(l, chunks.into_remainder(), shift)
 }
 
 impl TileOps for Avx2 {
