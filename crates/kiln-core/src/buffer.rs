@@ -30,18 +30,14 @@ pub struct PoolVec<T> {
 
 /// Where a [`PoolVec`]'s elements live: an ordinary vector, or a slot of the pool's weight
 /// arena (huge pages).
-enum Store<T> {
+pub(crate) enum Store<T> {
     Vec(Vec<T>),
     Arena(Slot<T>),
 }
 
 impl<T> PoolVec<T> {
-    pub(crate) fn new(vec: Vec<T>, lease: Lease) -> Self {
-        PoolVec { store: Store::Vec(vec), lease }
-    }
-
-    pub(crate) fn in_arena(slot: Slot<T>, lease: Lease) -> Self {
-        PoolVec { store: Store::Arena(slot), lease }
+    pub(crate) fn new(store: Store<T>, lease: Lease) -> Self {
+        PoolVec { store, lease }
     }
 
     /// Bytes counted for this vector.

@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::arena::Arena;
-use crate::buffer::PoolVec;
+use crate::buffer::{PoolVec, Store};
 use crate::size::{HumanBytes, SizeParseError, parse_size};
 
 /// Environment variable holding the pool limit (`512MiB`, `2GiB`, plain bytes).
@@ -253,31 +253,31 @@ impl MemoryPool {
     ) -> Result<PoolVec<T>, OutOfMemory> {
         let bytes = (len as u64).saturating_mul(size_of::<T>() as u64);
         let lease = self.reserve(tag, bytes)?;
-        if tag == Tag::Weights {
+        let store = if tag == Tag::Weights {
             // Weights stream from memory on every decode step: huge pages ([`crate::arena`]).
-            let slot = self.inner.arena.lock().unwrap_or_else(|p| p.into_inner()).take::<T>(len);
-            return match slot {
-                Some(slot) => Ok(PoolVec::in_arena(slot, lease)),
-                None => {
-                    let in_use = self.stats().live_bytes - bytes;
-                    Err(OutOfMemory { requested: bytes, tag, in_use, limit: u64::MAX })
-                }
-            };
+            self.inner.arena.lock().unwrap_or_else(|p| p.into_inner()).take::<T>(len).map(Store::Arena)
+        } else {
+            let mut vec = Vec::new();
+            vec.try_reserve_exact(len).ok().map(|()| {
+                vec.resize(len, T::zeroed());
+                Store::Vec(vec)
+            })
+        };
+        match store {
+            Some(store) => Ok(PoolVec::new(store, lease)),
+            None => {
+                // The system refused: `lease` is still held, so the live bytes count it.
+                let in_use = self.stats().live_bytes - bytes;
+                Err(OutOfMemory { requested: bytes, tag, in_use, limit: u64::MAX })
+            }
         }
-        let mut vec = Vec::new();
-        if vec.try_reserve_exact(len).is_err() {
-            let in_use = self.stats().live_bytes - bytes;
-            return Err(OutOfMemory { requested: bytes, tag, in_use, limit: u64::MAX });
-        }
-        vec.resize(len, T::zeroed());
-        Ok(PoolVec::new(vec, lease))
     }
 
     /// Takes ownership of an existing vector, counting its length under `tag`.
     pub fn adopt<T: Copy>(&self, tag: Tag, vec: Vec<T>) -> Result<PoolVec<T>, OutOfMemory> {
         let bytes = (vec.len() * size_of::<T>()) as u64;
         let lease = self.reserve(tag, bytes)?;
-        Ok(PoolVec::new(vec, lease))
+        Ok(PoolVec::new(Store::Vec(vec), lease))
     }
 
     /// A snapshot of the counters.
