@@ -31,6 +31,10 @@
 //! stream's decode rows ride either in those steps or in a prefill forward, each adding at
 //! least the cheaper of the two marginal costs. One stream takes `P + (NEW - 1) s_1`, so
 //! aggregate decode at B streams over one stream is at most `B (P + (NEW - 1) s_1) / W_B`.
+//!
+//! `m_p` is the difference of two forwards of a whole prompt, so one round's can be far off
+//! (near zero, which only loosens the bound); the medians of the default five rounds are
+//! what to read.
 
 use std::time::Instant;
 
@@ -86,13 +90,15 @@ fn main() {
         std::process::exit(2);
     }
     let vocab = c.vocab_size as u32;
-    // B + 1 distinct prompts: one per stream, and one for the one-row steps.
+    // B + 1 distinct prompts: one per stream's cache, and one prefilled afresh beside decode
+    // rows for m_p.
     let prompts: Vec<Vec<u32>> = (0..=b as u32)
         .map(|s| (0..prompt_len as u32).map(|i| (i * 37 + s * 101 + 5) % vocab).collect())
         .collect();
     let widths: Vec<usize> =
         [1, 2, 4, 8].into_iter().filter(|&w| w <= b).chain((b > 8).then_some(b)).collect();
     let depth = prompt_len + new / 2;
+    let grow: Vec<u32> = (0..depth - prompt_len).map(|i| (i as u32 * 13 + 3) % vocab).collect();
     let steps = 16;
     // Turns of the prompt with and without decode rows beside it, per round.
     const TURNS: usize = 6;
@@ -111,7 +117,7 @@ fn main() {
         let layout = t.kv_layout(KvDtype::F16);
         for round in 0..rounds {
             // P: each stream's prompt prefilled whole, into its own cache.
-            let mut caches: Vec<KvCache> = (0..=b).map(|_| KvCache::new(layout, &mem)).collect();
+            let mut caches: Vec<KvCache> = (0..b).map(|_| KvCache::new(layout, &mem)).collect();
             let mut p_round = Vec::new();
             for (cache, prompt) in caches.iter_mut().zip(&prompts) {
                 let t0 = Instant::now();
@@ -120,14 +126,13 @@ fn main() {
                 p_round.push(t0.elapsed().as_secs_f64());
             }
             let p = median(&mut p_round);
-            // m_p: the last prompt again with B - 1 decode rows beside it, and alone, in turns.
+            // m_p: the extra prompt with B - 1 decode rows beside it, and alone, in turns; the
+            // decode rows' caches go back to the prompt's length after each.
             let (mut with, mut alone) = (0.0, 0.0);
-            let fresh = prompts[b].clone();
             for turn in 0..TURNS {
                 for mixed in if turn % 2 == 0 { [true, false] } else { [false, true] } {
                     let mut pc = KvCache::new(layout, &mem);
-                    let lens: Vec<usize> = caches[..b - 1].iter().map(KvCache::len).collect();
-                    let mut seqs = vec![SeqChunk { cache: &mut pc, tokens: &fresh }];
+                    let mut seqs = vec![SeqChunk { cache: &mut pc, tokens: &prompts[b] }];
                     let tok = [7u32];
                     if mixed {
                         for cache in caches[..b - 1].iter_mut() {
@@ -138,8 +143,8 @@ fn main() {
                     t.forward(&mut ws, &mut seqs, Logits::Last).expect("a mixed forward");
                     let dt = t0.elapsed().as_secs_f64();
                     drop(seqs);
-                    for (cache, len) in caches.iter_mut().zip(lens) {
-                        cache.truncate(len);
+                    for cache in caches[..b - 1].iter_mut() {
+                        cache.truncate(prompt_len);
                     }
                     if mixed { with += dt } else { alone += dt }
                 }
@@ -149,7 +154,6 @@ fn main() {
             let tok = [11u32];
             for cache in caches.iter_mut() {
                 // Grow every cache to `depth` (one row at a time would be a long warm-up).
-                let grow: Vec<u32> = (0..depth - prompt_len).map(|i| (i as u32 * 13 + 3) % vocab).collect();
                 t.forward(&mut ws, &mut [SeqChunk { cache, tokens: &grow }], Logits::None)
                     .expect("a prefill");
             }
