@@ -55,13 +55,22 @@ const PASS_ROWS: usize = 16;
 /// Elements per transposed unit: 32 bytes of 4-bit codes per row.
 const UNIT: usize = 64;
 
-/// Blocks ahead whose lines the pass that streams the weights from memory asks for into
-/// L2, beside the next block's into L1. A block's sixteen rows are sixteen streams a row
-/// apart, and the next block's lines alone arrived late for a decode step's few rows: on a
-/// 2-vCPU Zen 4 EPYC (g32, 2 threads, ten interleaved pairs), `qmv_wide` at M = 2 on
-/// 4864 x 896 took 0.76x the time with these too (0.191 against 0.246 ms; 0.13 ms with the
-/// weights in cache) and 0.91x at M = 4; M = 8, 896 x 4864 and `qmm` were unchanged.
+/// Blocks ahead whose bytes the pass that streams the weights from memory asks for into
+/// L2, in address order: eight lines of codes per unit (a block is `8 * k / 64` lines over
+/// `k / 64` units) and the block's scale and bias lines beside them. The next block's lines
+/// alone arrived late for a decode step's few rows: on a 2-vCPU Zen 4 EPYC (g32, 2
+/// threads, ten interleaved pairs), `qmv_wide` at M = 2 on 4864 x 896 took 0.76x the time
+/// with lines three blocks ahead too (0.191 against 0.246 ms). Those were asked for as the
+/// block is read, a line of each of its sixteen rows at a time, rows `k / 2` bytes apart;
+/// asked for in address order instead, M = 2 on 896 x 4864 (rows of 2432 bytes, a block of
+/// 38 KiB) took 0.77x the time (0.126 against 0.158 ms), M = 4 0.84x and M = 8 0.89x, and
+/// 4864 x 896 0.93-0.98x; `qmm` at M = 300 was unchanged (three interleaved rounds each).
 const FAR_BLOCKS: usize = 3;
+
+/// Units ahead, along the block's own rows (into the next block's past its end), whose lines
+/// a block asks for into L1. The next block's whole lines, asked for over this one, were 38
+/// KiB on 896 x 4864, more than L1 holds beside the activation codes.
+const NEAR_UNITS: usize = 4;
 
 /// Whether this kernel takes `m` rows against `w` under `codes`.
 pub(super) fn takes(w: &QuantizedMatrix, m: usize, codes: ActCodes) -> bool {
@@ -398,7 +407,7 @@ unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool>(
 
 /// Weight rows `b0 .. b0 + nr` (`nr <= 16`) against activation rows `acts` (at most 16):
 /// `scratch.out[i][r]` is activation row `acts.start + i`'s output for weight row `b0 + r`.
-/// `far` asks for the lines [`FAR_BLOCKS`] blocks ahead as well as the next block's.
+/// `far` asks for the block [`FAR_BLOCKS`] ahead into L2 as well as nearer lines into L1.
 ///
 /// # Safety
 /// The CPU must support AVX-512F/BW/VL, and VNNI when `VNNI`.
@@ -449,7 +458,10 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
         }
         // Units per window of scales and biases.
         let window_units = (window * G / UNIT).max(1);
-        for u in 0..k / UNIT {
+        let units = k / UNIT;
+        // Lines of a block's scales (and of its biases) to ask for per unit.
+        let scale_lines_per_unit = (ROWS * srow).div_ceil(64 * units);
+        for u in 0..units {
             if far && u % window_units == 0 {
                 // The next window's scale and bias lines of the block's rows (after its last
                 // window, the next block's first), a window ahead: unasked, each window's 32
@@ -465,19 +477,31 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
                     _mm_prefetch::<_MM_HINT_T0>(bb.wrapping_add(at).cast::<i8>());
                 }
             }
+            if far {
+                // This unit's share of the block [`FAR_BLOCKS`] ahead, into L2 in address
+                // order (past the matrix's end for its last blocks, where a prefetch is a
+                // no-op): eight lines of codes, and of its scales and biases the lines that
+                // spread them over the block's units.
+                let fb = b0 + FAR_BLOCKS * ROWS;
+                let codes = packed.as_ptr().wrapping_add(fb * row_bytes + 8 * 64 * u);
+                for j in 0..8 {
+                    _mm_prefetch::<_MM_HINT_T1>(codes.wrapping_add(64 * j).cast::<i8>());
+                }
+                let per = scale_lines_per_unit;
+                let at = fb * srow + per * 64 * u;
+                let (sb, bb) = (sall.as_ptr().wrapping_add(at), ball.as_ptr().wrapping_add(at));
+                for j in 0..per {
+                    _mm_prefetch::<_MM_HINT_T1>(sb.wrapping_add(64 * j).cast::<i8>());
+                    _mm_prefetch::<_MM_HINT_T1>(bb.wrapping_add(64 * j).cast::<i8>());
+                }
+            }
             if u % 2 == 0 {
-                // Each row's next line, in the next block, into L1 (asked for over this one;
-                // past the matrix's end for its last blocks, where a prefetch is a no-op).
-                let near = packed.as_ptr().wrapping_add((b0 + ROWS) * row_bytes + 32 * u);
+                // Each row's line [`NEAR_UNITS`] units ahead into L1, past the block's end
+                // the next block's rows'.
+                let (ahead, unit) = ((u + NEAR_UNITS) / units, (u + NEAR_UNITS) % units);
+                let near = packed.as_ptr().wrapping_add((b0 + ahead * ROWS) * row_bytes + 32 * unit);
                 for r in 0..ROWS {
                     _mm_prefetch::<_MM_HINT_T0>(near.wrapping_add(r * row_bytes).cast::<i8>());
-                }
-                // And, when `far`, the same lines [`FAR_BLOCKS`] blocks ahead into L2.
-                if far {
-                    let ahead = near.wrapping_add((FAR_BLOCKS - 1) * ROWS * row_bytes);
-                    for r in 0..ROWS {
-                        _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(r * row_bytes).cast::<i8>());
-                    }
                 }
             }
             let z = transpose(&wrows, 32 * u, 32);
