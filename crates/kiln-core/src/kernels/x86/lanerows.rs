@@ -377,7 +377,13 @@ unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool>(
             // the task's blocks in L2, and the next task's first pass asks for its own).
             let far = m0 == 0 && (m <= PASS_ROWS || b0 + FAR_BLOCKS * ROWS < rows.end);
             // SAFETY: forwarded from this function's contract.
-            unsafe { block::<G, SPLIT, VNNI>(w, a, b0, nr, m0..m0 + mt, far, &mut scratch) };
+            unsafe {
+                if m <= PASS_ROWS {
+                    block::<G, SPLIT, VNNI, true>(w, a, b0, nr, m0..m0 + mt, far, &mut scratch)
+                } else {
+                    block::<G, SPLIT, VNNI, false>(w, a, b0, nr, m0..m0 + mt, far, &mut scratch)
+                }
+            };
             for (i, o) in scratch.out.iter().enumerate().take(mt) {
                 let to = &mut outs[m0 + i][b0 - rows.start..b0 - rows.start + nr];
                 // A whole block's 16 outputs as one fixed-size copy: as a slice copy of a
@@ -407,12 +413,13 @@ unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool>(
 
 /// Weight rows `b0 .. b0 + nr` (`nr <= 16`) against activation rows `acts` (at most 16):
 /// `scratch.out[i][r]` is activation row `acts.start + i`'s output for weight row `b0 + r`.
-/// `far` asks for the block [`FAR_BLOCKS`] ahead into L2 as well as nearer lines into L1.
+/// `far` asks for the block [`FAR_BLOCKS`] ahead into L2 as well as nearer lines into L1;
+/// `FEW` is a decode step's pass (at most [`PASS_ROWS`] rows in all).
 ///
 /// # Safety
 /// The CPU must support AVX-512F/BW/VL, and VNNI when `VNNI`.
 #[inline(always)]
-unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
+unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool, const FEW: bool>(
     w: &QuantizedMatrix,
     a: &Acts,
     b0: usize,
@@ -537,28 +544,33 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool>(
                         let b = _mm512_load_ps(scratch.biases.0[g % window].as_ptr());
                         let bc = _mm512_fmadd_ps(s, centre, b);
                         for (i, l) in scratch.lanes.iter_mut().enumerate().take(mt) {
-                            // Within the pass's rows' groups (asserted above). Read where they
-                            // are used, with no check between, each is broadcast from memory
-                            // into its instruction; read as checked scalars ahead of the dots,
-                            // `ncq` and `sx` were loads into general registers and broadcasts
-                            // from there. On a 2-vCPU Zen 4 EPYC (g32, 2 threads, eight
-                            // interleaved pairs) `qmv_wide` M = 2 on 4864 x 896 took 0.90x the
-                            // time with the weights in cache and 0.92x from memory; 896 x 4864
-                            // 0.98x / 0.95x, `qmm` at M = 300 1.01x / 1.02x.
+                            // A decode step's rows (`FEW`) read these unchecked (within the
+                            // pass's rows' groups, asserted above), so nothing splits the read
+                            // from its use and each is broadcast from memory into its
+                            // instruction; read checked, `ncq` and `sx` were loads into
+                            // general registers and broadcasts from there. On a 2-vCPU Zen 4
+                            // EPYC (g32, 2 threads, eight interleaved pairs) `qmv_wide` M = 2
+                            // on 4864 x 896 took 0.90x the time with the weights in cache and
+                            // 0.92x from memory, 896 x 4864 0.98x / 0.95x; but `qmm` at M = 300
+                            // took 1.015-1.018x, so a prefill's passes keep the checked reads.
                             let gi = (m0 + i) * gpr + g;
-                            let (ncq, sx, xsum) = (ncq_at.add(gi), sx_at.add(gi), xsum_at.add(gi));
+                            let (ncq, sx, xsum) = if FEW {
+                                (*ncq_at.add(gi), *sx_at.add(gi), *xsum_at.add(gi))
+                            } else {
+                                (a.ncq[gi], a.sx[gi], a.xsum[gi])
+                            };
                             // The sum starts at minus the centre's share, so it ends centred.
                             let start = if G == 128 { scratch.first[i] } else { _mm512_setzero_si512() };
-                            let start = _mm512_add_epi32(start, _mm512_set1_epi32(*ncq));
+                            let start = _mm512_add_epi32(start, _mm512_set1_epi32(ncq));
                             let (hi, lo) = unit_codes::<SPLIT>(a, (m0 + i) * k + UNIT * u);
                             let centred = dots::<SPLIT, VNNI, $c0, $nc>(&even, &odd, hi, lo, start);
                             let acc = &mut l[g % 8];
                             *acc = _mm512_fmadd_ps(
                                 _mm512_cvtepi32_ps(centred),
-                                _mm512_mul_ps(s, _mm512_set1_ps(*sx)),
+                                _mm512_mul_ps(s, _mm512_set1_ps(sx)),
                                 *acc,
                             );
-                            *acc = _mm512_fmadd_ps(bc, _mm512_set1_ps(*xsum), *acc);
+                            *acc = _mm512_fmadd_ps(bc, _mm512_set1_ps(xsum), *acc);
                         }
                     }
                 }};
