@@ -365,9 +365,10 @@ unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool>(
         first: [zi; PASS_ROWS],
     };
     // A macro, not a closure: a closure has no target features of its own, so the
-    // intrinsics of `block` inlined into it would be calls.
+    // intrinsics of `block` inlined into it would be calls. `$few`: the pass is a decode
+    // step's, all of its at most [`PASS_ROWS`] rows.
     macro_rules! one {
-        ($b0:expr, $m0:expr) => {{
+        ($b0:expr, $m0:expr, $few:literal) => {{
             let (b0, m0) = ($b0, $m0);
             let nr = ROWS.min(rows.end - b0);
             let mt = PASS_ROWS.min(m - m0);
@@ -377,13 +378,7 @@ unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool>(
             // the task's blocks in L2, and the next task's first pass asks for its own).
             let far = m0 == 0 && (m <= PASS_ROWS || b0 + FAR_BLOCKS * ROWS < rows.end);
             // SAFETY: forwarded from this function's contract.
-            unsafe {
-                if m <= PASS_ROWS {
-                    block::<G, SPLIT, VNNI, true>(w, a, b0, nr, m0..m0 + mt, far, &mut scratch)
-                } else {
-                    block::<G, SPLIT, VNNI, false>(w, a, b0, nr, m0..m0 + mt, far, &mut scratch)
-                }
-            };
+            unsafe { block::<G, SPLIT, VNNI, $few>(w, a, b0, nr, m0..m0 + mt, far, &mut scratch) };
             for (i, o) in scratch.out.iter().enumerate().take(mt) {
                 let to = &mut outs[m0 + i][b0 - rows.start..b0 - rows.start + nr];
                 // A whole block's 16 outputs as one fixed-size copy: as a slice copy of a
@@ -400,13 +395,13 @@ unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool>(
         // block of weights, which stays in L2 from the first pass on.
         for m0 in (0..m).step_by(PASS_ROWS) {
             for b0 in rows.clone().step_by(ROWS) {
-                one!(b0, m0);
+                one!(b0, m0, false);
             }
         }
     } else {
         // A decode step's: each block of weights once from memory, in one pass.
         for b0 in rows.clone().step_by(ROWS) {
-            one!(b0, 0);
+            one!(b0, 0, true);
         }
     }
 }
