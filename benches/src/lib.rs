@@ -204,6 +204,12 @@ impl Rotation {
         Rotation { mats, next: 0 }
     }
 
+    /// Every copy reordered into `Layout::LaneRows` where it fits; returns whether all did.
+    pub fn into_lane_rows(&mut self) -> bool {
+        // Every copy, not stopping at the first that does not fit.
+        self.mats.iter_mut().map(|w| w.into_lane_rows()).filter(|&fits| !fits).count() == 0
+    }
+
     /// The next matrix in turn.
     pub fn next_matrix(&mut self) -> &QuantizedMatrix {
         let w = &self.mats[self.next];

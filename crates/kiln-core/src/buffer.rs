@@ -153,6 +153,16 @@ impl<T: bytemuck::Pod> Buffer<T> {
         matches!(self.repr, Repr::Shared { .. })
     }
 
+    /// The data, writable, when it is owned (a plain or pool-counted vector); `None` for
+    /// a view into shared bytes, which are read-only.
+    pub fn owned_mut(&mut self) -> Option<&mut [T]> {
+        match &mut self.repr {
+            Repr::Plain(v) => Some(v),
+            Repr::Pooled(v) => Some(v),
+            Repr::Shared { .. } => None,
+        }
+    }
+
     /// Bytes of data.
     pub fn byte_len(&self) -> usize {
         self.len() * size_of::<T>()

@@ -267,7 +267,7 @@ impl CacheKey {
             self.threads,
             self.isa.as_str(),
             self.scheme.as_str(),
-            SHAPE_NAME
+            shape_name()
         )
     }
 
@@ -368,6 +368,12 @@ pub fn write_cached(path: &Path, key: &CacheKey, c: Crossover) -> std::io::Resul
 
 /// The calibration shape, as the cache key names it.
 const SHAPE_NAME: &str = "q4g32-4864x896";
+
+/// The calibration shape and the layout its matrices are stored in (as the CPU backend
+/// stores a model's: [`crate::kernels::lane_rows_preferred`]), as the cache key names them.
+fn shape_name() -> String {
+    if crate::kernels::lane_rows_preferred() { format!("{SHAPE_NAME}-lanes") } else { SHAPE_NAME.to_string() }
+}
 const SHAPE_N: usize = 4864;
 const SHAPE_K: usize = 896;
 /// Bytes of weights the calibration rotates through: more than most last-level caches, so
@@ -401,7 +407,7 @@ pub fn calibrate(scheme: ActScheme) -> Vec<(usize, f64, f64)> {
     let mats: Vec<QuantizedMatrix> = (0..count)
         .map(|_| {
             let packed: Vec<u32> = (0..words).map(|_| next() as u32).collect();
-            QuantizedMatrix::new(
+            let mut w = QuantizedMatrix::new(
                 SHAPE_N,
                 SHAPE_K,
                 spec,
@@ -409,7 +415,12 @@ pub fn calibrate(scheme: ActScheme) -> Vec<(usize, f64, f64)> {
                 ScaleData::from_f32(&scales, ScaleDtype::F16),
                 ScaleData::from_f32(&biases, ScaleDtype::F16),
             )
-            .expect("the calibration shape is valid")
+            .expect("the calibration shape is valid");
+            // Stored as a model's weights are, so the kernels timed are the ones it runs.
+            if crate::kernels::lane_rows_preferred() {
+                w.into_lane_rows();
+            }
+            w
         })
         .collect();
     let max_m = *MEASURED_ROWS.end();

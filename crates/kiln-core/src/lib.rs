@@ -30,6 +30,6 @@ pub use buffer::{Buffer, BufferError, PoolVec, SharedBytes};
 pub use dense::DenseMatrix;
 pub use format::{GeometryError, QuantSpec, validate_geometry};
 pub use kernels::{KernelChoice, qmv_batch_limit, quantized_matmul, select_kernel};
-pub use matrix::{QuantizedMatrix, ScaleData, ScaleDtype};
+pub use matrix::{LANE_ROWS, Layout, QuantizedMatrix, ScaleData, ScaleDtype};
 pub use pool::{Lease, MemoryPool, OutOfMemory, PoolStats, Tag};
 pub use quantize::quantize;

@@ -101,15 +101,121 @@ impl ScaleData {
     }
 }
 
+/// Rows per block of the [`Layout::LaneRows`] layout: one per 32-bit lane of a 512-bit
+/// register.
+pub const LANE_ROWS: usize = 16;
+
+/// How a matrix's packed words, scales and biases are ordered in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Row by row, as checkpoints store them: row `r`'s words, then row `r + 1`'s.
+    RowMajor,
+    /// Blocks of [`LANE_ROWS`] rows, each block's values column by column: word `j` of
+    /// the block's 16 rows side by side, then word `j + 1`'s (and likewise group `g`'s
+    /// scale, and bias, of the 16 rows). A block occupies the bytes it does row-major,
+    /// transposed within. The AVX-512 lane-row kernel reads it as stored, one 64-byte
+    /// load per word of 16 rows, where from row-major bytes it transposes every block in
+    /// registers for each product (see [`QuantizedMatrix::into_lane_rows`]). Only 4-bit
+    /// matrices whose N is a multiple of 16 and K of 64 take it.
+    LaneRows,
+}
+
+/// The environment variable choosing how the CPU backend stores its weights.
+pub const WEIGHT_LAYOUT_ENV: &str = "KILN_WEIGHT_LAYOUT";
+
+/// What `KILN_WEIGHT_LAYOUT` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayoutSetting {
+    /// The default (unset or empty): [`Layout::LaneRows`] for every matrix that fits where
+    /// the CPU's kernels read that layout (`kernels::lane_rows_preferred`), row-major
+    /// elsewhere.
+    Auto,
+    /// Every matrix as the checkpoint stores it (the layout before the lane-row one, kept
+    /// to measure one against the other).
+    RowMajor,
+}
+
+impl LayoutSetting {
+    /// Accepted values, for messages.
+    pub const ACCEPTED: &'static str = "auto, row-major";
+
+    /// Parses a `KILN_WEIGHT_LAYOUT` value (surrounding spaces and case ignored; empty is
+    /// the default).
+    pub fn parse(value: &str) -> Result<LayoutSetting, String> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(LayoutSetting::Auto),
+            "row-major" => Ok(LayoutSetting::RowMajor),
+            other => {
+                Err(format!("invalid {WEIGHT_LAYOUT_ENV} {other:?}: accepted values are {}", Self::ACCEPTED))
+            }
+        }
+    }
+
+    /// The setting `KILN_WEIGHT_LAYOUT` asks for, or the error naming a bad value.
+    pub fn from_env() -> Result<LayoutSetting, String> {
+        Self::parse(&crate::env::setting_env(WEIGHT_LAYOUT_ENV, Self::ACCEPTED)?)
+    }
+}
+
 /// A quantized `W[N, K]` (N output features, K input features), validated on creation.
 #[derive(Debug)]
 pub struct QuantizedMatrix {
     n: usize,
     k: usize,
     spec: QuantSpec,
+    layout: Layout,
     packed: Buffer<u32>,
     scales: ScaleData,
     biases: ScaleData,
+}
+
+/// Each block of `LANE_ROWS * per_row` values, row-major, transposed to column-major
+/// (`inverse`: back). `data` holds whole blocks.
+fn transpose_blocks<T: Copy + Default>(data: &mut [T], per_row: usize, inverse: bool) {
+    let block = LANE_ROWS * per_row;
+    assert!(data.len().is_multiple_of(block.max(1)));
+    let mut tmp = vec![T::default(); block];
+    for b in data.chunks_exact_mut(block.max(1)) {
+        tmp.copy_from_slice(b);
+        for r in 0..LANE_ROWS {
+            for j in 0..per_row {
+                let (rm, cm) = (r * per_row + j, j * LANE_ROWS + r);
+                if inverse {
+                    b[rm] = tmp[cm];
+                } else {
+                    b[cm] = tmp[rm];
+                }
+            }
+        }
+    }
+}
+
+impl ScaleData {
+    /// The values, writable, when owned.
+    fn transpose_blocks(&mut self, per_row: usize, inverse: bool) -> bool {
+        match self {
+            ScaleData::F16(b) => b.owned_mut().map(|v| transpose_blocks(v, per_row, inverse)).is_some(),
+            ScaleData::Bf16(b) => b.owned_mut().map(|v| transpose_blocks(v, per_row, inverse)).is_some(),
+            ScaleData::F32(b) => b.owned_mut().map(|v| transpose_blocks(v, per_row, inverse)).is_some(),
+        }
+    }
+
+    fn is_shared(&self) -> bool {
+        match self {
+            ScaleData::F16(b) => b.is_shared(),
+            ScaleData::Bf16(b) => b.is_shared(),
+            ScaleData::F32(b) => b.is_shared(),
+        }
+    }
+
+    /// An owned copy.
+    fn copied(&self) -> ScaleData {
+        match self {
+            ScaleData::F16(b) => ScaleData::F16(b.to_vec().into()),
+            ScaleData::Bf16(b) => ScaleData::Bf16(b.to_vec().into()),
+            ScaleData::F32(b) => ScaleData::F32(b.to_vec().into()),
+        }
+    }
 }
 
 impl QuantizedMatrix {
@@ -156,7 +262,7 @@ impl QuantizedMatrix {
                 biases: biases.dtype().as_str(),
             });
         }
-        Ok(QuantizedMatrix { n, k, spec, packed, scales, biases })
+        Ok(QuantizedMatrix { n, k, spec, layout: Layout::RowMajor, packed, scales, biases })
     }
 
     /// Output features (rows).
@@ -174,23 +280,84 @@ impl QuantizedMatrix {
         self.spec
     }
 
-    /// All packed words, row-major.
+    /// How the packed words, scales and biases are ordered.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Whether [`Self::into_lane_rows`] can reorder this matrix: 4-bit codes, N a multiple
+    /// of 16 and K of 64, its three tensors owned rather than views of shared bytes.
+    pub fn fits_lane_rows(&self) -> bool {
+        self.spec.bits() == 4
+            && self.n.is_multiple_of(LANE_ROWS)
+            && self.k.is_multiple_of(64)
+            && !self.packed.is_shared()
+            && !self.scales.is_shared()
+            && !self.biases.is_shared()
+    }
+
+    /// Reorders the matrix in place into [`Layout::LaneRows`] (no second copy: one block's
+    /// worth of scratch). Returns whether it is now in that layout; a matrix that does not
+    /// [fit](Self::fits_lane_rows) is left as it is.
+    pub fn into_lane_rows(&mut self) -> bool {
+        if self.layout == Layout::LaneRows {
+            return true;
+        }
+        if !self.fits_lane_rows() {
+            return false;
+        }
+        let (wpr, gpr) = (self.spec.words_per_row(self.k), self.spec.groups_per_row(self.k));
+        let packed = self.packed.owned_mut().expect("owned: checked by fits_lane_rows");
+        transpose_blocks(packed, wpr, false);
+        assert!(self.scales.transpose_blocks(gpr, false) && self.biases.transpose_blocks(gpr, false));
+        self.layout = Layout::LaneRows;
+        true
+    }
+
+    /// An owned row-major copy (of a matrix in any layout): for the paths that read rows.
+    pub fn to_row_major(&self) -> QuantizedMatrix {
+        let (wpr, gpr) = (self.spec.words_per_row(self.k), self.spec.groups_per_row(self.k));
+        let mut packed = self.packed.to_vec();
+        let (mut scales, mut biases) = (self.scales.copied(), self.biases.copied());
+        if self.layout == Layout::LaneRows {
+            transpose_blocks(&mut packed, wpr, true);
+            assert!(scales.transpose_blocks(gpr, true) && biases.transpose_blocks(gpr, true));
+        }
+        QuantizedMatrix { layout: Layout::RowMajor, packed: packed.into(), scales, biases, ..*self }
+    }
+
+    /// All packed words, in the matrix's [`Layout`].
     pub fn packed(&self) -> &[u32] {
         &self.packed
     }
 
     /// The packed words of row `r`.
+    ///
+    /// # Panics
+    /// When the matrix is not row-major (its rows are not contiguous): use
+    /// [`Self::to_row_major`] or [`Self::dequantize_row`].
     pub fn row_words(&self, r: usize) -> &[u32] {
+        assert_eq!(self.layout, Layout::RowMajor, "row_words of a {:?} matrix", self.layout);
         let w = self.spec.words_per_row(self.k);
         &self.packed[r * w..(r + 1) * w]
     }
 
-    /// Per-group scales, row-major `[n, k / group_size]`.
+    /// Index of row `r`'s group `g` in [`Self::scales`] and [`Self::biases`].
+    pub fn group_index(&self, r: usize, g: usize) -> usize {
+        let gpr = self.spec.groups_per_row(self.k);
+        match self.layout {
+            Layout::RowMajor => r * gpr + g,
+            Layout::LaneRows => (r / LANE_ROWS * gpr + g) * LANE_ROWS + r % LANE_ROWS,
+        }
+    }
+
+    /// Per-group scales, `N * K / group_size` in the matrix's [`Layout`] (row-major
+    /// `[n, k / group_size]`; see [`Self::group_index`]).
     pub fn scales(&self) -> &ScaleData {
         &self.scales
     }
 
-    /// Per-group biases, row-major `[n, k / group_size]`.
+    /// Per-group biases, ordered as [`Self::scales`].
     pub fn biases(&self) -> &ScaleData {
         &self.biases
     }
@@ -204,17 +371,39 @@ impl QuantizedMatrix {
     /// `scale * q + bias` in f32, rounded after the product and after the sum.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         assert_eq!(out.len(), self.k, "dequantize_row: output length must equal K");
-        let words = self.row_words(r);
+        let gathered: Vec<u32>;
+        let words = match self.layout {
+            Layout::RowMajor => self.row_words(r),
+            Layout::LaneRows => {
+                let wpr = self.spec.words_per_row(self.k);
+                let base = r / LANE_ROWS * LANE_ROWS * wpr + r % LANE_ROWS;
+                gathered = (0..wpr).map(|j| self.packed[base + j * LANE_ROWS]).collect();
+                &gathered
+            }
+        };
         let g = self.spec.group_size();
-        let gpr = self.spec.groups_per_row(self.k);
         let bits = self.spec.bits();
         for (gi, chunk) in out.chunks_exact_mut(g).enumerate() {
-            let s = self.scales.get(r * gpr + gi);
-            let b = self.biases.get(r * gpr + gi);
+            let s = self.scales.get(self.group_index(r, gi));
+            let b = self.biases.get(self.group_index(r, gi));
             for (j, o) in chunk.iter_mut().enumerate() {
                 let q = read_code(words, gi * g + j, bits) as f32;
                 *o = s * q + b;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+
+    #[test]
+    fn the_layout_setting_parses_and_names_bad_values() {
+        assert_eq!(LayoutSetting::parse(""), Ok(LayoutSetting::Auto));
+        assert_eq!(LayoutSetting::parse(" Auto "), Ok(LayoutSetting::Auto));
+        assert_eq!(LayoutSetting::parse("ROW-MAJOR"), Ok(LayoutSetting::RowMajor));
+        let e = LayoutSetting::parse("lanes").unwrap_err();
+        assert!(e.contains(WEIGHT_LAYOUT_ENV) && e.contains("\"lanes\"") && e.contains("row-major"), "{e}");
     }
 }

@@ -252,7 +252,9 @@ fn avx512_tiles_match_avx2_bit_for_bit() {
 
 /// The lane-row kernel's cases: the tiles' 4-bit cases with K a multiple of 64 (2 to 8
 /// rows), and a third of them again with 12 rows (one pass of more than eight, as a decode
-/// step of 9 to 16 rows runs) and with 20 (passes outer, 16 rows then 4, as a prefill runs).
+/// step of 9 to 16 rows runs) and with 20 (passes outer, 16 rows then 4, as a prefill runs);
+/// and another third on 32 weight rows stored in `Layout::LaneRows`, read as stored, at one
+/// row (a decode step's `qmv`) or the case's rows.
 fn lane_row_cases() -> Vec<(Case, usize)> {
     let base: Vec<(Case, usize)> =
         tile_cases().into_iter().filter(|(c, rows)| *rows >= 2 && c.w.k() % 64 == 0).collect();
@@ -265,6 +267,15 @@ fn lane_row_cases() -> Vec<(Case, usize)> {
         x.extend((0..(m - rows) * k).map(|_| rng.sym(2.0)));
         let w = matrix(c.w.n(), k, 4, c.w.spec().group_size(), c.w.scales().dtype(), &mut rng, false);
         more.push((Case { label: format!("{} rows={m}", c.label), w, x, act: c.act }, m));
+    }
+    for (i, (c, rows)) in base.iter().enumerate().filter(|(i, _)| i % 3 == 1) {
+        let m = if i % 2 == 0 { 1 } else { *rows };
+        let k = c.w.k();
+        let mut rng = Rng(k as u64 * 13 + i as u64);
+        let mut w = matrix(32, k, 4, c.w.spec().group_size(), c.w.scales().dtype(), &mut rng, false);
+        assert!(w.into_lane_rows());
+        let x = c.x[..m * k].to_vec();
+        more.push((Case { label: format!("{} lane-row layout rows={m}", c.label), w, x, act: c.act }, m));
     }
     base.into_iter().chain(more).collect()
 }

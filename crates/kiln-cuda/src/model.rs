@@ -103,6 +103,15 @@ fn quantized<'w>(name: &str, w: &'w LinearWeight) -> Result<&'w QuantizedMatrix,
 
 fn matrix(exec: &Exec, name: &str, w: &LinearWeight, product: bool) -> Result<DevMatrix, CudaError> {
     let q = quantized(name, w)?;
+    // The kernels here read rows: a matrix reordered for the CPU's lane-row kernel is
+    // copied back to rows first.
+    let row_major;
+    let q = if q.layout() == kiln_core::Layout::RowMajor {
+        q
+    } else {
+        row_major = q.to_row_major();
+        &row_major
+    };
     let bits = q.spec().bits();
     if product && bits != 4 && bits != 8 {
         return Err(unsupported(format!(

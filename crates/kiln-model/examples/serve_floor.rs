@@ -76,11 +76,12 @@ fn main() {
     }
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("a rayon pool");
     let mem = MemoryPool::unlimited();
-    let model =
-        kiln_model::load(spec, &LoadOptions { pool: mem.clone(), quantize: None }).unwrap_or_else(|e| {
+    let mut model = kiln_model::load(spec, &LoadOptions { pool: mem.clone(), quantize: None })
+        .unwrap_or_else(|e| {
             eprintln!("serve_floor: model {spec:?}: {e}");
             std::process::exit(2)
         });
+    model.prepare_for_cpu();
     let c = &model.config;
     if prompt_len.saturating_add(new) > c.max_position_embeddings {
         eprintln!(

@@ -49,6 +49,17 @@ pub struct LoadedModel {
     pub chat_template: Option<ChatTemplate>,
 }
 
+impl LoadedModel {
+    /// Stores the weights as the CPU backend's kernels read them fastest: the lane-row
+    /// layout where `kiln_core::kernels::lane_rows_preferred` says so (an AVX-512 CPU,
+    /// `KILN_WEIGHT_LAYOUT` unset or `auto`), in place. Returns the matrices reordered.
+    /// For a model the CPU backend runs; a device backend copies rows, so its model is
+    /// left as loaded (it would copy a reordered matrix back to rows first).
+    pub fn prepare_for_cpu(&mut self) -> usize {
+        if kiln_core::kernels::lane_rows_preferred() { self.weights.into_lane_rows() } else { 0 }
+    }
+}
+
 /// What a model reads and writes text with: everything but its weights.
 pub struct TextModel {
     /// Where it comes from.

@@ -231,13 +231,17 @@ fn load_and_run(
     let c = &shared.config;
     let started = std::time::Instant::now();
     let load_err = |source| Box::new(ServeError::Load { model: c.model.clone(), source });
-    let model = Arc::new(kiln_model::load(&c.model, &c.load).map_err(load_err)?);
+    let mut model = kiln_model::load(&c.model, &c.load).map_err(load_err)?;
+    model.prepare_for_cpu();
+    let model = Arc::new(model);
     let engine = Engine::new(&model, &c.load.pool, c.engine).map_err(load_err)?;
     let draft = match &c.model_draft {
-        Some(name) => Some(
-            kiln_model::load(name, &c.load)
-                .map_err(|source| Box::new(ServeError::Load { model: name.clone(), source }))?,
-        ),
+        Some(name) => {
+            let mut d = kiln_model::load(name, &c.load)
+                .map_err(|source| Box::new(ServeError::Load { model: name.clone(), source }))?;
+            d.prepare_for_cpu();
+            Some(d)
+        }
         None => None,
     };
     let sched = scheduler::Scheduler::new(

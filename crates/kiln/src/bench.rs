@@ -95,8 +95,11 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
     check_context(args.prompt_tokens.unwrap_or(1), args.prompt_tokens.is_none())?;
     let geometry =
         runtime::expert_geometry(&args.run, &info.config, info.expert_slot_bytes, info.weight_bytes, &pool)?;
-    let model =
+    let mut model =
         kiln_model::load(model_name, &load_opts).with_context(|| format!("loading model {model_name}"))?;
+    if device.is_none() {
+        model.prepare_for_cpu();
+    }
     let ids = match (&args.prompt, args.prompt_tokens) {
         (_, Some(n)) => prompt::of_length(&model.tokenizer, n)?,
         (Some(text), None) => prompt::of_text(&model.tokenizer, text)?,

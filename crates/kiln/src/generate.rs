@@ -38,8 +38,11 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     };
     params.validate()?;
     let name = &args.run.model;
-    let model = kiln_model::load(name, &runtime::load_options(&args.run, &pool))
+    let mut model = kiln_model::load(name, &runtime::load_options(&args.run, &pool))
         .with_context(|| format!("loading model {name}"))?;
+    if device.is_none() {
+        model.prepare_for_cpu();
+    }
     runtime::warn_ignored_quantize(&args.run, &model.config);
     // The weights are in the pool now: what is live counts against the slots' room.
     let slot_bytes = model.weights.experts.as_ref().map(kiln_model::expert_cache::slot_bytes_of);

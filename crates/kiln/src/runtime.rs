@@ -92,10 +92,11 @@ pub fn in_pool<R: Send>(
     })
 }
 
-/// Refuses a bad `KILN_ACT_PRECISION`, `KILN_QMV_CROSSOVER`, `KILN_QMV_CROSSOVER_BUSY_LIMIT` or
-/// `KILN_SPIN_US` (exit 2) before anything is built.
+/// Refuses a bad `KILN_ACT_PRECISION`, `KILN_QMV_CROSSOVER`, `KILN_QMV_CROSSOVER_BUSY_LIMIT`,
+/// `KILN_SPIN_US` or `KILN_WEIGHT_LAYOUT` (exit 2) before anything is built.
 pub fn check_kernel_env() -> anyhow::Result<()> {
     kiln_core::act_precision::ActScheme::from_env().map_err(usage)?;
+    kiln_core::matrix::LayoutSetting::from_env().map_err(usage)?;
     kiln_core::crossover::CrossoverSetting::from_env().map_err(usage)?;
     kiln_core::crossover::BusyLimit::from_env().map_err(usage)?;
     kiln_core::workers::SpinBudget::from_env().map_err(usage)?;

@@ -67,8 +67,9 @@ fn score(args: ScoreArgs) -> anyhow::Result<()> {
         .with_context(|| format!("reading --text-file {}", args.text_file.display()))?;
     let pool = runtime::pool(&args.run)?;
     let name = &args.run.model;
-    let model = kiln_model::load(name, &runtime::load_options(&args.run, &pool))
+    let mut model = kiln_model::load(name, &runtime::load_options(&args.run, &pool))
         .with_context(|| format!("loading model {name}"))?;
+    model.prepare_for_cpu();
     let tokens = model.tokenizer.encode(&text, false).context("encoding --text-file")?;
     if args.ids_only {
         let mut out = std::io::stdout().lock();

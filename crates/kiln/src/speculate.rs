@@ -52,8 +52,10 @@ pub fn load_draft(
     target: &LoadedModel,
 ) -> anyhow::Result<Option<LoadedModel>> {
     let Some(name) = &spec.model_draft else { return Ok(None) };
-    let draft = kiln_model::load(name, &runtime::load_options(run, pool))
+    let mut draft = kiln_model::load(name, &runtime::load_options(run, pool))
         .with_context(|| format!("loading draft model {name}"))?;
+    // The draft runs on the CPU whatever the target runs on.
+    draft.prepare_for_cpu();
     check_vocabulary(&draft, target.config.vocab_size)
         .map_err(|e| usage(format!("invalid --model-draft: {e}")))?;
     Ok(Some(draft))

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use super::QmvPart;
 #[cfg(target_arch = "x86_64")]
-use crate::matrix::QuantizedMatrix;
+use crate::matrix::{LANE_ROWS, Layout, QuantizedMatrix};
 
 /// Bytes of weights one task aims to read: large enough that task overhead is noise,
 /// small enough that two threads balance on the smallest benchmarked matrix.
@@ -102,7 +102,9 @@ pub(crate) fn parts(
     let mut tasks = Vec::new();
     for p in parts.iter_mut() {
         let row_bytes = (p.w.bytes_read() / p.w.n().max(1)).max(1);
+        // A lane-row matrix is read in whole blocks of 16 rows.
         let rows = (per_task / row_bytes).max(1);
+        let rows = if p.w.layout() == Layout::LaneRows { rows.next_multiple_of(LANE_ROWS) } else { rows };
         let (w, bias) = (p.w, p.bias);
         for (t, out) in p.y.chunks_mut(rows).enumerate() {
             tasks.push((w, bias, t * rows, out));

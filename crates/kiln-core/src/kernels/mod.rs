@@ -54,7 +54,7 @@ mod x86;
 use std::sync::OnceLock;
 
 use crate::act_precision::{ActScheme, act_scheme};
-use crate::matrix::QuantizedMatrix;
+use crate::matrix::{Layout, QuantizedMatrix};
 use crate::wide::{crossover, qmv_wide_enabled, qmv_wide_pinned_by_operator, wide_for};
 
 /// Which kernel runs a product.
@@ -324,6 +324,11 @@ pub fn qmv_on(isa: Isa, x: &[f32], w: &QuantizedMatrix, y: &mut [f32]) {
 pub fn qmv_scheme_on(isa: Isa, scheme: ActScheme, x: &[f32], w: &QuantizedMatrix, y: &mut [f32]) {
     check_shapes("qmv", x, 1, w, y);
     check_isa("qmv", isa);
+    if w.layout() == Layout::LaneRows {
+        return lane_rows(isa, integer_codes(w, scheme), x, 1, w, y, |rm, y| {
+            qmv_scheme_on(isa, scheme, x, rm, y)
+        });
+    }
     match (isa, integer_codes(w, scheme)) {
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx512Vnni | Isa::Avx512 | Isa::Avx2, Some(codes)) => {
@@ -378,7 +383,20 @@ pub fn qmv_many_on(isa: Isa, x: &[f32], parts: &mut [QmvPart<'_>]) {
     let (codes, group) = (integer_codes(first.w, scheme), first.w.spec().group_size());
     let shared =
         parts.iter().all(|p| integer_codes(p.w, scheme) == codes && p.w.spec().group_size() == group);
-    match (isa, codes, shared) {
+    let lane_rows = parts.iter().any(|p| p.w.layout() == Layout::LaneRows);
+    #[cfg(target_arch = "x86_64")]
+    if let (Isa::Avx512Vnni | Isa::Avx512, Some(codes), true) = (isa, codes, shared) {
+        let k = first.w.k();
+        let all = parts
+            .iter()
+            .all(|p| p.w.layout() == Layout::LaneRows && p.w.k() == k && x86::lanerows::takes(p.w, 1, codes));
+        if all {
+            // SAFETY: `check_isa` confirmed the path's features at run time; `takes` holds
+            // for every part.
+            return unsafe { x86::lanerows::many(isa == Isa::Avx512Vnni, x, parts, codes) };
+        }
+    }
+    match (isa, codes, shared && !lane_rows) {
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx512Vnni | Isa::Avx512 | Isa::Avx2, Some(codes), true) => {
             // SAFETY: `check_isa` confirmed the path's features at run time.
@@ -391,6 +409,54 @@ pub fn qmv_many_on(isa: Isa, x: &[f32], parts: &mut [QmvPart<'_>]) {
             }
         }
     }
+}
+
+/// A product of `m` rows with a matrix in [`Layout::LaneRows`]: the AVX-512 lane-row kernel,
+/// which reads that layout as stored, where it takes the product; else `row_major` on a
+/// row-major copy (every other path reads rows; a matrix is only stored this way where
+/// the lane-row kernel runs, so this is for tests and forced paths).
+fn lane_rows(
+    isa: Isa,
+    codes: Option<act::ActCodes>,
+    x: &[f32],
+    m: usize,
+    w: &QuantizedMatrix,
+    y: &mut [f32],
+    row_major: impl FnOnce(&QuantizedMatrix, &mut [f32]),
+) {
+    #[cfg(target_arch = "x86_64")]
+    if let (Isa::Avx512Vnni | Isa::Avx512, Some(codes)) = (isa, codes)
+        && x86::lanerows::takes(w, m, codes)
+    {
+        // SAFETY: the caller's `check_isa` confirmed the path's features at run time;
+        // `takes` holds.
+        return unsafe { x86::lanerows::matmul(isa == Isa::Avx512Vnni, x, m, w, y, codes) };
+    }
+    let _ = (isa, codes, x, m);
+    row_major(&w.to_row_major(), y)
+}
+
+/// Whether the CPU backend should store 4-bit matrices in [`Layout::LaneRows`]: where
+/// `KILN_WEIGHT_LAYOUT` leaves it to kiln (`auto`), this CPU runs the AVX-512 lane-row
+/// kernel, and this process's activation scheme gives 4-bit weights codes it takes. There
+/// the kernel reads each block of 16 rows with one load per word instead of transposing it
+/// in registers for every product, which took `qmv_wide` at M = 2 from 1.45-1.48x the time
+/// of `qmv` at M = 1 to 1.02-1.04x (docs/benchmarks.md, "The lane-row layout").
+pub fn lane_rows_preferred() -> bool {
+    use crate::matrix::LayoutSetting;
+    static PREFERRED: OnceLock<bool> = OnceLock::new();
+    *PREFERRED.get_or_init(|| {
+        let setting = LayoutSetting::from_env().unwrap_or(LayoutSetting::Auto);
+        let codes = act::ActCodes::for_weight_bits(4, act_scheme());
+        let wide_codes = act::ActCodes::for_weight_bits(4, act_scheme().rows_scheme(2));
+        let taken = |c: Option<act::ActCodes>| {
+            matches!(c, Some(act::ActCodes::I8Deinterleaved | act::ActCodes::I16Split))
+        };
+        setting == LayoutSetting::Auto
+            && matches!(Isa::detected(), Isa::Avx512Vnni | Isa::Avx512)
+            && taken(codes)
+            && taken(wide_codes)
+    })
 }
 
 /// `out[i] += bias[rows][i]`, when there is a bias: the epilogue of [`qmv_many`].
@@ -425,6 +491,10 @@ pub fn qmv_wide_scheme_on(
 ) {
     check_shapes("qmv_wide", x, m, w, y);
     check_isa("qmv_wide", isa);
+    if w.layout() == Layout::LaneRows {
+        let codes = integer_codes(w, scheme.rows_scheme(m));
+        return lane_rows(isa, codes, x, m, w, y, |rm, y| qmv_wide_scheme_on(isa, scheme, x, m, rm, y));
+    }
     // `int16-wide8` gives these rows 8-bit codes from two rows on.
     match (isa, integer_codes(w, scheme.rows_scheme(m))) {
         #[cfg(target_arch = "x86_64")]
@@ -454,6 +524,11 @@ pub fn qmm_on(isa: Isa, x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32])
 pub fn qmm_scheme_on(isa: Isa, scheme: ActScheme, x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
     check_shapes("qmm", x, m, w, y);
     check_isa("qmm", isa);
+    if w.layout() == Layout::LaneRows {
+        return lane_rows(isa, integer_codes(w, scheme), x, m, w, y, |rm, y| {
+            qmm_scheme_on(isa, scheme, x, m, rm, y)
+        });
+    }
     let Some(codes) = integer_codes(w, scheme) else {
         return portable::qmm_sgemm(x, m, w, y);
     };

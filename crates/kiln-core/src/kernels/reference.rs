@@ -6,7 +6,7 @@
 use super::act::{ActCodes, GroupTerms, Lanes, quantize_group};
 use crate::act_precision::ActScheme;
 use crate::format::read_code;
-use crate::matrix::QuantizedMatrix;
+use crate::matrix::{Layout, QuantizedMatrix};
 
 /// The integer scheme of the 4- and 8-bit kernels under `scheme`, for `m` activation rows,
 /// in plain loops: per row and weight group, the activations are quantized to codes
@@ -17,6 +17,10 @@ use crate::matrix::QuantizedMatrix;
 /// no integer path (other widths, `f32`). Under `int16-wide8` these are the bits of `qmv`
 /// and `qmm` (one row's codes, `int16`); [`qmv_wide_int`] gives those of `qmv_wide`.
 pub fn qmv_int(x: &[f32], m: usize, w: &QuantizedMatrix, scheme: ActScheme) -> Option<Vec<f32>> {
+    if w.layout() != Layout::RowMajor {
+        // The definition reads rows.
+        return qmv_int(x, m, &w.to_row_major(), scheme);
+    }
     let (n, k, g, bits) = (w.n(), w.k(), w.spec().group_size(), w.spec().bits());
     assert_eq!(x.len(), m * k);
     let codes = ActCodes::for_weight_bits(bits, scheme)?;

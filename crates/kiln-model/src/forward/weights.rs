@@ -49,6 +49,15 @@ impl LinearWeight {
         }
     }
 
+    /// Reorders a quantized matrix into kiln-core's lane-row layout where it fits
+    /// ([`QuantizedMatrix::into_lane_rows`]); returns whether it is now stored that way.
+    pub fn into_lane_rows(&mut self) -> bool {
+        match self {
+            LinearWeight::Quantized(q) => q.into_lane_rows(),
+            LinearWeight::Dense(_) => false,
+        }
+    }
+
     /// Row `r` of W, dequantized (an embedding lookup).
     pub fn row(&self, r: usize, out: &mut [f32]) {
         match self {
@@ -207,6 +216,33 @@ pub struct ModelWeights {
 }
 
 impl ModelWeights {
+    /// Reorders every resident quantized matrix that fits (every layer's projections,
+    /// a MoE layer's router and shared expert, the LM head and the embedding) into
+    /// kiln-core's lane-row layout, in place; returns how many now are. The routed
+    /// experts stay row-major: their store copies them between tiers as rows.
+    pub fn into_lane_rows(&mut self) -> usize {
+        let mut ws: Vec<&mut LinearWeight> = vec![&mut self.embed_tokens];
+        if let Some(h) = &mut self.lm_head {
+            ws.push(&mut h.weight);
+        }
+        for l in &mut self.layers {
+            for p in [&mut l.q_proj, &mut l.k_proj, &mut l.v_proj, &mut l.o_proj] {
+                ws.push(&mut p.weight);
+            }
+            let (dense, router, gate) = match &mut l.mlp {
+                Mlp::Dense(d) => (Some(d), None, None),
+                Mlp::Moe(m) => (m.shared_expert.as_mut(), Some(&mut m.router), m.shared_expert_gate.as_mut()),
+            };
+            if let Some(d) = dense {
+                for p in [&mut d.gate_proj, &mut d.up_proj, &mut d.down_proj] {
+                    ws.push(&mut p.weight);
+                }
+            }
+            ws.extend(router.into_iter().chain(gate).map(|p| &mut p.weight));
+        }
+        ws.into_iter().filter_map(|w| w.into_lane_rows().then_some(())).count()
+    }
+
     /// Bytes one decode step reads from weights: every layer (for a MoE model, the
     /// top-k routed experts of each), the final norm, the LM head and one embedding row.
     pub fn bytes_read_per_token(&self) -> usize {

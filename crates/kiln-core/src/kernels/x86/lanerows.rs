@@ -40,10 +40,11 @@ use super::avx512::dot_u4_i8;
 use super::scales::{packed_bytes, scale_bytes};
 use crate::kernels::act::{ActCodes, quantize_group};
 use crate::kernels::drive;
-use crate::matrix::{QuantizedMatrix, ScaleData};
+use crate::matrix::{LANE_ROWS, Layout, QuantizedMatrix, ScaleData};
 
-/// Weight rows per block: one per 32-bit lane of a 512-bit register.
-const ROWS: usize = 16;
+/// Weight rows per block: one per 32-bit lane of a 512-bit register, the blocks of
+/// [`Layout::LaneRows`].
+const ROWS: usize = LANE_ROWS;
 
 /// Activation rows per pass over a block: each holds eight float accumulators of 16 lanes
 /// (8 KiB for all, in L1); more rows read the block again, from L2. Sixteen rather than
@@ -72,10 +73,21 @@ const FAR_BLOCKS: usize = 3;
 /// KiB on 896 x 4864, more than L1 holds beside the activation codes.
 const NEAR_UNITS: usize = 4;
 
+/// Bytes ahead of the unit being read whose codes a pass that streams a [`Layout::LaneRows`]
+/// matrix from memory asks for into L2: there a block's codes are read in address order, so
+/// one distance serves every shape, where [`FAR_BLOCKS`] ahead is 21 KiB on 4864 x 896 and
+/// 114 KiB on 896 x 4864. On a 2-vCPU Zen 4 EPYC (g32, 2 threads, 3 interleaved rounds) 16
+/// KiB took M = 1 on 896 x 4864 to 0.91x the time of three blocks ahead and M = 2 to 0.90x,
+/// with 4864 x 896 unchanged; 2 and 4 KiB were late (1.05-1.39x), 8 KiB within noise of 16.
+const FAR_BYTES: usize = 16 << 10;
+
 /// Whether this kernel takes `m` rows against `w` under `codes`.
-pub(super) fn takes(w: &QuantizedMatrix, m: usize, codes: ActCodes) -> bool {
+///
+/// A matrix stored in [`Layout::LaneRows`] is taken from one row on (a decode step's
+/// `qmv`, whose row loop reads rows); a row-major one from two.
+pub(in crate::kernels) fn takes(w: &QuantizedMatrix, m: usize, codes: ActCodes) -> bool {
     let spec = w.spec();
-    m >= 2
+    (m >= 2 || (m == 1 && w.layout() == Layout::LaneRows))
         && spec.bits() == 4
         && matches!(spec.group_size(), 32 | 64 | 128)
         && w.k().is_multiple_of(UNIT)
@@ -240,7 +252,8 @@ pub(crate) struct PreparedRows {
 }
 
 impl PreparedRows {
-    /// The `m` (2 to [`MAX_PREPARED_ROWS`]) rows of `x` for `w` under `codes`, or `None`
+    /// The `m` (2 to [`MAX_PREPARED_ROWS`], from 1 for a matrix in [`Layout::LaneRows`])
+    /// rows of `x` for `w` under `codes`, or `None`
     /// where the kernel does not take them ([`takes`]).
     ///
     /// # Safety
@@ -294,7 +307,7 @@ pub(crate) unsafe fn rows_with(
 /// # Safety
 /// The CPU must support AVX2, FMA, F16C and AVX-512F/BW/VL, and VNNI when `vnni`;
 /// [`takes`] holds.
-pub(super) unsafe fn matmul(
+pub(in crate::kernels) unsafe fn matmul(
     vnni: bool,
     x: &[f32],
     m: usize,
@@ -313,6 +326,35 @@ pub(super) unsafe fn matmul(
     });
 }
 
+/// [`crate::kernels::qmv_many`] for parts all in [`Layout::LaneRows`] (of one group size):
+/// the row quantized once, every part's blocks in one parallel region, each task adding its
+/// rows' bias.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C and AVX-512F/BW/VL, and VNNI when `vnni`; [`takes`]
+/// holds for every part at one row.
+pub(in crate::kernels) unsafe fn many(
+    vnni: bool,
+    x: &[f32],
+    parts: &mut [crate::kernels::QmvPart<'_>],
+    codes: ActCodes,
+) {
+    let Some(first) = parts.first() else { return };
+    let (k, g) = (first.w.k(), first.w.spec().group_size());
+    assert!(parts.iter().all(|p| takes(p.w, 1, codes)
+        && p.w.layout() == Layout::LaneRows
+        && p.w.k() == k
+        && p.w.spec().group_size() == g));
+    // SAFETY: this function's caller guarantees AVX2, FMA and F16C.
+    let acts = unsafe { quantize(x, 1, k, g, codes) };
+    drive::parts(parts, |w, bias, rows, out| {
+        // SAFETY: this function's caller guarantees the features; every core rayon runs
+        // this closure on is the same CPU.
+        unsafe { rows_any(vnni, w, &acts, rows.clone(), &mut [&mut *out]) };
+        crate::kernels::add_bias(bias, rows, out);
+    });
+}
+
 /// # Safety
 /// The CPU must support AVX2, FMA, F16C and AVX-512F/BW/VL, and VNNI when `vnni`.
 unsafe fn rows_any(vnni: bool, w: &QuantizedMatrix, a: &Acts, rows: Range<usize>, outs: &mut [&mut [f32]]) {
@@ -326,14 +368,21 @@ macro_rules! rows_on {
         fn $name(w: &QuantizedMatrix, a: &Acts, rows: Range<usize>, outs: &mut [&mut [f32]]) {
             // SAFETY: this function is compiled with the features `task` needs.
             unsafe {
-                match (w.spec().group_size(), a.lo.is_empty()) {
-                    (32, false) => task::<32, true, $vnni>(w, a, rows, outs),
-                    (32, true) => task::<32, false, $vnni>(w, a, rows, outs),
-                    (64, false) => task::<64, true, $vnni>(w, a, rows, outs),
-                    (64, true) => task::<64, false, $vnni>(w, a, rows, outs),
-                    (128, false) => task::<128, true, $vnni>(w, a, rows, outs),
-                    (128, true) => task::<128, false, $vnni>(w, a, rows, outs),
-                    (g, _) => unreachable!("lane-row kernel at g{g}: `takes` refuses it"),
+                let stored = w.layout() == Layout::LaneRows;
+                match (w.spec().group_size(), a.lo.is_empty(), stored) {
+                    (32, false, false) => task::<32, true, $vnni, false>(w, a, rows, outs),
+                    (32, true, false) => task::<32, false, $vnni, false>(w, a, rows, outs),
+                    (64, false, false) => task::<64, true, $vnni, false>(w, a, rows, outs),
+                    (64, true, false) => task::<64, false, $vnni, false>(w, a, rows, outs),
+                    (128, false, false) => task::<128, true, $vnni, false>(w, a, rows, outs),
+                    (128, true, false) => task::<128, false, $vnni, false>(w, a, rows, outs),
+                    (32, false, true) => task::<32, true, $vnni, true>(w, a, rows, outs),
+                    (32, true, true) => task::<32, false, $vnni, true>(w, a, rows, outs),
+                    (64, false, true) => task::<64, true, $vnni, true>(w, a, rows, outs),
+                    (64, true, true) => task::<64, false, $vnni, true>(w, a, rows, outs),
+                    (128, false, true) => task::<128, true, $vnni, true>(w, a, rows, outs),
+                    (128, true, true) => task::<128, false, $vnni, true>(w, a, rows, outs),
+                    (g, _, _) => unreachable!("lane-row kernel at g{g}: `takes` refuses it"),
                 }
             }
         }
@@ -348,7 +397,7 @@ rows_on!(rows_bw, "avx2,fma,f16c,avx512f,avx512bw,avx512vl", false);
 /// # Safety
 /// The CPU must support AVX-512F/BW/VL, and VNNI when `VNNI`.
 #[inline(always)]
-unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool>(
+unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool, const STORED: bool>(
     w: &QuantizedMatrix,
     a: &Acts,
     rows: Range<usize>,
@@ -378,7 +427,7 @@ unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool>(
             // the task's blocks in L2, and the next task's first pass asks for its own).
             let far = m0 == 0 && (m <= PASS_ROWS || b0 + FAR_BLOCKS * ROWS < rows.end);
             // SAFETY: forwarded from this function's contract.
-            unsafe { block::<G, SPLIT, VNNI, $few>(w, a, b0, nr, m0..m0 + mt, far, &mut scratch) };
+            unsafe { block::<G, SPLIT, VNNI, $few, STORED>(w, a, b0, nr, m0..m0 + mt, far, &mut scratch) };
             for (i, o) in scratch.out.iter().enumerate().take(mt) {
                 let to = &mut outs[m0 + i][b0 - rows.start..b0 - rows.start + nr];
                 // A whole block's 16 outputs as one fixed-size copy: as a slice copy of a
@@ -409,12 +458,14 @@ unsafe fn task<const G: usize, const SPLIT: bool, const VNNI: bool>(
 /// Weight rows `b0 .. b0 + nr` (`nr <= 16`) against activation rows `acts` (at most 16):
 /// `scratch.out[i][r]` is activation row `acts.start + i`'s output for weight row `b0 + r`.
 /// `far` asks for the block [`FAR_BLOCKS`] ahead into L2 as well as nearer lines into L1;
-/// `FEW` is a decode step's pass (at most [`PASS_ROWS`] rows in all).
+/// `FEW` is a decode step's pass (at most [`PASS_ROWS`] rows in all); `STORED`, that `w` is
+/// in [`Layout::LaneRows`], so its codes, scales and biases are read as they are stored,
+/// with no transposes.
 ///
 /// # Safety
 /// The CPU must support AVX-512F/BW/VL, and VNNI when `VNNI`.
 #[inline(always)]
-unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool, const FEW: bool>(
+unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool, const FEW: bool, const STORED: bool>(
     w: &QuantizedMatrix,
     a: &Acts,
     b0: usize,
@@ -443,12 +494,21 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool, const FEW: 
     let srow = gpr * size;
     let none: [&[u8]; ROWS] = [&[]; ROWS];
     let (mut wrows, mut srows, mut brows) = (none, none, none);
-    for r in 0..ROWS {
-        let at = b0 + r.min(nr - 1);
-        wrows[r] = &packed[at * row_bytes..(at + 1) * row_bytes];
-        srows[r] = &sall[at * srow..(at + 1) * srow];
-        brows[r] = &ball[at * srow..(at + 1) * srow];
+    if STORED {
+        // The block, whole (N is a multiple of 16 in this layout), as stored.
+        assert!(nr == ROWS && b0.is_multiple_of(ROWS));
+    } else {
+        for r in 0..ROWS {
+            let at = b0 + r.min(nr - 1);
+            wrows[r] = &packed[at * row_bytes..(at + 1) * row_bytes];
+            srows[r] = &sall[at * srow..(at + 1) * srow];
+            brows[r] = &ball[at * srow..(at + 1) * srow];
+        }
     }
+    // STORED: the block's codes, 512 bytes per unit (word `c` of the unit's 16 rows at
+    // `64 * c`), and its scales and biases, 16 per group.
+    let stored = if STORED { &packed[b0 * row_bytes..(b0 + ROWS) * row_bytes] } else { &packed[..0] };
+    let sgroup = (b0 / ROWS) * gpr * ROWS;
     // Groups per 32-byte window: 16 of a 16-bit dtype, 8 of f32.
     let window = 32 / size;
     // SAFETY: this function's contract gives every intrinsic here its features; each `o`
@@ -468,8 +528,20 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool, const FEW: 
         let units = k / UNIT;
         // Lines of a block's scales (and of its biases) to ask for per unit.
         let scale_lines_per_unit = (ROWS * srow).div_ceil(64 * units);
+        // STORED: lines of scales (and of biases) per unit's groups.
+        let group_lines = ((UNIT / G).max(1) * ROWS * size).div_ceil(64);
         for u in 0..units {
-            if far && u % window_units == 0 {
+            if STORED {
+                // The scale and bias lines of the groups [`NEAR_UNITS`] units ahead into L1,
+                // past the block's end the next block's (stored right after it).
+                let at = b0 * srow + ROWS * size * ((u + NEAR_UNITS) * UNIT / G);
+                let (sb, bb) = (sall.as_ptr().wrapping_add(at), ball.as_ptr().wrapping_add(at));
+                for j in 0..group_lines {
+                    _mm_prefetch::<_MM_HINT_T0>(sb.wrapping_add(64 * j).cast::<i8>());
+                    _mm_prefetch::<_MM_HINT_T0>(bb.wrapping_add(64 * j).cast::<i8>());
+                }
+            }
+            if !STORED && far && u % window_units == 0 {
                 // The next window's scale and bias lines of the block's rows (after its last
                 // window, the next block's first), a window ahead: unasked, each window's 32
                 // lines were misses the weights' prefetches did not cover. On a 2-vCPU Zen 4
@@ -490,7 +562,11 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool, const FEW: 
                 // no-op): eight lines of codes, and of its scales and biases the lines that
                 // spread them over the block's units.
                 let fb = b0 + FAR_BLOCKS * ROWS;
-                let codes = packed.as_ptr().wrapping_add(fb * row_bytes + 8 * 64 * u);
+                let codes = if STORED {
+                    packed.as_ptr().wrapping_add(b0 * row_bytes + 512 * u + FAR_BYTES)
+                } else {
+                    packed.as_ptr().wrapping_add(fb * row_bytes + 8 * 64 * u)
+                };
                 for j in 0..8 {
                     _mm_prefetch::<_MM_HINT_T1>(codes.wrapping_add(64 * j).cast::<i8>());
                 }
@@ -502,7 +578,14 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool, const FEW: 
                     _mm_prefetch::<_MM_HINT_T1>(bb.wrapping_add(64 * j).cast::<i8>());
                 }
             }
-            if u % 2 == 0 {
+            if STORED {
+                // The unit [`NEAR_UNITS`] ahead into L1 (its eight lines), past the block's
+                // end the next block's.
+                let near = packed.as_ptr().wrapping_add(b0 * row_bytes + 512 * (u + NEAR_UNITS));
+                for j in 0..8 {
+                    _mm_prefetch::<_MM_HINT_T0>(near.wrapping_add(64 * j).cast::<i8>());
+                }
+            } else if u % 2 == 0 {
                 // Each row's line [`NEAR_UNITS`] units ahead into L1, past the block's end
                 // the next block's rows'.
                 let (ahead, unit) = ((u + NEAR_UNITS) / units, (u + NEAR_UNITS) % units);
@@ -511,7 +594,16 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool, const FEW: 
                     _mm_prefetch::<_MM_HINT_T0>(near.wrapping_add(r * row_bytes).cast::<i8>());
                 }
             }
-            let z = transpose(&wrows, 32 * u, 32);
+            let z = if STORED {
+                let unit: &[u8; 512] = stored[512 * u..512 * (u + 1)].try_into().expect("a unit of codes");
+                let mut z = [low4; 8];
+                for (c, zc) in z.iter_mut().enumerate() {
+                    *zc = _mm512_loadu_si512(unit[64 * c..].as_ptr().cast());
+                }
+                z
+            } else {
+                transpose(&wrows, 32 * u, 32)
+            };
             // Loops, not closures: a closure has no target features of its own, so an
             // intrinsic in one is a call unless the inliner folds it first.
             let (mut even, mut odd) = ([low4; 8], [low4; 8]);
@@ -532,8 +624,14 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool, const FEW: 
                         }
                     } else {
                         if g % window == 0 {
-                            widen_window(w.scales(), &srows, 32 * (g / window), &mut scratch.scales);
-                            widen_window(w.biases(), &brows, 32 * (g / window), &mut scratch.biases);
+                            if STORED {
+                                let (at, len) = (sgroup + g * ROWS, window.min(gpr - g));
+                                widen_stored(w.scales(), at, len, &mut scratch.scales);
+                                widen_stored(w.biases(), at, len, &mut scratch.biases);
+                            } else {
+                                widen_window(w.scales(), &srows, 32 * (g / window), &mut scratch.scales);
+                                widen_window(w.biases(), &brows, 32 * (g / window), &mut scratch.biases);
+                            }
                         }
                         let s = _mm512_load_ps(scratch.scales.0[g % window].as_ptr());
                         let b = _mm512_load_ps(scratch.biases.0[g % window].as_ptr());
@@ -727,6 +825,39 @@ struct Scratch {
     lanes: [[__m512; 8]; PASS_ROWS],
     /// g128: the integer sums of a group's first unit, until its second is added.
     first: [__m512i; PASS_ROWS],
+}
+
+/// Fills `out` with `len` (at most a window's) groups of a [`Layout::LaneRows`] block's
+/// scales (or biases) `sd`, from index `at` on (16 values per group, lane = row), widened
+/// with the dtype's own conversion as [`widen_window`] widens them.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[inline(always)]
+unsafe fn widen_stored(sd: &ScaleData, at: usize, len: usize, out: &mut Window) {
+    // SAFETY: this function's contract gives AVX-512F; each load is of 16 values of a
+    // checked slice, and `out`'s rows are 64-byte aligned.
+    unsafe {
+        let o = &mut out.0[..len];
+        match sd {
+            ScaleData::F16(v) => {
+                for (j, v) in o.iter_mut().zip(v[at..at + len * ROWS].chunks_exact(ROWS)) {
+                    _mm512_store_ps(j.as_mut_ptr(), _mm512_cvtph_ps(_mm256_loadu_si256(v.as_ptr().cast())));
+                }
+            }
+            ScaleData::Bf16(v) => {
+                for (j, v) in o.iter_mut().zip(v[at..at + len * ROWS].chunks_exact(ROWS)) {
+                    let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(v.as_ptr().cast()));
+                    _mm512_store_ps(j.as_mut_ptr(), _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h)));
+                }
+            }
+            ScaleData::F32(v) => {
+                for (j, v) in o.iter_mut().zip(v[at..at + len * ROWS].chunks_exact(ROWS)) {
+                    _mm512_store_ps(j.as_mut_ptr(), _mm512_loadu_ps(v.as_ptr()));
+                }
+            }
+        }
+    }
 }
 
 /// Fills `out` with the window at byte `off` of each row's stored scales (or biases) `rows`:
