@@ -5,11 +5,13 @@
 //! With one thread it also reports the best thread CPU time, which time slices lost to
 //! other processes do not inflate.
 //!
-//! `cargo run --release -p kiln-benches --example probe -- <kernel> <bits> <n> <k> <m> <threads> [reps] [hot|cold] [g<group>] [lanes]`
+//! `cargo run --release -p kiln-benches --example probe -- <kernel> <bits> <n> <k> <m> <threads> [reps] [hot|cold] [g<group>]`
 //! with kernel one of `qmv`, `qmv_wide`, `qmv_per_row`, `qmm`, `qmm_sgemm`; or `vpdpbusd`,
 //! which measures one thread's `vpdpbusd` rate (AVX-512 VNNI) and prints the time the
 //! `M x K` by `N x K` product's integer multiplies alone would take at it under `int16`
 //! (two 8-bit planes: `2 * M * N * K / 64` instructions), the floor of any 4-bit kernel here.
+//! The matrices are stored as the CPU backend stores a model's (the lane-row layout on an
+//! AVX-512 host; `KILN_WEIGHT_LAYOUT=row-major` for rows).
 
 use std::time::Instant;
 
@@ -20,7 +22,7 @@ use kiln_core::kernels::{qmm, qmm_sgemm, qmv, qmv_wide};
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 6 {
-        eprintln!("usage: probe <kernel> <bits> <n> <k> <m> <threads> [reps] [hot|cold] [g<group>] [lanes]");
+        eprintln!("usage: probe <kernel> <bits> <n> <k> <m> <threads> [reps] [hot|cold] [g<group>]");
         std::process::exit(2);
     }
     let refuse = |what: String| -> ! {
@@ -52,12 +54,8 @@ fn main() {
             .filter(|g| [32, 64, 128].contains(g))
             .unwrap_or_else(|| refuse(format!("group size {a:?}: expected g32, g64 or g128"))),
     };
+    // Stored as the CPU backend stores a model's weights (`KILN_WEIGHT_LAYOUT`).
     let mut rot = Rotation::grouped(shape, bits, group, hot);
-    // An argument `lanes` stores the matrices in the lane-row layout, as the CPU engine
-    // does on AVX-512 hosts.
-    if args.iter().skip(6).any(|a| a == "lanes") && !rot.into_lane_rows() {
-        refuse(format!("{n} x {k} at {bits} bits does not fit the lane-row layout"));
-    }
     let x = random_activations(m, k, 5);
     let mut y = vec![0f32; m * n];
     let buf = ReadBuffer::new(if hot { 1 << 20 } else { 128 << 20 });

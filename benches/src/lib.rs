@@ -195,19 +195,21 @@ impl Rotation {
         Rotation::grouped(shape, bits, GROUP_SIZE, single)
     }
 
-    /// [`Rotation::new`] at group size `group`.
+    /// [`Rotation::new`] at group size `group`. The copies are stored as the CPU backend
+    /// stores a model's weights: in the lane-row layout where
+    /// `kiln_core::kernels::lane_rows_preferred` says so (`KILN_WEIGHT_LAYOUT=row-major`
+    /// keeps them row-major), so the kernels timed are the ones a model runs.
     pub fn grouped(shape: Shape, bits: u32, group: usize, single: bool) -> Rotation {
         let first = random_matrix_grouped(shape, bits, group, 1);
         let copies = if single { 1 } else { rotation_bytes().div_ceil(first.bytes_read()).max(1) };
         let mut mats = vec![first];
         mats.extend((1..copies).map(|i| random_matrix_grouped(shape, bits, group, 1 + i as u64)));
+        if kiln_core::kernels::lane_rows_preferred() {
+            for w in &mut mats {
+                w.into_lane_rows();
+            }
+        }
         Rotation { mats, next: 0 }
-    }
-
-    /// Every copy reordered into `Layout::LaneRows` where it fits; returns whether all did.
-    pub fn into_lane_rows(&mut self) -> bool {
-        // Every copy, not stopping at the first that does not fit.
-        self.mats.iter_mut().map(|w| w.into_lane_rows()).filter(|&fits| !fits).count() == 0
     }
 
     /// The next matrix in turn.

@@ -6,11 +6,14 @@
 //! partial sums to fold into one before the group's float work, and those folds cost more
 //! than the multiplies from two activation rows on (`qmv_wide` at M = 8 took 4.3-5.3x the
 //! time of M = 1). Here nothing is folded:
-//! - A block of 16 weight rows is transposed in registers, 32 bytes (64 codes) of each row
-//!   at a time, so lane `r` of register `c` holds bytes `4c .. 4c + 4` of row `r`:
-//!   elements `8c .. 8c + 8`, the even ones in the low nibbles and the odd ones in the high
-//!   ones (16 loads, 8 inserts and 24 shuffles per 1024 codes, shared by every activation
-//!   row).
+//! - A block of 16 weight rows is read 32 bytes (64 codes) of each row at a time, so lane
+//!   `r` of register `c` holds bytes `4c .. 4c + 4` of row `r`: elements `8c .. 8c + 8`,
+//!   the even ones in the low nibbles and the odd ones in the high ones. A matrix stored in
+//!   [`Layout::LaneRows`] holds its blocks that way, and each register is one 64-byte load;
+//!   a row-major one is transposed in registers (16 loads, 8 inserts and 24 shuffles per
+//!   1024 codes, shared by every activation row, for every product), which at M = 2 was
+//!   most of what a second row cost over one. Only a lane-row matrix takes this kernel at
+//!   M = 1.
 //! - Each activation row's codes are stored eight elements at a time as the four even
 //!   ones then the four odd ones ([`Acts`]), so the four codes lane `r` needs are one
 //!   32-bit word, broadcast into every lane (from memory into `vpdpbusd`): lane `r`
@@ -20,7 +23,8 @@
 //!   eight accumulators per activation row (group `g` into accumulator `g % 8`) summed in
 //!   `Lanes`' order at the end. The 16 rows' scales and biases come a window of groups at
 //!   a time (32 bytes of each row: 16 groups of a 16-bit dtype, 8 of f32), transposed as
-//!   the codes are and widened from their stored dtype once per block ([`widen_window`]):
+//!   the codes are (a lane-row matrix stores each group's 16 values side by side) and widened
+//!   from their stored dtype once per window ([`widen_window`], [`widen_stored`]):
 //!   gathering them per group instead cost more than the multiplies on AMD's Zen 5, where
 //!   at g32 `qmv_wide` at M = 2 took 4x the time of `qmv` at M = 1.
 //!
