@@ -190,6 +190,14 @@ fn transpose_blocks<T: Copy + Default>(data: &mut [T], per_row: usize, inverse: 
     }
 }
 
+/// Reorders one row-major tensor of whole blocks of 16 rows, `per_row` values a row (a
+/// matrix's packed words, or its scales or biases), into [`Layout::LaneRows`] in place:
+/// for a maker that writes a matrix's bytes itself and then builds it with
+/// [`QuantizedMatrix::stored_as_lane_rows`].
+pub fn lane_rows_in_place<T: Copy + Default>(data: &mut [T], per_row: usize) {
+    transpose_blocks(data, per_row, false);
+}
+
 impl ScaleData {
     /// The values, writable, when owned.
     fn transpose_blocks(&mut self, per_row: usize, inverse: bool) -> bool {
@@ -285,12 +293,24 @@ impl QuantizedMatrix {
         self.layout
     }
 
+    /// Whether a `bits`-bit `[n, k]` matrix can be stored in [`Layout::LaneRows`]: 4-bit
+    /// codes, N a multiple of 16 and K of 64.
+    pub fn lane_rows_geometry(n: usize, k: usize, bits: u32) -> bool {
+        bits == 4 && n.is_multiple_of(LANE_ROWS) && k.is_multiple_of(64)
+    }
+
+    /// This matrix, built from values its maker already stored in [`Layout::LaneRows`]
+    /// ([`lane_rows_in_place`] on each row-major tensor), marked so; `None` where the
+    /// geometry has no such layout ([`Self::lane_rows_geometry`]).
+    pub fn stored_as_lane_rows(self) -> Option<QuantizedMatrix> {
+        Self::lane_rows_geometry(self.n, self.k, self.spec.bits())
+            .then_some(QuantizedMatrix { layout: Layout::LaneRows, ..self })
+    }
+
     /// Whether [`Self::into_lane_rows`] can reorder this matrix: 4-bit codes, N a multiple
     /// of 16 and K of 64, its three tensors owned rather than views of shared bytes.
     pub fn fits_lane_rows(&self) -> bool {
-        self.spec.bits() == 4
-            && self.n.is_multiple_of(LANE_ROWS)
-            && self.k.is_multiple_of(64)
+        Self::lane_rows_geometry(self.n, self.k, self.spec.bits())
             && !self.packed.is_shared()
             && !self.scales.is_shared()
             && !self.biases.is_shared()

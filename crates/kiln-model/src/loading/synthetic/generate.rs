@@ -170,6 +170,9 @@ pub(super) struct Segment {
     fill: Fill,
     /// Bytes of the tensor.
     bytes: usize,
+    /// Values per row when the segment is one tensor of a matrix stored in the lane-row
+    /// layout (reordered in place once generated, see [`lane_rows`]).
+    lanes: Option<usize>,
 }
 
 impl Segment {
@@ -214,26 +217,44 @@ fn pack_bf16(v: [bf16; 4]) -> u64 {
 }
 
 /// The segments of every tensor, in order.
-fn segments(config: &ModelConfig, quant: QuantSpec, seed: u64, skew: f32) -> Vec<Segment> {
+/// With `lanes`, the resident matrices that fit are marked for the lane-row layout.
+fn segments(config: &ModelConfig, quant: QuantSpec, seed: u64, skew: f32, lanes: bool) -> Vec<Segment> {
     let max_code = quant.max_code() as f32;
     // Codes are uniform on [0, max_code]: mean max_code / 2, variance ((max+1)^2 - 1) / 12.
     let code_std = (((max_code + 1.0) * (max_code + 1.0) - 1.0) / 12.0).sqrt();
     let mut out = Vec::new();
-    for t in tensors(config, seed, skew) {
+    let all = tensors(config, seed, skew);
+    // The routed experts (the last matrices) stay row-major: their store copies rows.
+    let experts = expert_segments(config) / 3;
+    let resident = all.len() - experts;
+    for (i, t) in all.into_iter().enumerate() {
         match t {
             Tensor::Matrix { n, k, seed } => {
                 let base = 1.0 / (code_std * (k as f32).sqrt());
                 let groups = n * quant.groups_per_row(k);
-                out.push(Segment { seed, fill: Fill::Codes, bytes: n * quant.words_per_row(k) * 4 });
-                out.push(Segment { seed, fill: Fill::Scales { base }, bytes: groups * 2 });
+                let stored = lanes && i < resident && QuantizedMatrix::lane_rows_geometry(n, k, quant.bits());
+                let (wpr, gpr) = (quant.words_per_row(k), quant.groups_per_row(k));
+                out.push(Segment {
+                    seed,
+                    fill: Fill::Codes,
+                    bytes: n * wpr * 4,
+                    lanes: stored.then_some(wpr),
+                });
+                out.push(Segment {
+                    seed,
+                    fill: Fill::Scales { base },
+                    bytes: groups * 2,
+                    lanes: stored.then_some(gpr),
+                });
                 out.push(Segment {
                     seed,
                     fill: Fill::Biases { base, mid: 0.5 * max_code },
                     bytes: groups * 2,
+                    lanes: stored.then_some(gpr),
                 });
             }
             Tensor::Vector { n, lo, width, seed } => {
-                out.push(Segment { seed, fill: Fill::Values { lo, width }, bytes: n * 4 });
+                out.push(Segment { seed, fill: Fill::Values { lo, width }, bytes: n * 4, lanes: None });
             }
         }
     }
@@ -242,7 +263,7 @@ fn segments(config: &ModelConfig, quant: QuantSpec, seed: u64, skew: f32) -> Vec
 
 /// Bytes the arena of `config`'s model takes (tensors plus alignment padding).
 pub fn arena_bytes(config: &ModelConfig, quant: QuantSpec) -> u64 {
-    segments(config, quant, 0, ROUTER_SKEW).iter().map(|s| s.words() as u64 * 8).sum()
+    segments(config, quant, 0, ROUTER_SKEW, false).iter().map(|s| s.words() as u64 * 8).sum()
 }
 
 /// The arena: generated words, counted by the pool for as long as any view lives.
@@ -272,8 +293,11 @@ pub fn generate(
     place_experts: Option<PlaceExperts<'_>>,
     router_skew: f32,
 ) -> Result<ModelWeights> {
-    // The skew changes only the router biases, never the experts a file tier holds.
-    let mut segs = segments(config, quant, seed, router_skew);
+    // The skew changes only the router biases, never the experts a file tier holds. The
+    // resident matrices are stored as the CPU's kernels read them fastest (the lane-row
+    // layout on an AVX-512 host; a device backend copies them back to rows).
+    let lanes = kiln_core::kernels::lane_rows_preferred();
+    let mut segs = segments(config, quant, seed, router_skew, lanes);
     let mut sources = Vec::with_capacity(2);
     match place_experts {
         None => sources.push((arena(&segs, pool)?, segs)),
@@ -283,8 +307,11 @@ pub fn generate(
             sources.push((place(&experts)?, experts));
         }
     }
-    let mut views =
-        Views { sources: sources.into_iter().map(|(a, s)| (a, s.into_iter())).collect(), offset: 0 };
+    let mut views = Views {
+        sources: sources.into_iter().map(|(a, s)| (a, s.into_iter())).collect(),
+        lanes: false,
+        offset: 0,
+    };
     assemble(config, quant, &mut views)
 }
 
@@ -297,7 +324,7 @@ fn expert_segments(config: &ModelConfig) -> usize {
 /// Bytes the routed experts take at the end of the arena (with their padding): what a
 /// file-backed host tier holds instead.
 pub fn expert_bytes(config: &ModelConfig, quant: QuantSpec) -> u64 {
-    let segs = segments(config, quant, 0, ROUTER_SKEW);
+    let segs = segments(config, quant, 0, ROUTER_SKEW, false);
     segs[segs.len() - expert_segments(config)..].iter().map(|s| s.words() as u64 * 8).sum()
 }
 
@@ -338,13 +365,36 @@ fn arena(segs: &[Segment], pool: &MemoryPool) -> Result<Arc<dyn SharedBytes>> {
     // exactly and `fill_chunk` writes every slot of every chunk); `total` is within the
     // capacity reserved above.
     unsafe { words.set_len(total) };
+    lane_rows(segs, &mut words);
     Ok(Arc::new(Arena { words, _lease: lease }))
+}
+
+/// Reorders the segments marked for the lane-row layout in place (in parallel, a matrix's
+/// tensor per task): the codes as 32-bit words, the bf16 scales and biases as 16-bit values.
+fn lane_rows(segs: &[Segment], words: &mut [u64]) {
+    let mut jobs = Vec::new();
+    let mut rest = words;
+    for s in segs {
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(s.words());
+        if let Some(per_row) = s.lanes {
+            jobs.push((s.fill, per_row, &mut bytemuck::cast_slice_mut::<u64, u8>(head)[..s.bytes]));
+        }
+        rest = tail;
+    }
+    jobs.into_par_iter().for_each(|(fill, per_row, bytes)| match fill {
+        Fill::Codes => {
+            kiln_core::matrix::lane_rows_in_place(bytemuck::cast_slice_mut::<u8, u32>(bytes), per_row)
+        }
+        _ => kiln_core::matrix::lane_rows_in_place(bytemuck::cast_slice_mut::<u8, u16>(bytes), per_row),
+    });
 }
 
 /// Takes the segments of each source in order (the arena, then the expert file when
 /// there is one) as typed views.
 struct Views {
     sources: std::collections::VecDeque<(Arc<dyn SharedBytes>, std::vec::IntoIter<Segment>)>,
+    /// Whether the segment taken last is stored in the lane-row layout.
+    lanes: bool,
     offset: usize,
 }
 
@@ -360,6 +410,7 @@ impl Views {
             };
             let start = self.offset;
             self.offset += seg.words() * 8;
+            self.lanes = seg.lanes.is_some();
             return Buffer::from_shared(Arc::clone(bytes), start, start + seg.bytes, None)
                 .map_err(|e| internal(e.to_string()));
         }
@@ -367,8 +418,12 @@ impl Views {
 
     fn matrix(&mut self, n: usize, k: usize, quant: QuantSpec) -> Result<QuantizedMatrix> {
         let (packed, scales, biases) = (self.next()?, self.next()?, self.next()?);
-        QuantizedMatrix::new(n, k, quant, packed, ScaleData::Bf16(scales), ScaleData::Bf16(biases))
-            .map_err(|cause| ModelError::Geometry { tensor: format!("synthetic [{n}, {k}]"), cause })
+        let w = QuantizedMatrix::new(n, k, quant, packed, ScaleData::Bf16(scales), ScaleData::Bf16(biases))
+            .map_err(|cause| ModelError::Geometry { tensor: format!("synthetic [{n}, {k}]"), cause })?;
+        if !self.lanes {
+            return Ok(w);
+        }
+        w.stored_as_lane_rows().ok_or_else(|| internal(format!("[{n}, {k}] has no lane-row layout")))
     }
 }
 

@@ -176,11 +176,18 @@ fn tensor_bytes(src: &Source<'_>, ty: GgmlType) -> Vec<u8> {
             let (n, k) = (w.n(), w.k());
             out.reserve(n * row_bytes(ty, k));
             let mut row = vec![0f32; k];
+            // GGUF stores rows: a matrix in the CPU's lane-row layout is copied back first.
+            let row_major = match w {
+                LinearWeight::Quantized(q) if q.layout() != kiln_core::Layout::RowMajor => {
+                    Some(q.to_row_major())
+                }
+                _ => None,
+            };
             for s in 0..n {
                 let r = rows.kiln_row(s, n);
                 match (w, ty) {
                     (LinearWeight::Quantized(q), GgmlType::Q4_1 | GgmlType::Q8_0) => {
-                        blocks(q, r, ty, &mut out)
+                        blocks(row_major.as_ref().unwrap_or(q), r, ty, &mut out)
                     }
                     _ => {
                         w.row(r, &mut row);
