@@ -12,7 +12,7 @@ use std::sync::Arc;
 use kiln_core::act_precision::ActScheme;
 use kiln_core::format::QuantSpec;
 use kiln_core::kernels::{
-    Isa, QmvPart, qmm_scheme_on, qmv_many_on, qmv_on, qmv_scheme_on, qmv_wide_scheme_on, reference,
+    Isa, QmvPart, qmm_scheme_on, qmm_sgemm, qmv_many_on, qmv_on, qmv_scheme_on, qmv_wide_scheme_on, reference,
 };
 use kiln_core::matrix::{LANE_ROWS, Layout, QuantizedMatrix, ScaleData, ScaleDtype};
 use kiln_core::quantize::quantize_as;
@@ -111,6 +111,11 @@ fn products_of_lane_row_matrices_have_the_row_major_bits() {
             let l = lane_rows(&w);
             for &m in ms {
                 let x: Vec<f32> = (0..m * k).map(|_| rng.sym(2.0)).collect();
+                // The f32 sgemm path dequantizes rows.
+                let (mut a, mut b) = (vec![0f32; m * n], vec![f32::NAN; m * n]);
+                qmm_sgemm(&x, m, &w, &mut a);
+                qmm_sgemm(&x, m, &l, &mut b);
+                assert!(same_bits(&a, &b), "qmm_sgemm (g{g} {} k {k} m {m})", dtype.as_str());
                 for act in [ActScheme::Int16, ActScheme::Int8, ActScheme::Int16Wide8] {
                     let what = |kernel: &str, isa: Isa| {
                         format!(

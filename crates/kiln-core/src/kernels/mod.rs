@@ -550,6 +550,10 @@ pub fn qmm_scheme_on(isa: Isa, scheme: ActScheme, x: &[f32], m: usize, w: &Quant
 /// an integer path; it is public so benchmarks can measure it against the integer `qmm`.
 pub fn qmm_sgemm(x: &[f32], m: usize, w: &QuantizedMatrix, y: &mut [f32]) {
     check_shapes("qmm_sgemm", x, m, w, y);
+    if w.layout() != Layout::RowMajor {
+        // It dequantizes rows.
+        return portable::qmm_sgemm(x, m, &w.to_row_major(), y);
+    }
     portable::qmm_sgemm(x, m, w, y)
 }
 
