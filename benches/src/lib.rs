@@ -196,18 +196,16 @@ impl Rotation {
     }
 
     /// [`Rotation::new`] at group size `group`. The copies are stored as the CPU backend
-    /// stores a model's weights: in the lane-row layout where
-    /// `kiln_core::kernels::lane_rows_preferred` says so (`KILN_WEIGHT_LAYOUT=row-major`
+    /// stores a model's weights (`kiln_core::kernels::store_for_cpu`): in the lane-row
+    /// layout where `kiln_core::kernels::lane_rows_preferred` says so (`KILN_WEIGHT_LAYOUT=row-major`
     /// keeps them row-major), so the kernels timed are the ones a model runs.
     pub fn grouped(shape: Shape, bits: u32, group: usize, single: bool) -> Rotation {
         let first = random_matrix_grouped(shape, bits, group, 1);
         let copies = if single { 1 } else { rotation_bytes().div_ceil(first.bytes_read()).max(1) };
         let mut mats = vec![first];
         mats.extend((1..copies).map(|i| random_matrix_grouped(shape, bits, group, 1 + i as u64)));
-        if kiln_core::kernels::lane_rows_preferred() {
-            for w in &mut mats {
-                w.into_lane_rows();
-            }
+        for w in &mut mats {
+            kiln_core::kernels::store_for_cpu(w);
         }
         Rotation { mats, next: 0 }
     }

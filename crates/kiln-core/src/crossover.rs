@@ -417,9 +417,7 @@ pub fn calibrate(scheme: ActScheme) -> Vec<(usize, f64, f64)> {
             )
             .expect("the calibration shape is valid");
             // Stored as a model's weights are, so the kernels timed are the ones it runs.
-            if crate::kernels::lane_rows_preferred() {
-                w.into_lane_rows();
-            }
+            crate::kernels::store_for_cpu(&mut w);
             w
         })
         .collect();

@@ -199,7 +199,8 @@ pub fn lane_rows_in_place<T: Copy + Default>(data: &mut [T], per_row: usize) {
 }
 
 impl ScaleData {
-    /// The values, writable, when owned.
+    /// [`transpose_blocks`] on the values; `false` (nothing done) when they are a view of
+    /// shared bytes.
     fn transpose_blocks(&mut self, per_row: usize, inverse: bool) -> bool {
         match self {
             ScaleData::F16(b) => b.owned_mut().map(|v| transpose_blocks(v, per_row, inverse)).is_some(),
@@ -404,8 +405,8 @@ impl QuantizedMatrix {
         let g = self.spec.group_size();
         let bits = self.spec.bits();
         for (gi, chunk) in out.chunks_exact_mut(g).enumerate() {
-            let s = self.scales.get(self.group_index(r, gi));
-            let b = self.biases.get(self.group_index(r, gi));
+            let at = self.group_index(r, gi);
+            let (s, b) = (self.scales.get(at), self.biases.get(at));
             for (j, o) in chunk.iter_mut().enumerate() {
                 let q = read_code(words, gi * g + j, bits) as f32;
                 *o = s * q + b;

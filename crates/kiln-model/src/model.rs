@@ -56,7 +56,7 @@ impl LoadedModel {
     /// For a model the CPU backend runs; a device backend copies rows, so its model is
     /// left as loaded (it would copy a reordered matrix back to rows first).
     pub fn prepare_for_cpu(&mut self) -> usize {
-        if kiln_core::kernels::lane_rows_preferred() { self.weights.into_lane_rows() } else { 0 }
+        self.weights.store_for_cpu()
     }
 }
 

@@ -385,16 +385,13 @@ pub fn qmv_many_on(isa: Isa, x: &[f32], parts: &mut [QmvPart<'_>]) {
         parts.iter().all(|p| integer_codes(p.w, scheme) == codes && p.w.spec().group_size() == group);
     let lane_rows = parts.iter().any(|p| p.w.layout() == Layout::LaneRows);
     #[cfg(target_arch = "x86_64")]
-    if let (Isa::Avx512Vnni | Isa::Avx512, Some(codes), true) = (isa, codes, shared) {
-        let k = first.w.k();
-        let all = parts
-            .iter()
-            .all(|p| p.w.layout() == Layout::LaneRows && p.w.k() == k && x86::lanerows::takes(p.w, 1, codes));
-        if all {
-            // SAFETY: `check_isa` confirmed the path's features at run time; `takes` holds
-            // for every part.
-            return unsafe { x86::lanerows::many(isa == Isa::Avx512Vnni, x, parts, codes) };
-        }
+    if let (Isa::Avx512Vnni | Isa::Avx512, Some(codes), true) = (isa, codes, shared)
+        // At one row the lane-row kernel takes lane-row matrices only.
+        && parts.iter().all(|p| x86::lanerows::takes(p.w, 1, codes))
+    {
+        // SAFETY: `check_isa` confirmed the path's features at run time; `takes` holds
+        // for every part.
+        return unsafe { x86::lanerows::many(isa == Isa::Avx512Vnni, x, parts, codes) };
     }
     match (isa, codes, shared && !lane_rows) {
         #[cfg(target_arch = "x86_64")]
@@ -457,6 +454,13 @@ pub fn lane_rows_preferred() -> bool {
             && taken(codes)
             && taken(wide_codes)
     })
+}
+
+/// Stores `w` as the CPU backend stores its weights: reordered into [`Layout::LaneRows`]
+/// where [`lane_rows_preferred`] and the matrix fits ([`QuantizedMatrix::into_lane_rows`]).
+/// Returns whether it is now in that layout.
+pub fn store_for_cpu(w: &mut QuantizedMatrix) -> bool {
+    lane_rows_preferred() && w.into_lane_rows()
 }
 
 /// `out[i] += bias[rows][i]`, when there is a bias: the epilogue of [`qmv_many`].

@@ -49,11 +49,12 @@ impl LinearWeight {
         }
     }
 
-    /// Reorders a quantized matrix into kiln-core's lane-row layout where it fits
-    /// ([`QuantizedMatrix::into_lane_rows`]); returns whether it is now stored that way.
-    pub fn into_lane_rows(&mut self) -> bool {
+    /// Stores a quantized matrix as the CPU backend's kernels read it fastest
+    /// (`kiln_core::kernels::store_for_cpu`); returns whether it is now in the lane-row
+    /// layout.
+    pub fn store_for_cpu(&mut self) -> bool {
         match self {
-            LinearWeight::Quantized(q) => q.into_lane_rows(),
+            LinearWeight::Quantized(q) => kiln_core::kernels::store_for_cpu(q),
             LinearWeight::Dense(_) => false,
         }
     }
@@ -216,11 +217,12 @@ pub struct ModelWeights {
 }
 
 impl ModelWeights {
-    /// Reorders every resident quantized matrix that fits (every layer's projections,
-    /// a MoE layer's router and shared expert, the LM head and the embedding) into
-    /// kiln-core's lane-row layout, in place; returns how many now are. The routed
-    /// experts stay row-major: their store copies them between tiers as rows.
-    pub fn into_lane_rows(&mut self) -> usize {
+    /// Stores every resident quantized matrix (every layer's projections, a MoE layer's
+    /// router and shared expert, the LM head and the embedding) as the CPU backend's
+    /// kernels read it fastest ([`LinearWeight::store_for_cpu`]), in place; returns how
+    /// many are now in the lane-row layout. The routed experts stay row-major: their store
+    /// copies them between tiers as rows.
+    pub fn store_for_cpu(&mut self) -> usize {
         let mut ws: Vec<&mut LinearWeight> = vec![&mut self.embed_tokens];
         if let Some(h) = &mut self.lm_head {
             ws.push(&mut h.weight);
@@ -240,7 +242,7 @@ impl ModelWeights {
             }
             ws.extend(router.into_iter().chain(gate).map(|p| &mut p.weight));
         }
-        ws.into_iter().filter_map(|w| w.into_lane_rows().then_some(())).count()
+        ws.into_iter().map(LinearWeight::store_for_cpu).filter(|&stored| stored).count()
     }
 
     /// Bytes one decode step reads from weights: every layer (for a MoE model, the

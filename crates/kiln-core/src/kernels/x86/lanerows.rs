@@ -345,10 +345,8 @@ pub(in crate::kernels) unsafe fn many(
 ) {
     let Some(first) = parts.first() else { return };
     let (k, g) = (first.w.k(), first.w.spec().group_size());
-    assert!(parts.iter().all(|p| takes(p.w, 1, codes)
-        && p.w.layout() == Layout::LaneRows
-        && p.w.k() == k
-        && p.w.spec().group_size() == g));
+    // `takes` at one row is a lane-row matrix's.
+    assert!(parts.iter().all(|p| takes(p.w, 1, codes) && p.w.k() == k && p.w.spec().group_size() == g));
     // SAFETY: this function's caller guarantees AVX2, FMA and F16C.
     let acts = unsafe { quantize(x, 1, k, g, codes) };
     drive::parts(parts, |w, bias, rows, out| {
@@ -372,21 +370,10 @@ macro_rules! rows_on {
         fn $name(w: &QuantizedMatrix, a: &Acts, rows: Range<usize>, outs: &mut [&mut [f32]]) {
             // SAFETY: this function is compiled with the features `task` needs.
             unsafe {
-                let stored = w.layout() == Layout::LaneRows;
-                match (w.spec().group_size(), a.lo.is_empty(), stored) {
-                    (32, false, false) => task::<32, true, $vnni, false>(w, a, rows, outs),
-                    (32, true, false) => task::<32, false, $vnni, false>(w, a, rows, outs),
-                    (64, false, false) => task::<64, true, $vnni, false>(w, a, rows, outs),
-                    (64, true, false) => task::<64, false, $vnni, false>(w, a, rows, outs),
-                    (128, false, false) => task::<128, true, $vnni, false>(w, a, rows, outs),
-                    (128, true, false) => task::<128, false, $vnni, false>(w, a, rows, outs),
-                    (32, false, true) => task::<32, true, $vnni, true>(w, a, rows, outs),
-                    (32, true, true) => task::<32, false, $vnni, true>(w, a, rows, outs),
-                    (64, false, true) => task::<64, true, $vnni, true>(w, a, rows, outs),
-                    (64, true, true) => task::<64, false, $vnni, true>(w, a, rows, outs),
-                    (128, false, true) => task::<128, true, $vnni, true>(w, a, rows, outs),
-                    (128, true, true) => task::<128, false, $vnni, true>(w, a, rows, outs),
-                    (g, _, _) => unreachable!("lane-row kernel at g{g}: `takes` refuses it"),
+                if w.layout() == Layout::LaneRows {
+                    by_geometry::<$vnni, true>(w, a, rows, outs)
+                } else {
+                    by_geometry::<$vnni, false>(w, a, rows, outs)
                 }
             }
         }
@@ -395,6 +382,31 @@ macro_rules! rows_on {
 
 rows_on!(rows_vnni, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", true);
 rows_on!(rows_bw, "avx2,fma,f16c,avx512f,avx512bw,avx512vl", false);
+
+/// [`task`] for `w`'s group size and `a`'s codes (split or not).
+///
+/// # Safety
+/// The CPU must support AVX-512F/BW/VL, and VNNI when `VNNI`.
+#[inline(always)]
+unsafe fn by_geometry<const VNNI: bool, const STORED: bool>(
+    w: &QuantizedMatrix,
+    a: &Acts,
+    rows: Range<usize>,
+    outs: &mut [&mut [f32]],
+) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        match (w.spec().group_size(), a.lo.is_empty()) {
+            (32, false) => task::<32, true, VNNI, STORED>(w, a, rows, outs),
+            (32, true) => task::<32, false, VNNI, STORED>(w, a, rows, outs),
+            (64, false) => task::<64, true, VNNI, STORED>(w, a, rows, outs),
+            (64, true) => task::<64, false, VNNI, STORED>(w, a, rows, outs),
+            (128, false) => task::<128, true, VNNI, STORED>(w, a, rows, outs),
+            (128, true) => task::<128, false, VNNI, STORED>(w, a, rows, outs),
+            (g, _) => unreachable!("lane-row kernel at g{g}: `takes` refuses it"),
+        }
+    }
+}
 
 /// One task's weight rows, in blocks of 16, against every activation row, sixteen at a time.
 ///
@@ -511,7 +523,7 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool, const FEW: 
     }
     // STORED: the block's codes, 512 bytes per unit (word `c` of the unit's 16 rows at
     // `64 * c`), and its scales and biases, 16 per group.
-    let stored = if STORED { &packed[b0 * row_bytes..(b0 + ROWS) * row_bytes] } else { &packed[..0] };
+    let block_codes = if STORED { &packed[b0 * row_bytes..(b0 + ROWS) * row_bytes] } else { &packed[..0] };
     let sgroup = (b0 / ROWS) * gpr * ROWS;
     // Groups per 32-byte window: 16 of a 16-bit dtype, 8 of f32.
     let window = 32 / size;
@@ -599,7 +611,8 @@ unsafe fn block<const G: usize, const SPLIT: bool, const VNNI: bool, const FEW: 
                 }
             }
             let z = if STORED {
-                let unit: &[u8; 512] = stored[512 * u..512 * (u + 1)].try_into().expect("a unit of codes");
+                let unit: &[u8; 512] =
+                    block_codes[512 * u..512 * (u + 1)].try_into().expect("a unit of codes");
                 let mut z = [low4; 8];
                 for (c, zc) in z.iter_mut().enumerate() {
                     *zc = _mm512_loadu_si512(unit[64 * c..].as_ptr().cast());
