@@ -25,6 +25,7 @@
 //! measurement ([`CrossoverSetting`]); the `KILN_QMV_WIDE` pin overrides all of it
 //! ([`crate::wide`]).
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -317,20 +318,69 @@ pub fn cache_path() -> Option<PathBuf> {
     Some(base.join("kiln").join(CACHE_FILE))
 }
 
-/// The crossover cached under `key` in the file's text, if a line for it parses.
-pub fn lookup(text: &str, key: &CacheKey) -> Option<Crossover> {
+/// One cached measurement: the crossover and the CPUs other processes used while it was
+/// measured (`None` for a line written before the load was recorded, or where `/proc`
+/// could not tell).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CacheEntry {
+    /// The measured crossover.
+    pub crossover: Crossover,
+    /// Other processes' CPU use during the measurement, in CPUs.
+    pub others_cpus: Option<f64>,
+}
+
+impl From<Crossover> for CacheEntry {
+    /// An entry whose load is not known.
+    fn from(crossover: Crossover) -> Self {
+        CacheEntry { crossover, others_cpus: None }
+    }
+}
+
+impl CacheEntry {
+    /// The value after the key's tab: the crossover, then `others=<CPUs>` when known.
+    fn parse(v: &str) -> Option<CacheEntry> {
+        let mut parts = v.trim().split('\t');
+        let crossover = Crossover::parse(parts.next()?)?;
+        let others_cpus = match parts.next() {
+            None => None,
+            Some(o) => {
+                let x = o.strip_prefix("others=")?.parse::<f64>().ok()?;
+                if !(x.is_finite() && x >= 0.0) {
+                    return None;
+                }
+                Some(x)
+            }
+        };
+        if parts.next().is_some() {
+            return None;
+        }
+        Some(CacheEntry { crossover, others_cpus })
+    }
+}
+
+impl fmt::Display for CacheEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.others_cpus {
+            Some(o) => write!(f, "{}\tothers={o:.2}", self.crossover),
+            None => write!(f, "{}", self.crossover),
+        }
+    }
+}
+
+/// The entry cached under `key` in the file's text, if a line for it parses.
+pub fn lookup(text: &str, key: &CacheKey) -> Option<CacheEntry> {
     let want = key.line_key();
     text.lines()
         .filter_map(|l| l.split_once('\t'))
         .find(|(k, _)| *k == want)
-        .and_then(|(_, v)| Crossover::parse(v))
+        .and_then(|(_, v)| CacheEntry::parse(v))
 }
 
-/// The file's text with `key`'s line set to `c`: other well-formed lines are kept in
+/// The file's text with `key`'s line set to `e`: other well-formed lines are kept in
 /// order, except those of the same machine slot measured by another build or by none
 /// (replaced, so the file does not grow with every rebuild); lines that do not parse are
 /// dropped.
-pub fn updated(text: &str, key: &CacheKey, c: Crossover) -> String {
+pub fn updated(text: &str, key: &CacheKey, e: CacheEntry) -> String {
     let want = key.line_key();
     let bare = key.slot();
     let slot = format!("{bare} build=");
@@ -338,29 +388,96 @@ pub fn updated(text: &str, key: &CacheKey, c: Crossover) -> String {
     for (k, v) in text.lines().filter_map(|l| l.split_once('\t')) {
         // A line without a build (written before builds were keyed) is the slot's too.
         let same_slot = k.starts_with(&slot) || k == bare;
-        if !same_slot && !k.is_empty() && Crossover::parse(v).is_some() {
-            out.push_str(&format!("{k}\t{}\n", v.trim()));
+        if !same_slot
+            && !k.is_empty()
+            && let Some(old) = CacheEntry::parse(v)
+        {
+            out.push_str(&format!("{k}\t{old}\n"));
         }
     }
-    out.push_str(&format!("{want}\t{c}\n"));
+    out.push_str(&format!("{want}\t{e}\n"));
     out
 }
 
-/// Reads `key`'s crossover from the cache file at `path`; a missing, unreadable or
-/// corrupt file is `None` (measure again).
-pub fn read_cached(path: &Path, key: &CacheKey) -> Option<Crossover> {
-    let bytes = std::fs::read(path).ok()?;
-    lookup(&String::from_utf8_lossy(&bytes), key)
+/// The largest cache file read: a line per machine slot is a few hundred bytes, so a
+/// file past this is not kiln's cache.
+pub const CACHE_MAX_BYTES: u64 = 1 << 20;
+
+/// The bytes of the cache file at `path`: `Ok(None)` when there is none, `Err` (the
+/// warning to print) when something other than a regular file of at most
+/// [`CACHE_MAX_BYTES`] is there. The file is opened without blocking, so a FIFO put in
+/// its place cannot stop the process, and checked after opening (what was opened is what
+/// is read); a symlink to a regular file is followed, one to a device is refused.
+fn read_cache_file(path: &Path) -> Result<Option<Vec<u8>>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let refused = |what: String| {
+        format!(
+            "ignoring the qmv crossover cache {}: {what}; accepted is a regular file of at most {CACHE_MAX_BYTES} bytes, measuring again",
+            path.display()
+        )
+    };
+    let file = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(refused(format!("cannot open it ({e})"))),
+    };
+    let meta = file.metadata().map_err(|e| refused(format!("cannot stat it ({e})")))?;
+    if !meta.file_type().is_file() {
+        return Err(refused(format!("it is {}, not a regular file", file_kind(&meta.file_type()))));
+    }
+    if meta.len() > CACHE_MAX_BYTES {
+        return Err(refused(format!("it holds {} bytes", meta.len())));
+    }
+    let mut bytes = Vec::new();
+    file.take(CACHE_MAX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| refused(format!("cannot read it ({e})")))?;
+    if bytes.len() as u64 > CACHE_MAX_BYTES {
+        return Err(refused(format!("it grew past {CACHE_MAX_BYTES} bytes while read")));
+    }
+    Ok(Some(bytes))
 }
 
-/// Writes `key`'s crossover into the cache file at `path`, replacing the file atomically
-/// (a temporary file beside it, then a rename), creating its folder.
-pub fn write_cached(path: &Path, key: &CacheKey, c: Crossover) -> std::io::Result<()> {
+/// What a file type is, for messages.
+fn file_kind(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Reads `key`'s entry from the cache file at `path`: `Ok(None)` for a missing file or
+/// key, or a corrupt line (measure again); `Err` is the warning for a path that holds
+/// something other than a regular file of bounded size (measure again, after saying so).
+pub fn read_cached(path: &Path, key: &CacheKey) -> Result<Option<CacheEntry>, String> {
+    Ok(read_cache_file(path)?.and_then(|bytes| lookup(&String::from_utf8_lossy(&bytes), key)))
+}
+
+/// Writes `key`'s entry into the cache file at `path`, replacing the file atomically
+/// (a temporary file beside it, then a rename), creating its folder. Other keys' lines
+/// are kept when the old file is a readable cache; whatever else was at `path` (a FIFO, a
+/// link to a device) is replaced by the new file, never read.
+pub fn write_cached(path: &Path, key: &CacheKey, e: CacheEntry) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    let old = std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let old = read_cache_file(path)
+        .ok()
+        .flatten()
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
     let tmp = dir.join(format!(".{CACHE_FILE}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, updated(&old, key, c))?;
+    std::fs::write(&tmp, updated(&old, key, e))?;
     std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
@@ -465,11 +582,14 @@ pub fn measure(scheme: ActScheme) -> Measurement {
 
 /// The crossover this process should run and where it came from, following
 /// `setting`: a pin (`pinned`, from `KILN_QMV_WIDE`) needs none; `From(m)` sets it;
-/// otherwise the cache at `path` under `key`, else `measure()` (written to the cache
-/// when there is a path and `busy` allows the others' load during it; a failed write only
-/// loses the cache). `measure` is `None` for a
-/// command that never measures (it would cost its own timing and memory): then an
-/// uncached key gets [`Crossover::ALL_WIDE`], and `remeasure` reads the cache too.
+/// otherwise the cache at `path` under `key`, else `measure()` (written to the cache,
+/// with the others' load beside it, when there is a path and `busy` allows that load; a
+/// failed write only loses the cache). An entry cached while others used more CPU than
+/// `busy` allows now is measured again. `measure` is `None` for a command that never
+/// measures (it would cost its own timing and memory): then the cached entry is used
+/// whatever its load, an uncached key gets [`Crossover::ALL_WIDE`], and `remeasure`
+/// reads the cache too. A cache path holding something other than a regular file is
+/// warned about once on stderr and treated as no cache.
 pub fn resolve(
     setting: CrossoverSetting,
     pinned: bool,
@@ -481,16 +601,24 @@ pub fn resolve(
     if pinned {
         return (Crossover::ALL_WIDE, CrossoverSource::Pinned);
     }
-    let cached = || path.and_then(|p| read_cached(p, key));
+    let cached = || {
+        path.and_then(|p| {
+            read_cached(p, key).unwrap_or_else(|warning| {
+                eprintln!("warning: {warning}");
+                None
+            })
+        })
+    };
     let measure = match (setting, measure) {
         (CrossoverSetting::From(m), _) => return (Crossover::wide_from(m), CrossoverSource::Env),
         (_, None) => {
-            return cached()
-                .map_or((Crossover::ALL_WIDE, CrossoverSource::Default), |c| (c, CrossoverSource::Cached));
+            return cached().map_or((Crossover::ALL_WIDE, CrossoverSource::Default), |e| {
+                (e.crossover, CrossoverSource::Cached)
+            });
         }
         (CrossoverSetting::Measure, Some(measure)) => {
-            if let Some(c) = cached() {
-                return (c, CrossoverSource::Cached);
+            if let Some(e) = cached().filter(|e| busy.allows(e.others_cpus)) {
+                return (e.crossover, CrossoverSource::Cached);
             }
             measure
         }
@@ -503,7 +631,7 @@ pub fn resolve(
         return (c, CrossoverSource::MeasuredBusy { others_centi });
     }
     if let Some(p) = path {
-        let _ = write_cached(p, key, c);
+        let _ = write_cached(p, key, CacheEntry { crossover: c, others_cpus: m.others_cpus });
     }
     (c, CrossoverSource::Measured)
 }
@@ -529,6 +657,10 @@ pub fn configure_from_env(may_measure: bool) -> Result<(Crossover, CrossoverSour
 mod tests {
     use super::*;
 
+    fn lk(text: &str, key: &CacheKey) -> Option<Crossover> {
+        lookup(text, key).map(|e| e.crossover)
+    }
+
     fn key(threads: usize) -> CacheKey {
         CacheKey {
             cpu: "Test CPU\t9".into(),
@@ -543,23 +675,27 @@ mod tests {
     fn another_build_measures_again_and_replaces_the_slot_s_line() {
         let (a, other_slot) = (key(2), key(3));
         let rebuilt = CacheKey { build: "999-7.000000000".into(), ..key(2) };
-        let text = updated(&updated("", &other_slot, Crossover::ALL_WIDE), &a, Crossover::wide_from(4));
-        assert_eq!(lookup(&text, &a), Some(Crossover::wide_from(4)));
-        assert_eq!(lookup(&text, &rebuilt), None, "a rebuilt engine must not follow the old one's line");
-        let after = updated(&text, &rebuilt, Crossover::wide_from(6));
-        assert_eq!(lookup(&after, &rebuilt), Some(Crossover::wide_from(6)));
-        assert_eq!(lookup(&after, &a), None, "the old build's line is replaced");
-        assert_eq!(lookup(&after, &other_slot), Some(Crossover::ALL_WIDE));
+        let text = updated(
+            &updated("", &other_slot, Crossover::ALL_WIDE.into()),
+            &a,
+            Crossover::wide_from(4).into(),
+        );
+        assert_eq!(lk(&text, &a), Some(Crossover::wide_from(4)));
+        assert_eq!(lk(&text, &rebuilt), None, "a rebuilt engine must not follow the old one's line");
+        let after = updated(&text, &rebuilt, Crossover::wide_from(6).into());
+        assert_eq!(lk(&after, &rebuilt), Some(Crossover::wide_from(6)));
+        assert_eq!(lk(&after, &a), None, "the old build's line is replaced");
+        assert_eq!(lk(&after, &other_slot), Some(Crossover::ALL_WIDE));
         assert_eq!(after.lines().count(), 2);
         // A line from before builds were keyed is replaced too.
         let legacy = format!("{}\t2-15\n", a.slot());
-        assert_eq!(lookup(&legacy, &a), None);
-        assert_eq!(updated(&legacy, &a, Crossover::ALL_WIDE).lines().count(), 1);
+        assert_eq!(lk(&legacy, &a), None);
+        assert_eq!(updated(&legacy, &a, Crossover::ALL_WIDE.into()).lines().count(), 1);
         // A build with spaces or control characters still gives a line of two fields.
         let odd = CacheKey { build: "a b\tc\n".into(), ..key(2) };
-        let t = updated("", &odd, Crossover::ALL_WIDE);
+        let t = updated("", &odd, Crossover::ALL_WIDE.into());
         assert_eq!((t.lines().count(), t.matches('\t').count()), (1, 1));
-        assert_eq!(lookup(&t, &odd), Some(Crossover::ALL_WIDE));
+        assert_eq!(lk(&t, &odd), Some(Crossover::ALL_WIDE));
     }
 
     #[test]
@@ -631,17 +767,17 @@ mod tests {
     #[test]
     fn the_cache_keeps_other_keys_and_drops_corrupt_lines() {
         let (a, b) = (key(1), key(2));
-        let text = updated("", &a, Crossover::wide_from(4));
-        assert_eq!(lookup(&text, &a), Some(Crossover::wide_from(4)));
-        assert_eq!(lookup(&text, &b), None);
+        let text = updated("", &a, Crossover::wide_from(4).into());
+        assert_eq!(lk(&text, &a), Some(Crossover::wide_from(4)));
+        assert_eq!(lk(&text, &b), None);
         // A control character in the CPU name cannot split the line.
         assert_eq!(text.lines().count(), 1);
         assert_eq!(text.matches('\t').count(), 1);
         let corrupt = format!("{text}garbage\n{}\tnot-a-set\n\u{0}\u{1}", b.line_key());
-        assert_eq!(lookup(&corrupt, &b), None);
-        let fixed = updated(&corrupt, &b, Crossover::ALL_WIDE);
-        assert_eq!(lookup(&fixed, &a), Some(Crossover::wide_from(4)));
-        assert_eq!(lookup(&fixed, &b), Some(Crossover::ALL_WIDE));
+        assert_eq!(lk(&corrupt, &b), None);
+        let fixed = updated(&corrupt, &b, Crossover::ALL_WIDE.into());
+        assert_eq!(lk(&fixed, &a), Some(Crossover::wide_from(4)));
+        assert_eq!(lk(&fixed, &b), Some(Crossover::ALL_WIDE));
         assert_eq!(fixed.lines().count(), 2);
     }
 
@@ -683,7 +819,7 @@ mod tests {
         // A corrupt file is measured again and repaired, never an error.
         std::fs::write(&path, b"\xff\xfe garbage\n\tmore").unwrap();
         assert_eq!(go(CrossoverSetting::Measure, false), (want, CrossoverSource::Measured));
-        assert_eq!(read_cached(&path, &k), Some(want));
+        assert_eq!(read_cached(&path, &k).unwrap().map(|e| e.crossover), Some(want));
         assert_eq!(measured.get(), 3);
         // No leftover temporary file.
         let names: Vec<_> =
@@ -695,6 +831,66 @@ mod tests {
         let p = blocked.join("kiln").join(CACHE_FILE);
         let r = resolve(CrossoverSetting::Measure, false, &k, Some(&p), BusyLimit::DEFAULT, Some(quiet));
         assert_eq!(r, (want, CrossoverSource::Measured));
+    }
+
+    fn quiet2() -> Measurement {
+        Measurement { timings: vec![(2, 1.0, 2.0)], others_cpus: Some(0.0) }
+    }
+
+    #[test]
+    fn a_cache_path_that_is_no_regular_file_is_ignored_never_waited_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = key(2);
+        let timings = vec![(2, 1.0, 2.0)];
+        let want = Crossover::from_timings(&timings);
+        let go = |path: &Path| {
+            resolve(
+                CrossoverSetting::Measure,
+                false,
+                &k,
+                Some(path),
+                BusyLimit::DEFAULT,
+                Some(|| Measurement { timings: timings.clone(), others_cpus: Some(0.0) }),
+            )
+        };
+        // A FIFO nobody writes to: opening or reading it would block for ever.
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `c` is a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = read_cached(&fifo, &k).unwrap_err();
+        assert!(err.contains("a FIFO, not a regular file") && err.contains("fifo"), "{err}");
+        // The boot measures and replaces the FIFO with a real cache.
+        assert_eq!(go(&fifo), (want, CrossoverSource::Measured));
+        assert!(std::fs::metadata(&fifo).unwrap().is_file());
+        // A link to an endless device, and a folder.
+        let zero = dir.path().join("zero");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let err = read_cached(&zero, &k).unwrap_err();
+        assert!(err.contains("a character device"), "{err}");
+        assert_eq!(go(&zero).1, CrossoverSource::Measured);
+        let folder = dir.path().join("folder");
+        std::fs::create_dir(&folder).unwrap();
+        assert!(read_cached(&folder, &k).unwrap_err().contains("a directory"));
+        // A regular file past the bound is refused before it is read.
+        let big = dir.path().join("big");
+        std::fs::File::create(&big).unwrap().set_len(CACHE_MAX_BYTES + 1).unwrap();
+        assert!(read_cached(&big, &k).unwrap_err().contains("bytes"));
+        assert_eq!(read_cached(&dir.path().join("missing"), &k), Ok(None));
+    }
+
+    #[test]
+    fn cache_lines_carry_the_load_and_old_lines_still_read() {
+        let a = key(2);
+        let e = CacheEntry { crossover: Crossover::wide_from(4), others_cpus: Some(0.25) };
+        let text = updated("", &a, e);
+        assert_eq!(lookup(&text, &a), Some(e));
+        let legacy = format!("{}\t{}\n", a.line_key(), Crossover::wide_from(4));
+        assert_eq!(lookup(&legacy, &a), Some(Crossover::wide_from(4).into()));
+        for bad in ["others=-1", "others=NaN", "others=x", "load=0.1", "others=0.1\textra"] {
+            let t = format!("{}\t{}\t{bad}\n", a.line_key(), Crossover::wide_from(4));
+            assert_eq!(lookup(&t, &a), None, "{bad}");
+        }
     }
 
     #[test]
@@ -719,6 +915,21 @@ mod tests {
         assert_eq!(go(BusyLimit::None).1, CrossoverSource::Cached);
         std::fs::remove_file(&path).unwrap();
         assert_eq!(go(BusyLimit::None).1, CrossoverSource::Measured);
+        // That entry was taken disturbed, and the file says so: a boot under the default
+        // limit measures again instead of following it.
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.ends_with("\tothers=1.26\n"), "{text:?}");
+        assert_eq!(read_cached(&path, &k).unwrap().and_then(|e| e.others_cpus), Some(1.26));
+        assert_eq!(go(BusyLimit::DEFAULT), (want, CrossoverSource::MeasuredBusy { others_centi: 126 }));
+        let r =
+            resolve(CrossoverSetting::Measure, false, &k, Some(&path), BusyLimit::DEFAULT, Some(|| quiet2()));
+        assert_eq!(r.1, CrossoverSource::Measured, "a quiet measurement replaces the disturbed entry");
+        assert_eq!(go(BusyLimit::DEFAULT).1, CrossoverSource::Cached);
+        // A command that never measures still follows a disturbed entry: it has nothing better.
+        write_cached(&path, &k, CacheEntry { crossover: want, others_cpus: Some(3.0) }).unwrap();
+        let never = None::<fn() -> Measurement>;
+        let r = resolve(CrossoverSetting::Measure, false, &k, Some(&path), BusyLimit::DEFAULT, never);
+        assert_eq!(r, (want, CrossoverSource::Cached));
         assert!(BusyLimit::Below(0.0).allows(None) && !BusyLimit::Below(0.0).allows(Some(0.0)));
         assert!(BusyLimit::DEFAULT.allows(Some(0.49)) && !BusyLimit::DEFAULT.allows(Some(0.5)));
     }
