@@ -69,7 +69,6 @@ pub fn check(args: &RunArgs, command: &str, runs_cuda: bool, speculative: bool) 
     }
 }
 
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 /// A `0`/`1` switch read from `name`: unset or empty is `default`, anything else is
 /// refused naming the variable.
 fn switch_env(name: &str, default: bool) -> anyhow::Result<bool> {
@@ -83,17 +82,14 @@ fn switch_env(name: &str, default: bool) -> anyhow::Result<bool> {
 }
 
 /// Whether `KILN_CUDA_EMULATE` asks for the host execution (default no).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn emulate_from_env() -> anyhow::Result<bool> {
     switch_env(EMULATE_ENV, false)
 }
 
 /// Replays device decode steps as CUDA graphs unless `0`.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub const GRAPHS_ENV: &str = "KILN_CUDA_GRAPHS";
 
 /// Whether `KILN_CUDA_GRAPHS` leaves decode graphs on (default yes).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn graphs_from_env() -> anyhow::Result<bool> {
     switch_env(GRAPHS_ENV, true)
 }

@@ -35,6 +35,13 @@ pub fn run(args: ExportTokenizerArgs) -> anyhow::Result<()> {
             )));
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        // A path under a file, or through a looping link: no directory can be made there.
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory || e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(usage(format!(
+                "invalid DIR {}: {e}; name a directory or a new path whose parent is a directory",
+                args.dir.display()
+            )));
+        }
         Err(e) => return Err(e).with_context(|| format!("reading {}", args.dir.display())),
     };
     let model =

@@ -56,7 +56,7 @@ fn main() -> ExitCode {
     // clap prints usage errors itself and exits 2, the protocol's code for bad arguments.
     let cli = cli::with_negative_values(Cli::command()).get_matches();
     let cli = Cli::from_arg_matches(&cli).unwrap_or_else(|e| e.exit());
-    let result = match cli.command {
+    let result = runtime::check_env().and_then(|()| match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::BenchDecode(args) => bench::run(args, &mut clock),
         Command::Estimate(args) => estimate::run(args),
@@ -65,7 +65,7 @@ fn main() -> ExitCode {
         Command::BenchExpertCopy(args) => expert_copy::run(args),
         Command::ExportGguf(args) => export::run(args),
         Command::ExportTokenizer(args) => export_tokenizer::run(args),
-    };
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => exit::report(&e),

@@ -103,6 +103,36 @@ pub fn check_kernel_env() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Checks every environment variable the engine reads, once, at the start of every
+/// command (exit 2 naming the variable and what it accepts): the kernel settings of
+/// [`check_kernel_env`], `KILN_MEMORY_LIMIT`, `KILN_SPEC_ALLOW_INEXACT`,
+/// `KILN_CUDA_EMULATE`, `KILN_CUDA_GRAPHS`, `KILN_SYNTHETIC_ROUTER_SKEW` and
+/// `RAYON_NUM_THREADS`'s form. A command that never reaches a variable still refuses a
+/// bad value in it, so the same environment fails the same way under every command.
+pub fn check_env() -> anyhow::Result<()> {
+    check_kernel_env()?;
+    MemoryPool::limit_from_env()?;
+    kiln_model::speculative::GatePolicy::from_env().map_err(|e| usage(e.to_string()))?;
+    crate::backend::emulate_from_env()?;
+    crate::backend::graphs_from_env()?;
+    kiln_model::synthetic::router_skew_from_env()?;
+    check_rayon_env(std::env::var_os("RAYON_NUM_THREADS"))
+}
+
+/// Refuses a RAYON_NUM_THREADS that is not a number (rayon would silently ignore it);
+/// its range is [`check_threads`]'s, where the value is used.
+fn check_rayon_env(value: Option<std::ffi::OsString>) -> anyhow::Result<()> {
+    let Some(value) = value else { return Ok(()) };
+    let text = value.to_string_lossy();
+    if text.trim().is_empty() || text.trim().parse::<usize>().is_ok() {
+        return Ok(());
+    }
+    Err(usage(format!(
+        "invalid RAYON_NUM_THREADS {text:?}: accepted values are 0 (one per CPU) or a number of threads from 1 to {}",
+        max_threads()
+    )))
+}
+
 /// Installs the `qmv_wide` crossover for the current rayon pool
 /// ([`kiln_core::crossover::configure_from_env`]): from `KILN_QMV_CROSSOVER`, the
 /// `KILN_QMV_WIDE` pin, or the cache, measuring on a miss when `may_measure`.

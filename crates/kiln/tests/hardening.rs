@@ -348,9 +348,67 @@ fn a_config_json_symlink_loop_is_exit_2_naming_it() {
     for args in [
         vec!["generate", "-m", ck.to_str().unwrap(), "-p", "hi", "-n", "1"],
         vec!["estimate", "-m", ck.to_str().unwrap(), "--prompt-tokens", "4"],
+        vec!["export-tokenizer", ck.to_str().unwrap(), dir.path().join("tok").to_str().unwrap()],
     ] {
         refused(dir.run(&args), &["config.json", "a symbolic link that cannot be followed"]);
     }
+    // A model folder that is itself a looping link.
+    let folder = dir.path().join("folder-loop");
+    std::os::unix::fs::symlink(&folder, &folder).unwrap();
+    let out = dir.path().join("tok2");
+    refused(
+        dir.run(&["export-tokenizer", folder.to_str().unwrap(), out.to_str().unwrap()]),
+        &["a symbolic link that cannot be followed"],
+    );
+    assert!(!out.exists(), "a refused export created its DIR");
+}
+
+#[test]
+fn export_tokenizer_of_a_file_or_into_a_file_is_exit_2_and_creates_nothing() {
+    let dir = Dir::new();
+    let file = dir.path().join("weights.bin");
+    std::fs::write(&file, b"not a model").unwrap();
+    let out = dir.path().join("tok");
+    // MODEL a plain file (not a GGUF): its config.json was looked for under it.
+    refused(
+        dir.run(&["export-tokenizer", file.to_str().unwrap(), out.to_str().unwrap()]),
+        &["weights.bin", "it is a file, not a GGUF file"],
+    );
+    assert!(!out.exists());
+    // DIR under a file: no directory can be made there.
+    let under = file.join("tok");
+    refused(
+        dir.run(&["export-tokenizer", "synthetic:tiny", under.to_str().unwrap()]),
+        &["invalid DIR", "weights.bin/tok"],
+    );
+}
+
+#[test]
+fn every_command_refuses_a_bad_engine_variable_at_start() {
+    let dir = Dir::new();
+    let out = dir.path().join("tok");
+    let gguf = dir.path().join("x.gguf");
+    let commands: [Vec<&str>; 3] = [
+        vec!["estimate", "-m", "synthetic:tiny", "--prompt-tokens", "4"],
+        vec!["export-tokenizer", "synthetic:tiny", out.to_str().unwrap()],
+        vec!["export-gguf", "synthetic:tiny", gguf.to_str().unwrap()],
+    ];
+    let cases: [(&str, &str, &str); 6] = [
+        ("KILN_WEIGHT_LAYOUT", "bogus", "KILN_WEIGHT_LAYOUT"),
+        ("KILN_ACT_PRECISION", "int3", "KILN_ACT_PRECISION"),
+        ("KILN_QMV_CROSSOVER", "soon", "KILN_QMV_CROSSOVER"),
+        ("KILN_CUDA_EMULATE", "yes", "KILN_CUDA_EMULATE"),
+        ("KILN_SPEC_ALLOW_INEXACT", "maybe", "KILN_SPEC_ALLOW_INEXACT"),
+        ("RAYON_NUM_THREADS", "abc", "RAYON_NUM_THREADS"),
+    ];
+    for args in &commands {
+        for (name, value, needle) in cases {
+            refused(dir.run_env(args, &[(name, value)]), &[needle]);
+        }
+    }
+    assert!(!out.exists() && !gguf.exists(), "a refused export created its output");
+    // Values the variables accept still run.
+    dir.run_env(&commands[0], &[("RAYON_NUM_THREADS", "2"), ("KILN_WEIGHT_LAYOUT", "auto")]).expect_code(0);
 }
 
 #[test]

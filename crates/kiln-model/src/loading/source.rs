@@ -57,6 +57,15 @@ impl ModelSource {
         if regular_file(&under_models.join("config.json"))? {
             return Ok(ModelSource::Dir(under_models));
         }
+        if std::fs::metadata(&direct).is_ok_and(|m| m.is_file()) {
+            return Err(ModelError::InvalidArgument {
+                what: format!("model {spec}"),
+                message: "it is a file, not a GGUF file (*.gguf) or a directory holding config.json: \
+                          expected synthetic:<profile>, a directory under ./models/, a checkpoint \
+                          directory or a .gguf file"
+                    .into(),
+            });
+        }
         let path = if direct.exists() { direct.join("config.json") } else { PathBuf::from(spec) };
         Err(ModelError::NotFound { path })
     }
@@ -81,10 +90,17 @@ pub fn is_gguf_path(path: &Path) -> bool {
 pub fn regular_file(path: &Path) -> Result<bool> {
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        // A link that exists but cannot be followed (a loop, too many levels) names no
-        // file: bad input, not an I/O failure.
-        Err(_) if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) => {
+        // Nothing there, or a regular file where the path needs a directory (MODEL
+        // naming a file that is not a GGUF, whose `config.json` is looked for under it).
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => {
+            return Ok(false);
+        }
+        // A link that exists but cannot be followed (a loop, too many levels, here or in a
+        // folder above) names no file: bad input, not an I/O failure.
+        Err(e)
+            if e.raw_os_error() == Some(libc::ELOOP)
+                || std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) =>
+        {
             return Err(ModelError::NotRegularFile {
                 path: path.to_path_buf(),
                 kind: "a symbolic link that cannot be followed (a loop?)",
@@ -119,6 +135,25 @@ pub(crate) fn not_regular(t: &std::fs::FileType) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_or_a_looping_link_as_model_is_bad_input_not_an_io_failure() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::write(root.join("weights.bin"), "x").unwrap();
+        let e = ModelSource::resolve_in("weights.bin", root).unwrap_err();
+        assert!(matches!(e, ModelError::InvalidArgument { .. }), "{e:?}");
+        assert!(e.to_string().contains("it is a file, not a GGUF file"), "{e}");
+        // A model folder that is a link to itself: every path under it loops.
+        std::os::unix::fs::symlink("loop", root.join("loop")).unwrap();
+        let e = ModelSource::resolve_in("loop", root).unwrap_err();
+        assert!(matches!(e, ModelError::NotRegularFile { .. }), "{e:?}");
+        // A config.json that links to itself.
+        std::fs::create_dir(root.join("m")).unwrap();
+        std::os::unix::fs::symlink("config.json", root.join("m/config.json")).unwrap();
+        let e = ModelSource::resolve_in("m", root).unwrap_err();
+        assert!(matches!(e, ModelError::NotRegularFile { .. }), "{e:?}");
+    }
 
     #[test]
     fn resolves_paths_models_dir_and_synthetic() {
