@@ -60,6 +60,10 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Reasoning is the text between these tags on the chat endpoint.
     pub think_tags: ThinkTags,
+    /// A chat template that replaces the model's own (`kiln serve --chat-template`), for
+    /// a model whose template lacks what a client needs (tool syntax); its BOS and EOS
+    /// texts, when it names none, are the model's.
+    pub chat_template: Option<kiln_model::chat_template::ChatTemplate>,
 }
 
 /// State the handlers and the scheduler share.
@@ -71,6 +75,8 @@ pub struct Shared {
     /// The structured-output parser factory of the model's vocabulary, built at the
     /// first request that constrains its output (or the reason it cannot be).
     grammars: OnceLock<Result<structured::Grammars, String>>,
+    /// The permits of the grammar compiles running at once ([`structured::admit`]).
+    grammar_workers: Arc<tokio::sync::Semaphore>,
     /// Counters for `/metrics`.
     pub metrics: Arc<metrics::Metrics>,
     commands: Mutex<Sender<scheduler::Command>>,
@@ -157,6 +163,7 @@ impl Server {
             config,
             model: OnceLock::new(),
             grammars: OnceLock::new(),
+            grammar_workers: structured::admit::workers(),
             metrics: Arc::default(),
             commands: Mutex::new(tx),
             draining: AtomicBool::new(false),
@@ -233,6 +240,13 @@ fn load_and_run(
     let load_err = |source| Box::new(ServeError::Load { model: c.model.clone(), source });
     let mut model = kiln_model::load(&c.model, &c.load).map_err(load_err)?;
     model.prepare_for_cpu();
+    if let Some(t) = &c.chat_template {
+        let own = model.chat_template.take();
+        let mut t = t.clone();
+        t.bos_token = t.bos_token.or_else(|| own.as_ref().and_then(|o| o.bos_token.clone()));
+        t.eos_token = t.eos_token.or_else(|| own.as_ref().and_then(|o| o.eos_token.clone()));
+        model.chat_template = Some(t);
+    }
     let model = Arc::new(model);
     let engine = Engine::new(&model, &c.load.pool, c.engine).map_err(load_err)?;
     let draft = match &c.model_draft {

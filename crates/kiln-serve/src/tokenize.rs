@@ -1,6 +1,8 @@
 //! `POST /tokenize` and `POST /detokenize` in vLLM's shapes (and llama-server's): a
 //! prompt or a chat's messages to the token ids the completion endpoints would count as
-//! `prompt_tokens`, and token ids back to text.
+//! `prompt_tokens`, and token ids back to text; `GET /tokenizer_info`, vLLM's summary of
+//! the tokenizer (special tokens and chat template), which lm-evaluation-harness's remote
+//! tokenizer reads before it tokenizes through the server.
 
 use kiln_model::LoadedModel;
 use serde_json::{Map, Value, json};
@@ -55,6 +57,26 @@ fn opt_bool(obj: &Map<String, Value>, name: &str) -> Result<Option<bool>, ApiErr
         Some(Value::Bool(b)) => Ok(Some(*b)),
         Some(_) => Err(ApiError::invalid(name, format!("{name} must be a boolean"))),
     }
+}
+
+/// `GET /tokenizer_info`: the fields of the `tokenizer_config.json` that `kiln
+/// export-tokenizer` writes (`tokenizer_class`, `bos_token`, `eos_token`, `pad_token`,
+/// `model_max_length`, `chat_template`: the template the chat endpoint renders), and the
+/// served model's id.
+pub fn tokenizer_info(model_id: &str, model: &LoadedModel) -> Result<Value, ApiError> {
+    let mut info = kiln_model::tokenizer_files::tokenizer_config_of(
+        &model.config,
+        &model.tokenizer,
+        model.chat_template.as_ref(),
+    )
+    .map_err(|e| {
+        ApiError::status(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "tokenizer", e.to_string())
+    })?;
+    if let Value::Object(o) = &mut info {
+        o.entry("pad_token").or_insert(Value::Null);
+        o.insert("model".into(), json!(model_id));
+    }
+    Ok(info)
 }
 
 /// `POST /tokenize`: `{"prompt": "..."}` (special tokens added unless

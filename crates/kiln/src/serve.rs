@@ -107,6 +107,11 @@ pub struct ServeArgs {
     /// GGUF file's general.name (else its file stem), or the checkpoint directory's name.
     #[arg(long, value_name = "NAME")]
     pub served_model_name: Option<String>,
+    /// A Jinja chat template file that replaces the model's own on the chat endpoint
+    /// (and in /tokenizer_info), as vLLM's and llama-server's flag does: for a model whose
+    /// template has no tool syntax. Its BOS and EOS texts are the model's.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<std::path::PathBuf>,
     /// Tag that opens reasoning on the chat endpoint.
     #[arg(long, value_name = "TAG", default_value = "<think>")]
     pub think_open: String,
@@ -127,6 +132,36 @@ pub struct ServeArgs {
     /// A draft model of the same vocabulary for speculative slots, instead of prompt lookup.
     #[arg(long, value_name = "MODEL")]
     pub model_draft: Option<String>,
+}
+
+/// The largest `--chat-template` file read: real templates are a few KiB to tens of KiB.
+const MAX_CHAT_TEMPLATE_BYTES: u64 = 1 << 20;
+
+/// The `--chat-template` file, compiled now so a bad one is refused at start (exit 2
+/// naming the file): a regular file (a FIFO would block the start) of at most
+/// [`MAX_CHAT_TEMPLATE_BYTES`], UTF-8, whose Jinja compiles.
+fn read_chat_template(path: &std::path::Path) -> anyhow::Result<kiln_model::chat_template::ChatTemplate> {
+    use std::io::Read;
+    let bad = |why: String| {
+        usage(format!(
+            "invalid --chat-template {}: {why}; accepted is a regular file of Jinja text of at most {MAX_CHAT_TEMPLATE_BYTES} bytes",
+            path.display()
+        ))
+    };
+    match kiln_model::source::regular_file(path) {
+        Ok(true) => {}
+        Ok(false) => return Err(bad("no such file".into())),
+        Err(e) => return Err(bad(e.to_string())),
+    }
+    let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let mut text = String::new();
+    let read = file.take(MAX_CHAT_TEMPLATE_BYTES + 1).read_to_string(&mut text);
+    match read {
+        Err(e) => return Err(bad(format!("not UTF-8 text ({e})"))),
+        Ok(n) if n as u64 > MAX_CHAT_TEMPLATE_BYTES => return Err(bad("it is larger".into())),
+        Ok(_) => {}
+    }
+    kiln_model::chat_template::ChatTemplate::new(text, None, None, path).map_err(|e| bad(e.to_string()))
 }
 
 /// Runs the server until a signal stops it.
@@ -157,6 +192,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(|e| usage(format!("invalid --prompt-cache-bytes: {e}")))?;
     let max_body_bytes =
         parse_size(&args.max_body_bytes).map_err(|e| usage(format!("invalid --max-body-bytes: {e}")))?;
+    if max_body_bytes == 0 {
+        // Every POST would be answered 413: no request could be served.
+        return Err(usage(format!(
+            "invalid --max-body-bytes {:?}: accepted values are 1 byte or more (`4MiB`, bytes)",
+            args.max_body_bytes
+        )));
+    }
+    if let Some(name) = &args.served_model_name
+        && (name.trim().is_empty() || name.chars().any(char::is_control))
+    {
+        return Err(usage(format!(
+            "invalid --served-model-name {name:?}: accepted is a non-blank name without control characters"
+        )));
+    }
     let limits = ConnLimits {
         header_timeout: args.header_timeout,
         keep_alive: (!args.keep_alive_timeout.is_zero()).then_some(args.keep_alive_timeout),
@@ -174,6 +223,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("reading model {}", run_args.model))?;
         runtime::expert_geometry(run_args, &info.config, info.expert_slot_bytes, info.weight_bytes, &pool)?;
     }
+    let chat_template = match &args.chat_template {
+        Some(path) => Some(read_chat_template(path)?),
+        None => None,
+    };
     let api_key = api_key(args.api_key.as_deref(), std::env::var_os(API_KEY_ENV))?;
     let config = ServerConfig {
         model: run_args.model.clone(),
@@ -201,6 +254,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         body_timeout: args.body_timeout,
         api_key,
         think_tags: ThinkTags { open: args.think_open.clone(), close: args.think_close.clone() },
+        chat_template,
     };
 
     let mut builder = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("kiln-worker-{i}"));

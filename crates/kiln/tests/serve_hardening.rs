@@ -514,3 +514,63 @@ fn request_lines_in_json_logs_carry_the_same_fields() {
     assert!(f["prompt_tokens"].as_u64().is_some_and(|n| n > 0), "{line}");
     assert!(f.get("error").is_none(), "{line}");
 }
+
+#[test]
+fn a_blank_model_name_and_a_zero_body_limit_are_refused_at_start() {
+    // The first served model "" (no client can name it); the second answered every POST 413.
+    for name in ["", "  ", "a\u{7}b"] {
+        expect_usage(
+            &["serve", "-m", "synthetic:tiny", "--port", "0", "--served-model-name", name],
+            &[],
+            &["invalid --served-model-name", "non-blank"],
+        );
+    }
+    for zero in ["0", "0MiB"] {
+        expect_usage(
+            &["serve", "-m", "synthetic:tiny", "--port", "0", "--max-body-bytes", zero],
+            &[],
+            &["invalid --max-body-bytes", "1 byte or more"],
+        );
+    }
+}
+
+#[test]
+fn a_chat_template_file_is_checked_at_start_and_replaces_the_model_s() {
+    let dir = Dir::new();
+    let bad = dir.path().join("bad.jinja");
+    std::fs::write(&bad, "{% for %}").unwrap();
+    let bad = bad.to_str().unwrap().to_string();
+    expect_usage(
+        &["serve", "-m", "synthetic:tiny", "--port", "0", "--chat-template", &bad],
+        &[],
+        &["invalid --chat-template", "bad.jinja"],
+    );
+    expect_usage(
+        &["serve", "-m", "synthetic:tiny", "--port", "0", "--chat-template", "/nonexistent/t.jinja"],
+        &[],
+        &["invalid --chat-template", "no such file"],
+    );
+    // A FIFO would block the start for ever if it were opened.
+    let fifo = dir.path().join("t.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    expect_usage(
+        &["serve", "-m", "synthetic:tiny", "--port", "0", "--chat-template", fifo.to_str().unwrap()],
+        &[],
+        &["invalid --chat-template", "a FIFO"],
+    );
+    let good = dir.path().join("tools.jinja");
+    let template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}\
+                    {% if tools %}<tool_call>{% endif %}{% if add_generation_prompt %}<|assistant|>{% endif %}";
+    std::fs::write(&good, template).unwrap();
+    let s = Serve::start(&["-m", "synthetic:tiny", "--chat-template", good.to_str().unwrap()]);
+    let info = client::get(s.addr, "/tokenizer_info");
+    assert_eq!(info.status, 200, "{}{}", info.body, s.stderr());
+    assert_eq!(info.json()["chat_template"], template, "{}", info.body);
+    // The chat endpoint renders through it: /tokenize counts its text.
+    let messages = serde_json::json!({"messages": [{"role": "user", "content": "hi"}]});
+    let t = client::post(s.addr, "/tokenize", &messages).json();
+    let text = client::post(s.addr, "/detokenize", &serde_json::json!({"tokens": t["tokens"]})).json();
+    assert_eq!(text["prompt"], "<|user|>hi\n<|assistant|>", "{text}");
+}

@@ -6,6 +6,8 @@
 
 use serde_json::{Value, json};
 
+use super::chat_template::ChatTemplate;
+use super::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::model::TextModel;
 use crate::tokenizer::{ByteTokenizer, Tokenizer};
@@ -60,21 +62,29 @@ pub fn tokenizer_json(model: &TextModel) -> Result<String> {
 /// `model_max_length`, and the chat template the server uses (the model's, or the plain
 /// rendering of a model without one).
 pub fn tokenizer_config(model: &TextModel) -> Result<Value> {
-    let text = |id: Option<u32>| id.and_then(|id| token_text(&model.tokenizer, id));
-    let template = model.chat_template.as_ref();
-    let bos = template.and_then(|t| t.bos_token.clone()).or_else(|| text(model.config.bos_token_id));
-    let eos = template
-        .and_then(|t| t.eos_token.clone())
-        .or_else(|| text(model.config.eos_token_ids.first().copied()));
+    tokenizer_config_of(&model.config, &model.tokenizer, model.chat_template.as_ref())
+}
+
+/// [`tokenizer_config`] of a model's parts, for a caller holding a loaded model (the
+/// server's `/tokenizer_info`).
+pub fn tokenizer_config_of(
+    config: &ModelConfig,
+    tokenizer: &Tokenizer,
+    template: Option<&ChatTemplate>,
+) -> Result<Value> {
+    let text = |id: Option<u32>| id.and_then(|id| token_text(tokenizer, id));
+    let bos = template.and_then(|t| t.bos_token.clone()).or_else(|| text(config.bos_token_id));
+    let eos =
+        template.and_then(|t| t.eos_token.clone()).or_else(|| text(config.eos_token_ids.first().copied()));
     let chat_template = match template {
         Some(t) => Some(t.source.clone()),
-        None => plain_prefix(&model.tokenizer)?.map(|p| plain_chat_template(&p)),
+        None => plain_prefix(tokenizer)?.map(|p| plain_chat_template(&p)),
     };
     Ok(json!({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": bos,
         "eos_token": eos,
-        "model_max_length": model.config.max_position_embeddings,
+        "model_max_length": config.max_position_embeddings,
         "clean_up_tokenization_spaces": false,
         "chat_template": chat_template,
     }))
