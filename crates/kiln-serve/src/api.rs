@@ -621,6 +621,15 @@ fn opt_i64(obj: &Map<String, Value>, name: &str) -> Result<Option<i64>, ApiError
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => match n.as_i64() {
             Some(i) => Ok(Some(i)),
+            // A whole number past 64 signed bits (u64's upper half, or 1e300).
+            None if n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0) => Err(ApiError::invalid(
+                name,
+                format!(
+                    "{name} {n} is out of range: accepted are integers from {} to {}",
+                    i64::MIN,
+                    i64::MAX
+                ),
+            )),
             None => Err(ApiError::invalid(name, format!("{name} must be an integer, got {n}"))),
         },
         Some(_) => Err(ApiError::invalid(name, format!("{name} must be an integer"))),

@@ -31,7 +31,7 @@ use crate::tools::{self, CallSyntax, ToolCall};
 use crate::{Shared, system_fingerprint};
 
 /// The app: `/health`, `/metrics`, `/v1/models` (and `/v1/models/{id}`), `/v1/chat/completions`,
-/// `/v1/completions`, `/tokenize` and `/detokenize`, serving from `shared`.
+/// `/v1/completions`, `/tokenize`, `/detokenize` and `/tokenizer_info`, serving from `shared`.
 pub fn app(shared: Arc<Shared>) -> Router {
     let limit = shared.config.max_body_bytes;
     let v1 = Router::new()
@@ -43,6 +43,7 @@ pub fn app(shared: Arc<Shared>) -> Router {
         // vLLM serves these beside /v1, behind the same key.
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
+        .route("/tokenizer_info", get(tokenizer_info))
         .layer(middleware::from_fn_with_state(shared.clone(), authorize));
     Router::new()
         .route("/health", get(health))
@@ -105,7 +106,7 @@ async fn not_found(req: Request) -> Response {
 async fn method_not_allowed(req: Request) -> Response {
     let path = req.uri().path();
     let accepted = match path {
-        "/v1/chat/completions" | "/v1/completions" => "POST",
+        "/v1/chat/completions" | "/v1/completions" | "/tokenize" | "/detokenize" => "POST",
         _ => "GET",
     };
     ApiError::status(
@@ -152,6 +153,17 @@ async fn tokenize(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejecti
 
 async fn detokenize(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>) -> Response {
     tokenizer_endpoint(&s, "/detokenize", body, crate::tokenize::detokenize)
+}
+
+async fn tokenizer_info(State(s): State<Arc<Shared>>) -> Response {
+    let result =
+        s.model().ok_or_else(loading).and_then(|m| crate::tokenize::tokenizer_info(&s.config.model_id, m));
+    let response = match result {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    };
+    s.metrics.request("/tokenizer_info", response.status().as_u16());
+    response
 }
 
 /// Answers a tokenizer endpoint with `answer`'s JSON once the model is loaded.
@@ -269,12 +281,14 @@ async fn start(
     }
     let model = s.model().cloned().ok_or_else(loading)?;
     let mut request = api::parse(endpoint, &body, &s.config.model_id, &model)?;
-    // The constraint is the request's: compiled once, each choice gets its own copy.
-    if let Some(c) = request.choices[0].constraint.as_mut() {
-        s.grammars(&model, c.field)?.compile(c)?;
-        let compiled = request.choices[0].constraint.clone();
-        for choice in &mut request.choices[1..] {
-            choice.constraint = compiled.clone();
+    // The constraint is the request's: compiled once, off the HTTP workers and with its
+    // first mask, before the request joins the queue; each choice gets its own copy.
+    if let Some(c) = request.choices[0].constraint.take() {
+        let compiled =
+            crate::structured::admit::compile(s, &model, *c, crate::structured::admit::COMPILE_BUDGET)
+                .await?;
+        for choice in &mut request.choices {
+            choice.constraint = Some(Box::new(compiled.clone()));
         }
     }
     let count = request.choices.len();
@@ -375,11 +389,14 @@ fn failed(f: Failure) -> ApiError {
         Failure::Engine(message) => {
             ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "engine_error", message)
         }
-        Failure::Grammar(e) => ApiError::status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "grammar_error",
-            format!("the output's grammar failed: {e}"),
-        ),
+        // The request's grammar outgrew what can be enforced after it was accepted (a
+        // lexer whose expressions grow with each token): the request's fault, named.
+        Failure::Grammar { field, message } => ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: format!("{field} could not be enforced past the tokens generated so far: {message}"),
+            param: Some(field.to_string()),
+            code: "grammar_error",
+        },
     }
 }
 
@@ -861,7 +878,7 @@ fn stream_response(st: Started) -> Sse<impl Stream<Item = Result<SseEvent, Infal
     Sse::new(stream::unfold(state, |mut state| async move {
         loop {
             if let Some(data) = state.queue.pop_front() {
-                return Some((Ok(SseEvent::default().data(data)), state));
+                return Some((Ok(SseEvent::default().data(line_safe(data))), state));
             }
             if state.ended {
                 return None;
@@ -890,6 +907,27 @@ fn stream_response(st: Started) -> Sse<impl Stream<Item = Result<SseEvent, Infal
     }))
 }
 
+/// `json` with the characters some line readers take for line ends escaped: U+2028,
+/// U+2029 and U+0085 are valid raw inside a JSON string, and serde_json leaves them raw,
+/// but Python's `str.splitlines` (httpx's `aiter_lines`, so guidellm) splits an event
+/// there and then fails to parse either half. In JSON text they can only stand inside
+/// strings, where `\uXXXX` means the same character.
+fn line_safe(json: String) -> String {
+    if !json.contains(['\u{2028}', '\u{2029}', '\u{85}']) {
+        return json;
+    }
+    let mut out = String::with_capacity(json.len() + 12);
+    for c in json.chars() {
+        match c {
+            '\u{2028}' => out.push_str("\\u2028"),
+            '\u{2029}' => out.push_str("\\u2029"),
+            '\u{85}' => out.push_str("\\u0085"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
@@ -897,6 +935,19 @@ fn unix_now() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn streamed_json_has_no_character_a_line_reader_splits_on() {
+        let text = "a\u{2028}b\u{2029}c\u{85}d\ne";
+        let data = line_safe(json!({"content": text}).to_string());
+        for c in ['\u{2028}', '\u{2029}', '\u{85}', '\n', '\r'] {
+            assert!(!data.contains(c), "{data:?} holds {c:?}");
+        }
+        assert_eq!(data.lines().count(), 1);
+        let back: Value = serde_json::from_str(&data).unwrap();
+        assert_eq!(back["content"], text, "the escapes mean the same characters");
+        assert_eq!(line_safe("[DONE]".into()), "[DONE]");
+    }
 
     #[test]
     fn each_scheduler_failure_has_its_status_and_code() {

@@ -81,8 +81,9 @@ pub enum Event {
         /// Of those, tokens accepted.
         accepted: u64,
     },
-    /// The request's output was constrained: the masks computed for it and their time,
-    /// sent just before [`Event::Done`].
+    /// The request's output was constrained: the masks computed for it so far and their
+    /// time, sent before each [`Event::Token`] and just before [`Event::Done`] (each
+    /// replaces the last).
     Structured {
         /// Token masks computed (one per sampled token, and one for a final EOS).
         masks: u64,
@@ -162,7 +163,7 @@ struct Slot<'m> {
     adjusted: Vec<f32>,
     /// The structured-output grammar's state, when the request constrains its output;
     /// such a slot never decodes speculatively.
-    matcher: Option<Box<llguidance::Matcher>>,
+    matcher: Option<Box<crate::structured::Guide>>,
     /// Masks computed for the slot, and their nanoseconds.
     masks: (u64, u64),
     /// The log-softmax of the slot's last logits row, when it asks for log-probabilities.
@@ -467,7 +468,7 @@ impl<'m> Scheduler<'m> {
         };
         let adjust = &job.request.adjust;
         let penalizer = (!adjust.is_off()).then(|| Penalizer::new(adjust.clone(), &job.request.prompt));
-        let matcher = job.request.constraint.as_mut().and_then(|c| c.take_matcher());
+        let matcher = job.request.constraint.as_mut().and_then(|c| c.take_guide());
         let request = &job.request;
         if request.max_tokens == 0 && !request.prompt_logprobs {
             // Nothing to compute (an echo without log-probabilities).
@@ -844,13 +845,13 @@ fn sample_and_send(s: &mut Slot<'_>, row: &[f32], eos: &[u32], metrics: &Metrics
         }
         if let Some(m) = &mut s.matcher {
             let t = Instant::now();
-            let masked = crate::structured::mask(m, &mut s.adjusted);
+            let masked = m.mask(&mut s.adjusted);
             let took = t.elapsed();
             metrics.mask(took);
             s.masks.0 += 1;
             s.masks.1 += took.as_nanos() as u64;
-            if let Err(e) = masked {
-                s.done = Some(Outcome::Failed(Failure::Grammar(e)));
+            if let Err(message) = masked {
+                s.done = Some(Outcome::Failed(Failure::Grammar { field: m.field(), message }));
                 return;
             }
         }
@@ -866,8 +867,8 @@ fn sample_and_send(s: &mut Slot<'_>, row: &[f32], eos: &[u32], metrics: &Metrics
     }
     let mut grammar_ended = false;
     if let Some(m) = &mut s.matcher {
-        if let Err(e) = m.consume_token(token) {
-            s.done = Some(Outcome::Failed(Failure::Grammar(e.to_string())));
+        if let Err(message) = m.consume_token(token) {
+            s.done = Some(Outcome::Failed(Failure::Grammar { field: m.field(), message }));
             return;
         }
         grammar_ended = m.is_stopped();
@@ -883,7 +884,11 @@ fn sample_and_send(s: &mut Slot<'_>, row: &[f32], eos: &[u32], metrics: &Metrics
             return;
         }
     }
-    if s.job.events.send(Event::Token(token)).is_err() {
+    // The masks' totals so far travel ahead of each token: a stop string can end the
+    // request on the handler's side before the scheduler's last count arrives.
+    let counted = s.matcher.is_none()
+        || s.job.events.send(Event::Structured { masks: s.masks.0, mask_nanos: s.masks.1 }).is_ok();
+    if !counted || s.job.events.send(Event::Token(token)).is_err() {
         s.done = Some(Outcome::Cancelled);
     } else if grammar_ended {
         s.done = Some(Outcome::Finished(FinishReason::Stop));
@@ -927,8 +932,14 @@ pub enum Failure {
     /// Any other engine error, with its message.
     Engine(String),
     /// A structured-output grammar failed mid-sequence (the mask left no token, or
-    /// rejected the one sampled).
-    Grammar(String),
+    /// rejected the one sampled, or the grammar outgrew the parser's limits): the
+    /// request's field and what failed.
+    Grammar {
+        /// The request field the constraint came from.
+        field: &'static str,
+        /// llguidance's reason, its first line.
+        message: String,
+    },
 }
 
 impl Failure {

@@ -182,20 +182,24 @@ impl Tools {
     /// The grammar of a forced call: one call of the named function, or of any tool for
     /// `required`; `None` when the model chooses.
     pub fn constraint(&self) -> Option<Constraint> {
-        let wanted: Vec<&Value> = match &self.choice {
+        let wanted: Vec<(usize, &Value)> = match &self.choice {
             ToolChoice::None | ToolChoice::Auto => return None,
-            ToolChoice::Required => self.tools.iter().collect(),
+            ToolChoice::Required => self.tools.iter().enumerate().collect(),
             ToolChoice::Named(n) => {
-                self.tools.iter().filter(|t| function_name(t) == Some(n.as_str())).collect()
+                self.tools.iter().enumerate().filter(|(_, t)| function_name(t) == Some(n.as_str())).collect()
             }
         };
         let key = self.syntax.arguments_key();
+        let mut parts = Vec::new();
         let alternatives: Vec<Value> = wanted
             .iter()
-            .map(|t| {
+            .map(|&(i, t)| {
                 let f = &t["function"];
                 let params = match f.get("parameters") {
-                    Some(p @ Value::Object(_)) => p.clone(),
+                    Some(p @ Value::Object(_)) => {
+                        parts.push((format!("tools[{i}].function.parameters"), p.clone()));
+                        p.clone()
+                    }
                     _ => json!({"type": "object"}),
                 };
                 json!({
@@ -212,13 +216,14 @@ impl Tools {
             json!({"anyOf": alternatives})
         };
         schema["x-guidance"] = structured::compact();
-        Some(match self.syntax {
+        let c = match self.syntax {
             CallSyntax::Hermes => Constraint::lark(
                 "tool_choice",
                 format!("start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}"),
             ),
             CallSyntax::LlamaJson => Constraint::json_schema("tool_choice", schema),
-        })
+        };
+        Some(c.with_parts(parts))
     }
 }
 

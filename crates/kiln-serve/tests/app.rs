@@ -60,6 +60,7 @@ fn config() -> ServerConfig {
         body_timeout: Duration::from_secs(30),
         api_key: None,
         think_tags: ThinkTags::default(),
+        chat_template: None,
     }
 }
 
@@ -381,7 +382,7 @@ fn malformed_table() -> Vec<(String, u16, &'static str)> {
         for v in [json!(-2), json!(0.5), json!("5")] {
             t.push((with(base, "top_k", v), 400, "bad top_k"));
         }
-        for v in [json!("1"), json!(1.5), json!([])] {
+        for v in [json!("1"), json!(1.5), json!([]), json!(18446744073709551615u64), json!(1e300)] {
             t.push((with(base, "seed", v), 400, "bad seed"));
         }
         for v in [json!(1), json!("yes")] {
@@ -1231,4 +1232,58 @@ fn a_list_of_prompts_gives_n_choices_each_indexed_prompt_major() {
     let r = post(s.addr, "/v1/completions", &body);
     assert_eq!(r.status, 400, "{}", r.body);
     assert_eq!(r.json()["error"]["param"], "prompt", "{}", r.body);
+}
+
+#[test]
+fn a_seed_past_64_signed_bits_is_refused_naming_the_range() {
+    let s = boot(config());
+    let body = json!({"model": "tiny", "prompt": "x", "max_tokens": 1, "seed": 18446744073709551615u64});
+    let r = post(s.addr, "/v1/completions", &body);
+    assert_eq!(r.status, 400, "{}", r.body);
+    let e = &r.json()["error"];
+    assert_eq!(e["param"], "seed");
+    let m = e["message"].as_str().unwrap();
+    assert!(m.contains("out of range") && m.contains("-9223372036854775808 to 9223372036854775807"), "{m}");
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": "x", "max_tokens": 1, "seed": 1.5}),
+    );
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("must be an integer"), "{}", r.body);
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": "x", "max_tokens": 1, "seed": i64::MIN}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+#[test]
+fn tokenizer_info_gives_what_a_remote_tokenizer_reads() {
+    let mut c = config();
+    c.api_key = Some("sesame".into());
+    let s = boot(c);
+    assert_eq!(get(s.addr, "/tokenizer_info").status, 401, "behind the key, as /tokenize is");
+    let r = request(s.addr, "GET", "/tokenizer_info", b"", &[("Authorization", "Bearer sesame")]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let info = r.json();
+    // lm-evaluation-harness's RemoteTokenizer reads these four.
+    for key in ["eos_token", "bos_token", "pad_token", "chat_template"] {
+        assert!(info.get(key).is_some(), "{key} missing: {info}");
+    }
+    assert!(info["eos_token"].is_string() && info["chat_template"].is_string(), "{info}");
+    assert_eq!(info["model"], "tiny");
+    // The same special tokens and template as the tokenizer_config.json that
+    // `kiln export-tokenizer` writes for a client-side tokenizer.
+    let m = s.shared.model().unwrap();
+    let written =
+        kiln_model::tokenizer_files::tokenizer_config_of(&m.config, &m.tokenizer, m.chat_template.as_ref())
+            .unwrap();
+    for key in ["eos_token", "bos_token", "chat_template", "model_max_length"] {
+        assert_eq!(info[key], written[key], "{key}");
+    }
+    // A wrong method names the one accepted.
+    let r = request(s.addr, "GET", "/tokenize", b"", &[("Authorization", "Bearer sesame")]);
+    assert_eq!(r.status, 405);
+    assert!(r.body.contains("accepted is POST"), "{}", r.body);
 }

@@ -53,6 +53,7 @@ fn boot() -> TestServer {
         body_timeout: Duration::from_secs(30),
         api_key: None,
         think_tags: ThinkTags::default(),
+        chat_template: None,
     };
     let server = Server::start(config, None).expect("starting the scheduler");
     let shared = server.shared();
@@ -386,4 +387,200 @@ fn a_forced_tool_call_comes_back_as_tool_calls_and_round_trips() {
         assert_eq!(r.status, 400, "{field} {value}: {}", r.body);
         assert!(r.json()["error"]["param"].as_str().unwrap().starts_with(field), "{}", r.body);
     }
+}
+
+/// A completion asking for `field: value`, greedy, `max_tokens` 40.
+fn constrained(field: &str, value: Value) -> Value {
+    json!({"model": "tiny", "prompt": "The answer is", "temperature": 0, "max_tokens": 40, field: value})
+}
+
+/// Asserts a 400 naming `param`, whose message is one short line (no parser state, no
+/// grammar), and returns the message.
+fn refused_naming(r: &client::Reply, param: &str) -> String {
+    assert_eq!(r.status, 400, "{param}: {}", r.body);
+    let e = &r.json()["error"];
+    assert_eq!(e["param"], param, "{}", r.body);
+    let m = e["message"].as_str().unwrap().to_string();
+    assert!(m.len() < 600 && !m.contains('\n'), "the message carries internals: {m:?}");
+    for internal in ["Parser state", "start:", "%json", "Current row has", "lexer"] {
+        assert!(!m.contains(internal), "the message carries {internal:?}: {m}");
+    }
+    m
+}
+
+#[test]
+fn grammars_that_cannot_be_enforced_are_400s_at_admission_naming_the_field() {
+    let s = boot();
+    // No finite instance: its first mask failed on the scheduler thread (a 500 with
+    // llguidance's state dump) before compiles ran at admission.
+    refused_naming(
+        &post(s.addr, "/v1/completions", &constrained("guided_json", json!({"$ref": "#"}))),
+        "guided_json",
+    );
+    refused_naming(
+        &post(s.addr, "/v1/completions", &constrained("guided_regex", json!("(a{1000}){1000}"))),
+        "guided_regex",
+    );
+    refused_naming(
+        &post(s.addr, "/v1/completions", &constrained("guided_regex", json!("((a{50}){50}){50}"))),
+        "guided_regex",
+    );
+    // More strings than the documented limit, decided before anything compiles.
+    let many: Vec<String> = (0..1001).map(|i| format!("c{i}")).collect();
+    let m = refused_naming(
+        &post(s.addr, "/v1/completions", &constrained("guided_choice", json!(many))),
+        "guided_choice",
+    );
+    assert!(m.contains("1001") && m.contains("at most 1000"), "{m}");
+    let at_limit: Vec<String> = (0..1000).map(|i| format!("c{i}")).collect();
+    let v = ok(&post(s.addr, "/v1/completions", &constrained("guided_choice", json!(at_limit))));
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    assert!(text.starts_with('c') && text[1..].parse::<u32>().is_ok_and(|n| n < 1000), "{text:?}");
+    // A tool's parameters that cannot be enforced are named as such, not as tool_choice.
+    let mut b = chat("x");
+    b["tools"] = weather_tools();
+    b["tools"][1]["function"]["parameters"] =
+        json!({"type": "object", "properties": {"z": {"type": "frobnicate"}}});
+    b["tool_choice"] = json!("required");
+    refused_naming(&post(s.addr, "/v1/chat/completions", &b), "tools[1].function.parameters");
+    // The server is whole after all of it.
+    assert_eq!(get(s.addr, "/health").status, 200);
+    ok(&post(s.addr, "/v1/completions", &constrained("guided_choice", json!(["kiln", "oven"]))));
+}
+
+/// Streams `body` and returns the arrival time of each `data:` event.
+fn timed_events(addr: SocketAddr, body: &Value) -> Vec<Instant> {
+    use std::io::BufRead;
+    let stream = client::send(addr, "POST", "/v1/completions", body.to_string().as_bytes(), &[]);
+    let mut r = std::io::BufReader::new(stream);
+    let mut line = String::new();
+    let mut times = Vec::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line).expect("reading the stream") == 0 {
+            break;
+        }
+        if line.starts_with("data: ") {
+            times.push(Instant::now());
+            if line.starts_with("data: [DONE]") {
+                break;
+            }
+        }
+    }
+    times
+}
+
+/// The longest wait between two events.
+fn worst_gap(times: &[Instant]) -> Duration {
+    times.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default()
+}
+
+#[test]
+fn hostile_grammars_stall_no_running_stream_and_health_answers() {
+    let s = boot();
+    let stream = json!({"model": "tiny", "prompt": "Once", "max_tokens": 160, "ignore_eos": true,
+                        "temperature": 0, "stream": true});
+    let control = timed_events(s.addr, &stream);
+    assert!(control.len() > 100, "{} events", control.len());
+    let control_gap = worst_gap(&control);
+
+    let addr = s.addr;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hostile = [
+        constrained("guided_regex", json!("(a{1000}){1000}")),
+        constrained("guided_json", json!({"$ref": "#"})),
+        constrained("guided_regex", json!("((a{50}){50}){50}")),
+        constrained(
+            "guided_choice",
+            json!((0..1000).map(|i| format!("choice-{i}-{}", "x".repeat(i % 40))).collect::<Vec<_>>()),
+        ),
+    ];
+    let attackers: Vec<_> = (0..3)
+        .map(|t| {
+            let (stop, hostile) = (stop.clone(), hostile.clone());
+            std::thread::spawn(move || {
+                let mut statuses = Vec::new();
+                let mut i = t;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    statuses.push(post(addr, "/v1/completions", &hostile[i % hostile.len()]).status);
+                    i += 1;
+                }
+                statuses
+            })
+        })
+        .collect();
+    let health = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut worst = Duration::ZERO;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = Instant::now();
+                assert_eq!(get(addr, "/health").status, 200);
+                worst = worst.max(t.elapsed());
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            worst
+        })
+    };
+    // Let the grammars start compiling, then stream beside them.
+    std::thread::sleep(Duration::from_millis(200));
+    let attacked = timed_events(s.addr, &stream);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let health_worst = health.join().unwrap();
+    for a in attackers {
+        for status in a.join().unwrap() {
+            assert!(status == 400 || status == 200, "a hostile grammar got {status}");
+        }
+    }
+    assert_eq!(attacked.len(), control.len());
+    let attacked_gap = worst_gap(&attacked);
+    // The compiles share the machine's two cores with the stream, so its steps slow; a
+    // stream that waited for a stranger's grammar stalls for seconds.
+    let allowed = (control_gap * 4).max(Duration::from_millis(1500));
+    assert!(
+        attacked_gap <= allowed,
+        "a running stream stalled {attacked_gap:?} under hostile grammars (control {control_gap:?})"
+    );
+    assert!(health_worst < Duration::from_secs(1), "/health took {health_worst:?} under hostile grammars");
+}
+
+#[test]
+fn a_stop_string_ending_a_constrained_request_keeps_its_mask_usage() {
+    let s = boot();
+    for stream in [false, true] {
+        let mut body = constrained("guided_regex", json!("abcabcabc"));
+        body["stop"] = json!(["ca"]);
+        body["stream"] = json!(stream);
+        if stream {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        let r = post(s.addr, "/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let (text, usage) = if stream {
+            let (text, usage) = client::stream_text(&r);
+            (text, usage.expect("a usage chunk"))
+        } else {
+            let v = r.json();
+            (v["choices"][0]["text"].as_str().unwrap().to_string(), v["usage"].clone())
+        };
+        assert_eq!(text, "ab", "stream {stream}");
+        let masks = usage["structured"]["masks"].as_u64();
+        assert!(masks.is_some_and(|m| m >= 3), "stream {stream}: usage {usage}");
+    }
+}
+
+#[test]
+fn streamed_chunks_escape_the_characters_line_readers_split_on() {
+    let s = boot();
+    // The byte tokenizer of synthetic:tiny can spell any UTF-8 text, so the grammar makes
+    // the model write the separators.
+    let body = json!({"model": "tiny", "prompt": "x", "temperature": 0, "max_tokens": 20, "stream": true,
+                      "guided_regex": "a\u{2028}b\u{2029}c\u{85}d"});
+    let r = post(s.addr, "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    for c in ['\u{2028}', '\u{2029}', '\u{85}'] {
+        assert!(!r.body.contains(c), "the stream carries a raw {c:?}: {:?}", r.body);
+    }
+    let (text, _) = client::stream_text(&r);
+    assert_eq!(text, "a\u{2028}b\u{2029}c\u{85}d");
 }

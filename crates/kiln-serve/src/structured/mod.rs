@@ -3,18 +3,34 @@
 //! tool call must follow, compiled by llguidance into a [`Matcher`] that gives the tokens
 //! allowed next. The scheduler masks every other token out of the slot's logits row
 //! before sampling, each step, and ends the sequence when the grammar ends.
+//!
+//! A grammar is a stranger's program: it is compiled, and its first mask computed, when
+//! the request is accepted, off the HTTP workers and within a budget ([`admit`]), so a
+//! grammar that cannot be enforced is the request's 400 and no running stream waits on it.
 
+pub mod admit;
+pub mod budget;
 mod vocab;
 
 use std::fmt;
+use std::sync::{Arc, Mutex};
 
 use llguidance::api::TopLevelGrammar;
-use llguidance::{Matcher, ParserFactory};
+use llguidance::toktrie::SimpleVob;
+use llguidance::{CancellationHandle, Matcher, ParserFactory};
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
 
 pub use vocab::Vocab;
+
+/// The most strings a `guided_choice` may list: llguidance's parser refuses a row of more
+/// than 2,000 items, and the alternatives of one rule share a row with the rule's own.
+pub const MAX_GUIDED_CHOICES: usize = 1_000;
+
+/// The longest an error body quotes of llguidance's message: its first line, so no
+/// parser state or grammar dump reaches a client.
+const MAX_ERROR_CHARS: usize = 300;
 
 /// What a request constrains its output to, compiled once the server's vocabulary is
 /// known ([`Grammars::compile`]).
@@ -24,14 +40,61 @@ pub struct Constraint {
     pub field: &'static str,
     grammar: TopLevelGrammar,
     /// Boxed: a matcher is large, and requests travel in channels.
-    matcher: Option<Box<Matcher>>,
+    guide: Option<Box<Guide>>,
+    /// The JSON schemas the grammar embeds, each under the request field it came from
+    /// (a tool's `parameters`): when the whole fails to compile, the first part that
+    /// fails alone is the field named.
+    parts: Vec<(String, Value)>,
+}
+
+/// A compiled constraint's state in one sequence: the matcher, and the first mask,
+/// computed when the request was accepted so the scheduler's first step does not.
+#[derive(Clone)]
+pub struct Guide {
+    field: &'static str,
+    matcher: Matcher,
+    first: Option<SimpleVob>,
+}
+
+impl Guide {
+    /// The request field the constraint came from.
+    pub fn field(&self) -> &'static str {
+        self.field
+    }
+
+    /// Sets every logit the grammar does not allow next to minus infinity. Errors when
+    /// the matcher has failed (no token would be allowed).
+    pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        let allowed = match self.first.take() {
+            Some(first) => first,
+            None => self.matcher.compute_mask_or_eos().map_err(|e| brief(&e.to_string()))?,
+        };
+        let n = logits.len();
+        allowed.iter_unset_entries(|i| {
+            if i < n {
+                logits[i] = f32::NEG_INFINITY;
+            }
+        });
+        Ok(())
+    }
+
+    /// Moves the grammar past `token`.
+    pub fn consume_token(&mut self, token: u32) -> Result<(), String> {
+        self.first = None;
+        self.matcher.consume_token(token).map_err(|e| brief(&e.to_string()))
+    }
+
+    /// Whether the grammar has ended (only EOS may follow).
+    pub fn is_stopped(&self) -> bool {
+        self.matcher.is_stopped()
+    }
 }
 
 impl fmt::Debug for Constraint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Constraint")
             .field("field", &self.field)
-            .field("compiled", &self.matcher.is_some())
+            .field("compiled", &self.guide.is_some())
             .finish()
     }
 }
@@ -45,22 +108,33 @@ impl Constraint {
         {
             o.insert("x-guidance".into(), compact());
         }
-        Constraint { field, grammar: TopLevelGrammar::from_json_schema(schema), matcher: None }
+        Constraint {
+            field,
+            grammar: TopLevelGrammar::from_json_schema(schema),
+            guide: None,
+            parts: Vec::new(),
+        }
     }
 
     /// Output that matches the regular expression `rx` (Rust `regex` syntax) whole.
     pub fn regex(field: &'static str, rx: &str) -> Self {
-        Constraint { field, grammar: TopLevelGrammar::from_regex(rx), matcher: None }
+        Constraint { field, grammar: TopLevelGrammar::from_regex(rx), guide: None, parts: Vec::new() }
     }
 
     /// Output that is a Lark grammar's `start` rule (llguidance's dialect).
     pub fn lark(field: &'static str, grammar: String) -> Self {
-        Constraint { field, grammar: TopLevelGrammar::from_lark(grammar), matcher: None }
+        Constraint { field, grammar: TopLevelGrammar::from_lark(grammar), guide: None, parts: Vec::new() }
     }
 
-    /// The matcher, once compiled; the scheduler takes it for the request's slot.
-    pub fn take_matcher(&mut self) -> Option<Box<Matcher>> {
-        self.matcher.take()
+    /// `self`, whose embedded schemas came from the fields `parts` names.
+    pub fn with_parts(mut self, parts: Vec<(String, Value)>) -> Self {
+        self.parts = parts;
+        self
+    }
+
+    /// The guide, once compiled; the scheduler takes it for the request's slot.
+    pub fn take_guide(&mut self) -> Option<Box<Guide>> {
+        self.guide.take()
     }
 }
 
@@ -91,9 +165,15 @@ pub fn from_request(obj: &Map<String, Value>) -> Result<Option<Constraint>, ApiE
     match field {
         "response_format" => response_format(value),
         "guided_json" => match value {
-            Value::Object(_) | Value::Bool(_) => Ok(Some(Constraint::json_schema(field, value.clone()))),
+            Value::Object(_) | Value::Bool(_) => {
+                budget::check_schema(field, value)?;
+                Ok(Some(Constraint::json_schema(field, value.clone())))
+            }
             Value::String(s) => match serde_json::from_str::<Value>(s) {
-                Ok(v) => Ok(Some(Constraint::json_schema(field, v))),
+                Ok(v) => {
+                    budget::check_schema(field, &v)?;
+                    Ok(Some(Constraint::json_schema(field, v)))
+                }
                 Err(e) => Err(ApiError::invalid(field, format!("guided_json is not a JSON schema: {e}"))),
             },
             _ => Err(ApiError::invalid(
@@ -102,7 +182,10 @@ pub fn from_request(obj: &Map<String, Value>) -> Result<Option<Constraint>, ApiE
             )),
         },
         "guided_regex" => match value {
-            Value::String(rx) => Ok(Some(Constraint::regex(field, rx))),
+            Value::String(rx) => {
+                budget::check_regex(field, field, rx)?;
+                Ok(Some(Constraint::regex(field, rx)))
+            }
             _ => Err(ApiError::invalid(field, "guided_regex must be a string")),
         },
         "guided_choice" => {
@@ -115,6 +198,16 @@ pub fn from_request(obj: &Map<String, Value>) -> Result<Option<Constraint>, ApiE
             let Some(choices) = choices else {
                 return Err(ApiError::invalid(field, "guided_choice must be a non-empty array of strings"));
             };
+            if choices.len() > MAX_GUIDED_CHOICES {
+                return Err(ApiError::invalid(
+                    field,
+                    format!(
+                        "guided_choice lists {} strings: accepted are at most {MAX_GUIDED_CHOICES} \
+                         (a larger set fits guided_regex or a JSON schema enum)",
+                        choices.len()
+                    ),
+                ));
+            }
             let alternatives: Vec<String> = choices.iter().map(|c| lark_string(c)).collect();
             Ok(Some(Constraint::lark(field, format!("start: {}", alternatives.join(" | ")))))
         }
@@ -196,6 +289,7 @@ fn response_format(value: &Value) -> Result<Option<Constraint>, ApiError> {
                     ));
                 }
             };
+            budget::check_schema(FIELD, &schema)?;
             Ok(Some(Constraint::json_schema(FIELD, schema)))
         }
     }
@@ -220,31 +314,79 @@ impl Grammars {
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
         // Grammar warnings go to the request's error, not to stderr.
         factory.quiet();
+        // Errors name what is wrong, without the parser's state and the grammar (which
+        // are the server's internals, and can be megabytes).
+        factory.limits_mut().verbose_errors = false;
         Ok(Grammars { factory })
     }
 
-    /// Compiles `c` (a schema llguidance refuses is a 400 naming the request's field).
-    pub fn compile(&self, c: &mut Constraint) -> Result<(), ApiError> {
-        let refused = |e: String| ApiError::invalid(c.field, format!("{} cannot be enforced: {e}", c.field));
-        let parser = self.factory.create_parser(c.grammar.clone()).map_err(|e| refused(e.to_string()))?;
-        let matcher = Matcher::new(Ok(parser));
-        if let Some(e) = matcher.get_error() {
-            return Err(refused(e));
+    /// Compiles `c` and computes its first mask (a grammar llguidance refuses, or whose
+    /// first mask fails, is a 400 naming the request's field). The matcher is cancellable
+    /// through `cancel`, which holds its handle while the first mask is computed.
+    pub fn compile(&self, c: &mut Constraint, cancel: &CancelSlot) -> Result<(), ApiError> {
+        let field = c.field;
+        let refused = |e: &str| -> ApiError {
+            // The part at fault, when the grammar embeds the request's schemas.
+            for (name, schema) in &c.parts {
+                let alone = Constraint::json_schema(field, schema.clone()).grammar;
+                let failed = match self.factory.create_parser(alone) {
+                    Err(e) => Some(e.to_string()),
+                    Ok(p) => Matcher::new(Ok(p)).get_error(),
+                };
+                if let Some(e) = failed {
+                    return ApiError::invalid(
+                        name.as_str(),
+                        format!("{name} cannot be enforced: {}", brief(&e)),
+                    );
+                }
+            }
+            ApiError::invalid(field, format!("{field} cannot be enforced: {}", brief(e)))
+        };
+        for (name, schema) in &c.parts {
+            budget::check_schema(name, schema)?;
         }
-        c.matcher = Some(Box::new(matcher));
+        let parser = self.factory.create_parser(c.grammar.clone()).map_err(|e| refused(&e.to_string()))?;
+        let mut matcher = Matcher::new(Ok(parser)).into_cancellable();
+        if let Some(e) = matcher.get_error() {
+            return Err(refused(&e));
+        }
+        if let Some(h) = matcher.cancellation_handle() {
+            cancel.set(h);
+        }
+        let first = matcher.compute_mask_or_eos().map_err(|e| refused(&e.to_string()))?;
+        if first.is_zero() {
+            return Err(refused("no token can start the output"));
+        }
+        c.guide = Some(Box::new(Guide { field, matcher, first: Some(first) }));
         Ok(())
     }
 }
 
-/// The token mask of one step: sets every logit the matcher does not allow next to minus
-/// infinity. Errors when the matcher has failed (no token would be allowed).
-pub fn mask(matcher: &mut Matcher, logits: &mut [f32]) -> Result<(), String> {
-    let allowed = matcher.compute_mask_or_eos().map_err(|e| e.to_string())?;
-    let n = logits.len();
-    allowed.iter_unset_entries(|i| {
-        if i < n {
-            logits[i] = f32::NEG_INFINITY;
+/// Where a compile puts its matcher's cancellation handle, so the request's budget can
+/// stop a first mask that runs too long.
+#[derive(Clone, Default)]
+pub struct CancelSlot(Arc<Mutex<Option<CancellationHandle>>>);
+
+impl CancelSlot {
+    fn set(&self, h: CancellationHandle) {
+        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        *slot = Some(h);
+    }
+
+    /// Cancels the matcher, if one was made.
+    pub fn cancel(&self) {
+        if let Some(h) = self.0.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            h.cancel();
         }
-    });
-    Ok(())
+    }
+}
+
+/// The first line of llguidance's message `e`, at most [`MAX_ERROR_CHARS`] characters.
+pub fn brief(e: &str) -> String {
+    let line = e.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("the grammar failed");
+    let mut out: String = line.chars().take(MAX_ERROR_CHARS).collect();
+    if out.len() < line.len() {
+        out.push_str("...");
+    }
+    out
 }
