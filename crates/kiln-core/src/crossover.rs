@@ -921,8 +921,7 @@ mod tests {
         assert!(text.ends_with("\tothers=1.26\n"), "{text:?}");
         assert_eq!(read_cached(&path, &k).unwrap().and_then(|e| e.others_cpus), Some(1.26));
         assert_eq!(go(BusyLimit::DEFAULT), (want, CrossoverSource::MeasuredBusy { others_centi: 126 }));
-        let r =
-            resolve(CrossoverSetting::Measure, false, &k, Some(&path), BusyLimit::DEFAULT, Some(|| quiet2()));
+        let r = resolve(CrossoverSetting::Measure, false, &k, Some(&path), BusyLimit::DEFAULT, Some(quiet2));
         assert_eq!(r.1, CrossoverSource::Measured, "a quiet measurement replaces the disturbed entry");
         assert_eq!(go(BusyLimit::DEFAULT).1, CrossoverSource::Cached);
         // A command that never measures still follows a disturbed entry: it has nothing better.

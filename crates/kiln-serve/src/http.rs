@@ -26,6 +26,7 @@ use crate::body;
 use crate::error::ApiError;
 use crate::logprobs;
 use crate::scheduler::{Command, Event, Failure, FinishReason, Job, TokenLogprob};
+use crate::structured::admit;
 use crate::text::{Channel, Detokenizer, Emitter, Piece};
 use crate::tools::{self, CallSyntax, ToolCall};
 use crate::{Shared, system_fingerprint};
@@ -284,9 +285,13 @@ async fn start(
     // The constraint is the request's: compiled once, off the HTTP workers and with its
     // first mask, before the request joins the queue; each choice gets its own copy.
     if let Some(c) = request.choices[0].constraint.take() {
-        let compiled =
-            crate::structured::admit::compile(s, &model, *c, crate::structured::admit::COMPILE_BUDGET)
-                .await?;
+        let (shared, m, mut c) = (Arc::clone(s), Arc::clone(&model), *c);
+        let field = c.field;
+        let compiled = admit::compile(&s.grammar_workers, field, admit::COMPILE_BUDGET, move |cancel| {
+            shared.grammars(&m, field)?.compile(&mut c, cancel)?;
+            Ok(c)
+        })
+        .await?;
         for choice in &mut request.choices {
             choice.constraint = Some(Box::new(compiled.clone()));
         }

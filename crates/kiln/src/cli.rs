@@ -55,6 +55,9 @@ pub struct Cli {
 
 /// The subcommands.
 #[derive(Subcommand, Debug)]
+// One value per process, parsed once and moved into its command: the size of the
+// largest variant (serve's flags) costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Generate text from a prompt, streamed to stdout as it is decoded.
     #[command(after_help = EXIT_STATUS)]

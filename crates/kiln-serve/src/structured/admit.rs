@@ -8,11 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use kiln_model::LoadedModel;
 use tokio::sync::Semaphore;
 
 use super::{CancelSlot, Constraint};
-use crate::Shared;
 use crate::error::ApiError;
 
 /// Grammars compiled at once; more requests wait their turn without holding a thread.
@@ -28,28 +26,27 @@ pub fn workers() -> Arc<Semaphore> {
     Arc::new(Semaphore::new(COMPILE_WORKERS))
 }
 
-/// Compiles `c` for `model`'s vocabulary off the async workers: the constraint with its
-/// first mask, or the 400 naming its field (refused by llguidance, or over the budget).
+/// Runs `job` (compiling the constraint of the request's `field` and its first mask,
+/// making its matcher cancellable through the slot it is given) off the async workers,
+/// once one of `workers`' permits is free, within `budget`: the compiled constraint, or
+/// the 400 naming the field (refused by llguidance, or over the budget).
 pub async fn compile(
-    shared: &Arc<Shared>,
-    model: &Arc<LoadedModel>,
-    c: Constraint,
+    workers: &Arc<Semaphore>,
+    field: &'static str,
     budget: Duration,
+    job: impl FnOnce(&CancelSlot) -> Result<Constraint, ApiError> + Send + 'static,
 ) -> Result<Constraint, ApiError> {
-    let field = c.field;
-    let permit = Arc::clone(&shared.grammar_workers).acquire_owned().await.map_err(|_| {
+    let permit = Arc::clone(workers).acquire_owned().await.map_err(|_| {
         ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "the server is shutting down")
     })?;
     let cancel = CancelSlot::default();
     let job = {
-        let (shared, model, cancel) = (Arc::clone(shared), Arc::clone(model), cancel.clone());
-        let mut c = c;
+        let cancel = cancel.clone();
         tokio::task::spawn_blocking(move || {
             // Held until the compile really ends, even when the request gave up on it:
             // an over-budget grammar still occupies its worker, never one more.
             let _permit = permit;
-            shared.grammars(&model, field)?.compile(&mut c, &cancel)?;
-            Ok(c)
+            job(&cancel)
         })
     };
     match tokio::time::timeout(budget, job).await {
