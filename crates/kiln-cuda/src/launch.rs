@@ -195,7 +195,7 @@ impl QmvShape {
             return Err(CudaError::shape(
                 "qmv",
                 format!(
-                    "{} activation rows: accepted are 1..={QMV_WIDE_MAX_ROWS} (qmm is not built yet)",
+                    "{} activation rows: accepted are 1..={QMV_WIDE_MAX_ROWS} (products of more rows run qmm)",
                     self.m
                 ),
             ));
