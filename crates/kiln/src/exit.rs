@@ -8,14 +8,12 @@ use kiln_core::OutOfMemory;
 use kiln_core::pool::LimitError;
 use kiln_model::ModelError;
 
-/// Success.
-pub const SUCCESS: u8 = 0;
-/// Anything else.
-pub const FAILURE: u8 = 1;
-/// Bad arguments or an unusable model.
-pub const USAGE: u8 = 2;
-/// The memory pool refused an allocation.
-pub const OUT_OF_MEMORY: u8 = 3;
+/// The protocol's exit codes, defined once in kiln-protocol for the engine and the
+/// harness: success, anything else, bad arguments or an unusable model, out of memory.
+pub use kiln_protocol::{
+    EXIT_FAILURE as FAILURE, EXIT_OUT_OF_MEMORY as OUT_OF_MEMORY, EXIT_SUCCESS as SUCCESS,
+    EXIT_USAGE as USAGE,
+};
 
 /// An argument the parser accepted but the command cannot use (the protocol's type, so
 /// engine and harness mean the same by exit 2).
