@@ -437,7 +437,7 @@ impl BenchQuality {
         // refused on the lock.
         let csv_path = out_dir.join("quality.csv");
         let partial_path = out_dir.join("quality.partial.csv");
-        let mut csv = CsvOut::create_with_header(&partial_path, &HEADER)?;
+        let mut csv = CsvOut::create_with_header(&partial_path, &HEADER, "--out-dir")?;
         let shutdown = Shutdown::install()?;
         let kiln = match self
             .kiln_bin

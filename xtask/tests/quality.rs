@@ -228,3 +228,21 @@ fn unsafe_free_kill(pid: i32, sig: rustix::process::Signal) {
     let pid = rustix::process::Pid::from_raw(pid).unwrap();
     rustix::process::kill_process(pid, sig).unwrap();
 }
+
+#[test]
+fn a_directory_another_run_holds_is_refused_naming_the_out_dir_flag() {
+    // No kiln is needed: the lock is taken before the engine is looked at.
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("q");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let held = std::fs::File::create(out_dir.join("quality.partial.csv")).unwrap();
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+    let (kiln, _) = sleeping_kiln(dir.path());
+    let out = command(&out_dir, &kiln, &["--schemes", "int8"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{}", describe_output(&out));
+    assert!(stderr.contains("quality.partial.csv is being written"), "{}", describe_output(&out));
+    // bench-quality's flag is --out-dir; it has no --output.
+    assert!(stderr.contains("pass another --out-dir"), "{}", describe_output(&out));
+    assert!(!stderr.contains("--output"), "{}", describe_output(&out));
+}

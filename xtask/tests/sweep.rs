@@ -585,7 +585,7 @@ fn the_output_is_locked_for_the_run_and_is_never_the_record() {
     let held = fs::File::open(sb.csv()).unwrap();
     rustix::fs::flock(&held, rustix::fs::FlockOperation::LockExclusive).unwrap();
     let run = sb.run("bench-longprompt", &args(&["--models", TINY, "--lengths", "64"]));
-    run.expect_code(2).expect_stderr("being written by another sweep").expect_stderr("out.csv");
+    run.expect_code(2).expect_stderr("being written by another run").expect_stderr("out.csv");
     assert_eq!(fs::read_to_string(sb.csv()).unwrap(), "rows of the other sweep\n");
     drop(held);
 }

@@ -76,7 +76,7 @@ impl BenchOffloadCopy {
             None => session.default_output("offload-copy")?,
         };
         session.check_output(&path)?;
-        let csv = CsvOut::create_with_header(&path, &HEADER)?;
+        let csv = CsvOut::create_with_header(&path, &HEADER, "--output")?;
         let started = match session.start(&path, &flags)? {
             Ok(s) => s,
             Err(code) => return Ok(code),

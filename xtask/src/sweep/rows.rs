@@ -349,9 +349,10 @@ pub struct CsvOut {
 }
 
 impl CsvOut {
-    /// Opens `path` for writing and takes its lock without waiting; another sweep holding
-    /// it is a usage error naming the file. Nothing is truncated before the lock is held.
-    fn open_locked(path: &Path, create: bool) -> Result<File> {
+    /// Opens `path` for writing and takes its lock without waiting; another run holding
+    /// it is a usage error naming the file and `flag`, the flag that chose it. Nothing is
+    /// truncated before the lock is held.
+    fn open_locked(path: &Path, create: bool, flag: &str) -> Result<File> {
         if create && let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
@@ -365,7 +366,7 @@ impl CsvOut {
         match flock(&file, FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => Ok(file),
             Err(e) if e == rustix::io::Errno::WOULDBLOCK => usage!(
-                "{} is being written by another sweep (it holds the file's lock): wait for it to end, or pass another --output",
+                "{} is being written by another run (it holds the file's lock): wait for it to end, or pass another {flag}",
                 path.display()
             ),
             Err(e) => Err(e).with_context(|| format!("locking {}", path.display())),
@@ -374,13 +375,14 @@ impl CsvOut {
 
     /// Creates (or empties) `path` under its lock and writes the header.
     pub fn create(path: &Path) -> Result<CsvOut> {
-        Self::create_with_header(path, &HEADER)
+        Self::create_with_header(path, &HEADER, "--output")
     }
 
     /// Creates (or empties) `path` under its lock and writes `header`: for a sweep whose
-    /// rows are not [`Row`]s (written with [`Self::write_record`]).
-    pub fn create_with_header(path: &Path, header: &[&str]) -> Result<CsvOut> {
-        let file = Self::open_locked(path, true)?;
+    /// rows are not [`Row`]s (written with [`Self::write_record`]). `flag` is the flag
+    /// that chose the path (`--output`, `--out-dir`), for the refusal when it is locked.
+    pub fn create_with_header(path: &Path, header: &[&str], flag: &str) -> Result<CsvOut> {
+        let file = Self::open_locked(path, true, flag)?;
         file.set_len(0).with_context(|| format!("emptying {}", path.display()))?;
         let mut out = CsvOut { path: path.to_path_buf(), file };
         out.write_line(format!("{}\n", header.join(",")).as_bytes())?;
@@ -391,7 +393,7 @@ impl CsvOut {
     /// its finished rows. A last row cut short (no newline: a crash or a full disk) is
     /// removed, with a warning, so the rows appended after it stay whole.
     pub fn resume(path: &Path) -> Result<(CsvOut, Vec<Row>)> {
-        let mut file = Self::open_locked(path, false)?;
+        let mut file = Self::open_locked(path, false, "--output")?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).with_context(|| format!("reading {}", path.display()))?;
         let (rows, whole, header) = parse_rows(&bytes, path)?;
@@ -660,7 +662,7 @@ mod tests {
         for second in [CsvOut::create(&path).map(|_| ()), CsvOut::resume(&path).map(|_| ())] {
             let e = second.expect_err("a second writer got the lock");
             assert!(e.downcast_ref::<crate::console::UsageError>().is_some(), "{e:#}");
-            assert!(e.to_string().contains("being written by another sweep"), "{e:#}");
+            assert!(e.to_string().contains("being written by another run"), "{e:#}");
         }
         // The refused create truncated nothing.
         assert_eq!(read_rows(&path).unwrap().len(), 1);
