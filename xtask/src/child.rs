@@ -70,6 +70,31 @@ pub fn spawn(cmd: &mut Command, group: Group) -> io::Result<Owned> {
     Ok(Owned { child: Some(child), pid, group })
 }
 
+/// Runs `cmd` to its end in its own group with its standard output captured, as
+/// [`Owned::wait`] runs a child: SIGINT, SIGTERM or SIGHUP stops its whole group (SIGTERM,
+/// `grace`, SIGKILL) and is returned as [`Waited::Interrupted`]. The output is read on a
+/// thread while the child runs, so a long one cannot fill the pipe and stall it.
+pub fn capture(cmd: &mut Command, shutdown: &Shutdown, grace: Duration) -> Result<(Waited, Vec<u8>)> {
+    use std::io::Read as _;
+    cmd.stdout(std::process::Stdio::piped());
+    let mut owned = spawn(cmd, Group::Own)?;
+    let mut pipe = owned.child_mut().stdout.take().context("a piped stdout")?;
+    let reader = thread::Builder::new()
+        .name("capture".into())
+        .spawn(move || {
+            let mut out = Vec::new();
+            // A read error ends the capture with what came before it.
+            let _ = pipe.read_to_end(&mut out);
+            out
+        })
+        .context("starting the output reader")?;
+    let waited = owned.wait(shutdown, None, grace)?;
+    // The group is gone (stopped or exited and its stragglers killed), so the pipe's
+    // writers are closed and the reader ends.
+    let out = reader.join().unwrap_or_default();
+    Ok((waited, out))
+}
+
 #[cfg(target_os = "linux")]
 fn die_with_parent(cmd: &mut Command) {
     use rustix::process::{getpid, getppid, set_parent_process_death_signal};

@@ -28,14 +28,17 @@ mod render;
 mod stats;
 
 use std::collections::BTreeSet;
+use std::ffi::OsString;
 use std::path::PathBuf;
-use std::process::ExitCode;
+use std::process::{Command, ExitCode};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
-use xshell::{Shell, cmd};
+use xshell::Shell;
 
 use self::files::{Snapshot, collect, run_started};
 use self::render::{RunContext, render};
+use crate::child::{self, Group, Shutdown, Waited};
 use crate::machine::{self, Machine};
 
 /// The bench target the task runs.
@@ -141,11 +144,19 @@ impl BenchKernels {
 
         // The benchmarks this run should produce, and the baseline as it is before the run
         // (saving a baseline overwrites it).
-        let filter_arg: Vec<&str> = if filter.is_empty() { vec![] } else { vec![filter.as_str()] };
-        let listed =
-            cmd!(sh, "cargo bench -p {BENCH_PACKAGE} --bench {BENCH_TARGET} -- --list {filter_arg...}")
-                .read()
-                .context("listing the kernel benchmarks")?;
+        // Both cargo children run in their own process group under the one shutdown
+        // point: a signal stops the group (cargo, the bench binary) and exits 128 + signal.
+        let shutdown = Shutdown::install()?;
+        let mut list_cmd = cargo_bench(sh);
+        list_cmd.arg("--list").args((!filter.is_empty()).then_some(&filter));
+        let listed = match child::capture(&mut list_cmd, &shutdown, CARGO_GRACE)
+            .context("listing the kernel benchmarks")?
+        {
+            (Waited::Exited(st), out) if st.success() => String::from_utf8_lossy(&out).into_owned(),
+            (Waited::Exited(st), _) => anyhow::bail!("listing the kernel benchmarks failed ({st})"),
+            (Waited::Interrupted(sig), _) => return Ok(interrupted(sig, "listing the kernel benchmarks")),
+            (Waited::TimedOut, _) => anyhow::bail!("listing the kernel benchmarks timed out"),
+        };
         let expected = parse_list(&listed);
         if expected.is_empty() {
             anyhow::bail!(
@@ -175,8 +186,14 @@ impl BenchKernels {
             "--significance-level".into(),
             self.significance_level.to_string(),
         ]);
-        let bench_ok =
-            cmd!(sh, "cargo bench -p {BENCH_PACKAGE} --bench {BENCH_TARGET} -- {args...}").run().is_ok();
+        let mut bench_cmd = cargo_bench(sh);
+        bench_cmd.args(&args);
+        let bench = child::spawn(&mut bench_cmd, Group::Own).context("starting cargo bench")?;
+        let bench_ok = match bench.wait(&shutdown, None, CARGO_GRACE)? {
+            Waited::Exited(st) => st.success(),
+            Waited::Interrupted(sig) => return Ok(interrupted(sig, "the benchmark run")),
+            Waited::TimedOut => false,
+        };
 
         let rows = collect(&criterion_dir, &expected, &baseline, start)?;
         let machine = Machine::probe();
@@ -209,6 +226,25 @@ impl BenchKernels {
         }
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// How long cargo and criterion get to end on SIGTERM before their group is killed.
+const CARGO_GRACE: Duration = Duration::from_secs(5);
+
+/// `cargo bench -p kiln-benches --bench kernels --` in the workspace, with the cargo
+/// that runs xtask (`$CARGO`), else the one on the PATH; the caller adds criterion's
+/// arguments.
+fn cargo_bench(sh: &Shell) -> Command {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(sh.current_dir()).args(["bench", "-p", BENCH_PACKAGE, "--bench", BENCH_TARGET, "--"]);
+    cmd
+}
+
+/// The exit for a signal that stopped `what`: its group is already stopped and reaped.
+fn interrupted(sig: i32, what: &str) -> ExitCode {
+    eprintln!("interrupted by {} during {what}: its process group was stopped", child::signal_name(sig));
+    ExitCode::from(child::exit_code_for(sig))
 }
 
 /// criterion's output directory: `$CRITERION_HOME`, else `<cargo target dir>/criterion`.
@@ -335,7 +371,7 @@ mod tests {
         assert_eq!(snapshot.results.len(), 3);
 
         // The stale files above are older than the run by more than a filesystem tick.
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(20));
         let start = run_started(dir).unwrap();
         // This run: bandwidth 20 GB/s (1 GiB... here 1e9 bytes in 50 ms), qmv 25% faster,
         // qmv_wide unchanged, one benchmark with no baseline, one that did not run.
