@@ -18,6 +18,9 @@
 //! is not `like bad` there is nothing to bisect. Every run's value is appended to
 //! `measurements.jsonl` as it is taken, so `--resume DIR` continues a stopped bisection
 //! without measuring anything twice.
+//!
+//! The build runs in a process group of its own, which a signal stops whole: cargo and
+//! every rustc it started, not cargo alone.
 
 use std::fmt::Write as _;
 use std::fs::{self, OpenOptions};
@@ -351,7 +354,8 @@ impl Ctx<'_> {
                 "kiln",
             ]);
             eprintln!("building {} in {}", &sha[..12], tree.dir.display());
-            let owned = child::spawn(&mut cmd, Group::Shared).context("starting cargo")?;
+            // Its own group: a signal stops cargo and every rustc it started, not cargo alone.
+            let owned = child::spawn(&mut cmd, Group::Own).context("starting cargo")?;
             match owned.wait(self.shutdown, None, Duration::from_secs(10))? {
                 Waited::Exited(st) if st.success() => {}
                 Waited::Exited(st) => bail!("building {} failed ({st})", &sha[..12]),

@@ -165,3 +165,85 @@ fn ctrl_c_mid_measurement_exits_130_and_leaves_no_worktree() {
     run.expect_code(130).expect_stdout("interrupted by SIGINT: resume with --resume");
     assert_eq!(worktrees(&repo), 1, "a worktree survived the interrupt{run}");
 }
+
+/// A stand-in for `cargo build --release --package kiln` in a revision's worktree (given
+/// to the bisect as `CARGO`): it copies the worktree's engine script to where the build
+/// would leave kiln. While `dir/hang` exists it instead starts a grandchild, records both
+/// pids and waits, as cargo waits on rustc. The grandchild's output goes nowhere, so
+/// if it outlives the run it does not hold the run's pipes open.
+fn fake_cargo(dir: &Path) -> String {
+    let p = dir.join("cargo.sh");
+    let d = dir.display();
+    write_exec(
+        &p,
+        &format!(
+            "#!/bin/sh\nif [ -e '{d}/hang' ]; then\n  sleep 120 >/dev/null 2>&1 &\n  echo $! > '{d}/grandchild.pid'\n  echo $$ > '{d}/cargo.pid'\n  wait\nfi\nmkdir -p \"$CARGO_TARGET_DIR/release\" && cp engine.sh \"$CARGO_TARGET_DIR/release/kiln\"\n"
+        ),
+    );
+    p.display().to_string()
+}
+
+/// Bisect args that build each revision (with [`fake_cargo`]) from `good` to `bad`.
+fn build_args(sb: &Sandbox, repo: &Path, good: &str, bad: &str, extra: &[&str]) -> Vec<String> {
+    // Four pairs at most: step 0 then ends the run either way (like good or undecided).
+    let mut a: Vec<String> =
+        ["--good", good, "--bad", bad, "--metric", "time_ms", "--margin", "25", "--max-pairs", "4"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+    a.extend(["--repo".into(), repo.display().to_string()]);
+    a.extend(["--runs-dir".into(), sb.path("runs").display().to_string()]);
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a.extend(["--".to_string(), measurer(sb.dir.path()), "{bin}".to_string()]);
+    a
+}
+
+/// A process that exists and is not a zombie.
+fn alive(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+/// The pid the fake build wrote in `name`, once it has.
+fn wait_pid(sb: &Sandbox, name: &str, line: &str) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(pid) = fs::read_to_string(sb.path(name)).ok().and_then(|s| s.trim().parse().ok()) {
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "the build never started after 60 s: {line}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Signals a spawned xtask and collects how it ended.
+fn signal_and_collect(line: String, mut child: std::process::Child, sig: rustix::process::Signal) -> Run {
+    rustix::process::kill_process(rustix::process::Pid::from_child(&child), sig).unwrap();
+    let status = child.wait().unwrap();
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    Run { cmd: line, status, stdout, stderr }
+}
+
+#[test]
+fn a_signal_in_a_build_stops_the_whole_build() {
+    let sb = Sandbox::new();
+    let repo = sb.path("repo");
+    let shas = history(&repo);
+    let cargo = fake_cargo(sb.dir.path());
+    fs::write(sb.path("hang"), "").unwrap();
+    // change 1 against change 3: the same engine, so a finished run ends quickly.
+    let args = build_args(&sb, &repo, &shas[0], &shas[2], &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (line, child) = sb.spawn("bisect", &args, &[("CARGO", &cargo)]);
+    let grandchild = wait_pid(&sb, "grandchild.pid", &line);
+    let run = signal_and_collect(line, child, rustix::process::Signal::INT);
+    run.expect_code(130).expect_stdout("interrupted by SIGINT: resume with --resume");
+    // The build's own child too, not cargo alone: the whole group was stopped.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(grandchild) {
+        assert!(Instant::now() < deadline, "the build's child {grandchild} outlived the interrupt{run}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(worktrees(&repo), 1, "a worktree survived the interrupt{run}");
+}
