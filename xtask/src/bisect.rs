@@ -21,6 +21,11 @@
 //!
 //! The build runs in a process group of its own, which a signal stops whole: cargo and
 //! every rustc it started, not cargo alone.
+//!
+//! Each worktree is locked with the run's pid as the reason, so one that a run killed
+//! where it could not clean up (SIGKILL) left registered is found by the next run in the
+//! repository, new or resumed, and removed. `measurements.jsonl` is created with the run
+//! directory, so a run stopped before its first value (in its first build) is resumable.
 
 use std::fmt::Write as _;
 use std::fs::{self, OpenOptions};
@@ -172,11 +177,49 @@ struct Worktree<'a> {
 
 impl Drop for Worktree<'_> {
     fn drop(&mut self) {
-        let d = self.dir.display().to_string();
-        if self.git.run(&["worktree", "remove", "--force", &d]).is_err() {
-            let _ = fs::remove_dir_all(&self.dir);
-            let _ = self.git.run(&["worktree", "prune"]);
+        remove_worktree(self.git, &self.dir);
+    }
+}
+
+/// The lock reason of every worktree a run adds, before its pid.
+const LOCK_REASON: &str = "kiln bisect pid ";
+
+/// Unlocks and removes the worktree at `dir`, and its registration; a directory git will
+/// not remove is deleted and the registration pruned.
+fn remove_worktree(git: &Git<'_>, dir: &Path) {
+    let d = dir.display().to_string();
+    let _ = git.run(&["worktree", "unlock", &d]);
+    if git.run(&["worktree", "remove", "--force", &d]).is_err() {
+        let _ = fs::remove_dir_all(dir);
+        let _ = git.run(&["worktree", "prune"]);
+    }
+}
+
+/// Removes the worktrees that earlier runs left registered: a run killed by a signal it
+/// cannot trap (SIGKILL) never reaches [`Worktree`]'s drop. A worktree is stale when its
+/// lock names the pid of a process that is gone; a live run's are left alone.
+fn remove_stale_worktrees(git: &Git<'_>) {
+    let _ = git.run(&["worktree", "prune"]);
+    let Ok(list) = git.run(&["worktree", "list", "--porcelain"]) else { return };
+    for entry in list.split("\n\n") {
+        let path = entry.lines().find_map(|l| l.strip_prefix("worktree "));
+        let pid = entry
+            .lines()
+            .find_map(|l| l.strip_prefix("locked ")?.strip_prefix(LOCK_REASON)?.trim().parse::<i32>().ok());
+        if let (Some(path), Some(pid)) = (path, pid)
+            && !process_alive(pid)
+        {
+            eprintln!("removing the worktree {path}: bisect pid {pid}, which added it, is gone");
+            remove_worktree(git, Path::new(path));
         }
+    }
+}
+
+/// Whether a process with this pid exists (a reused pid counts: the worktree is kept).
+fn process_alive(pid: i32) -> bool {
+    match rustix::process::Pid::from_raw(pid) {
+        Some(p) => !matches!(rustix::process::test_kill_process(p), Err(e) if e == rustix::io::Errno::SRCH),
+        None => false,
     }
 }
 
@@ -244,10 +287,16 @@ impl Bisect {
                     Some(d) => crate::sweep::user_path(d)?,
                     None => root.join("benchmarks/runs"),
                 };
-                crate::runs::create_run_dir(&runs, "bisect")?
+                let d = crate::runs::create_run_dir(&runs, "bisect")?;
+                // Created with the directory, so the run is resumable from here on, even
+                // when it is stopped before its first value (in the first build).
+                let m = d.join("measurements.jsonl");
+                fs::File::create(&m).with_context(|| format!("creating {}", m.display()))?;
+                d
             }
         };
         let shutdown = Shutdown::install()?;
+        remove_stale_worktrees(&git);
         let mut known = load(&run_dir.join("measurements.jsonl"))?;
         eprintln!(
             "bisect: {} candidate commits between {} and {}; run directory {}",
@@ -269,12 +318,12 @@ impl Bisect {
         let ctx = Ctx { bisect: &self, git: &git, run_dir: &run_dir, shutdown: &shutdown, good: &good };
         let good_bin = match ctx.binary(&good)? {
             Step::Done(b) => b,
-            Step::Signal(sig) => return Ok(interrupted(sig, &log)),
+            Step::Signal(sig) => return Ok(interrupted(sig, &log, &run_dir)),
         };
         // Step 0: is bad bad at all?
         let (c, r, n) = match ctx.measure(&bad, &good_bin, 0.0, &mut known)? {
             Step::Done(x) => x,
-            Step::Signal(sig) => return Ok(interrupted(sig, &log)),
+            Step::Signal(sig) => return Ok(interrupted(sig, &log, &run_dir)),
         };
         row(&mut log, 0, &git, &bad, n, r, &c);
         if c != Call::LikeBad {
@@ -292,7 +341,7 @@ impl Bisect {
             let probe = ext[mid];
             let (c, r, n) = match ctx.measure(probe, &good_bin, bad_side, &mut known)? {
                 Step::Done(x) => x,
-                Step::Signal(sig) => return Ok(interrupted(sig, &log)),
+                Step::Signal(sig) => return Ok(interrupted(sig, &log, &run_dir)),
             };
             row(&mut log, step, &git, probe, n, r, &c);
             step += 1;
@@ -338,8 +387,22 @@ impl Ctx<'_> {
             return Ok(Step::Done(out));
         }
         let dir = self.run_dir.join(format!("worktree-{}", &sha[..12]));
+        // One left by a killed run of this directory (resumed now) is no longer anyone's.
+        if dir.exists() {
+            remove_worktree(self.git, &dir);
+        }
         let _ = self.git.run(&["worktree", "prune"]);
-        self.git.run(&["worktree", "add", "--detach", &dir.display().to_string(), sha])?;
+        let reason = format!("{LOCK_REASON}{}", std::process::id());
+        self.git.run(&[
+            "worktree",
+            "add",
+            "--detach",
+            "--lock",
+            "--reason",
+            &reason,
+            &dir.display().to_string(),
+            sha,
+        ])?;
         let tree = Worktree { git: self.git, dir };
         let built = if self.bisect.no_build {
             tree.dir.join(self.bisect.bin.as_deref().unwrap_or(Path::new("kiln")))
@@ -523,10 +586,11 @@ fn finish(run_dir: &Path, log: &str, code: ExitCode) -> Result<ExitCode> {
     Ok(code)
 }
 
-fn interrupted(sig: i32, log: &str) -> ExitCode {
+fn interrupted(sig: i32, log: &str, run_dir: &Path) -> ExitCode {
     let _ = crate::console::out(&format!(
-        "{log}\ninterrupted by {}: resume with --resume\n",
-        child::signal_name(sig)
+        "{log}\ninterrupted by {}: resume with --resume {}\n",
+        child::signal_name(sig),
+        run_dir.display()
     ));
     ExitCode::from(child::exit_code_for(sig))
 }

@@ -225,8 +225,15 @@ fn signal_and_collect(line: String, mut child: std::process::Child, sig: rustix:
     Run { cmd: line, status, stdout, stderr }
 }
 
+/// The run directories under the sandbox's runs, oldest first.
+fn run_dirs(sb: &Sandbox) -> Vec<std::path::PathBuf> {
+    let mut d: Vec<_> = fs::read_dir(sb.path("runs")).unwrap().map(|e| e.unwrap().path()).collect();
+    d.sort();
+    d
+}
+
 #[test]
-fn a_signal_in_a_build_stops_the_whole_build() {
+fn a_signal_in_the_first_build_stops_the_whole_build_and_the_run_resumes_from_there() {
     let sb = Sandbox::new();
     let repo = sb.path("repo");
     let shas = history(&repo);
@@ -238,7 +245,9 @@ fn a_signal_in_a_build_stops_the_whole_build() {
     let (line, child) = sb.spawn("bisect", &args, &[("CARGO", &cargo)]);
     let grandchild = wait_pid(&sb, "grandchild.pid", &line);
     let run = signal_and_collect(line, child, rustix::process::Signal::INT);
-    run.expect_code(130).expect_stdout("interrupted by SIGINT: resume with --resume");
+    let dir = run_dirs(&sb).pop().unwrap();
+    run.expect_code(130)
+        .expect_stdout(&format!("interrupted by SIGINT: resume with --resume {}", dir.display()));
     // The build's own child too, not cargo alone: the whole group was stopped.
     let deadline = Instant::now() + Duration::from_secs(10);
     while alive(grandchild) {
@@ -246,4 +255,62 @@ fn a_signal_in_a_build_stops_the_whole_build() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(worktrees(&repo), 1, "a worktree survived the interrupt{run}");
+
+    // Stopped before its first value, the run directory is still resumable.
+    fs::remove_file(sb.path("hang")).unwrap();
+    let resumed = build_args(&sb, &repo, &shas[0], &shas[2], &["--resume", &dir.display().to_string()]);
+    let resumed: Vec<&str> = resumed.iter().map(String::as_str).collect();
+    let again = sb.run_with("bisect", &resumed, &[("CARGO", &cargo)]);
+    again.expect_code(1).expect_stdout("nothing to bisect");
+    assert_eq!(run_dirs(&sb).len(), 1, "the resumed run made a new directory{again}");
+    assert_eq!(worktrees(&repo), 1, "{again}");
+}
+
+#[test]
+fn a_worktree_left_by_a_run_killed_in_its_build_is_removed_by_the_next_run() {
+    let sb = Sandbox::new();
+    let repo = sb.path("repo");
+    let shas = history(&repo);
+    let cargo = fake_cargo(sb.dir.path());
+    let args_of = |extra: &[&str]| build_args(&sb, &repo, &shas[0], &shas[2], extra);
+    // Kills a run in its first build with SIGKILL, which it cannot trap: its worktree
+    // stays registered, and the build's child is killed here by hand.
+    let kill_in_build = |args: &[String]| {
+        fs::write(sb.path("hang"), "").unwrap();
+        let _ = fs::remove_file(sb.path("grandchild.pid"));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (line, child) = sb.spawn("bisect", &args, &[("CARGO", &cargo)]);
+        let grandchild = wait_pid(&sb, "grandchild.pid", &line);
+        let run = signal_and_collect(line, child, rustix::process::Signal::KILL);
+        assert_eq!(worktrees(&repo), 2, "the killed run's worktree is registered{run}");
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(grandchild).unwrap(),
+            rustix::process::Signal::KILL,
+        );
+        fs::remove_file(sb.path("hang")).unwrap();
+    };
+
+    // Resumed: the run's own worktree is removed and added again.
+    kill_in_build(&args_of(&[]));
+    let dir = run_dirs(&sb).pop().unwrap();
+    let resumed = args_of(&["--resume", &dir.display().to_string()]);
+    let resumed: Vec<&str> = resumed.iter().map(String::as_str).collect();
+    let again = sb.run_with("bisect", &resumed, &[("CARGO", &cargo)]);
+    again.expect_code(1).expect_stdout("nothing to bisect");
+    assert_eq!(worktrees(&repo), 1, "the stale worktree is still registered{again}");
+
+    // A new run removes the worktree another, killed, run left.
+    kill_in_build(&args_of(&[]));
+    let killed = run_dirs(&sb).pop().unwrap();
+    let fresh = args_of(&[]);
+    let fresh: Vec<&str> = fresh.iter().map(String::as_str).collect();
+    let next = sb.run_with("bisect", &fresh, &[("CARGO", &cargo)]);
+    next.expect_code(1).expect_stdout("nothing to bisect").expect_stderr("is gone");
+    assert_eq!(worktrees(&repo), 1, "the stale worktree is still registered{next}");
+    let left: Vec<_> = fs::read_dir(&killed)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("worktree-"))
+        .collect();
+    assert!(left.is_empty(), "the stale worktree's files are still there: {left:?}{next}");
 }
