@@ -26,6 +26,9 @@
 //! where it could not clean up (SIGKILL) left registered is found by the next run in the
 //! repository, new or resumed, and removed. `measurements.jsonl` is created with the run
 //! directory, so a run stopped before its first value (in its first build) is resumable.
+//!
+//! A value that is not a positive number cannot be a ratio's term: it is refused at its
+//! first reading, naming the metric, the revision and the value (exit 2), and not recorded.
 
 use std::fmt::Write as _;
 use std::fs::{self, OpenOptions};
@@ -497,12 +500,16 @@ impl Ctx<'_> {
                     .iter()
                     .find(|m| m.sha == sha && m.against == self.good && m.pair == k && m.probe == probe);
                 let v = match hit {
-                    Some(m) => m.value,
+                    Some(m) => {
+                        positive(&self.bisect.metric, if probe { sha } else { self.good }, probe, m.value)?
+                    }
                     None => {
                         let label =
                             format!("{}-pair{k}-{}", &sha[..12], if probe { "probe" } else { "good" });
                         let v = match self.run_task(if probe { &bin } else { good_bin }, &label)? {
-                            Step::Done(v) => v,
+                            Step::Done(v) => {
+                                positive(&self.bisect.metric, if probe { sha } else { self.good }, probe, v)?
+                            }
                             Step::Signal(s) => return Ok(Step::Signal(s)),
                         };
                         let m = Measurement {
@@ -537,6 +544,20 @@ impl Ctx<'_> {
             }
         }
     }
+}
+
+/// `value` when it is positive; else a usage error naming the metric, the revision and
+/// the value: the bisection judges ratios of the metric, which a zero or a negative value
+/// cannot form, so going on would only end undecided after every pair.
+fn positive(metric: &str, sha: &str, probe: bool, value: f64) -> Result<f64> {
+    if value > 0.0 {
+        return Ok(value);
+    }
+    let which = if probe { "the probed revision" } else { "the good revision" };
+    usage!(
+        "{metric}={value} measured on {} ({which}): expected a positive number, since the bisection compares ratios of {metric}; pick a --metric whose values are above 0",
+        &sha[..12]
+    )
 }
 
 /// The last `NAME=NUMBER` token of `text`.

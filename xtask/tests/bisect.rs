@@ -314,3 +314,31 @@ fn a_worktree_left_by_a_run_killed_in_its_build_is_removed_by_the_next_run() {
         .collect();
     assert!(left.is_empty(), "the stale worktree's files are still there: {left:?}{next}");
 }
+
+#[test]
+fn a_metric_of_zero_or_below_is_refused_at_its_first_reading() {
+    for value in ["0", "-2.5"] {
+        let sb = Sandbox::new();
+        let repo = sb.path("repo");
+        let shas = history(&repo);
+        let constant = sb.path("constant.sh");
+        write_exec(&constant, &format!("#!/bin/sh\necho time_ms={value}\n"));
+        let mut args = bisect_args(&sb, &repo, &shas, &[]);
+        let n = args.len();
+        args[n - 2] = constant.display().to_string();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = sb.run("bisect", &args);
+        // The good revision is measured first (pair 0 is good, probe).
+        run.expect_code(2)
+            .expect_stderr(&format!("time_ms={value} measured on {} (the good revision)", &shas[0][..12]))
+            .expect_stderr("expected a positive number");
+        let dir = run_dirs(&sb).pop().unwrap();
+        let outs = fs::read_dir(dir.join("logs"))
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "out"));
+        assert_eq!(outs.count(), 1, "measured again after the first reading{run}");
+        let recorded = fs::read_to_string(dir.join("measurements.jsonl")).unwrap();
+        assert!(recorded.is_empty(), "the value was recorded: {recorded}{run}");
+        assert_eq!(worktrees(&repo), 1, "{run}");
+    }
+}
