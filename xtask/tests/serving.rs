@@ -638,17 +638,42 @@ fn until_ci_adds_abba_blocks_to_a_known_cost_judges_the_margin_and_cites_the_aa_
     // The A/A run first: both slots run the wide arm, so the injected cost never shows.
     let aa = pin_tax_more(&sb, "1 0 0 1", &["--aa", "--until-ci", "30", "--max-pairs", "4"], &env);
     aa.expect_code(0)
-        .expect_stdout("A/A run (both slots wide): every true ratio is 1")
+        .expect_stdout("A/A run (slots A1 and A2 both run wide (KILN_QMV_WIDE=1)): every true ratio is 1")
         .expect_stdout("false-positive rate")
         .expect_stdout("stopping rule: ")
         .expect_stdout("95% CI from the Gaussian-mixture t confidence sequence")
-        // The progress line names the environment every boot ran, not the slot's own.
-        .expect_stderr("narrow slot, A/A: wide (KILN_QMV_WIDE=1): booting");
+        .expect_stdout("| A2/A1 | 95% CI |")
+        // The progress line names the slot and the environment every boot ran.
+        .expect_stderr("A2, A/A: wide (KILN_QMV_WIDE=1): booting");
     let aa_dir = run_dir(&sb.path("runs"));
     let boots = jsonl(&aa_dir.join("boots.jsonl"));
     assert!(boots.len() == 4 || boots.len() == 8, "two or four pairs{aa}");
     assert!(boots.iter().all(|b| b["kernel"]["qmv_wide"] == "on"), "every boot ran wide{aa}");
     assert!(aa_dir.join("aa.json").is_file(), "{aa}");
+    // Every boot ran the wide kernel, so nothing records one as narrow: the slots are
+    // A1 and A2, each recorded with the environment it ran, in boots.jsonl, passes.jsonl,
+    // the log names and the summary alike.
+    let arms: Vec<&str> = boots.iter().map(|b| b["arm"].as_str().unwrap()).collect();
+    assert_eq!(arms[..4], ["A1", "A2", "A2", "A1"], "{aa}");
+    assert!(boots.iter().all(|b| b["runs"] == "wide"), "{aa}");
+    for (i, b) in boots.iter().enumerate() {
+        let log = format!("boot-{}-{}.log", i + 1, arms[i]);
+        assert_eq!(b["log"], log.as_str(), "{aa}");
+        assert!(aa_dir.join(&log).is_file(), "no {log}{aa}");
+    }
+    let passes = jsonl(&aa_dir.join("passes.jsonl"));
+    assert!(passes.iter().all(|p| p["arm"] == "A1" || p["arm"] == "A2"), "{aa}");
+    let summary = fs::read_to_string(aa_dir.join("summary.md")).unwrap();
+    let plot = fs::read_to_string(aa_dir.join("tax.svg")).unwrap();
+    assert!(plot.contains("A2/A1"), "{aa}");
+    for text in [&summary, &plot, &aa.stdout, &aa.stderr] {
+        assert!(!text.contains("narrow"), "an A/A run of the wide kernel mentions narrow{aa}");
+    }
+    let names: Vec<String> = fs::read_dir(&aa_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!names.iter().any(|n| n.contains("narrow")), "{names:?}{aa}");
 
     let ab = pin_tax_more(&sb, "1 0 0 1", &["--until-ci", "30", "--max-pairs", "6", "--margin", "5"], &env);
     ab.expect_code(0).expect_stdout("the latest A/A run on this device").expect_stdout("stopping rule: ");
@@ -692,9 +717,12 @@ fn a_mixed_run_until_ci_adds_blocks_until_its_pair_budget_and_aa_runs_arm_a_only
     assert_eq!(arms, ["A", "B", "B", "A", "A", "B"], "{run}");
     let aa_sb = Sandbox::new();
     let aa = mixed(&aa_sb, stand_in(), &["--aa"], &[]);
-    aa.expect_code(0).expect_stdout("A/A run (both slots A)");
+    aa.expect_code(0).expect_stdout("A/A run (slots A1 and A2 both run A (default environment))");
     let boots = jsonl(&run_dir(&aa_sb.path("runs")).join("boots.jsonl"));
     assert!(boots.iter().all(|b| b["kernel"]["pinned"] == "no"), "every boot ran arm A{aa}");
+    let arms: Vec<&str> = boots.iter().map(|b| b["arm"].as_str().unwrap()).collect();
+    assert_eq!(arms, ["A1", "A2"], "the slots of the order \"A B\", not arm B{aa}");
+    assert!(boots.iter().all(|b| b["runs"] == "A"), "{aa}");
 }
 
 #[test]

@@ -102,8 +102,13 @@ pub trait Mode {
     }
     /// Which arms the result compares, and which way round.
     fn design(&self) -> super::analysis::Design;
-    /// The plot beside the tables.
-    fn panels(&self, rows: &[super::analysis::TaxRow], passes: &[PassRecord]) -> Vec<crate::plot::Panel>;
+    /// The plot beside the tables; `design` names the arms the ratios compare.
+    fn panels(
+        &self,
+        rows: &[super::analysis::TaxRow],
+        passes: &[PassRecord],
+        design: super::analysis::Design,
+    ) -> Vec<crate::plot::Panel>;
     /// A section fitting the tax across cells, where the mode has one.
     fn fit(&self, _rows: &[super::analysis::TaxRow]) -> Option<String> {
         None
@@ -157,9 +162,6 @@ pub struct Plan {
     /// Boots already run before this order (a run that adds ABBA blocks until its
     /// intervals are narrow runs one block at a time): numbering continues after them.
     pub first_boot: usize,
-    /// `--aa`: every boot runs this arm's environment and identity, whatever its slot in
-    /// the order says, so the two slots of each pair measure the same thing.
-    pub aa: Option<Arm>,
     /// `--max-time`: no pair of boots is started that would likely end after this.
     pub deadline: Option<Instant>,
 }
@@ -195,8 +197,10 @@ pub struct PassRecord {
 pub struct BootRecord {
     /// 1-based boot number.
     pub boot: usize,
-    /// Its arm.
+    /// Its arm (in an A/A run its slot, `A1` or `A2`).
     pub arm: Arm,
+    /// The arm whose environment it ran: its own, or an A/A run's shared one.
+    pub runs: Arm,
     /// The server's pid (its process group).
     pub pid: Option<i32>,
     /// The parsed kernel line.
@@ -355,7 +359,7 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
         let spec = ServerSpec {
             bin: plan.kiln_bin.clone(),
             args,
-            env: plan.aa.unwrap_or(arm).env(),
+            env: arm.env(),
             log: plan.run_dir.join(&log_name),
             cwd: plan.cwd.clone(),
         };
@@ -364,6 +368,7 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
         let mut rec = BootRecord {
             boot,
             arm,
+            runs: arm.runs(),
             pid: Some(srv.pid()),
             kernel: None,
             gate: None,
@@ -376,14 +381,8 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
             ended: String::new(),
             log: log_name,
         };
-        // In an A/A run the slot keeps its name and every boot runs the one environment:
-        // name that environment, not the slot's own.
-        let runs = match plan.aa {
-            Some(env) => format!("{} slot, A/A: {env}", arm.as_str()),
-            None => arm.to_string(),
-        };
         eprintln!(
-            "[boot {boot}/{boots}] {runs}: booting kiln serve (pid {}); {}",
+            "[boot {boot}/{boots}] {arm}: booting kiln serve (pid {}); {}",
             srv.pid(),
             progress(done_units)
         );
@@ -391,7 +390,7 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
         let target = match ready {
             Ready::Up { addr, after_s } => {
                 rec.ready_after_s = Some(after_s);
-                match check_identity(plan.aa.unwrap_or(arm), &srv.log_text()) {
+                match check_identity(arm, &srv.log_text()) {
                     Ok(k) => {
                         eprintln!(
                             "    ready after {after_s:.1} s at http://{addr}; kernels: isa={} threads={} qmv_wide={} pinned={}",
@@ -506,8 +505,8 @@ pub fn run<M: Mode>(mode: &M, plan: &Plan, shutdown: &Shutdown) -> Result<Outcom
                 );
                 out.passes.push(rp);
                 // The gate logs at the first verify, which the warm-up made happen.
-                if pass == 0 && dead.is_none() && plan.aa.unwrap_or(arm).expects_gate() {
-                    match wait_gate(&srv, plan.aa.unwrap_or(arm)) {
+                if pass == 0 && dead.is_none() && arm.expects_gate() {
+                    match wait_gate(&srv, arm) {
                         Ok(g) => {
                             if let Some(g) = &g {
                                 eprintln!("    gate: outcome={} qmv_wide={}", g.outcome, g.qmv_wide);

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use super::abba::{Better, BootRecord, CellDef, PassRecord};
-use super::arms::{Arm, Order};
+use super::arms::{AaEnv, Arm, Order};
 use super::stats::{self, Ratio};
 use crate::verdict::equivalence::Equivalence;
 
@@ -25,6 +25,10 @@ pub struct Design {
     pub cost_name: &'static str,
     /// The same, before a signed figure: `pin`, `bystander cost`.
     pub cost_short: &'static str,
+    /// How the verdict names a negative cost: `the pin gains`.
+    pub gain_name: &'static str,
+    /// The environment both slots run in this design's A/A run ([`Design::aa`]).
+    pub aa_env: AaEnv,
 }
 
 impl Design {
@@ -35,6 +39,8 @@ impl Design {
         num_pinned: true,
         cost_name: "the pin costs",
         cost_short: "pin",
+        gain_name: "the pin gains",
+        aa_env: AaEnv::Wide,
     };
     /// The mixed mode: B/A, the cost carried by A's bystanders.
     pub const MIXED: Design = Design {
@@ -43,7 +49,24 @@ impl Design {
         num_pinned: false,
         cost_name: "bystander cost",
         cost_short: "bystander cost",
+        gain_name: "the pin gains",
+        aa_env: AaEnv::A,
     };
+
+    /// This design's A/A run: both slots run [`Design::aa_env`], named `A1` (the
+    /// denominator's slot, which the default orders open with) and `A2`; the ratio is
+    /// A2/A1, whose true value is 1.
+    pub fn aa(self) -> Design {
+        Design {
+            num: Arm::A2(self.aa_env),
+            den: Arm::A1(self.aa_env),
+            num_pinned: true,
+            cost_name: "A2 is slower than A1 by",
+            cost_short: "A2 against A1",
+            gain_name: "A2 is faster than A1 by",
+            aa_env: self.aa_env,
+        }
+    }
 
     /// `narrow/wide`, `B/A`.
     pub fn ratio_name(&self) -> String {
@@ -296,7 +319,7 @@ fn verdict(r: &TaxRow, trust_pct: f64, design: Design) -> String {
     } else if cost > 0.0 {
         format!("{} {cost:.1}% (n={n} pairs)", design.cost_name)
     } else {
-        format!("the pin gains {:.1}% (n={n} pairs)", -cost)
+        format!("{} {:.1}% (n={n} pairs)", design.gain_name, -cost)
     }
 }
 

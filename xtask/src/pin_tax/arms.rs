@@ -2,28 +2,65 @@
 //! sweep, `A`/`B` for the mixed mode, as many of each), the ABBA pairing, the variables
 //! that would change an arm and are refused when inherited, and the arm-identity checks
 //! against the server's contracted `kernel configuration:` start-up line and, for the
-//! mixed mode's arms, the exactness gate's `speculative gate outcome=...` line.
+//! mixed mode's arms, the exactness gate's `speculative gate outcome=...` line. An A/A
+//! run's two slots are arms of their own, `A1` and `A2`, each running the one shared
+//! environment, so every record names the slot and the environment it really ran.
 
 use std::fmt;
 
-/// One arm of the experiment.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+/// One arm of the experiment. Recorded (boots.jsonl, passes.jsonl, log names, tables)
+/// by [`Arm::as_str`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Arm {
     /// Sweep: `KILN_QMV_WIDE=0`, the pin (one qmv pass per row).
-    #[serde(rename = "narrow")]
     Narrow,
     /// Sweep: `KILN_QMV_WIDE=1`, qmv_wide for 2 <= M < the batch limit.
-    #[serde(rename = "wide")]
     Wide,
     /// Mixed: the default environment; the gate may drop `qmv_wide` process-wide.
-    #[serde(rename = "A")]
     A,
     /// Mixed: `KILN_QMV_WIDE=1 KILN_SPEC_ALLOW_INEXACT=1`, the fast-kernel recipe.
-    #[serde(rename = "B")]
     B,
+    /// A/A: the slot each ABBA block opens with, running the shared environment.
+    A1(AaEnv),
+    /// A/A: the other slot, running the same environment.
+    A2(AaEnv),
+}
+
+/// The environment both slots of an A/A run share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AaEnv {
+    /// The sweep's wide arm.
+    Wide,
+    /// The mixed mode's arm A.
+    A,
+}
+
+impl AaEnv {
+    /// The arm whose environment and identity both slots take.
+    pub fn arm(self) -> Arm {
+        match self {
+            AaEnv::Wide => Arm::Wide,
+            AaEnv::A => Arm::A,
+        }
+    }
+}
+
+impl serde::Serialize for Arm {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
 }
 
 impl Arm {
+    /// The arm whose environment a boot of this one runs: itself, or an A/A slot's shared
+    /// environment.
+    pub fn runs(self) -> Arm {
+        match self {
+            Arm::A1(e) | Arm::A2(e) => e.arm(),
+            a => a,
+        }
+    }
+
     /// The variables a boot of this arm is started with.
     pub fn env(self) -> Vec<(String, String)> {
         let v = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
@@ -32,46 +69,53 @@ impl Arm {
             Arm::Wide => v(&[("KILN_QMV_WIDE", "1")]),
             Arm::A => Vec::new(),
             Arm::B => v(&[("KILN_QMV_WIDE", "1"), ("KILN_SPEC_ALLOW_INEXACT", "1")]),
+            Arm::A1(e) | Arm::A2(e) => e.arm().env(),
         }
     }
 
-    /// The arm's token in `--order`: `0`, `1`, `A` or `B`.
+    /// The arm's token in `--order`: `0`, `1`, `A` or `B`; an A/A slot's `A1` or `A2`.
     pub fn token(self) -> &'static str {
         match self {
             Arm::Narrow => "0",
             Arm::Wide => "1",
             Arm::A => "A",
             Arm::B => "B",
+            Arm::A1(_) | Arm::A2(_) => self.as_str(),
         }
     }
 
-    /// `narrow`, `wide`, `A` or `B`.
+    /// `narrow`, `wide`, `A`, `B`, or an A/A slot's `A1` or `A2`.
     pub fn as_str(self) -> &'static str {
         match self {
             Arm::Narrow => "narrow",
             Arm::Wide => "wide",
             Arm::A => "A",
             Arm::B => "B",
+            Arm::A1(_) => "A1",
+            Arm::A2(_) => "A2",
         }
     }
 
     /// What the server's kernel line must say: `qmv_wide=` and `qmv_wide_pinned=`.
     pub fn kernel(self) -> (&'static str, &'static str) {
-        match self {
+        match self.runs() {
             Arm::Narrow => ("off", "yes"),
-            Arm::Wide | Arm::B => ("on", "yes"),
             Arm::A => ("on", "no"),
+            _ => ("on", "yes"),
         }
     }
 
     /// Whether a boot of this arm must log the exactness gate's line (the mixed arms).
     pub fn expects_gate(self) -> bool {
-        matches!(self, Arm::A | Arm::B)
+        matches!(self.runs(), Arm::A | Arm::B)
     }
 }
 
 impl fmt::Display for Arm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.runs() != *self {
+            return write!(f, "{}, A/A: {}", self.as_str(), self.runs());
+        }
         let env: Vec<String> = self.env().iter().map(|(k, v)| format!("{k}={v}")).collect();
         if env.is_empty() {
             write!(f, "{} (default environment)", self.as_str())
@@ -145,6 +189,25 @@ impl Order {
     /// The order as typed: `1 0 0 1`, `A B B A`.
     pub fn tokens(&self) -> String {
         self.0.iter().map(|a| a.token()).collect::<Vec<_>>().join(" ")
+    }
+
+    /// This order with `from`'s arms renamed to `to`'s, slot for slot: an A/A run's order
+    /// from the one typed.
+    pub fn renamed(&self, from: [Arm; 2], to: [Arm; 2]) -> Order {
+        Order(
+            self.0
+                .iter()
+                .map(|&a| {
+                    if a == from[0] {
+                        to[0]
+                    } else if a == from[1] {
+                        to[1]
+                    } else {
+                        a
+                    }
+                })
+                .collect(),
+        )
     }
 }
 
@@ -251,13 +314,13 @@ pub fn gate_lines(log: &str) -> Vec<GateLine> {
 
 /// What a mixed arm's gate line may say: `(outcome, qmv_wide)`.
 fn accepted_gates(arm: Arm) -> &'static [(&'static str, &'static str)] {
-    match arm {
+    match arm.runs() {
         // The default environment: exact as is, or exact once the gate dropped the wide
         // kernel for the whole process (the pin whose collateral arm A carries).
         Arm::A => &[("exact", "on"), ("exact-without-qmv-wide", "off")],
         // The fast-kernel recipe: the wide kernel stays on and the stream speculates.
         Arm::B => &[("exact", "on"), ("inexact-allowed", "on")],
-        Arm::Narrow | Arm::Wide => &[],
+        Arm::Narrow | Arm::Wide | Arm::A1(_) | Arm::A2(_) => &[],
     }
 }
 
@@ -434,6 +497,29 @@ mod tests {
         // JSON logs carry the same message.
         let json = r#"{"level":"INFO","fields":{"message":"speculative gate outcome=exact model=m k=2 kv_dtype=f32 qmv_wide=on: verify block matches the single-token chain; speculative decoding on"}}"#;
         assert_eq!(check_gate(Arm::B, json).unwrap().unwrap().k, "2");
+    }
+
+    #[test]
+    fn aa_slots_are_named_for_themselves_and_run_the_shared_environment() {
+        let (a1, a2) = (Arm::A1(AaEnv::Wide), Arm::A2(AaEnv::Wide));
+        assert_eq!((a1.as_str(), a2.as_str()), ("A1", "A2"));
+        assert_eq!(serde_json::to_string(&a2).unwrap(), "\"A2\"");
+        assert_eq!(serde_json::to_string(&Arm::Narrow).unwrap(), "\"narrow\"");
+        assert_eq!((a1.env(), a2.env()), (Arm::Wide.env(), Arm::Wide.env()));
+        assert_eq!((a2.runs(), a2.kernel()), (Arm::Wide, ("on", "yes")));
+        assert_eq!(a2.to_string(), "A2, A/A: wide (KILN_QMV_WIDE=1)");
+        let narrow_line =
+            "INFO kiln_serve: kernel configuration: isa=avx2 threads=2 qmv_wide=off qmv_wide_pinned=yes\n";
+        assert_eq!(
+            check_identity(a2, narrow_line).unwrap_err(),
+            "arm identity: the A2 boot reports qmv_wide=off (expected on)"
+        );
+        let order = order_arg("1 0 0 1").unwrap().renamed([Arm::Wide, Arm::Narrow], [a1, a2]);
+        assert_eq!(order.tokens(), "A1 A2 A2 A1");
+        let mixed = Arm::A2(AaEnv::A);
+        assert!(mixed.expects_gate());
+        assert!(check_gate(mixed, &gate_log("exact-without-qmv-wide", "off")).is_ok(), "arm A's gates");
+        assert!(check_gate(mixed, &gate_log("inexact-allowed", "on")).is_err());
     }
 
     #[test]

@@ -249,7 +249,7 @@ impl Mode for Mixed {
         Design::MIXED
     }
 
-    fn panels(&self, _rows: &[TaxRow], passes: &[PassRecord]) -> Vec<Panel> {
+    fn panels(&self, _rows: &[TaxRow], passes: &[PassRecord], _design: Design) -> Vec<Panel> {
         super::plots::mixed(passes, [CLASSIC.name, SPEC.name])
     }
 

@@ -261,7 +261,14 @@ impl QmvPinTax {
     fn drive<M: Mode + std::fmt::Debug>(&self, mode: &M, passes: u64, ctx: Ctx) -> Result<ExitCode> {
         let Ctx { root, runs_dir, record_dir, engine, order, shutdown } = ctx;
         let unit = mode.unit();
-        let design = mode.design();
+        // An A/A run's slots are arms of their own (A1, A2) running one environment, so
+        // every record names what the boot was and what it ran.
+        let (design, order) = if self.aa {
+            let (base, aa) = (mode.design(), mode.design().aa());
+            (aa, order.renamed([base.den, base.num], [aa.den, aa.num]))
+        } else {
+            (mode.design(), order)
+        };
         let run_dir = crate::runs::create_run_dir(&runs_dir, "qmv-pin-tax")?;
         let (mut env, device) = crate::runs::fingerprint(&root, Some(&engine));
         env["qmv_pin_tax"] = serde_json::json!({
@@ -319,7 +326,6 @@ impl QmvPinTax {
             run_dir: run_dir.clone(),
             cwd: root.clone(),
             first_boot: 0,
-            aa: self.aa.then_some(design.den),
             deadline: self.seq.until_ci.and(self.seq.max_time).map(|d| std::time::Instant::now() + d),
         };
         let skipped = mode.skipped();
@@ -330,7 +336,8 @@ impl QmvPinTax {
             margin_pct: self.seq.margin,
             sequential: self.seq.until_ci.is_some(),
         };
-        let (out, order, stopped, scheduled) = self.run_blocks(mode, &plan, &cells, &judge, &shutdown)?;
+        let (out, order, stopped, scheduled) =
+            self.run_blocks(mode, design, &plan, &cells, &judge, &shutdown)?;
         let rows = analysis::analyse_with(&cells, &order, &out.passes, &judge, design);
         let fnd = analysis::findings(&out.passes, unit);
         let mut text = analysis::summary(&rows, &fnd, &out.boots, self.trust_limit, design, unit);
@@ -356,7 +363,8 @@ impl QmvPinTax {
                 order.0.len()
             );
         }
-        if let Some(section) = mode.fit(&rows) {
+        // The fit names the arms it subtracts (narrow - wide); an A/A run has neither.
+        if let Some(section) = mode.fit(&rows).filter(|_| !self.aa) {
             let _ = writeln!(text, "\n{section}");
         }
         let run_name = run_dir.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned());
@@ -365,8 +373,8 @@ impl QmvPinTax {
             aa::write(&run_dir, &f)?;
             let _ = writeln!(
                 text,
-                "A/A run (both slots {}): every true ratio is 1, so an interval excluding 1 is a false positive:\n{}",
-                design.den.as_str(),
+                "A/A run (slots A1 and A2 both run {}): every true ratio is 1, so an interval excluding 1 is a false positive:\n{}",
+                design.aa_env.arm(),
                 aa::describe(&f)
             );
         } else {
@@ -407,7 +415,7 @@ impl QmvPinTax {
         }
         fs::write(run_dir.join("summary.md"), &text).context("writing summary.md")?;
         let svg = run_dir.join("tax.svg");
-        if let Err(e) = crate::plot::write_svg(&svg, &mode.panels(&rows, &out.passes)) {
+        if let Err(e) = crate::plot::write_svg(&svg, &mode.panels(&rows, &out.passes, design)) {
             eprintln!("warning: no plot: {e:#}");
         }
         let record = if self.no_record || out.passes.is_empty() {
@@ -515,13 +523,13 @@ impl QmvPinTax {
     fn run_blocks<M: Mode>(
         &self,
         mode: &M,
+        design: analysis::Design,
         plan: &Plan,
         cells: &[abba::CellDef],
         judge: &analysis::Judge,
         shutdown: &Shutdown,
     ) -> Result<(abba::Outcome, Order, Option<crate::verdict::sequence::Stopped>, usize)> {
         use crate::verdict::sequence::Stopped;
-        let design = mode.design();
         let started = std::time::Instant::now();
         let mut all = abba::Outcome::default();
         let mut full = Order(Vec::new());

@@ -8,9 +8,9 @@ use super::analysis::TaxRow;
 use super::arms::Arm;
 use crate::plot::{Axis, Panel, Point, RefLine, Series};
 
-/// The plot: narrow/wide of each decode metric against B, its 95% interval as error
-/// bars, and the reference at 1 (no tax).
-pub fn sweep(rows: &[TaxRow]) -> Vec<Panel> {
+/// The plot: `ratio` (narrow/wide, or an A/A run's A2/A1) of each decode metric against
+/// B, its 95% interval as error bars, and the reference at 1 (no tax).
+pub fn sweep(rows: &[TaxRow], ratio: &str) -> Vec<Panel> {
     let decode: Vec<(&TaxRow, f64)> = rows
         .iter()
         .filter(|r| !r.contaminated)
@@ -24,7 +24,7 @@ pub fn sweep(rows: &[TaxRow]) -> Vec<Panel> {
         .map(|m| Series {
             join: true,
             ..Series::points(
-                format!("{m}: narrow/wide"),
+                format!("{m}: {ratio}"),
                 decode
                     .iter()
                     .filter(|(r, _)| r.metric == *m)
@@ -40,9 +40,9 @@ pub fn sweep(rows: &[TaxRow]) -> Vec<Panel> {
         series,
         refs: vec![RefLine { y: 1.0, name: "no tax (1)".into() }],
         ..Panel::new(
-            "qmv_wide pin: narrow/wide in batched decode",
+            format!("qmv_wide pin: {ratio} in batched decode"),
             Axis::log("concurrent streams B"),
-            Axis::linear("narrow / wide (ratio)"),
+            Axis::linear(format!("{} (ratio)", ratio.replace('/', " / "))),
         )
     }]
 }
@@ -54,7 +54,9 @@ pub fn mixed(passes: &[PassRecord], metrics: [&str; 2]) -> Vec<Panel> {
     metrics
         .iter()
         .map(|metric| {
-            let series = [Arm::A, Arm::B]
+            // The arms the passes ran: A and B, or an A/A run's A1 and A2.
+            let arms: std::collections::BTreeSet<Arm> = passes.iter().map(|p| p.arm).collect();
+            let series = arms
                 .iter()
                 .map(|&arm| {
                     let mut by_boot: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
@@ -127,7 +129,7 @@ mod tests {
                 pairs: Vec::new(),
             })
             .collect();
-        let l = crate::plot::raster::check("pin-tax-sweep", &sweep(&rows));
+        let l = crate::plot::raster::check("pin-tax-sweep", &sweep(&rows, "narrow/wide"));
         let p = &l.panels[0];
         // Not "1 1 1 2 3 4 6 8 11": the levels that ran.
         assert_eq!(p.x_ticks.iter().map(|t| t.label.as_str()).collect::<Vec<_>>(), ["1", "2", "4", "8"]);

@@ -197,8 +197,8 @@ impl Mode for Sweep {
         Design::SWEEP
     }
 
-    fn panels(&self, rows: &[TaxRow], _passes: &[PassRecord]) -> Vec<crate::plot::Panel> {
-        super::plots::sweep(rows)
+    fn panels(&self, rows: &[TaxRow], _passes: &[PassRecord], design: Design) -> Vec<crate::plot::Panel> {
+        super::plots::sweep(rows, &design.ratio_name())
     }
 
     fn fit(&self, rows: &[TaxRow]) -> Option<String> {
