@@ -146,6 +146,33 @@ impl Machine {
     }
 }
 
+/// The line every summary of figures measured on `device` carries when that device is the
+/// CUDA kernels' host execution (`cuda:host execution on CPU (memory)`, what
+/// [`Machine::device`] says under `KILN_CUDA_EMULATE`), so no figure of it is read as a
+/// GPU's; `None` for any other device.
+pub fn host_execution_note(device: &str) -> Option<String> {
+    let on = device.strip_prefix("cuda:host execution on ")?;
+    Some(format!("figures are the CUDA kernels' host execution on {on}, not a GPU (KILN_CUDA_EMULATE=1)"))
+}
+
+/// The [`host_execution_note`] lines of `devices` (each device once, in order), each
+/// ending in a newline; empty when none is the host execution.
+pub fn host_execution_notes<'a>(devices: impl IntoIterator<Item = &'a str>) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    let mut s = String::new();
+    for d in devices {
+        if seen.contains(&d) {
+            continue;
+        }
+        seen.push(d);
+        if let Some(note) = host_execution_note(d) {
+            s.push_str(&note);
+            s.push('\n');
+        }
+    }
+    s
+}
+
 /// Whether `KILN_CUDA_EMULATE`'s value asks for the host execution, by the engine's rule:
 /// unset, empty or `0` is no, `1` is yes, anything else is refused (the engine exits 2 on
 /// it, so a sweep refuses it before anything runs).
@@ -316,6 +343,22 @@ pub(crate) mod tests {
         assert_eq!(m.gpu_software("cuda"), (String::new(), String::new()));
         assert_eq!(m.device_memory("cuda"), None);
         assert!(!m.on_device("cuda") && machine().on_device("cuda") && !machine().on_device("cpu"));
+        // Every summary of its figures says whose they are.
+        assert_eq!(
+            host_execution_note(&m.device("cuda", None)).as_deref(),
+            Some(
+                "figures are the CUDA kernels' host execution on Some CPU (24 GiB), not a GPU (KILN_CUDA_EMULATE=1)"
+            )
+        );
+        assert_eq!(host_execution_note(&machine().device("cuda", None)), None);
+        assert_eq!(host_execution_note(&m.device("cpu", None)), None);
+        let emulated = m.device("cuda", None);
+        assert_eq!(
+            host_execution_notes(["cpu:x", emulated.as_str(), emulated.as_str()]).lines().count(),
+            1,
+            "one line per device"
+        );
+        assert_eq!(host_execution_notes(["cpu:x"]), "");
         // The CPU backend is the CPU either way.
         assert_eq!(m.device("cpu", None), "cpu:Some CPU (24 GiB)");
         // Without a GPU, emulated or not, cuda is the host's.

@@ -126,6 +126,7 @@ fn on_a_gpu_the_rows_name_the_gpu_its_driver_and_cuda_and_the_host_execution_nev
         ("cuda:NVIDIA H200 (143771 MiB)", "cuda", "580.95.05", "13.0"),
         "{run}"
     );
+    assert!(!run.stdout.contains("host execution"), "a GPU's figures are not the host's{run}");
     let env = env_json(&sb);
     assert_eq!(env["gpus"][0], "NVIDIA H200 (143771 MiB)");
     assert_eq!(
@@ -154,6 +155,13 @@ fn on_a_gpu_the_rows_name_the_gpu_its_driver_and_cuda_and_the_host_execution_nev
     assert!(r.get("device").starts_with("cuda:host execution on "), "{run}");
     assert!(!r.get("device").contains("H200"), "{run}");
     assert_eq!((r.get("driver_version"), r.get("cuda_version")), ("", ""), "{run}");
+    // The terminal summary says whose figures they are, before any of them.
+    let first = run.stdout.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    assert!(
+        first.starts_with("figures are the CUDA kernels' host execution on ")
+            && first.ends_with(", not a GPU (KILN_CUDA_EMULATE=1)"),
+        "{run}"
+    );
 }
 
 #[test]

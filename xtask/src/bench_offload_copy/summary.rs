@@ -75,6 +75,11 @@ pub(super) fn write_tables(rows: &[OffloadRow], csv: &Path) {
 /// One markdown table per geometry with a row that ran, in sweep order.
 pub fn markdown(rows: &[OffloadRow]) -> String {
     let mut out = String::from("# Expert offload copy cost\n");
+    // Figures of the CUDA kernels' host execution are the CPU's: said before any of them.
+    let notes = crate::machine::host_execution_notes(rows.iter().map(|r| r.device.as_str()));
+    if !notes.is_empty() {
+        out.push_str(&format!("\n{notes}"));
+    }
     let mut seen: Vec<(String, u64)> = Vec::new();
     for r in rows {
         let key = (r.model.clone(), r.cache_slots);
@@ -180,6 +185,18 @@ mod tests {
             row(16, 1, 1.0, "SKIP:unsupported", None),
         ];
         let md = markdown(&rows);
+        assert!(!md.contains("host execution"), "{md}");
+        let emulated: Vec<OffloadRow> = rows
+            .iter()
+            .map(|r| OffloadRow { device: "cuda:host execution on C (1 GiB)".into(), ..r.clone() })
+            .collect();
+        assert!(
+            markdown(&emulated).contains(
+                "\nfigures are the CUDA kernels' host execution on C (1 GiB), not a GPU (KILN_CUDA_EMULATE=1)\n"
+            ),
+            "{}",
+            markdown(&emulated)
+        );
         assert_eq!(md.matches("## m @ cache_slots=8").count(), 1);
         assert!(md.contains("m @ cache_slots=16: SKIP:unsupported"));
         assert!(!md.contains("## m @ cache_slots=16"));

@@ -340,7 +340,9 @@ impl QmvPinTax {
             self.run_blocks(mode, design, &plan, &cells, &judge, &shutdown)?;
         let rows = analysis::analyse_with(&cells, &order, &out.passes, &judge, design);
         let fnd = analysis::findings(&out.passes, unit);
-        let mut text = analysis::summary(&rows, &fnd, &out.boots, self.trust_limit, design, unit);
+        // Figures of the CUDA kernels' host execution are the CPU's: said before any of them.
+        let mut text = crate::machine::host_execution_notes([device.as_str()]);
+        text.push_str(&analysis::summary(&rows, &fnd, &out.boots, self.trust_limit, design, unit));
         if !skipped.is_empty() {
             let _ = writeln!(text, "skipped cells (never sent): {}", skipped.len());
             for (cell, why) in &skipped {

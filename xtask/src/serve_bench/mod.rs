@@ -171,7 +171,7 @@ impl ServeBench {
         }
         let runs_dir = self.boot.runs_dir(&root)?;
         let run_dir = crate::runs::create_run_dir(&runs_dir, "serve-bench")?;
-        let (mut env, _) = crate::runs::fingerprint(&root, engine.as_ref());
+        let (mut env, device) = crate::runs::fingerprint(&root, engine.as_ref());
         let levels = self.levels();
         env["serve_bench"] = serde_json::json!({
             "target": self.url,
@@ -272,6 +272,10 @@ impl ServeBench {
         let cpu_client: f64 = done.iter().map(|l| l.client_cpu_s).sum();
         let cpu_server: Option<f64> = done.iter().map(|l| l.server_cpu_s).sum();
         let mut text = format!("serve-bench against {} ({})\n\n{md}\n", target.url(), served);
+        // A server booted here on the CUDA kernels' host execution: its figures are the CPU's.
+        if engine.is_some() {
+            text.insert_str(0, &crate::machine::host_execution_notes([device.as_str()]));
+        }
         text.push_str(&format!(
             "client CPU over the measured requests: {cpu_client:.2} s{}\n",
             cpu_server.filter(|s| *s > 0.0).map_or(String::new(), |s| format!(

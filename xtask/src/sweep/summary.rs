@@ -64,7 +64,13 @@ fn repeated_cell(cell: &Cell, finished: &[Finished<'_>]) -> String {
 
 /// The markdown table and the tally lines.
 pub fn render(plan: &Plan, finished: &[Finished<'_>], interrupted: Option<&str>) -> String {
-    let mut s = String::new();
+    // Figures of the CUDA kernels' host execution are the CPU's: said before any of them.
+    let mut s = crate::machine::host_execution_notes(
+        finished.iter().filter_map(|f| f.row).map(|r| r.device.as_str()),
+    );
+    if !s.is_empty() {
+        s.push('\n');
+    }
     let by_length = !plan.lengths.is_empty();
     let columns: Vec<String> =
         if by_length { plan.lengths.iter().map(u64::to_string).collect() } else { vec!["prompt".into()] };
@@ -248,6 +254,31 @@ mod tests {
         assert!(text.contains("interrupted by SIGINT after 3 of 4 cells"), "{text}");
         assert!(text.contains("disturbed 1 of 4 cells (other processes were busy"), "{text}");
         assert!(text.contains("see the disturbed column): a@512\n"), "{text}");
+    }
+
+    #[test]
+    fn a_summary_of_the_host_execution_says_its_figures_are_not_a_gpus() {
+        let p = plan(DEFAULTS);
+        let mut r = rows(&p, &["ok", "ok", "ok", ""]);
+        for row in r.values_mut() {
+            row.device = "cuda:host execution on Some CPU (24 GiB)".into();
+        }
+        let text = render(&p, &pair(&p, &r), None);
+        let first = text.lines().next().unwrap_or("");
+        assert_eq!(
+            first,
+            "figures are the CUDA kernels' host execution on Some CPU (24 GiB), not a GPU (KILN_CUDA_EMULATE=1)",
+            "{text}"
+        );
+        assert_eq!(text.matches("host execution").count(), 1, "one line per device{text}");
+        // A GPU's or the CPU's rows carry no such line.
+        for device in ["cuda:NVIDIA H200 (143771 MiB)", "cpu:Some CPU (24 GiB)"] {
+            for row in r.values_mut() {
+                row.device = device.into();
+            }
+            let text = render(&p, &pair(&p, &r), None);
+            assert!(!text.contains("host execution"), "{text}");
+        }
     }
 
     #[test]
