@@ -173,17 +173,10 @@ pub fn host_execution_notes<'a>(devices: impl IntoIterator<Item = &'a str>) -> S
     s
 }
 
-/// Whether `KILN_CUDA_EMULATE`'s value asks for the host execution, by the engine's rule:
-/// unset, empty or `0` is no, `1` is yes, anything else is refused (the engine exits 2 on
-/// it, so a sweep refuses it before anything runs).
-pub fn cuda_emulation(value: Option<&OsStr>) -> Result<bool, String> {
-    match value {
-        None => Ok(false),
-        Some(v) if v.is_empty() || v == "0" => Ok(false),
-        Some(v) if v == "1" => Ok(true),
-        Some(v) => Err(format!("invalid KILN_CUDA_EMULATE {v:?}: accepted values are 0 and 1")),
-    }
-}
+/// Whether `KILN_CUDA_EMULATE`'s value asks for the host execution, by the protocol's
+/// rule, the one the engine applies (it exits 2 on a bad value, so a sweep refuses it
+/// before anything runs).
+pub use kiln_protocol::cuda_emulation;
 
 fn gib(bytes: u64) -> String {
     format!("{:.0} GiB", bytes as f64 / (1u64 << 30) as f64)

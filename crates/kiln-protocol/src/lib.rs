@@ -11,6 +11,7 @@ mod knobs;
 mod lines;
 mod report;
 mod size;
+mod switches;
 mod tokens;
 mod usage;
 
@@ -21,6 +22,7 @@ pub use report::{
     OffloadCopyReport, ReportError, SPEC_FIELDS,
 };
 pub use size::{MIN_BANDWIDTH_BYTES, SizeParseError, parse_bandwidth_bytes, parse_size};
+pub use switches::{CUDA_EMULATE_ENV, cuda_emulation, switch_value};
 pub use tokens::{ContextExceeded, WarmupError, check_context, context_room, timed_decode_steps};
 pub use usage::UsageError;
 

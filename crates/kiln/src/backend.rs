@@ -13,8 +13,7 @@ use crate::cli::RunArgs;
 use crate::exit::usage;
 
 /// Runs `--backend cuda` on the host execution of the kernels when `1`.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub const EMULATE_ENV: &str = "KILN_CUDA_EMULATE";
+pub const EMULATE_ENV: &str = kiln_protocol::CUDA_EMULATE_ENV;
 
 /// The device a `cuda` run holds: kiln-cuda's executor, or nothing a build without the
 /// feature can make.
@@ -69,16 +68,11 @@ pub fn check(args: &RunArgs, command: &str, runs_cuda: bool, speculative: bool) 
     }
 }
 
-/// A `0`/`1` switch read from `name`: unset or empty is `default`, anything else is
+/// A `0`/`1` switch read from `name`, by the protocol's one rule
+/// ([`kiln_protocol::switch_value`]): unset or empty is `default`, anything else is
 /// refused naming the variable.
 fn switch_env(name: &str, default: bool) -> anyhow::Result<bool> {
-    match std::env::var(name) {
-        Err(_) => Ok(default),
-        Ok(v) if v.is_empty() => Ok(default),
-        Ok(v) if v == "0" => Ok(false),
-        Ok(v) if v == "1" => Ok(true),
-        Ok(v) => Err(usage(format!("invalid {name} {v:?}: accepted values are 0 and 1"))),
-    }
+    kiln_protocol::switch_value(name, std::env::var_os(name).as_deref(), default).map_err(usage)
 }
 
 /// Whether `KILN_CUDA_EMULATE` asks for the host execution (default no).
