@@ -569,7 +569,11 @@ pub fn parse_metric(text: &str, name: &str) -> Option<f64> {
 }
 
 fn load(path: &Path) -> Result<Vec<Measurement>> {
-    let Ok(text) = fs::read_to_string(path) else { return Ok(Vec::new()) };
+    let text = match crate::fsx::read_text_bounded(path, crate::fsx::MAX_RUN_FILE_BYTES) {
+        Ok(t) => t,
+        Err(e) if crate::fsx::is_not_found(&e) => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .enumerate()

@@ -11,6 +11,7 @@ mod bisect;
 mod child;
 mod console;
 mod engine;
+mod fsx;
 mod machine;
 mod oom_record;
 mod peer;

@@ -93,6 +93,60 @@ fn report_refuses_what_is_not_a_run_directory() {
         .expect_stderr("not a run directory");
 }
 
+/// `path` made a FIFO (named pipe) that nothing writes: opening it to read would wait
+/// forever.
+fn fifo(path: &Path) {
+    use rustix::fs::{CWD, FileType, Mode, mknodat};
+    mknodat(CWD, path, FileType::Fifo, Mode::from_raw_mode(0o600), 0).expect("mkfifo");
+}
+
+/// A serve-bench run directory as far as the report reads one: levels.csv.
+fn levels_dir(sb: &Sandbox, name: &str) -> PathBuf {
+    let d = sb.path(name);
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("levels.csv"), "level,concurrency,output_tok_s\nc=1,1,10\n").unwrap();
+    d
+}
+
+#[test]
+fn report_refuses_a_fifo_or_a_device_in_a_run_directory_at_once() {
+    let sb = Sandbox::new();
+    let limit = std::time::Duration::from_secs(60);
+    for name in ["summary.md", "requests.jsonl", "env.json"] {
+        let d = levels_dir(&sb, &format!("serve-{name}"));
+        fifo(&d.join(name));
+        sb.run_within("report", &[d.to_str().unwrap()], limit)
+            .expect_code(2)
+            .expect_stderr(&format!("{name} is a FIFO (named pipe): only a regular file is read there"));
+    }
+    // The sweep's CSV, wherever env.json's output puts it.
+    let d = sb.path("sweep");
+    fs::create_dir(&d).unwrap();
+    let csv = sb.path("results.csv");
+    fifo(&csv);
+    fs::write(d.join("env.json"), format!("{{\"output\": {:?}}}", csv.to_str().unwrap())).unwrap();
+    sb.run_within("report", &[d.to_str().unwrap()], limit)
+        .expect_code(2)
+        .expect_stderr("results.csv is a FIFO (named pipe)");
+    // A link to /dev/zero is followed and refused, not read without end.
+    let d = levels_dir(&sb, "zero");
+    std::os::unix::fs::symlink("/dev/zero", d.join("summary.md")).unwrap();
+    sb.run_within("report", &[d.to_str().unwrap()], limit)
+        .expect_code(2)
+        .expect_stderr("summary.md is a character device");
+    // A FIFO the report does not read is only listed.
+    fs::remove_file(d.join("summary.md")).unwrap();
+    fifo(&d.join("kiln.fifo"));
+    sb.run_within("report", &[d.to_str().unwrap()], limit).expect_code(0);
+    assert!(fs::read_to_string(d.join("report.html")).unwrap().contains("kiln.fifo"));
+    let d2 = levels_dir(&sb, "plain");
+    fs::remove_file(d2.join("levels.csv")).unwrap();
+    fifo(&d2.join("levels.csv"));
+    sb.run_within("report", &[d2.to_str().unwrap()], limit)
+        .expect_code(2)
+        .expect_stderr("levels.csv is a FIFO");
+}
+
 /// Headless Chromium (the flags the machine notes say work offline) draws the page; the
 /// screenshot must have the page's text and plot: many pixels that are not background.
 fn screenshot_is_not_blank(chromium: &Path, page: &Path, tmp: &Path) {

@@ -1,6 +1,8 @@
 //! The sweep scenarios end to end: the real `cargo xtask` against the real `kiln` on the
 //! tiny synthetic models (1024-token context), each test in its own directory.
 
+// Shared with the report tests; not every helper is used here.
+#[allow(dead_code)]
 mod util;
 
 use std::fs;

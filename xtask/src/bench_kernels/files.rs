@@ -54,7 +54,7 @@ pub(super) struct SampleFile {
 }
 
 pub(super) fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = crate::fsx::read_text_bounded(path, crate::fsx::MAX_RUN_FILE_BYTES)?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 

@@ -97,7 +97,8 @@ pub fn latest(runs_dir: &Path, device: &str, except: &Path) -> Option<(PathBuf, 
         .collect();
     dirs.sort();
     dirs.into_iter().rev().find_map(|d| {
-        let f: NoiseFloor = serde_json::from_str(&std::fs::read_to_string(d.join("aa.json")).ok()?).ok()?;
+        let text = crate::fsx::read_text_bounded(&d.join("aa.json"), crate::fsx::MAX_RUN_FILE_BYTES).ok()?;
+        let f: NoiseFloor = serde_json::from_str(&text).ok()?;
         (f.device == device).then_some((d, f))
     })
 }

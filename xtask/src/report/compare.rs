@@ -59,7 +59,7 @@ fn lines(runs: &[Run]) -> Result<Vec<Line>> {
                     put(cell, "copy GB/s", ri, g("copy_gb_s").parse().ok());
                 }
             }
-            Kind::Quality { raw } => {
+            Kind::Quality { raw, .. } => {
                 for m in raw {
                     let g = |k: &str| m.get(k).cloned().unwrap_or_default();
                     let cell = format!("{} {}", g("model"), g("scheme"));

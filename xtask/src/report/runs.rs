@@ -20,12 +20,12 @@ pub enum Kind {
     Sweep { csv: PathBuf, rows: Vec<Row> },
     /// bench-offload-copy.
     Offload { csv: PathBuf, rows: Vec<OffloadRow>, raw: Vec<BTreeMap<String, String>> },
-    /// serve-bench: levels.csv.
-    Serve { levels: Vec<LevelSummary>, open_loop: bool },
+    /// serve-bench: levels.csv, summary.md and requests.jsonl.
+    Serve { levels: Vec<LevelSummary>, open_loop: bool, summary: Option<String>, requests: Vec<Value> },
     /// qmv-pin-tax: summary.md, tax.svg, passes.jsonl.
-    PinTax { passes: Vec<Value> },
+    PinTax { passes: Vec<Value>, summary: Option<String>, svg: Option<Vec<u8>> },
     /// bench-quality: quality.csv and quality.md.
-    Quality { raw: Vec<BTreeMap<String, String>> },
+    Quality { raw: Vec<BTreeMap<String, String>>, summary: Option<String> },
 }
 
 impl Kind {
@@ -53,9 +53,20 @@ pub struct Run {
     pub kind: Kind,
 }
 
+/// A file of the run directory (a regular file only, see [`crate::fsx`]).
+fn read_text(path: &Path) -> Result<String> {
+    crate::fsx::read_text_bounded(path, crate::fsx::MAX_RUN_FILE_BYTES)
+}
+
+/// Same, `None` when the run has no such file.
+fn read_text_if_any(path: &Path) -> Result<Option<String>> {
+    crate::fsx::read_text_if_any(path, crate::fsx::MAX_RUN_FILE_BYTES)
+}
+
 fn read_csv_maps(path: &Path) -> Result<Vec<BTreeMap<String, String>>> {
-    let mut rdr = csv::Reader::from_path(path).with_context(|| format!("reading {}", path.display()))?;
-    let headers = rdr.headers()?.clone();
+    let text = read_text(path)?;
+    let mut rdr = csv::Reader::from_reader(text.as_bytes());
+    let headers = rdr.headers().with_context(|| format!("reading {}", path.display()))?.clone();
     let mut out = Vec::new();
     for rec in rdr.records() {
         let rec = rec.with_context(|| format!("reading {}", path.display()))?;
@@ -65,7 +76,7 @@ fn read_csv_maps(path: &Path) -> Result<Vec<BTreeMap<String, String>>> {
 }
 
 fn read_jsonl(path: &Path) -> Result<Vec<Value>> {
-    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = read_text(path)?;
     // A last line cut short (the run was killed mid-write) is left out, not an error.
     Ok(text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
 }
@@ -114,27 +125,45 @@ impl Run {
     pub fn load(dir: &Path) -> Result<Run> {
         let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let env_path = dir.join("env.json");
-        let env: Option<Value> = if env_path.is_file() {
-            Some(
-                serde_json::from_str(&fs::read_to_string(&env_path)?)
-                    .with_context(|| format!("{} is not JSON", env_path.display()))?,
-            )
-        } else {
-            None
+        let env: Option<Value> = match read_text_if_any(&env_path)? {
+            Some(text) => Some(
+                serde_json::from_str(&text).with_context(|| format!("{} is not JSON", env_path.display()))?,
+            ),
+            None => None,
         };
-        let kind = if dir.join("levels.csv").is_file() {
+        // Which task wrote the run is told by which file it has (of any type: a FIFO
+        // named levels.csv is refused when read, not taken for another task's run).
+        let has = |name: &str| fs::symlink_metadata(dir.join(name)).is_ok();
+        let kind = if has("levels.csv") {
             let levels = read_levels(&dir.join("levels.csv"))?;
             let open_loop = levels.iter().any(|l| l.concurrency.is_none());
-            Kind::Serve { levels, open_loop }
-        } else if dir.join("passes.jsonl").is_file() {
-            Kind::PinTax { passes: read_jsonl(&dir.join("passes.jsonl"))? }
-        } else if dir.join("quality.csv").is_file() {
-            Kind::Quality { raw: read_csv_maps(&dir.join("quality.csv"))? }
+            let requests = match read_jsonl(&dir.join("requests.jsonl")) {
+                Err(e) if crate::fsx::is_not_found(&e) => Vec::new(),
+                r => r?,
+            };
+            Kind::Serve { levels, open_loop, summary: read_text_if_any(&dir.join("summary.md"))?, requests }
+        } else if has("passes.jsonl") {
+            Kind::PinTax {
+                passes: read_jsonl(&dir.join("passes.jsonl"))?,
+                summary: read_text_if_any(&dir.join("summary.md"))?,
+                svg: match crate::fsx::read_regular_bounded(
+                    &dir.join("tax.svg"),
+                    crate::fsx::MAX_RUN_FILE_BYTES,
+                ) {
+                    Err(e) if crate::fsx::is_not_found(&e) => None,
+                    r => Some(r?),
+                },
+            }
+        } else if has("quality.csv") {
+            Kind::Quality {
+                raw: read_csv_maps(&dir.join("quality.csv"))?,
+                summary: read_text_if_any(&dir.join("quality.md"))?,
+            }
         } else if let Some(out) = env.as_ref().and_then(|e| e.get("output")).and_then(Value::as_str) {
             // The output path as the task wrote it: absolute, or relative to the workspace.
             let csv = PathBuf::from(out);
             let csv = if csv.is_absolute() { csv } else { crate::project_root(dir).join(csv) };
-            let head = fs::read_to_string(&csv)
+            let head = read_text(&csv)
                 .with_context(|| format!("reading {}, the run's CSV (env.json's output)", csv.display()))?;
             let first = head.lines().next().unwrap_or_default();
             let offload = [
@@ -142,10 +171,10 @@ impl Run {
                 &crate::bench_offload_copy::HEADER_BEFORE_DRIVER[..],
             ];
             if rows::is_sweep_header(first) {
-                let rows = rows::read_rows(&csv)?;
+                let rows = rows::rows_from_bytes(head.as_bytes(), &csv)?;
                 Kind::Sweep { csv, rows }
             } else if offload.iter().any(|h| first == h.join(",")) {
-                let mut rdr = csv::Reader::from_path(&csv)?;
+                let mut rdr = csv::Reader::from_reader(head.as_bytes());
                 let rows = rdr
                     .deserialize()
                     .collect::<Result<Vec<OffloadRow>, _>>()
@@ -234,15 +263,10 @@ impl Run {
                 )
             }
             Kind::Offload { rows, .. } => html::markdown(&crate::bench_offload_copy::markdown(rows)),
-            Kind::Serve { .. } | Kind::PinTax { .. } => self.markdown_file("summary.md"),
-            Kind::Quality { .. } => self.markdown_file("quality.md"),
-        }
-    }
-
-    fn markdown_file(&self, name: &str) -> String {
-        match fs::read_to_string(self.dir.join(name)) {
-            Ok(md) => html::markdown(&md),
-            Err(e) => format!("<p class=\"bad\">{}</p>\n", html::escape(&format!("no {name}: {e}"))),
+            Kind::Serve { summary, .. } | Kind::PinTax { summary, .. } => {
+                markdown_file(summary, "summary.md")
+            }
+            Kind::Quality { summary, .. } => markdown_file(summary, "quality.md"),
         }
     }
 
@@ -252,15 +276,11 @@ impl Run {
         let panels = match &self.kind {
             Kind::Sweep { rows, .. } => crate::bench_longprompt::panels(rows),
             Kind::Offload { rows, .. } => crate::bench_offload_copy::panels(rows),
-            Kind::Serve { levels, open_loop } => crate::serve_bench::output::panels(levels, *open_loop),
-            Kind::PinTax { .. } => {
-                return fs::read(self.dir.join("tax.svg"))
-                    .ok()
-                    .map(|svg| html::svg_image(&svg, "tax.svg"))
-                    .into_iter()
-                    .collect();
+            Kind::Serve { levels, open_loop, .. } => crate::serve_bench::output::panels(levels, *open_loop),
+            Kind::PinTax { svg, .. } => {
+                return svg.iter().map(|svg| html::svg_image(svg, "tax.svg")).collect();
             }
-            Kind::Quality { raw } => crate::bench_quality::panels(
+            Kind::Quality { raw, .. } => crate::bench_quality::panels(
                 &raw.iter().filter_map(crate::bench_quality::Scored::from_csv).collect::<Vec<_>>(),
             ),
         };
@@ -298,24 +318,22 @@ impl Run {
                     })
                     .collect(),
             ),
-            Kind::Serve { .. } => {
-                let reqs = read_jsonl(&self.dir.join("requests.jsonl")).unwrap_or_default();
-                (
-                    vec!["level", "request", "warm-up", "HTTP status", "error"],
-                    reqs.iter()
-                        .filter(|r| r.get("ok").and_then(Value::as_bool) == Some(false))
-                        .map(|r| {
-                            let s = |k: &str| {
-                                r.get(k).map_or(String::new(), |v| {
-                                    v.as_str().map_or_else(|| v.to_string(), str::to_string)
-                                })
-                            };
-                            vec![s("level"), s("key"), s("warmup"), s("http_status"), s("error")]
-                        })
-                        .collect(),
-                )
-            }
-            Kind::PinTax { passes } => (
+            Kind::Serve { requests, .. } => (
+                vec!["level", "request", "warm-up", "HTTP status", "error"],
+                requests
+                    .iter()
+                    .filter(|r| r.get("ok").and_then(Value::as_bool) == Some(false))
+                    .map(|r| {
+                        let s = |k: &str| {
+                            r.get(k).map_or(String::new(), |v| {
+                                v.as_str().map_or_else(|| v.to_string(), str::to_string)
+                            })
+                        };
+                        vec![s("level"), s("key"), s("warmup"), s("http_status"), s("error")]
+                    })
+                    .collect(),
+            ),
+            Kind::PinTax { passes, .. } => (
                 vec!["boot", "arm", "pass", "why it does not count"],
                 passes
                     .iter()
@@ -362,6 +380,14 @@ impl Run {
             out.push((percent_encode(&n), format!("{n} ({size} bytes)")));
         }
         out
+    }
+}
+
+/// A summary file the run wrote, as HTML, or a note that it has none.
+fn markdown_file(md: &Option<String>, name: &str) -> String {
+    match md {
+        Some(md) => html::markdown(md),
+        None => format!("<p class=\"bad\">no {name} in the run directory</p>\n"),
     }
 }
 

@@ -443,10 +443,15 @@ impl CsvOut {
 }
 
 /// Reads the finished rows of a CSV written by a sweep (for its plot, and in tests); see
-/// [`parse_rows`].
+/// [`parse_rows`]. Only a regular file is read ([`crate::fsx`]).
 pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
-    let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(parse_rows(&bytes, path)?.0)
+    let bytes = crate::fsx::read_regular_bounded(path, crate::fsx::MAX_RUN_FILE_BYTES)?;
+    rows_from_bytes(&bytes, path)
+}
+
+/// The finished rows of `bytes`, a sweep's CSV read from `path`; see [`parse_rows`].
+pub fn rows_from_bytes(bytes: &[u8], path: &Path) -> Result<Vec<Row>> {
+    Ok(parse_rows(bytes, path)?.0)
 }
 
 /// Whether `first_line` is a sweep header this harness reads: the current one, or one

@@ -100,7 +100,7 @@ impl TaskSpec {
                 run_dir.display()
             );
         }
-        let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let text = crate::fsx::read_text_bounded(&path, crate::fsx::MAX_RUN_FILE_BYTES)?;
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
     }
 

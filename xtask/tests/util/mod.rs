@@ -180,6 +180,22 @@ impl Sandbox {
         Run::from_output(line, out)
     }
 
+    /// Runs `cargo xtask <task> args...`, killing it and failing the test when it has not
+    /// ended within `limit`: for what must not block (a FIFO where a file should be).
+    pub fn run_within(&self, task: &str, args: &[&str], limit: std::time::Duration) -> Run {
+        let (line, mut child) = self.spawn(task, args, &[]);
+        let start = std::time::Instant::now();
+        while child.try_wait().expect("waiting for xtask").is_none() {
+            if start.elapsed() > limit {
+                let _ = child.kill();
+                let out = child.wait_with_output().expect("reaping xtask");
+                panic!("still running after {limit:?}, killed{}", Run::from_output(line, out));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        Run::from_output(line, child.wait_with_output().expect("reading xtask's output"))
+    }
+
     /// Starts `cargo xtask <task> args...` with piped output.
     pub fn spawn(&self, task: &str, args: &[&str], env: &[(&str, &str)]) -> (String, Child) {
         let mut cmd = self.command(task, args);

@@ -38,7 +38,7 @@ impl Jobs {
         if !path.is_file() {
             usage!("{}: no {}: the sweep was never submitted (a dry run?)", run_dir.display(), Self::FILE);
         }
-        let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let text = crate::fsx::read_text_bounded(&path, crate::fsx::MAX_RUN_FILE_BYTES)?;
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
     }
 
@@ -178,7 +178,7 @@ pub fn write_inferred(run_dir: &Path, inferred: &BTreeMap<String, TaskState>) ->
 }
 
 fn read_inferred(run_dir: &Path) -> BTreeMap<String, TaskState> {
-    fs::read_to_string(inferred_path(run_dir))
+    crate::fsx::read_text_bounded(&inferred_path(run_dir), crate::fsx::MAX_RUN_FILE_BYTES)
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or_default()
@@ -187,7 +187,7 @@ fn read_inferred(run_dir: &Path) -> BTreeMap<String, TaskState> {
 /// Slurm's own line about a task that ended badly (`*** JOB 41 ON node CANCELLED AT ...
 /// ***`) in the task's output file, as a state and the line.
 pub fn state_from_log(path: &Path) -> Option<TaskState> {
-    let text = fs::read_to_string(path).ok()?;
+    let text = crate::fsx::read_text_bounded(path, crate::fsx::MAX_RUN_FILE_BYTES).ok()?;
     let line = text.lines().rev().find(|l| l.contains("*** JOB") || l.contains("*** STEP"))?;
     // `CANCELLED AT ... DUE TO TIME LIMIT` is Slurm's time limit, not a user's scancel.
     let state = if line.contains("TIME LIMIT") {

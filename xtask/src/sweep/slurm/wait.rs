@@ -4,7 +4,6 @@
 //! Slurm has ended them. Then it reports the runner's overhead per cell.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -182,7 +181,9 @@ pub fn overhead(
 ) -> Option<String> {
     let times: Vec<Option<(f64, f64)>> = (0..spec.plan.cells.len())
         .map(|i| {
-            let text = fs::read_to_string(task::times_path(run_dir, i)).ok()?;
+            let text =
+                crate::fsx::read_text_bounded(&task::times_path(run_dir, i), crate::fsx::MAX_RUN_FILE_BYTES)
+                    .ok()?;
             let (a, b) = text.trim().split_once(',')?;
             Some((a.parse().ok()?, b.parse().ok()?))
         })
