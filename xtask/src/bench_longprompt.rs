@@ -8,9 +8,9 @@ use anyhow::Result;
 use xshell::Shell;
 
 use crate::console::usage;
+use crate::fsx::real_path;
 use crate::plot;
 use crate::sweep::plan::{self, Named, Plan, Prompt};
-use crate::sweep::record::real_path;
 use crate::sweep::rows;
 use crate::sweep::series;
 use crate::sweep::slurm::{RunnerFlags, RunnerKind};

@@ -1,11 +1,12 @@
-//! Reading a file another run (or a person) left in a directory: only a regular file,
-//! opened without blocking and read under a size bound. A FIFO would block the reader
-//! forever, and a link to `/dev/zero` would fill memory; both are refused, naming the file.
+//! Files another run (or a person) left behind. Reading one: only a regular file, opened
+//! without blocking and read under a size bound (a FIFO would block the reader forever,
+//! a link to `/dev/zero` would fill memory; both are refused, naming the file). Naming
+//! one: its real path, and whether two paths are one file however spelled.
 
-use std::fs::OpenOptions;
+use std::fs::{self, OpenOptions};
 use std::io::{ErrorKind, Read};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
@@ -88,6 +89,36 @@ pub fn is_not_found(e: &anyhow::Error) -> bool {
     e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == ErrorKind::NotFound)
 }
 
+/// `path` with its symlinks resolved; when it does not exist yet, its directory's real
+/// path joined with its name (following a dangling link to where it points).
+pub fn real_path(path: &Path) -> PathBuf {
+    if let Ok(p) = fs::canonicalize(path) {
+        return p;
+    }
+    let mut path = path.to_path_buf();
+    for _ in 0..40 {
+        match fs::read_link(&path) {
+            Ok(to) => path = path.parent().map_or(to.clone(), |d| d.join(&to)),
+            Err(_) => break,
+        }
+    }
+    match (path.parent().filter(|d| !d.as_os_str().is_empty()), path.file_name()) {
+        (Some(dir), Some(name)) => fs::canonicalize(dir).map_or(path.clone(), |d| d.join(name)),
+        _ => path,
+    }
+}
+
+/// Whether `a` and `b` name one file, however spelled: a symlink, `./`, `..` (the real
+/// paths agree, also for a file not created yet), or a hard link (same device and inode).
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    real_path(a) == real_path(b)
+        || match (fs::metadata(a), fs::metadata(b)) {
+            (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+            _ => false,
+        }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, Instant};
@@ -98,7 +129,7 @@ mod tests {
     fn only_a_regular_file_under_the_bound_is_read() {
         let d = tempfile::tempdir().unwrap();
         let ok = d.path().join("ok.csv");
-        std::fs::write(&ok, "a,b\n").unwrap();
+        fs::write(&ok, "a,b\n").unwrap();
         assert_eq!(read_text_bounded(&ok, 4).unwrap(), "a,b\n");
         let e = read_text_bounded(&ok, 3).unwrap_err().to_string();
         assert!(e.contains("ok.csv is 4 bytes or more: at most 3 bytes"), "{e}");

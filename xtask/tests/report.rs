@@ -147,6 +147,47 @@ fn report_refuses_a_fifo_or_a_device_in_a_run_directory_at_once() {
         .expect_stderr("levels.csv is a FIFO");
 }
 
+#[test]
+fn a_comparison_never_replaces_a_file_of_a_run() {
+    let sb = Sandbox::new();
+    let (a, b) = (levels_dir(&sb, "a"), levels_dir(&sb, "b"));
+    fs::write(a.join("env.json"), "{\"commit\": \"abc\"}").unwrap();
+    fs::write(a.join("notes.txt"), "mine").unwrap();
+    std::os::unix::fs::symlink(a.join("levels.csv"), sb.path("link.csv")).unwrap();
+    fs::hard_link(a.join("env.json"), sb.path("hard.json")).unwrap();
+    let files = |d: &Path| -> Vec<(PathBuf, Vec<u8>)> {
+        let mut v: Vec<_> = fs::read_dir(d).unwrap().map(|e| e.unwrap().path()).collect();
+        v.sort();
+        v.into_iter().map(|p| (p.clone(), fs::read(&p).unwrap())).collect()
+    };
+    let before = (files(&a), files(&b));
+    for out in [
+        a.join("levels.csv"),
+        a.join("env.json"),
+        b.join("../a/levels.csv"),
+        sb.path("link.csv"),
+        sb.path("hard.json"),
+        a.join("notes.txt"),
+        // Not there yet, but the report would read it next time.
+        a.join("summary.md"),
+        a.clone(),
+    ] {
+        sb.run("report", &[a.to_str().unwrap(), b.to_str().unwrap(), "--output", out.to_str().unwrap()])
+            .expect_code(2)
+            .expect_stderr(&format!("--output {}", out.display()))
+            .expect_stderr("pass a new file outside the run directories");
+    }
+    // Refused before anything was written: not even report.html.
+    assert!(before == (files(&a), files(&b)), "a run directory changed");
+    // A new file is fine, and so is the run's own compare.html, again.
+    for out in [sb.path("cmp.html"), a.join("compare.html"), a.join("compare.html")] {
+        sb.run("report", &[a.to_str().unwrap(), b.to_str().unwrap(), "--output", out.to_str().unwrap()])
+            .expect_code(0);
+        assert!(fs::read_to_string(&out).unwrap().contains("<th>B/A</th>"));
+    }
+    assert_eq!(fs::read(a.join("env.json")).unwrap(), b"{\"commit\": \"abc\"}");
+}
+
 /// Headless Chromium (the flags the machine notes say work offline) draws the page; the
 /// screenshot must have the page's text and plot: many pixels that are not background.
 fn screenshot_is_not_blank(chromium: &Path, page: &Path, tmp: &Path) {

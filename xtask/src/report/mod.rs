@@ -42,15 +42,13 @@ impl Report {
                     d.display()
                 );
             }
-            let run = match Run::load(&dir) {
-                Ok(r) => r,
+            match Run::load(&dir) {
+                Ok(r) => runs.push(r),
                 Err(e) => usage!("{}: {e:#}", d.display()),
-            };
-            let path = write_page(&run)?;
-            eprintln!("report: {}", path.display());
-            runs.push(run);
+            }
         }
-        if runs.len() > 1 {
+        // Everything is checked before anything is written.
+        let comparison = if runs.len() > 1 {
             let page = match compare::page(&runs) {
                 Ok(p) => p,
                 Err(e) => usage!("{e:#}"),
@@ -59,11 +57,59 @@ impl Report {
                 Some(o) => crate::sweep::user_path(o)?,
                 None => runs.last().map(|r| r.dir.join("compare.html")).unwrap_or_default(),
             };
+            check_output(&out, &runs)?;
+            Some((page, out))
+        } else {
+            None
+        };
+        for run in &runs {
+            let path = write_page(run)?;
+            eprintln!("report: {}", path.display());
+        }
+        if let Some((page, out)) = comparison {
             crate::plot::write_atomically(&out, page.as_bytes())?;
             eprintln!("comparison: {}", out.display());
         }
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// Refuses `out` as the comparison's path when writing it would replace what a run
+/// recorded: a file the report reads (env.json, the sweep's CSV wherever it is, ...),
+/// however spelled (a link, `..`, a hard link), or any other file in a run directory
+/// but its `compare.html`.
+fn check_output(out: &Path, runs: &[Run]) -> Result<()> {
+    const ACCEPTED: &str =
+        "pass a new file outside the run directories, or compare.html in one (the default)";
+    if out.is_dir() {
+        usage!("--output {} is a directory: {ACCEPTED}", out.display());
+    }
+    for run in runs {
+        if let Some(input) = run.inputs().iter().find(|i| crate::fsx::same_file(out, i)) {
+            usage!(
+                "--output {} is {}, which the report reads from run {}: {ACCEPTED}",
+                out.display(),
+                input.display(),
+                run.dir.display()
+            );
+        }
+        let real = crate::fsx::real_path(out);
+        let in_run = real.parent() == Some(crate::fsx::real_path(&run.dir).as_path());
+        if in_run && real.file_name() != Some("compare.html".as_ref()) && fs_exists(&real) {
+            usage!(
+                "--output {} would replace {}, a file of run {}: {ACCEPTED}",
+                out.display(),
+                real.display(),
+                run.dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Whether there is anything at `path` (a dangling link counts).
+fn fs_exists(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok()
 }
 
 /// Writes `run_dir/report.html` from the run's files; what a task calls when it ends.

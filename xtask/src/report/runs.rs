@@ -191,6 +191,22 @@ impl Run {
         Ok(Run { dir: dir.to_path_buf(), name, env, kind })
     }
 
+    /// The files [`Run::load`] reads (whether or not the run has each): what a comparison
+    /// must never be written over.
+    pub fn inputs(&self) -> Vec<PathBuf> {
+        let names: &[&str] = match &self.kind {
+            Kind::Sweep { .. } | Kind::Offload { .. } => &[],
+            Kind::Serve { .. } => &["levels.csv", "requests.jsonl", "summary.md"],
+            Kind::PinTax { .. } => &["passes.jsonl", "summary.md", "tax.svg"],
+            Kind::Quality { .. } => &["quality.csv", "quality.md"],
+        };
+        let mut out: Vec<PathBuf> = ["env.json"].iter().chain(names).map(|n| self.dir.join(n)).collect();
+        if let Kind::Sweep { csv, .. } | Kind::Offload { csv, .. } = &self.kind {
+            out.push(csv.clone());
+        }
+        out
+    }
+
     /// The command line that made the run, from env.json.
     pub fn command(&self) -> String {
         match self.env.as_ref().and_then(|e| e.get("command")) {

@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use rustix::fs::{FlockOperation, flock};
 
+use crate::fsx::real_path;
+
 /// The documented field order.
 pub const FIELDS: [&str; 7] =
     ["model", "prompt_target_len", "date", "commit", "peak_bytes", "source_csv", "device"];
@@ -323,25 +325,6 @@ impl RecordFile {
             .with_context(|| format!("writing {}", tmp.path.display()))?;
         tmp.persist(&target)?;
         Ok(gone)
-    }
-}
-
-/// `path` with its symlinks resolved; when it does not exist yet, its directory's real
-/// path joined with its name (following a dangling link to where it points).
-pub fn real_path(path: &Path) -> PathBuf {
-    if let Ok(p) = fs::canonicalize(path) {
-        return p;
-    }
-    let mut path = path.to_path_buf();
-    for _ in 0..40 {
-        match fs::read_link(&path) {
-            Ok(to) => path = path.parent().map_or(to.clone(), |d| d.join(&to)),
-            Err(_) => break,
-        }
-    }
-    match (path.parent().filter(|d| !d.as_os_str().is_empty()), path.file_name()) {
-        (Some(dir), Some(name)) => fs::canonicalize(dir).map_or(path.clone(), |d| d.join(name)),
-        _ => path,
     }
 }
 

@@ -15,7 +15,7 @@ use super::driver::{Driver, RowMeta, now};
 use super::flags::{Defaults, HarnessEnv, SweepFlags, user_path};
 use super::layers::{Backstop, FakeOom, OomLayers};
 use super::plan::{CellTemplate, Plan};
-use super::record::{RecordFile, RecordView, real_path};
+use super::record::{RecordFile, RecordView};
 use super::rows::{CsvOut, Knobs, Row};
 use super::runner::{EngineKnobs, LocalRunner};
 use crate::child::{self as shutdown, Shutdown};
@@ -189,7 +189,7 @@ impl Session {
     /// Refuses `path` as an output when it is the OOM record, however it is spelled
     /// (a link, `..`, a hard link): every sweep's CSV is checked here before it is opened.
     pub fn check_output(&self, path: &Path) -> Result<()> {
-        if real_path(path) == real_path(&self.record_path) || same_file(path, &self.record_path) {
+        if crate::fsx::same_file(path, &self.record_path) {
             usage!(
                 "{} is the OOM record ({}): pass another --output",
                 path.display(),
@@ -541,15 +541,6 @@ impl Started {
     /// `p` relative to the workspace root when it is inside it.
     pub fn display(&self, p: &Path) -> String {
         self.session.display(p)
-    }
-}
-
-/// Whether `a` and `b` are one file (same device and inode, links followed).
-fn same_file(a: &Path, b: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (fs::metadata(a), fs::metadata(b)) {
-        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
-        _ => false,
     }
 }
 
