@@ -251,6 +251,23 @@ mod tests {
         assert!(err.contains("only runs of one task compare"), "{err}");
     }
 
+    #[test]
+    fn a_nan_or_negative_level_measurement_is_an_error_naming_line_and_column() {
+        let d = tempfile::tempdir().unwrap();
+        serve_dir(d.path(), 10.0);
+        let good = fs::read_to_string(d.path().join("levels.csv")).unwrap();
+        let col = good.lines().next().unwrap().split(',').position(|c| c == "output_tok_s").unwrap();
+        for bad in ["NaN", "inf", "-1", "fast"] {
+            let mut lines: Vec<String> = good.lines().map(str::to_string).collect();
+            let mut cells: Vec<&str> = lines[2].split(',').collect();
+            cells[col] = bad;
+            lines[2] = cells.join(",");
+            fs::write(d.path().join("levels.csv"), lines.join("\n") + "\n").unwrap();
+            let e = Run::load(d.path()).err().unwrap().to_string();
+            assert!(e.contains(&format!("levels.csv: line 3: column output_tok_s is {bad:?}: expected a finite non-negative number")), "{e}");
+        }
+    }
+
     /// The probe's four SVGs that passed the old inline filter: each reaches the page only
     /// as a base64 image, so none of its markup is the page's.
     #[test]

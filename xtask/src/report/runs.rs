@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use super::html::{self, table};
 use crate::bench_offload_copy::OffloadRow;
+use crate::console::usage;
 use crate::serve_bench::output::LevelSummary;
 use crate::serve_bench::stats::Summary;
 use crate::sweep::rows::{self, Row};
@@ -64,13 +65,22 @@ fn read_text_if_any(path: &Path) -> Result<Option<String>> {
 }
 
 fn read_csv_maps(path: &Path) -> Result<Vec<BTreeMap<String, String>>> {
+    Ok(read_csv_lines(path)?.into_iter().map(|(_, m)| m).collect())
+}
+
+/// A CSV's rows by column name, each with its line number in the file.
+fn read_csv_lines(path: &Path) -> Result<Vec<(u64, BTreeMap<String, String>)>> {
     let text = read_text(path)?;
     let mut rdr = csv::Reader::from_reader(text.as_bytes());
     let headers = rdr.headers().with_context(|| format!("reading {}", path.display()))?.clone();
     let mut out = Vec::new();
     for rec in rdr.records() {
         let rec = rec.with_context(|| format!("reading {}", path.display()))?;
-        out.push(headers.iter().zip(rec.iter()).map(|(h, v)| (h.to_string(), v.to_string())).collect());
+        let line = rec.position().map_or(0, csv::Position::line);
+        out.push((
+            line,
+            headers.iter().zip(rec.iter()).map(|(h, v)| (h.to_string(), v.to_string())).collect(),
+        ));
     }
     Ok(out)
 }
@@ -82,8 +92,21 @@ fn read_jsonl(path: &Path) -> Result<Vec<Value>> {
 }
 
 /// levels.csv back into the summaries the plot draws.
+/// Every column but `level` is a count or a measurement: empty, or a finite non-negative
+/// number (serve-bench writes no other), else an error naming the file, line and column.
 fn read_levels(path: &Path) -> Result<Vec<LevelSummary>> {
-    let maps = read_csv_maps(path)?;
+    let lines = read_csv_lines(path)?;
+    for (line, m) in &lines {
+        for (col, v) in m.iter().filter(|(c, v)| c.as_str() != "level" && !v.trim().is_empty()) {
+            if !v.trim().parse::<f64>().is_ok_and(|x| x.is_finite() && x >= 0.0) {
+                usage!(
+                    "{}: line {line}: column {col} is {v:?}: expected a finite non-negative number, or nothing",
+                    path.display()
+                );
+            }
+        }
+    }
+    let maps: Vec<BTreeMap<String, String>> = lines.into_iter().map(|(_, m)| m).collect();
     let f = |m: &BTreeMap<String, String>, k: &str| m.get(k).and_then(|v| v.parse::<f64>().ok());
     let sum = |m: &BTreeMap<String, String>, metric: &str| Summary {
         n: 0,

@@ -304,6 +304,18 @@ impl Row {
         self.threads = k.threads;
     }
 
+    /// The first rate or time that is NaN, infinite or negative, with its column.
+    fn impossible_measurement(&self) -> Option<(&'static str, f64)> {
+        [
+            ("prefill_ms", self.prefill_ms),
+            ("prefill_tok_s", self.prefill_tok_s),
+            ("decode_ms", self.decode_ms),
+            ("decode_tok_s", self.decode_tok_s),
+        ]
+        .into_iter()
+        .find_map(|(col, v)| v.filter(|v| !v.is_finite() || *v < 0.0).map(|v| (col, v)))
+    }
+
     /// Whether every field holds what a finished row holds; `Err` says what does not.
     fn check(&self) -> Result<(), String> {
         let status = Status::parse(&self.status)
@@ -501,10 +513,21 @@ fn parse_rows(bytes: &[u8], path: &Path) -> Result<(Vec<Row>, usize, &'static [&
             Ok(true) if rec.len() != found.len() => {
                 Err(format!("it has {} fields, expected {}", rec.len(), found.len()))
             }
-            Ok(true) => rec
-                .deserialize::<Row>(Some(&header))
-                .map_err(|e| e.to_string())
-                .and_then(|row| row.check().map(|()| row)),
+            Ok(true) => match rec.deserialize::<Row>(Some(&header)) {
+                // No engine reports such a rate or time, and the harness writes none: the
+                // file was changed after it was written. Refused, not left out: leaving it
+                // out would run the cell again, and summarising it would print NaN.
+                Ok(row) => {
+                    if let Some((col, v)) = row.impossible_measurement() {
+                        usage!(
+                            "{}: line {line}: column {col} is {v}: a measurement must be a finite non-negative number",
+                            path.display()
+                        );
+                    }
+                    row.check().map(|()| row)
+                }
+                Err(e) => Err(e.to_string()),
+            },
         };
         match row {
             Ok(row) => rows.push(row),
@@ -656,6 +679,38 @@ mod tests {
         let rows = read_rows(&path).unwrap();
         assert_eq!(rows.len(), 1, "{rows:?}");
         assert_eq!(rows[0], row("a", Some(1), "ok"));
+    }
+
+    #[test]
+    fn a_nan_infinite_or_negative_measurement_is_an_error_naming_line_and_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.csv");
+        let header = format!("{}\n", HEADER.join(","));
+        let ok = line(&row("a", Some(1), "ok"));
+        for (col, v, shown) in [
+            ("decode_tok_s", f64::NAN, "NaN"),
+            ("prefill_ms", f64::INFINITY, "inf"),
+            ("decode_ms", -3.0, "-3"),
+        ] {
+            let mut bad = row("b", Some(2), "ok");
+            match col {
+                "decode_tok_s" => bad.decode_tok_s = Some(v),
+                "prefill_ms" => bad.prefill_ms = Some(v),
+                _ => bad.decode_ms = Some(v),
+            }
+            let text = format!("{header}{ok}{}", line(&bad));
+            fs::write(&path, &text).unwrap();
+            for e in [read_rows(&path).unwrap_err(), CsvOut::resume(&path).err().unwrap()] {
+                assert!(e.downcast_ref::<crate::console::UsageError>().is_some(), "{e:#}");
+                let e = e.to_string();
+                assert!(
+                    e.contains(&format!("x.csv: line 3: column {col} is {shown}: a measurement must be")),
+                    "{e}"
+                );
+            }
+            // Nothing was removed from the file.
+            assert_eq!(fs::read_to_string(&path).unwrap(), text);
+        }
     }
 
     #[test]
