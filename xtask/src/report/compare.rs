@@ -161,8 +161,16 @@ pub fn page(runs: &[Run]) -> Result<String> {
     Ok(s)
 }
 
+/// Run `i`'s label, as spreadsheet columns go: A..Z, then AA, AB, ..., ZZ, AAA, ...
 fn letter(i: usize) -> String {
-    ((b'A' + (i % 26) as u8) as char).to_string()
+    let mut label = Vec::new();
+    let mut n = i + 1;
+    while n > 0 {
+        n -= 1;
+        label.push(char::from(b'A' + (n % 26) as u8));
+        n /= 26;
+    }
+    label.iter().rev().collect()
 }
 
 fn fmt(v: f64) -> String {
@@ -172,5 +180,21 @@ fn fmt(v: f64) -> String {
         format!("{v:.3}")
     } else {
         format!("{v:.3e}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_past_the_26th_get_two_letters_and_no_label_repeats() {
+        for (i, want) in
+            [(0, "A"), (25, "Z"), (26, "AA"), (27, "AB"), (51, "AZ"), (52, "BA"), (701, "ZZ"), (702, "AAA")]
+        {
+            assert_eq!(letter(i), want, "run {i}");
+        }
+        let labels: std::collections::BTreeSet<String> = (0..2000).map(letter).collect();
+        assert_eq!(labels.len(), 2000);
     }
 }

@@ -252,6 +252,28 @@ mod tests {
     }
 
     #[test]
+    fn a_comparison_of_28_runs_labels_them_a_to_z_then_aa_and_ab() {
+        let dirs: Vec<tempfile::TempDir> = (0..28).map(|_| tempfile::tempdir().unwrap()).collect();
+        let runs: Vec<Run> = dirs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                serve_dir(d.path(), 10.0 + i as f64);
+                Run::load(d.path()).unwrap()
+            })
+            .collect();
+        let html = compare::page(&runs).unwrap();
+        let header = html.lines().find(|l| l.starts_with("<table><tr><th>cell</th>")).unwrap();
+        let th: Vec<&str> = header.split("<th>").skip(1).map(|c| c.split('<').next().unwrap()).collect();
+        assert_eq!(&th[2..5], ["A", "B", "C"]);
+        assert_eq!(&th[27..30], ["Z", "AA", "AB"]);
+        assert_eq!(&th[30..32], ["B/A", "C/A"]);
+        assert_eq!(th.last(), Some(&"AB/A"));
+        let unique: std::collections::BTreeSet<&&str> = th.iter().collect();
+        assert_eq!(unique.len(), th.len(), "{th:?}");
+    }
+
+    #[test]
     fn a_nan_or_negative_level_measurement_is_an_error_naming_line_and_column() {
         let d = tempfile::tempdir().unwrap();
         serve_dir(d.path(), 10.0);
