@@ -219,14 +219,7 @@ impl Session {
     /// `benchmarks/<backend>_<host>_<date>_<kind>.csv`, or the first free
     /// `..._<kind>-N.csv` when an earlier run already wrote that file.
     pub fn default_output(&self, kind: &str) -> Result<PathBuf> {
-        let host: String = self
-            .machine
-            .host
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
-            .collect();
-        let date = chrono::Utc::now().format("%Y-%m-%d");
-        let stem = format!("{}_{host}_{date}_{kind}", self.backend.as_str());
+        let stem = default_stem(self.backend.as_str(), &self.machine.host, kind);
         let (path, taken) = unused_path(&self.root.join("benchmarks"), &stem)?;
         if let Some(first) = taken {
             eprintln!("{}", taken_note(&self.display(&first), &self.display(&path), self.local));
@@ -544,6 +537,14 @@ impl Started {
     }
 }
 
+/// `<backend>_<host>_<date>_<kind>`: a default output's name without its extension (the
+/// host with anything but letters, digits and `-` made `_`). .gitignore covers it.
+fn default_stem(backend: &str, host: &str, kind: &str) -> String {
+    let host: String =
+        host.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+    format!("{backend}_{host}_{}_{kind}", chrono::Utc::now().format("%Y-%m-%d"))
+}
+
 /// `dir/<stem>.csv`, or when that exists the first free `dir/<stem>-N.csv` (N from 2)
 /// together with the taken first name: a default output never overwrites what an
 /// earlier run measured.
@@ -586,6 +587,41 @@ mod tests {
         assert!(local.ends_with("(pass --resume benchmarks/a.csv to finish that run instead)"), "{local}");
         let slurm = taken_note("benchmarks/a.csv", "benchmarks/a-2.csv", false);
         assert_eq!(slurm, "note: benchmarks/a.csv exists; the merged rows go to benchmarks/a-2.csv");
+    }
+
+    /// A default run leaves no untracked file in the checkout: every default CSV name, its
+    /// `-N` successors and the plots beside them are gitignored, and the committed record
+    /// stays tracked.
+    #[test]
+    fn default_outputs_are_gitignored_and_the_committed_record_stays_tracked() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let git = |args: &[&str]| std::process::Command::new("git").current_dir(root).args(args).output();
+        match git(&["rev-parse", "--is-inside-work-tree"]) {
+            Ok(o) if o.status.success() => {}
+            _ => return eprintln!("not a git checkout: .gitignore was not checked"),
+        }
+        for kind in ["longprompt", "decode", "offload-copy"] {
+            let stem = default_stem("cpu", "build host.local", kind);
+            for name in [
+                format!("{stem}.csv"),
+                format!("{stem}.svg"),
+                format!("{stem}-2.csv"),
+                format!("{stem}-2.svg"),
+            ] {
+                let path = format!("benchmarks/{name}");
+                let o = git(&["check-ignore", "-q", "--no-index", &path]).unwrap();
+                assert!(
+                    o.status.success(),
+                    "{path} is not gitignored: a default run would leave it untracked"
+                );
+            }
+        }
+        for tracked in ["benchmarks/cpu_vm_2026-11-30_longprompt.csv", "benchmarks/corpus/quality-en.txt"] {
+            let o = git(&["ls-files", "--error-unmatch", tracked]).unwrap();
+            assert!(o.status.success(), "{tracked} is no longer tracked");
+        }
+        let o = git(&["check-ignore", "-q", "--no-index", "benchmarks/corpus/quality-en.txt"]).unwrap();
+        assert!(!o.status.success(), "the corpus is gitignored");
     }
 
     #[test]
