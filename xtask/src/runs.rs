@@ -49,15 +49,7 @@ impl BootArgs {
 /// Claims `runs_dir/<UTC stamp>-<command>[-N]`. `create_dir` claims the name atomically,
 /// so two runs started in the same second get two directories.
 pub fn create_run_dir(runs_dir: &Path, command: &str) -> Result<PathBuf> {
-    // A file (or a link to one) where the directory should be: name the flag that chose
-    // it, not the bare "File exists" of mkdir.
-    if let Some(bad) = runs_dir.ancestors().find(|a| a.exists() && !a.is_dir()) {
-        crate::console::usage!(
-            "--runs-dir (--shared-dir for a Slurm run) {}: {} is not a directory: expected a directory to hold run directories",
-            runs_dir.display(),
-            bad.display()
-        );
-    }
+    check_dir_flag(runs_dir, "--runs-dir (--shared-dir for a Slurm run)", "run directories")?;
     fs::create_dir_all(runs_dir).with_context(|| {
         format!("creating --runs-dir (--shared-dir for a Slurm run) {}", runs_dir.display())
     })?;
@@ -158,6 +150,31 @@ pub fn write_env_json(dir: &Path, value: &Value) -> Result<()> {
     let path = dir.join("env.json");
     fs::write(&path, serde_json::to_string_pretty(value)? + "\n")
         .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Refuses `dir`, which `flag` named as a directory to hold `what`, when it or a directory
+/// above it is something else (a file, or a link to one): a usage error naming the flag,
+/// instead of the bare "File exists" of mkdir. Creates nothing, so a task calls it before
+/// it creates anything.
+pub fn check_dir_flag(dir: &Path, flag: &str, what: &str) -> Result<()> {
+    refuse_a_non_directory(dir, dir, flag, &format!("a directory to hold {what}"))
+}
+
+/// Same for `file`, which `flag` named as a file to write: the directories above it.
+pub fn check_file_flag(file: &Path, flag: &str) -> Result<()> {
+    let dir = file.parent().unwrap_or(Path::new(""));
+    refuse_a_non_directory(file, dir, flag, "a file in a directory")
+}
+
+fn refuse_a_non_directory(given: &Path, dir: &Path, flag: &str, expected: &str) -> Result<()> {
+    if let Some(bad) = dir.ancestors().find(|a| a.exists() && !a.is_dir()) {
+        crate::console::usage!(
+            "{flag} {}: {} is not a directory: expected {expected}",
+            given.display(),
+            bad.display()
+        );
+    }
+    Ok(())
 }
 
 /// Checks that `dir` exists (creating it) and takes a file: before anything is measured.

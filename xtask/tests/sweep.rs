@@ -852,3 +852,40 @@ fn until_ci_adds_repetitions_on_one_csv_until_narrow_or_the_budget_ends() {
     let r = sb.run("bench-longprompt", &args(&["--models", TINY, "--lengths", "64", "--margin", "5"]));
     r.expect_code(2).expect_stderr("--margin judges paired ratios");
 }
+
+#[test]
+fn a_directory_flag_naming_a_file_is_refused_before_anything_is_created() {
+    let sb = Sandbox::new();
+    let file = sb.path("a-file");
+    fs::write(&file, "").unwrap();
+    let x = sb.path("x.csv");
+    let (file_s, x_s) = (file.to_str().unwrap(), x.to_str().unwrap());
+    // Nothing but a-file may be in the sandbox afterwards: not x.csv, not the record, not
+    // the runs directory.
+    let below = file.join("below");
+    let below_s = below.to_str().unwrap();
+    let rec_below = file.join("oom-record");
+    let out_below = file.join("x.csv");
+    let cell = ["--models", "synthetic:tiny", "--lengths", "16", "--max-tokens", "4", "--warmup-tokens", "1"];
+    for (task, flag, value, out) in [
+        ("bench-longprompt", "--runs-dir", file_s, x_s),
+        ("bench-longprompt", "--runs-dir", below_s, x_s),
+        ("bench-decode", "--runs-dir", file_s, x_s),
+        ("bench-longprompt", "--oom-record", rec_below.to_str().unwrap(), x_s),
+        ("bench-longprompt", "--output", out_below.to_str().unwrap(), out_below.to_str().unwrap()),
+    ] {
+        let mut args = vec![flag, value];
+        if flag != "--output" {
+            args.extend(["--output", out]);
+        }
+        if task == "bench-longprompt" {
+            args.extend(cell);
+        } else {
+            args.extend(["--models", "synthetic:tiny", "--max-tokens", "4", "--warmup-tokens", "1"]);
+        }
+        let r = sb.run(task, &args);
+        let left: Vec<_> = fs::read_dir(sb.dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, ["a-file"], "{task} {flag} {value} created something{r}");
+        r.expect_code(2).expect_stderr(&format!("{flag} {value}: {file_s} is not a directory: expected a "));
+    }
+}

@@ -57,6 +57,8 @@ pub struct Session {
     engine_knobs: EngineKnobs,
     memory_limit_bytes: Option<u64>,
     record_path: PathBuf,
+    /// Where the run directory goes (`--runs-dir`).
+    runs_dir: PathBuf,
     /// The cells run here (`--runner local`), where `--resume` applies.
     local: bool,
 }
@@ -120,6 +122,17 @@ impl Session {
             Some(p) => user_path(p)?,
             None => root.join("benchmarks/.oom-record"),
         };
+        let runs_dir = match &flags.runs_dir {
+            Some(d) => user_path(d)?,
+            None => root.join("benchmarks/runs"),
+        };
+        // The directories the run writes into, checked before the output CSV (or anything
+        // else) is created: a file where one should be is named with its flag.
+        crate::runs::check_dir_flag(&runs_dir, "--runs-dir", "run directories")?;
+        crate::runs::check_file_flag(&record_path, "--oom-record")?;
+        if let Some(out) = &flags.output {
+            crate::runs::check_file_flag(&user_path(out)?, "--output")?;
+        }
         Ok(Session {
             root: root.to_path_buf(),
             commit: machine::commit(root),
@@ -144,6 +157,7 @@ impl Session {
             engine_knobs,
             memory_limit_bytes,
             record_path,
+            runs_dir,
             local: flags.runner.runner == super::slurm::RunnerKind::Local,
         })
     }
@@ -299,11 +313,7 @@ impl Session {
         let knobs = self.engine_knobs.clone();
         // Each row takes its token counts from its cell.
         let row_knobs = self.engine_row_knobs();
-        let runs_dir = match &flags.runs_dir {
-            Some(d) => user_path(d)?,
-            None => self.root.join("benchmarks/runs"),
-        };
-        let run_dir = crate::runs::create_run_dir(&runs_dir, &self.command)?;
+        let run_dir = crate::runs::create_run_dir(&self.runs_dir, &self.command)?;
         self.write_env_json(&run_dir, output, &self.record_path, &knobs, cell_timeout, flags)?;
         eprintln!(
             "kiln {} ({}); device {}; run directory {}",

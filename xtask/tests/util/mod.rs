@@ -139,7 +139,8 @@ impl Sandbox {
     }
 
     /// `cargo xtask <task> args...` with the kiln binary, record, run directory and
-    /// output pointed into the sandbox, and no inherited `KILN_*` variable.
+    /// output pointed into the sandbox (unless `args` name them), and no inherited
+    /// `KILN_*` variable.
     pub fn command(&self, task: &str, args: &[&str]) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_xtask"));
         cmd.arg(task);
@@ -147,8 +148,12 @@ impl Sandbox {
             if !args.contains(&"--kiln-bin") {
                 cmd.arg("--kiln-bin").arg(kiln_bin());
             }
-            cmd.arg("--oom-record").arg(self.record());
-            cmd.arg("--runs-dir").arg(self.path("runs"));
+            if !args.contains(&"--oom-record") {
+                cmd.arg("--oom-record").arg(self.record());
+            }
+            if !args.contains(&"--runs-dir") {
+                cmd.arg("--runs-dir").arg(self.path("runs"));
+            }
             if !args.contains(&"--output") && !args.contains(&"--resume") {
                 cmd.arg("--output").arg(self.csv());
             }
