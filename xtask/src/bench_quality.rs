@@ -287,8 +287,8 @@ impl LpFile {
     /// length, then `positions` records of `4 + 4 x vocab` bytes) is checked against the
     /// file's length before anything is allocated for it.
     fn open(path: &Path) -> Result<LpFile> {
-        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        let file_len = file.metadata().with_context(|| format!("reading {}", path.display()))?.len();
+        // A score file the engine wrote into the out directory: only a regular one is read.
+        let (file, file_len) = crate::fsx::open_regular(path)?;
         let mut reader = BufReader::with_capacity(1 << 20, file);
         let mut magic = [0u8; 8];
         reader.read_exact(&mut magic).with_context(|| format!("reading {}", path.display()))?;
@@ -876,6 +876,20 @@ mod tests {
         let s = compare(&zero, &good).unwrap();
         assert!((s.kld_mean - 2f64.ln()).abs() < 1e-6, "{s:?}");
         assert_eq!(compare(&good, &zero).unwrap().kld_mean, f64::INFINITY);
+    }
+
+    #[test]
+    fn a_fifo_for_a_score_file_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("good.lp");
+        lp_file(&good, 2, &[(0, vec![0.0, f32::NEG_INFINITY])]);
+        let fifo = dir.path().join("measured.lp");
+        use rustix::fs::{CWD, FileType, Mode, mknodat};
+        mknodat(CWD, &fifo, FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
+        // Opening a FIFO without O_NONBLOCK would wait here for a writer, forever.
+        let e = compare(&good, &fifo).unwrap_err();
+        assert!(e.downcast_ref::<console::UsageError>().is_some(), "{e:#}");
+        assert!(e.to_string().contains("measured.lp is a FIFO (named pipe)"), "{e:#}");
     }
 
     #[test]

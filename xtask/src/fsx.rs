@@ -3,7 +3,7 @@
 //! a link to `/dev/zero` would fill memory; both are refused, naming the file). Naming
 //! one: its real path, and whether two paths are one file however spelled.
 
-use std::fs::{self, OpenOptions};
+use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -16,12 +16,12 @@ use crate::console::usage;
 /// a run writes, far below what would exhaust memory.
 pub const MAX_RUN_FILE_BYTES: u64 = 1 << 30;
 
-/// The bytes of the regular file at `path` (a symbolic link is followed), at most
-/// `max_bytes` of them. The file is opened with `O_NONBLOCK`, so opening a FIFO does not
-/// wait for a writer, and its type is read from the opened file (`fstat`), so what is
-/// read is what was checked. Anything but a regular file, or a file over the bound, is a
-/// usage error naming the path and what is accepted.
-pub fn read_regular_bounded(path: &Path, max_bytes: u64) -> Result<Vec<u8>> {
+/// The regular file at `path` (a symbolic link is followed), open to read, with its
+/// length: for a reader that streams it. The file is opened with `O_NONBLOCK`, so opening
+/// a FIFO does not wait for a writer, and its type is read from the opened file (`fstat`),
+/// so what is read is what was checked. Anything but a regular file is a usage error
+/// naming the path and what is accepted.
+pub fn open_regular(path: &Path) -> Result<(File, u64)> {
     let context = || format!("reading {}", path.display());
     let file = OpenOptions::new()
         .read(true)
@@ -46,16 +46,24 @@ pub fn read_regular_bounded(path: &Path, max_bytes: u64) -> Result<Vec<u8>> {
         };
         usage!("{} is {what}: only a regular file is read there", path.display());
     }
+    Ok((file, meta.len()))
+}
+
+/// The bytes of the regular file at `path` ([`open_regular`]), at most `max_bytes` of
+/// them: a larger file is a usage error naming the path and the bound.
+pub fn read_regular_bounded(path: &Path, max_bytes: u64) -> Result<Vec<u8>> {
+    let context = || format!("reading {}", path.display());
+    let (file, len) = open_regular(path)?;
     let too_big = |size: u64| {
         anyhow::Error::new(crate::console::UsageError(format!(
             "{} is {size} bytes or more: at most {max_bytes} bytes are read from it",
             path.display()
         )))
     };
-    if meta.len() > max_bytes {
-        return Err(too_big(meta.len()));
+    if len > max_bytes {
+        return Err(too_big(len));
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    let mut bytes = Vec::with_capacity(len as usize);
     file.take(max_bytes.saturating_add(1)).read_to_end(&mut bytes).with_context(context)?;
     // It grew while it was read.
     if bytes.len() as u64 > max_bytes {

@@ -213,6 +213,10 @@ mod tests {
     fn a_serve_bench_page_escapes_its_data_and_lists_failed_requests() {
         let d = tempfile::tempdir().unwrap();
         serve_dir(d.path(), 10.0);
+        // Killed mid-write, in the middle of a character: the cut line is left out.
+        let mut reqs = fs::read(d.path().join("requests.jsonl")).unwrap();
+        reqs.extend_from_slice(&"\n{\"error\":\"é".as_bytes()[..12]);
+        fs::write(d.path().join("requests.jsonl"), reqs).unwrap();
         let run = Run::load(d.path()).unwrap();
         let html = page(&run);
         assert!(html.contains("http://x/&lt;y&gt;") && !html.contains("<y>"), "{html}");

@@ -86,7 +86,9 @@ fn read_csv_lines(path: &Path) -> Result<Vec<(u64, BTreeMap<String, String>)>> {
 }
 
 fn read_jsonl(path: &Path) -> Result<Vec<Value>> {
-    let text = read_text(path)?;
+    // Lossy: a run killed mid-write may end in half a character; that line is dropped below.
+    let bytes = crate::fsx::read_regular_bounded(path, crate::fsx::MAX_RUN_FILE_BYTES)?;
+    let text = String::from_utf8_lossy(&bytes);
     // A last line cut short (the run was killed mid-write) is left out, not an error.
     Ok(text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
 }
