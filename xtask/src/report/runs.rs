@@ -94,6 +94,7 @@ fn read_jsonl(path: &Path) -> Result<Vec<Value>> {
 }
 
 /// levels.csv back into the summaries the plot draws.
+///
 /// Every column but `level` is a count or a measurement: empty, or a finite non-negative
 /// number (serve-bench writes no other), else an error naming the file, line and column.
 fn read_levels(path: &Path) -> Result<Vec<LevelSummary>> {
