@@ -147,6 +147,9 @@ fn head(title: &str) -> String {
 /// One run's page.
 pub fn page(run: &Run) -> String {
     let mut s = head(&format!("{}: {}", run.kind.name(), run.name));
+    for note in run.host_execution_notes().lines() {
+        let _ = writeln!(s, "<p class=\"note\"><strong>{}</strong></p>", escape(note));
+    }
     let _ = writeln!(s, "<h2>Command</h2>\n<pre>{}</pre>", escape(&run.command()));
     let _ = writeln!(s, "<h2>Fingerprint</h2>");
     let fp: Vec<Vec<String>> = run.fingerprint().into_iter().map(|(k, v)| vec![k, v]).collect();
@@ -224,6 +227,23 @@ mod tests {
         assert!(html.contains("1 cell(s) without a measurement"), "{html}");
         assert!(html.contains(">throughput</text>") && html.contains("<td>c=1</td><td>4</td>"), "{html}");
         assert!(html.contains("href=\"levels.csv\"") && html.contains("href=\"requests.jsonl\""));
+    }
+
+    #[test]
+    fn a_host_execution_run_says_so_at_the_top_of_its_page() {
+        let d = tempfile::tempdir().unwrap();
+        serve_dir(d.path(), 10.0);
+        let plain = page(&Run::load(d.path()).unwrap());
+        assert!(!plain.contains("not a GPU"), "{plain}");
+        fs::write(
+            d.path().join("env.json"),
+            r#"{"command": ["xtask", "serve-bench"], "device": "cuda:host execution on Some CPU (16 GiB)"}"#,
+        )
+        .unwrap();
+        let html = page(&Run::load(d.path()).unwrap());
+        let note = "host execution on Some CPU (16 GiB), not a GPU";
+        let at = html.find(note).unwrap_or_else(|| panic!("no host-execution line: {html}"));
+        assert!(at < html.find("<h2>Summary</h2>").unwrap(), "the line comes before the figures");
     }
 
     #[test]

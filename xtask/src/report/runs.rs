@@ -255,6 +255,19 @@ impl Run {
         }
     }
 
+    /// The lines that say a run's figures are the CUDA kernels' host execution, not a
+    /// GPU's (`KILN_CUDA_EMULATE=1`): from env.json's device and, for a sweep, each row's.
+    pub fn host_execution_notes(&self) -> String {
+        let mut devices: Vec<&str> = Vec::new();
+        if let Some(Value::String(d)) = self.env.as_ref().and_then(|e| e.get("device")) {
+            devices.push(d);
+        }
+        if let Kind::Sweep { rows, .. } = &self.kind {
+            devices.extend(rows.iter().map(|r| r.device.as_str()));
+        }
+        crate::machine::host_execution_notes(devices)
+    }
+
     /// env.json's plain values, in its order (nested objects as JSON).
     pub fn fingerprint(&self) -> Vec<(String, String)> {
         let Some(Value::Object(m)) = &self.env else { return Vec::new() };

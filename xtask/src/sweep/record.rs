@@ -242,9 +242,10 @@ impl RecordFile {
     }
 
     fn read_raw_unlocked(&self) -> Result<Vec<RawEntry>> {
-        match fs::read(&self.path) {
+        // Only a regular file is read: a FIFO named as the record would block every cell.
+        match crate::fsx::read_regular_bounded(&self.path, crate::fsx::MAX_RUN_FILE_BYTES) {
             Ok(bytes) => Ok(parse_bytes(&bytes)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) if crate::fsx::is_not_found(&e) => Ok(Vec::new()),
             Err(e) => Err(e).with_context(|| format!("reading the OOM record {}", self.path.display())),
         }
     }
@@ -262,7 +263,15 @@ impl RecordFile {
             .append(true)
             .open(&self.path)
             .with_context(|| format!("opening the OOM record {}", self.path.display()))?;
-        let len = file.metadata()?.len();
+        let meta = file.metadata()?;
+        if !meta.file_type().is_file() {
+            // A FIFO or a device: what is written there would be lost, not recorded.
+            crate::console::usage!(
+                "the OOM record {} is not a regular file: name a file (or a new path) with --oom-record",
+                self.path.display()
+            );
+        }
+        let len = meta.len();
         let mut out = String::new();
         if len > 0 {
             let mut last = [0u8; 1];
@@ -489,6 +498,20 @@ mod tests {
         assert_eq!(bad[4].0, 8);
         assert!(matches!(entries[5], Entry::Line { line: 6, .. }));
         assert!(matches!(entries[0], Entry::Other { .. }));
+    }
+
+    #[test]
+    fn a_fifo_named_as_the_record_is_refused_never_waited_on() {
+        use rustix::fs::{CWD, FileType, Mode, mknodat};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("oom-record");
+        mknodat(CWD, &path, FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
+        let file = RecordFile::new(path.clone());
+        // Reading blocked for ever; appending wrote the line into the pipe and lost it.
+        let e = format!("{:#}", file.read().unwrap_err());
+        assert!(e.contains("a FIFO") && e.contains("oom-record"), "{e}");
+        let e = format!("{:#}", file.append(&line("a", 1, None)).unwrap_err());
+        assert!(e.contains("not a regular file") && e.contains("--oom-record"), "{e}");
     }
 
     #[test]
