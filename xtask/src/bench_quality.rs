@@ -45,7 +45,7 @@ pub struct BenchQuality {
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     models: Vec<String>,
     /// Activation schemes to measure, comma-separated `KILN_ACT_PRECISION` values (int16,
-    /// int8, f32; `int` is int8).
+    /// int8, int16-wide8, f32; `int` is int8).
     #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "int16,int8")]
     schemes: Vec<String>,
     /// The text to score.
@@ -403,8 +403,12 @@ impl BenchQuality {
             );
         }
         for s in &self.schemes {
-            if !["int16", "int8", "int", "f32"].contains(&s.as_str()) {
-                usage!("invalid --schemes entry {s:?}: accepted values are int16, int8, int, f32");
+            // The engine's own list (kiln-protocol), so a scheme it gains is accepted here.
+            if s.trim().is_empty() || kiln_protocol::ActScheme::parse(s).is_err() {
+                usage!(
+                    "invalid --schemes entry {s:?}: accepted values are {}",
+                    kiln_protocol::ActScheme::ACCEPTED
+                );
             }
         }
         let compares = self

@@ -61,6 +61,20 @@ fn run(out_dir: &Path, args: &[&str]) -> (Vec<String>, Vec<Vec<String>>, String)
 }
 
 #[test]
+fn every_scheme_the_engine_knows_is_one_bench_quality_takes() {
+    // The list is the engine's (kiln-protocol's ActScheme): int16-wide8 was refused here.
+    let dir = tempfile::tempdir().unwrap();
+    let (header, rows, describe) = run(&dir.path().join("q"), &["--schemes", "int16-wide8"]);
+    let at = header.iter().position(|h| h == "scheme").unwrap();
+    assert_eq!(rows.len(), 1, "{describe}");
+    assert_eq!(rows[0][at], "int16-wide8", "{describe}");
+    let out = command(&dir.path().join("bad"), util::kiln_bin(), &["--schemes", "int4"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", describe_output(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("accepted values are int16, int8 (or int), int16-wide8, f32"), "{stderr}");
+}
+
+#[test]
 fn bench_quality_scores_each_scheme_against_the_f32_reference() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("q");

@@ -7,6 +7,7 @@
 
 #![deny(missing_docs)]
 
+mod act;
 mod knobs;
 mod lines;
 mod report;
@@ -15,6 +16,7 @@ mod switches;
 mod tokens;
 mod usage;
 
+pub use act::{ACT_PRECISION_ENV, ActScheme};
 pub use knobs::{Attention, Backend, KNOB_COLUMNS, KNOBS, Knob, KnobError, Knobs, KvDtype};
 pub use lines::{GateOutcome, KernelChangedLine, KernelConfigLine, ListeningLine, SpecGateLine};
 pub use report::{
