@@ -159,6 +159,8 @@ pub struct KernelConfigLine {
     /// Where that choice came from (`measured`, `cached`, `env`, `pinned`, `default`),
     /// when the engine says.
     pub qmv_crossover: Option<String>,
+    /// The activation scheme the kernels run (`KILN_ACT_PRECISION`), when the engine says.
+    pub act: Option<crate::ActScheme>,
 }
 
 impl KernelConfigLine {
@@ -176,6 +178,10 @@ impl KernelConfigLine {
             qmv_wide_pinned: parse_yes_no(f.get("qmv_wide_pinned")?)?,
             qmv_wide_rows: f.get("qmv_wide_rows").map(|v| v.to_string()),
             qmv_crossover: f.get("qmv_crossover").map(|v| v.to_string()),
+            act: match f.get("act") {
+                Some(v) => Some(crate::ActScheme::parse(v).ok()?),
+                None => None,
+            },
         })
     }
 
@@ -201,6 +207,9 @@ impl fmt::Display for KernelConfigLine {
         }
         if let Some(source) = &self.qmv_crossover {
             write!(f, " qmv_crossover={source}")?;
+        }
+        if let Some(act) = self.act {
+            write!(f, " act={}", act.as_str())?;
         }
         Ok(())
     }

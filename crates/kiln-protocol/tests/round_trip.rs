@@ -98,7 +98,10 @@ fn knobs_refuse_what_the_engine_would_refuse_naming_it() {
 #[test]
 fn the_kernel_line_reads_back() {
     let crossover = || (Some("3,5-15".to_string()), Some("measured".to_string()));
-    for (wide, pinned, (rows, source)) in [(true, false, crossover()), (false, true, (None, None))] {
+    for (wide, pinned, (rows, source), act) in [
+        (true, false, crossover(), Some(kiln_protocol::ActScheme::Int16Wide8)),
+        (false, true, (None, None), None),
+    ] {
         let k = KernelConfigLine {
             isa: "avx2".into(),
             threads: 4,
@@ -106,6 +109,7 @@ fn the_kernel_line_reads_back() {
             qmv_wide_pinned: pinned,
             qmv_wide_rows: rows,
             qmv_crossover: source,
+            act,
         };
         let text = k.to_string();
         assert!(text.starts_with("kernel configuration: isa=avx2 threads=4 qmv_wide="), "{text}");

@@ -63,6 +63,16 @@ pub fn check(args: &RunArgs, command: &str, runs_cuda: bool, speculative: bool) 
             if args.expert_slots.is_some() {
                 return Err(refuse("--expert-slots"));
             }
+            // The device runs f16 activations: an integer (or f32) scheme asked for would
+            // be silently ignored, and a record would name a scheme that never ran.
+            if let Some(v) = std::env::var_os(kiln_protocol::ACT_PRECISION_ENV).filter(|v| !v.is_empty()) {
+                return Err(usage(format!(
+                    "invalid {}={} with --backend cuda: the device kernels run f16 activations and \
+                     honour no KILN_ACT_PRECISION scheme; unset it, or use --backend cpu",
+                    kiln_protocol::ACT_PRECISION_ENV,
+                    v.to_string_lossy()
+                )));
+            }
             Ok(Backend::Cuda)
         }
     }

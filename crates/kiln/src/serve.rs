@@ -278,6 +278,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         qmv_wide_pinned: qmv_wide_pinned_by_operator(),
         qmv_wide_rows: Some(kiln_core::wide::wide_rows().to_string()),
         qmv_crossover: Some(crossover_source.as_str().to_string()),
+        act: Some(kiln_core::act_precision::act_scheme()),
     };
     tracing::info!("{kernels}");
 

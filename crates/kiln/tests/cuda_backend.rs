@@ -103,6 +103,12 @@ fn what_the_device_forward_does_not_run_is_exit_2_naming_it() {
     );
     let run = dir.run_env(&base, &[("KILN_CUDA_EMULATE", "yes")]).expect_code(2);
     assert!(run.stderr().contains("invalid KILN_CUDA_EMULATE"), "{}", run.describe());
+    // The device runs f16 activations: a scheme asked for was silently ignored.
+    for scheme in ["int8", "int16", "f32"] {
+        let run = dir.run_env(&base, &[EMULATE[0], ("KILN_ACT_PRECISION", scheme)]).expect_code(2);
+        let says = format!("invalid KILN_ACT_PRECISION={scheme} with --backend cuda");
+        assert!(run.stderr().contains(&says), "{}", run.describe());
+    }
 }
 
 #[cfg(feature = "cuda")]

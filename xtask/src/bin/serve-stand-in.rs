@@ -55,6 +55,7 @@ fn main() {
         qmv_wide_pinned: pinned,
         qmv_wide_rows: None,
         qmv_crossover: None,
+        act: None,
     };
     eprintln!("2026-01-01T00:00:00Z  INFO kiln_serve: {kernels}");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
