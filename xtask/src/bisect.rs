@@ -41,7 +41,7 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use xshell::Shell;
 
-use crate::child::{self, Group, Shutdown, Waited};
+use crate::child::{self, Shutdown, Waited};
 use crate::console::usage;
 use crate::verdict::equivalence::{self, Equivalence};
 use crate::verdict::sequence;
@@ -421,7 +421,7 @@ impl Ctx<'_> {
             ]);
             eprintln!("building {} in {}", &sha[..12], tree.dir.display());
             // Its own group: a signal stops cargo and every rustc it started, not cargo alone.
-            let owned = child::spawn(&mut cmd, Group::Own).context("starting cargo")?;
+            let owned = child::spawn(&mut cmd).context("starting cargo")?;
             match owned.wait(self.shutdown, None, Duration::from_secs(10))? {
                 Waited::Exited(st) if st.success() => {}
                 Waited::Exited(st) => bail!("building {} failed ({st})", &sha[..12]),
@@ -451,7 +451,7 @@ impl Ctx<'_> {
             .stdin(Stdio::null())
             .stdout(fs::File::create(&stdout_path)?)
             .stderr(fs::File::create(logs.join(format!("{label}.err")))?);
-        let owned = child::spawn(&mut cmd, Group::Own).with_context(|| format!("starting {}", args[0]))?;
+        let owned = child::spawn(&mut cmd).with_context(|| format!("starting {}", args[0]))?;
         match owned.wait(
             self.shutdown,
             Some(Duration::from_secs(self.bisect.task_timeout)),

@@ -1,8 +1,8 @@
 //! Child processes the harness owns, and the one shutdown point.
 //!
-//! Every child is started with [`spawn`]: in its own process group (or the harness's, for
-//! a build the terminal's Ctrl-C should also reach) and, on Linux, with a parent-death
-//! signal, so that a harness killed by a signal it cannot trap (SIGKILL, SIGUSR1,
+//! Every child is started with [`spawn`]: in its own process group (a build too: the
+//! harness receives the terminal's Ctrl-C and stops the whole group, cargo and every rustc
+//! it started) and, on Linux, with a parent-death signal, so that a harness killed by a signal it cannot trap (SIGKILL, SIGUSR1,
 //! SIGXFSZ, ...) takes its children with it. The [`Owned`] handle it returns can
 //!
 //! - run the child to completion under a timeout, turning SIGINT, SIGTERM and SIGHUP
@@ -29,20 +29,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use rustix::process::{Pid, Signal, WaitId, WaitIdOptions, kill_process, kill_process_group, waitid};
+use rustix::process::{Pid, Signal, WaitId, WaitIdOptions, kill_process_group, waitid};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
-
-/// Which process group a child runs in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Group {
-    /// A new group led by the child: stopping it stops the whole group, and after a
-    /// normal exit any process it left behind in that group is killed.
-    Own,
-    /// The harness's group (a build the terminal's Ctrl-C also reaches): stopping it
-    /// signals the child alone.
-    Shared,
-}
 
 /// How a wait ended.
 #[derive(Debug)]
@@ -55,19 +44,19 @@ pub enum Waited {
     Interrupted(i32),
 }
 
-/// Starts `cmd` in `group` with its parent-death signal set to SIGKILL (Linux).
+/// Starts `cmd` in a new process group led by the child, with its parent-death signal set
+/// to SIGKILL (Linux). Stopping it stops the whole group, and after a normal exit any
+/// process it left behind in that group is killed.
 ///
 /// The signal is set race-free: the harness's pid is taken before the fork, and the
 /// child, after setting the signal, checks that its parent is still that process; if the
 /// harness died in between, the child never runs the program.
-pub fn spawn(cmd: &mut Command, group: Group) -> io::Result<Owned> {
-    if group == Group::Own {
-        cmd.process_group(0);
-    }
+pub fn spawn(cmd: &mut Command) -> io::Result<Owned> {
+    cmd.process_group(0);
     die_with_parent(cmd);
     let child = cmd.spawn()?;
     let pid = Pid::from_child(&child);
-    Ok(Owned { child: Some(child), pid, group })
+    Ok(Owned { child: Some(child), pid })
 }
 
 /// Runs `cmd` to its end in its own group with its standard output captured, as
@@ -77,7 +66,7 @@ pub fn spawn(cmd: &mut Command, group: Group) -> io::Result<Owned> {
 pub fn capture(cmd: &mut Command, shutdown: &Shutdown, grace: Duration) -> Result<(Waited, Vec<u8>)> {
     use std::io::Read as _;
     cmd.stdout(std::process::Stdio::piped());
-    let mut owned = spawn(cmd, Group::Own)?;
+    let mut owned = spawn(cmd)?;
     let mut pipe = owned.child_mut().stdout.take().context("a piped stdout")?;
     let reader = thread::Builder::new()
         .name("capture".into())
@@ -123,11 +112,10 @@ fn die_with_parent(_cmd: &mut Command) {}
 pub struct Owned {
     child: Option<Child>,
     pid: Pid,
-    group: Group,
 }
 
 impl Owned {
-    /// The child's pid (also its process group id for [`Group::Own`]).
+    /// The child's pid, also its process group id.
     #[allow(dead_code, reason = "API for long-running children (a server driver)")]
     pub fn pid(&self) -> u32 {
         self.pid.as_raw_nonzero().get() as u32
@@ -153,7 +141,7 @@ impl Owned {
         }
     }
 
-    /// Stops the child: SIGTERM (to its group, for [`Group::Own`]), up to `grace` for it to
+    /// Stops the child: SIGTERM to its group, up to `grace` for it to
     /// exit, then SIGKILL; then any straggler in its group is killed and the child is
     /// reaped. A zero grace sends SIGKILL at once. A child that already exited is reaped
     /// and its status returned.
@@ -230,12 +218,9 @@ impl Owned {
         }
     }
 
-    /// Sends `sig` to the child's group ([`Group::Own`]) or the child.
+    /// Sends `sig` to the child's group.
     fn signal(&self, sig: Signal) {
-        let r = match self.group {
-            Group::Own => kill_process_group(self.pid, sig),
-            Group::Shared => kill_process(self.pid, sig),
-        };
+        let r = kill_process_group(self.pid, sig);
         // ESRCH: it is already gone, which is what we wanted.
         if let Err(e) = r
             && e != rustix::io::Errno::SRCH
@@ -246,11 +231,9 @@ impl Owned {
 
     /// Kills what is left of an exited child's group and reaps the child.
     fn reap(&mut self) -> Result<ExitStatus> {
-        if self.group == Group::Own {
-            // Stragglers the child left in its group; none is the normal case. The child
-            // is at worst a zombie here, so the group id still names its group.
-            let _ = kill_process_group(self.pid, Signal::KILL);
-        }
+        // Stragglers the child left in its group; none is the normal case. The child is at
+        // worst a zombie here, so the group id still names its group.
+        let _ = kill_process_group(self.pid, Signal::KILL);
         let mut child = self.child.take().context("a child reaped twice")?;
         child.wait().context("reaping a child")
     }
@@ -355,7 +338,7 @@ mod tests {
         let marker = dir.path().join("grandchild-survived");
         // The grandchild would write the marker after the timeout unless its group dies.
         let script = format!("(sleep 2; touch '{}') & sleep 30", marker.display());
-        let child = spawn(&mut sh(&script), Group::Own).unwrap();
+        let child = spawn(&mut sh(&script)).unwrap();
         let start = Instant::now();
         let w = child.wait(&sd, Some(Duration::from_millis(300)), Duration::ZERO).unwrap();
         assert!(matches!(w, Waited::TimedOut), "{w:?}");
@@ -364,7 +347,7 @@ mod tests {
         assert!(!marker.exists(), "the grandchild outlived its group's kill");
         // Any timeout, up to the largest, is accepted.
         for timeout in [Duration::from_secs(30), Duration::from_secs(u64::MAX), Duration::MAX] {
-            let child = spawn(&mut sh("exit 7"), Group::Own).unwrap();
+            let child = spawn(&mut sh("exit 7")).unwrap();
             match child.wait(&sd, Some(timeout), Duration::ZERO).unwrap() {
                 Waited::Exited(st) => assert_eq!(st.code(), Some(7)),
                 other => panic!("{other:?}"),
@@ -377,7 +360,7 @@ mod tests {
     fn a_long_running_child_is_checked_and_stopped_with_term_then_kill() {
         use std::os::unix::process::ExitStatusExt;
         // Exits on SIGTERM: stop returns well inside the grace period.
-        let polite = spawn(&mut sh("trap 'exit 0' TERM; while :; do sleep 0.05; done"), Group::Own).unwrap();
+        let polite = spawn(&mut sh("trap 'exit 0' TERM; while :; do sleep 0.05; done")).unwrap();
         thread::sleep(Duration::from_millis(200));
         assert!(polite.is_alive().unwrap());
         let start = Instant::now();
@@ -385,14 +368,14 @@ mod tests {
         assert!(start.elapsed() < Duration::from_secs(10), "TERM was not sent first");
         assert_eq!(st.code(), Some(0), "{st:?}");
         // Ignores SIGTERM: killed once the grace period is over.
-        let stubborn = spawn(&mut sh("trap '' TERM; while :; do sleep 0.05; done"), Group::Own).unwrap();
+        let stubborn = spawn(&mut sh("trap '' TERM; while :; do sleep 0.05; done")).unwrap();
         thread::sleep(Duration::from_millis(200));
         let start = Instant::now();
         let st = stubborn.stop(Duration::from_millis(300)).unwrap();
         assert!(start.elapsed() >= Duration::from_millis(300));
         assert_eq!(st.signal(), Some(9), "{st:?}");
         // Already gone: reaped with its own status, nothing signalled.
-        let done = spawn(&mut sh("exit 4"), Group::Own).unwrap();
+        let done = spawn(&mut sh("exit 4")).unwrap();
         while done.is_alive().unwrap() {
             thread::sleep(Duration::from_millis(10));
         }
@@ -401,7 +384,7 @@ mod tests {
 
     #[test]
     fn a_dropped_handle_kills_and_reaps_its_child() {
-        let child = spawn(&mut sh("sleep 30"), Group::Own).unwrap();
+        let child = spawn(&mut sh("sleep 30")).unwrap();
         let pid = child.pid;
         drop(child);
         // Reaped: the pid names no child of ours any more.
@@ -414,7 +397,7 @@ mod tests {
         use std::os::unix::process::ExitStatusExt;
         // The parent-death signal fires when the spawning thread ends, which a test can
         // cause without killing itself: the child must then die by SIGKILL.
-        let child = thread::spawn(|| spawn(&mut sh("sleep 30"), Group::Own).unwrap()).join().unwrap();
+        let child = thread::spawn(|| spawn(&mut sh("sleep 30")).unwrap()).join().unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while child.is_alive().unwrap() {
             assert!(Instant::now() < deadline, "the child outlived its parent thread");

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use cargo_metadata::MetadataCommand;
 
-use crate::child::{self, Group, Shutdown, Waited};
+use crate::child::{self, Shutdown, Waited};
 use crate::machine::Machine;
 
 /// `--backend`.
@@ -160,9 +160,13 @@ impl EnginePackage {
     }
 }
 
-/// Builds `kiln` in release with `backend`'s features. The build shares the harness's
-/// process group, so Ctrl-C in the terminal reaches it; a SIGTERM to the harness alone
-/// kills it. Returns the signal when interrupted.
+/// How long cargo gets to end on SIGTERM before its group is killed.
+const BUILD_GRACE: Duration = Duration::from_secs(5);
+
+/// Builds `kiln` in release with `backend`'s features, with `$CARGO` (what `cargo xtask`
+/// sets) or else the `cargo` on the PATH. The build runs in a process group of its own:
+/// a SIGINT, SIGTERM or SIGHUP to the harness (the terminal's Ctrl-C included) stops cargo
+/// and every rustc it started, not cargo alone. Returns the signal when interrupted.
 pub fn build_release(root: &Path, backend: Backend, shutdown: &Shutdown) -> Result<Option<i32>> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(&cargo);
@@ -172,9 +176,8 @@ pub fn build_release(root: &Path, backend: Backend, shutdown: &Shutdown) -> Resu
         cmd.arg("--features").arg(features.join(","));
     }
     eprintln!("building kiln (release, backend {}): {cmd:?}", backend.as_str());
-    let child = child::spawn(&mut cmd, Group::Shared)
-        .with_context(|| format!("running {}", cargo.to_string_lossy()))?;
-    match child.wait(shutdown, None, Duration::ZERO)? {
+    let child = child::spawn(&mut cmd).with_context(|| format!("running {}", cargo.to_string_lossy()))?;
+    match child.wait(shutdown, None, BUILD_GRACE)? {
         Waited::Exited(st) if st.success() => Ok(None),
         Waited::Exited(st) => bail!("building kiln failed ({st}); fix the build or pass --no-build"),
         Waited::Interrupted(sig) => Ok(Some(sig)),

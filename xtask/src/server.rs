@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use rustix::process::{Pid, WaitId, WaitIdOptions, waitid};
 
-use crate::child::{self, Group, Owned, Shutdown};
+use crate::child::{self, Owned, Shutdown};
 
 /// How to start a server.
 #[derive(Clone, Debug)]
@@ -115,8 +115,7 @@ impl Server {
         for (k, v) in &spec.env {
             cmd.env(k, v);
         }
-        let child =
-            child::spawn(&mut cmd, Group::Own).with_context(|| format!("starting {}", spec.bin.display()))?;
+        let child = child::spawn(&mut cmd).with_context(|| format!("starting {}", spec.bin.display()))?;
         let pid = Pid::from_raw(child.pid() as i32).context("the server's pid")?;
         Ok(Server { child, pid, log: spec.log.clone(), started: Instant::now() })
     }

@@ -374,6 +374,60 @@ fn a_sigkilled_harness_takes_the_running_engine_with_it() {
 }
 
 #[test]
+fn a_signal_during_the_build_stops_cargo_and_every_process_it_started() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let sb = Sandbox::new();
+    sb.kiln_workspace();
+    // `cargo build` as a cargo that starts rustc (a grandchild of xtask) and waits for it;
+    // everything else (`cargo metadata`) goes to the real cargo.
+    let real = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let d = sb.dir.path().display();
+    let cargo = sb.path("cargo.sh");
+    fs::write(
+        &cargo,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" != build ]; then exec '{real}' \"$@\"; fi\necho $$ > '{d}/cargo.pid'\nsleep 120 >/dev/null 2>&1 &\necho $! > '{d}/rustc.pid'\nwait\n"
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&cargo, fs::Permissions::from_mode(0o755)).unwrap();
+    let (line, mut child) = sb.spawn_building(
+        "bench-longprompt",
+        &args(&["--models", TINY, "--lengths", "64"]),
+        &[("CARGO", &cargo.display().to_string())],
+    );
+    let cargo_pid = util::wait_pid(&sb.path("cargo.pid"));
+    let rustc_pid = util::wait_pid(&sb.path("rustc.pid"));
+    rustix::process::kill_process(rustix::process::Pid::from_child(&child), rustix::process::Signal::INT)
+        .unwrap();
+    let status = child.wait().unwrap();
+    // Checked before the pipes are read: a survivor would hold them open.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while util::alive(cargo_pid) || util::alive(rustc_pid) {
+        if Instant::now() > deadline {
+            // Leave nothing behind, then fail.
+            for pid in [cargo_pid, rustc_pid] {
+                let _ = rustix::process::kill_process(
+                    rustix::process::Pid::from_raw(pid).unwrap(),
+                    rustix::process::Signal::KILL,
+                );
+            }
+            panic!(
+                "after SIGINT: cargo alive {}, its rustc alive {} (xtask {status}): {line}",
+                util::alive(cargo_pid),
+                util::alive(rustc_pid)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    let run = Run { cmd: line, status, stdout, stderr };
+    run.expect_code(130).expect_stderr("interrupted by SIGINT during the build");
+}
+
+#[test]
 fn oom_record_list_and_prune() {
     let sb = Sandbox::new();
     fs::write(

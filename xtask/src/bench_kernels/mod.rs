@@ -38,7 +38,7 @@ use xshell::Shell;
 
 use self::files::{Snapshot, collect, run_started};
 use self::render::{RunContext, render};
-use crate::child::{self, Group, Shutdown, Waited};
+use crate::child::{self, Shutdown, Waited};
 use crate::machine::{self, Machine};
 
 /// The bench target the task runs.
@@ -188,7 +188,7 @@ impl BenchKernels {
         ]);
         let mut bench_cmd = cargo_bench(sh);
         bench_cmd.args(&args);
-        let bench = child::spawn(&mut bench_cmd, Group::Own).context("starting cargo bench")?;
+        let bench = child::spawn(&mut bench_cmd).context("starting cargo bench")?;
         let bench_ok = match bench.wait(&shutdown, None, CARGO_GRACE)? {
             Waited::Exited(st) => st.success(),
             Waited::Interrupted(sig) => return Ok(interrupted(sig, "the benchmark run")),

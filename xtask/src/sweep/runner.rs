@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use super::classify::{self, ChildExit, KILN_BY_RULE_EXIT_CODE, Status};
 use super::layers::{DeviceBudget, EstimateFacts};
 use super::plan::{Cell, Prompt};
-use crate::child::{self, Group, Shutdown, Waited};
+use crate::child::{self, Shutdown, Waited};
 use crate::engine::Backend;
 use kiln_protocol::{DecodeReport, EstimateReport, ReportError};
 
@@ -166,8 +166,7 @@ pub fn run_logged(
     let stderr = File::create(&err_path).with_context(|| format!("creating {}", err_path.display()))?;
     cmd.stdin(Stdio::null()).stdout(stdout).stderr(stderr);
     let program = cmd.get_program().to_string_lossy().into_owned();
-    let child =
-        child::spawn(&mut cmd, Group::Own).with_context(|| format!("starting {program} for {what}"))?;
+    let child = child::spawn(&mut cmd).with_context(|| format!("starting {program} for {what}"))?;
     let exit = match child.wait(shutdown, Some(timeout), Duration::ZERO)? {
         Waited::Interrupted(sig) => return Ok(Ran::Interrupted(sig)),
         Waited::TimedOut => ChildExit::TimedOut,

@@ -142,12 +142,18 @@ impl Sandbox {
     /// output pointed into the sandbox (unless `args` name them), and no inherited
     /// `KILN_*` variable.
     pub fn command(&self, task: &str, args: &[&str]) -> Command {
+        let given = task.starts_with("bench-") && !args.contains(&"--kiln-bin");
+        self.command_with(task, args, given.then(kiln_bin))
+    }
+
+    /// [`Sandbox::command`] with `kiln` as the `--kiln-bin` of a `bench-` task, or none.
+    fn command_with(&self, task: &str, args: &[&str], kiln: Option<&Path>) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_xtask"));
         cmd.arg(task);
+        if let Some(bin) = kiln {
+            cmd.arg("--kiln-bin").arg(bin);
+        }
         if task.starts_with("bench-") {
-            if !args.contains(&"--kiln-bin") {
-                cmd.arg("--kiln-bin").arg(kiln_bin());
-            }
             if !args.contains(&"--oom-record") {
                 cmd.arg("--oom-record").arg(self.record());
             }
@@ -211,6 +217,32 @@ impl Sandbox {
         (line, child)
     }
 
+    /// Starts `cargo xtask <task> args...` as [`Sandbox::spawn`] does, but with no kiln
+    /// binary given: the task builds kiln itself, in the workspace [`Sandbox::kiln_workspace`]
+    /// makes of the sandbox, with the cargo `env` names as `CARGO`.
+    pub fn spawn_building(&self, task: &str, args: &[&str], env: &[(&str, &str)]) -> (String, Child) {
+        let mut cmd = self.command_with(task, args, None);
+        cmd.envs(env.iter().copied());
+        let line = format!("{env:?} {cmd:?}");
+        let child =
+            cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+        (line, child)
+    }
+
+    /// Makes the sandbox a workspace whose one member is a `kiln` package with no feature:
+    /// what a task that builds kiln finds from its current directory.
+    pub fn kiln_workspace(&self) {
+        fs::create_dir_all(self.path("kiln/src")).expect("creating the kiln package");
+        fs::write(self.path("Cargo.toml"), "[workspace]\nmembers = [\"kiln\"]\nresolver = \"2\"\n")
+            .expect("writing the workspace manifest");
+        fs::write(
+            self.path("kiln/Cargo.toml"),
+            "[package]\nname = \"kiln\"\nversion = \"0.9.0\"\nedition = \"2021\"\n",
+        )
+        .expect("writing the kiln manifest");
+        fs::write(self.path("kiln/src/main.rs"), "fn main() {}\n").expect("writing the kiln source");
+    }
+
     /// The rows of a result CSV.
     pub fn rows(&self, path: &Path) -> Vec<Row> {
         let mut rdr =
@@ -257,6 +289,23 @@ pub fn tagged_processes(tag: &str) -> Vec<(String, String)> {
         Some((e.file_name().to_string_lossy().into_owned(), cmdline))
     })
     .collect()
+}
+
+/// A process that exists and is not a zombie.
+pub fn alive(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+/// The pid a stand-in program wrote in `path`, once it has (within 60 s).
+pub fn wait_pid(path: &Path) -> i32 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Some(pid) = fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()) {
+            return pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "no pid in {} after 60 s", path.display());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// `[(len, status)]` from literals.
