@@ -23,7 +23,7 @@
 use std::cell::Cell;
 use std::io;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, ExitStatus};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -64,11 +64,32 @@ pub fn spawn(cmd: &mut Command) -> io::Result<Owned> {
 /// `grace`, SIGKILL) and is returned as [`Waited::Interrupted`]. The output is read on a
 /// thread while the child runs, so a long one cannot fill the pipe and stall it.
 pub fn capture(cmd: &mut Command, shutdown: &Shutdown, grace: Duration) -> Result<(Waited, Vec<u8>)> {
-    use std::io::Read as _;
-    cmd.stdout(std::process::Stdio::piped());
+    cmd.stdout(Stdio::piped());
     let mut owned = spawn(cmd)?;
-    let mut pipe = owned.child_mut().stdout.take().context("a piped stdout")?;
-    let reader = thread::Builder::new()
+    let stdout = read_on_thread(owned.child_mut().stdout.take().context("a piped stdout")?)?;
+    let waited = owned.wait(shutdown, None, grace)?;
+    // The group is gone (stopped or exited and its stragglers killed), so the pipe's
+    // writers are closed and the reader ends.
+    Ok((waited, stdout.join().unwrap_or_default()))
+}
+
+/// [`capture`] with the standard error captured too: `(waited, stdout, stderr)`.
+pub fn capture_both(
+    cmd: &mut Command,
+    shutdown: &Shutdown,
+    grace: Duration,
+) -> Result<(Waited, Vec<u8>, Vec<u8>)> {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut owned = spawn(cmd)?;
+    let stdout = read_on_thread(owned.child_mut().stdout.take().context("a piped stdout")?)?;
+    let stderr = read_on_thread(owned.child_mut().stderr.take().context("a piped stderr")?)?;
+    let waited = owned.wait(shutdown, None, grace)?;
+    Ok((waited, stdout.join().unwrap_or_default(), stderr.join().unwrap_or_default()))
+}
+
+/// Reads `pipe` to its end on a thread of its own.
+fn read_on_thread(mut pipe: impl io::Read + Send + 'static) -> Result<thread::JoinHandle<Vec<u8>>> {
+    thread::Builder::new()
         .name("capture".into())
         .spawn(move || {
             let mut out = Vec::new();
@@ -76,12 +97,7 @@ pub fn capture(cmd: &mut Command, shutdown: &Shutdown, grace: Duration) -> Resul
             let _ = pipe.read_to_end(&mut out);
             out
         })
-        .context("starting the output reader")?;
-    let waited = owned.wait(shutdown, None, grace)?;
-    // The group is gone (stopped or exited and its stragglers killed), so the pipe's
-    // writers are closed and the reader ends.
-    let out = reader.join().unwrap_or_default();
-    Ok((waited, out))
+        .context("starting the output reader")
 }
 
 #[cfg(target_os = "linux")]
@@ -320,7 +336,7 @@ mod tests {
 
     fn sh(script: &str) -> Command {
         let mut c = Command::new("sh");
-        c.arg("-c").arg(script).stderr(std::process::Stdio::null());
+        c.arg("-c").arg(script).stderr(Stdio::null());
         c
     }
 
@@ -380,6 +396,22 @@ mod tests {
             thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(done.stop(Duration::from_secs(1)).unwrap().code(), Some(4));
+    }
+
+    #[test]
+    fn a_capture_keeps_each_stream_apart() {
+        let sd = Shutdown::install().unwrap();
+        let script = "echo out; echo err >&2; exit 3";
+        match capture_both(&mut sh(script), &sd, Duration::ZERO).unwrap() {
+            (Waited::Exited(st), out, err) => {
+                assert_eq!((st.code(), &out[..], &err[..]), (Some(3), &b"out\n"[..], &b"err\n"[..]));
+            }
+            other => panic!("{other:?}"),
+        }
+        match capture(&mut sh(script), &sd, Duration::ZERO).unwrap() {
+            (Waited::Exited(st), out) => assert_eq!((st.code(), &out[..]), (Some(3), &b"out\n"[..])),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -13,20 +13,59 @@
 //! mean of the pairs' B/A time ratios with its 95% interval (Student's t on the log
 //! ratios), and the verdict is "regressed" or "improved" only when the whole interval
 //! lies beyond the noise threshold.
+//!
+//! The builds, listings and criterion runs are children of the one shutdown point, each in
+//! a process group of its own: a signal stops the running one whole (cargo and every rustc
+//! it started, or the bench binary) and ends the comparison, REV's worktree removed.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 use anyhow::{Context, Result, bail};
 
 use super::files::{BenchmarkFile, EstimatesFile, ThroughputFile, read_json};
 use super::render::{bandwidth_threads, fmt_time, parse_kernel_id};
-use super::{BENCH_PACKAGE, BENCH_TARGET};
+use super::{BENCH_PACKAGE, BENCH_TARGET, CARGO_GRACE};
+use crate::child::{self, Shutdown, Waited};
 use crate::student_t::{self, Interval};
 use crate::verdict::equivalence::{self, Equivalence};
 use crate::verdict::sequence::{self, Stopped};
+
+/// How a step of the comparison ended: its value, or the signal that stopped its child
+/// (the child's group is stopped and reaped) with what that child was doing.
+pub(super) enum Step<T> {
+    Done(T),
+    Signal(i32, String),
+}
+
+/// The value of a step; a signal that stopped it is returned from the enclosing function
+/// (which returns `Result<Step<_>>`).
+macro_rules! done {
+    ($step:expr) => {
+        match $step {
+            Step::Done(v) => v,
+            Step::Signal(sig, what) => return Ok(Step::Signal(sig, what)),
+        }
+    };
+}
+
+/// Runs `cmd` (doing `what`) under `shutdown` with its standard output captured, and its
+/// standard error too when `stderr` is set; a timeout cannot happen, there is none.
+fn run_child(cmd: &mut Command, shutdown: &Shutdown, what: String, stderr: bool) -> Result<Step<Output>> {
+    let (waited, stdout, stderr) = if stderr {
+        child::capture_both(cmd, shutdown, CARGO_GRACE)
+    } else {
+        child::capture(cmd, shutdown, CARGO_GRACE).map(|(w, out)| (w, out, Vec::new()))
+    }
+    .with_context(|| what.clone())?;
+    match waited {
+        Waited::Exited(status) => Ok(Step::Done(Output { status, stdout, stderr })),
+        Waited::Interrupted(sig) => Ok(Step::Signal(sig, what)),
+        Waited::TimedOut => bail!("{what}: timed out"),
+    }
+}
 
 /// Which tree a run measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,20 +123,21 @@ pub(super) fn bench_executable(json_lines: &str) -> Option<PathBuf> {
 }
 
 /// Builds the bench binary of the tree at `dir` with `target_dir`; returns its path.
-fn build(dir: &Path, target_dir: &Path) -> Result<PathBuf> {
+fn build(dir: &Path, target_dir: &Path, shutdown: &Shutdown) -> Result<Step<PathBuf>> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     eprintln!("building the kernel benches in {}", dir.display());
-    let out = Command::new(cargo)
-        .current_dir(dir)
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(dir)
         .env("CARGO_TARGET_DIR", target_dir)
         .args(["bench", "-p", BENCH_PACKAGE, "--bench", BENCH_TARGET, "--no-run", "--message-format", "json"])
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .with_context(|| format!("building the benches in {}", dir.display()))?;
+        .stderr(std::process::Stdio::inherit());
+    let what = format!("building the kernel benches in {}", dir.display());
+    let out = done!(run_child(&mut cmd, shutdown, what, false)?);
     if !out.status.success() {
         bail!("building the kernel benches in {} failed ({})", dir.display(), out.status);
     }
     bench_executable(&String::from_utf8_lossy(&out.stdout))
+        .map(Step::Done)
         .with_context(|| format!("cargo built no {BENCH_TARGET} bench executable in {}", dir.display()))
 }
 
@@ -136,17 +176,24 @@ fn worktree(root: &Path, target_dir: &Path, rev: &str) -> Result<(PathBuf, Strin
 }
 
 /// The benchmark ids a bench binary lists for `filter`.
-fn list(bin: &Path, filter: Option<&str>) -> Result<Vec<String>> {
+fn list(bin: &Path, filter: Option<&str>, shutdown: &Shutdown) -> Result<Step<Vec<String>>> {
     let mut cmd = Command::new(bin);
     cmd.args(["--bench", "--list"]);
     cmd.args(filter);
-    let out = cmd.output().with_context(|| format!("running {} --list", bin.display()))?;
-    Ok(super::parse_list(&String::from_utf8_lossy(&out.stdout)))
+    let what = format!("listing the benchmarks of {}", bin.display());
+    let out = done!(run_child(&mut cmd, shutdown, what, false)?);
+    Ok(Step::Done(super::parse_list(&String::from_utf8_lossy(&out.stdout))))
 }
 
 /// Mean time per iteration of one fresh criterion run of benchmark `id`, and the bytes
 /// one iteration reads (its declared throughput), when it declares them.
-fn measure(bin: &Path, id: &str, home: &Path, quick: bool) -> Result<(f64, Option<u64>)> {
+fn measure(
+    bin: &Path,
+    id: &str,
+    home: &Path,
+    quick: bool,
+    shutdown: &Shutdown,
+) -> Result<Step<(f64, Option<u64>)>> {
     let _ = std::fs::remove_dir_all(home);
     let pattern = format!("^{}$", regex_escape(id));
     let mut cmd = Command::new(bin);
@@ -156,7 +203,8 @@ fn measure(bin: &Path, id: &str, home: &Path, quick: bool) -> Result<(f64, Optio
     } else {
         cmd.args(["--sample-size", "10", "--warm-up-time", "1", "--measurement-time", "3"]);
     }
-    let out = cmd.output().with_context(|| format!("running {}", bin.display()))?;
+    let what = format!("the criterion run of {id} ({})", bin.display());
+    let out = done!(run_child(&mut cmd, shutdown, what, true)?);
     if !out.status.success() {
         bail!(
             "{id}: {} exited {}: {}",
@@ -171,7 +219,7 @@ fn measure(bin: &Path, id: &str, home: &Path, quick: bool) -> Result<(f64, Optio
         Some(ThroughputFile::Bytes(b) | ThroughputFile::BytesDecimal(b)) => Some(b),
         _ => None,
     };
-    Ok((est.mean.point_estimate, bytes))
+    Ok(Step::Done((est.mean.point_estimate, bytes)))
 }
 
 fn regex_escape(s: &str) -> String {
@@ -381,12 +429,17 @@ pub(super) struct CompareRun<'a> {
     pub(super) seq: &'a crate::verdict::SequentialFlags,
 }
 
-/// Runs the comparison; returns the report section.
-pub(super) fn run(root: &Path, target_dir: &Path, c: &CompareRun<'_>) -> Result<String> {
+/// Runs the comparison; returns the report section, or the signal that stopped it.
+pub(super) fn run(
+    root: &Path,
+    target_dir: &Path,
+    c: &CompareRun<'_>,
+    shutdown: &Shutdown,
+) -> Result<Step<String>> {
     let CompareRun { rev, filter, rounds, quick, noise, seq } = *c;
     let judging = Judging { until_ci: seq.until_ci, margin: seq.margin };
     let (tree, sha) = worktree(root, target_dir, rev)?;
-    let built = build(&tree, target_dir);
+    let built = build(&tree, target_dir, shutdown);
     // The worktree is only needed to build REV's benches: unregister it at once, so no
     // run leaves a worktree behind in the repository (its build artifacts stay in the
     // target directory for the next comparison).
@@ -397,9 +450,10 @@ pub(super) fn run(root: &Path, target_dir: &Path, c: &CompareRun<'_>) -> Result<
     if !removed.is_ok_and(|s| s.success()) {
         eprintln!("warning: could not remove the worktree {}: run `git worktree prune`", tree.display());
     }
-    let bin_a = keep_copy(&built?, &target_dir.join("bench-compare"), &sha[..12])?;
-    let bin_b = build(root, target_dir)?;
-    let (ids_a, ids_b) = (list(&bin_a, filter)?, list(&bin_b, filter)?);
+    let bin_a = keep_copy(&done!(built?), &target_dir.join("bench-compare"), &sha[..12])?;
+    let bin_b = done!(build(root, target_dir, shutdown)?);
+    let ids_a = done!(list(&bin_a, filter, shutdown)?);
+    let ids_b = done!(list(&bin_b, filter, shutdown)?);
     let both: Vec<String> = ids_b.iter().filter(|id| ids_a.contains(id)).cloned().collect();
     let missing: Vec<String> =
         ids_a.iter().chain(&ids_b).filter(|id| !both.contains(id)).map(|id| format!("`{id}`")).collect();
@@ -419,8 +473,8 @@ pub(super) fn run(root: &Path, target_dir: &Path, c: &CompareRun<'_>) -> Result<
             let (mut a, mut b) = (0.0, 0.0);
             for side in &order(r + 1)[2 * r..] {
                 let (ns, by) = match side {
-                    Side::A => measure(&bin_a, id, &home.join("a"), quick)?,
-                    Side::B => measure(&bin_b, id, &home.join("b"), quick)?,
+                    Side::A => done!(measure(&bin_a, id, &home.join("a"), quick, shutdown)?),
+                    Side::B => done!(measure(&bin_b, id, &home.join("b"), quick, shutdown)?),
                 };
                 bytes = bytes.or(by);
                 if *side == Side::A { a = ns } else { b = ns }
@@ -463,7 +517,7 @@ pub(super) fn run(root: &Path, target_dir: &Path, c: &CompareRun<'_>) -> Result<
         );
         results.push(Compared { id: id.clone(), pairs, bytes, stopped });
     }
-    Ok(render(rev, &sha, rounds, noise, judging, &results, &missing))
+    Ok(Step::Done(render(rev, &sha, rounds, noise, judging, &results, &missing)))
 }
 
 #[cfg(test)]

@@ -100,13 +100,17 @@ impl BenchKernels {
             );
         }
         let criterion_dir = criterion_dir()?;
+        // Every cargo and criterion child runs in its own process group under the one
+        // shutdown point: a signal stops the group (cargo and what it started, or the bench
+        // binary) and exits 128 + signal.
+        let shutdown = Shutdown::install()?;
         if let Some(rev) = &self.compare {
             let target_dir =
                 criterion_dir.parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target"));
             // The read bandwidth is measured in the same comparison, so each side's GB/s
             // has its share of what the machine gave that side.
             let filter = self.filter.as_ref().map(|f| format!("(?:{f})|^{BANDWIDTH_GROUP}/"));
-            let section = compare::run(
+            let section = match compare::run(
                 &sh.current_dir(),
                 &target_dir,
                 &compare::CompareRun {
@@ -117,7 +121,11 @@ impl BenchKernels {
                     noise: self.noise_threshold,
                     seq: &self.seq,
                 },
-            )?;
+                &shutdown,
+            )? {
+                compare::Step::Done(section) => section,
+                compare::Step::Signal(sig, what) => return Ok(interrupted(sig, &what)),
+            };
             let machine = Machine::probe();
             let report = format!(
                 "## Kernel benchmarks, {}\n\ncommit `{}` · host `{}` · {} ({} logical CPUs)\n\n{section}",
@@ -144,9 +152,6 @@ impl BenchKernels {
 
         // The benchmarks this run should produce, and the baseline as it is before the run
         // (saving a baseline overwrites it).
-        // Both cargo children run in their own process group under the one shutdown
-        // point: a signal stops the group (cargo, the bench binary) and exits 128 + signal.
-        let shutdown = Shutdown::install()?;
         let mut list_cmd = cargo_bench(sh);
         list_cmd.arg("--list").args((!filter.is_empty()).then_some(&filter));
         let listed = match child::capture(&mut list_cmd, &shutdown, CARGO_GRACE)
