@@ -207,7 +207,9 @@ fn the_qmv_wide_pin_shows_in_the_kernel_line_and_json_logs_carry_the_messages() 
         .collect();
     assert!(
         messages.iter().any(|m| m.contains("kernel configuration: isa=")
-            && m.ends_with("qmv_wide=off qmv_wide_pinned=yes qmv_wide_rows=none qmv_crossover=pinned act=int16")),
+            && m.ends_with(
+                "qmv_wide=off qmv_wide_pinned=yes qmv_wide_rows=none qmv_crossover=pinned act=int16"
+            )),
         "{messages:?}"
     );
     assert!(
