@@ -58,6 +58,27 @@ fn serve_bench(sb: &Sandbox, server: &str, extra: &[&str], env: &[(&str, &str)])
 }
 
 #[test]
+fn a_runs_dir_naming_a_file_is_refused_before_kiln_is_built() {
+    let sb = Sandbox::new();
+    let file = sb.path("not-a-dir");
+    fs::write(&file, "x").unwrap();
+    // A cargo that leaves a mark: the build must not start.
+    let mark = sb.path("cargo-ran");
+    let cargo = sb.path("fake-cargo");
+    fs::write(&cargo, format!("#!/bin/sh\ntouch '{}'\nexit 1\n", mark.display())).unwrap();
+    let mut perms = fs::metadata(&cargo).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    fs::set_permissions(&cargo, perms).unwrap();
+    let run = sb.run_with(
+        "serve-bench",
+        &["-m", "synthetic:tiny", "--runs-dir", file.to_str().unwrap()],
+        &[("CARGO", cargo.to_str().unwrap())],
+    );
+    run.expect_code(2).expect_stderr("--runs-dir").expect_stderr("is not a directory");
+    assert!(!mark.exists(), "kiln was built before the flag was checked{run}");
+}
+
+#[test]
 fn serve_bench_boots_a_server_and_writes_every_output() {
     let sb = Sandbox::new();
     let run = serve_bench(

@@ -152,6 +152,10 @@ impl ServeBench {
             },
             None => None,
         };
+        // Where the run directory goes is checked before kiln is built: a build of minutes
+        // must not end in a refusal of the flag.
+        let runs_dir = self.boot.runs_dir(&root)?;
+        crate::runs::check_dir_flag(&runs_dir, "--runs-dir", "run directories")?;
         let shutdown = Shutdown::install()?;
         let engine = match &self.model {
             Some(_) => match self.boot.engine(&root, &shutdown)? {
@@ -169,7 +173,6 @@ impl ServeBench {
                 self.port
             );
         }
-        let runs_dir = self.boot.runs_dir(&root)?;
         let run_dir = crate::runs::create_run_dir(&runs_dir, "serve-bench")?;
         let (mut env, device) = crate::runs::fingerprint(&root, engine.as_ref());
         let levels = self.levels();
