@@ -159,12 +159,7 @@ async fn detokenize(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejec
 async fn tokenizer_info(State(s): State<Arc<Shared>>) -> Response {
     let result =
         s.model().ok_or_else(loading).and_then(|m| crate::tokenize::tokenizer_info(&s.config.model_id, m));
-    let response = match result {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    };
-    s.metrics.request("/tokenizer_info", response.status().as_u16());
-    response
+    counted_answer(&s, "/tokenizer_info", result)
 }
 
 /// Answers a tokenizer endpoint with `answer`'s JSON once the model is loaded.
@@ -178,6 +173,11 @@ fn tokenizer_endpoint(
         let model = s.model().ok_or_else(loading)?;
         answer(&body, &s.config.model_id, model)
     });
+    counted_answer(s, path, result)
+}
+
+/// `result` as the response, JSON or the error, counted under `path` in `/metrics`.
+fn counted_answer(s: &Shared, path: &'static str, result: Result<Value, ApiError>) -> Response {
     let response = match result {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),

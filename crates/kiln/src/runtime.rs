@@ -78,7 +78,6 @@ pub fn in_pool<R: Send>(
     f: impl FnOnce(usize) -> anyhow::Result<R> + Send,
 ) -> anyhow::Result<R> {
     check_threads(threads)?;
-    check_kernel_env()?;
     let mut builder = rayon::ThreadPoolBuilder::new();
     if let Some(n) = threads {
         builder = builder.num_threads(n);
@@ -92,25 +91,20 @@ pub fn in_pool<R: Send>(
     })
 }
 
-/// Refuses a bad `KILN_ACT_PRECISION`, `KILN_QMV_CROSSOVER`, `KILN_QMV_CROSSOVER_BUSY_LIMIT`,
-/// `KILN_SPIN_US` or `KILN_WEIGHT_LAYOUT` (exit 2) before anything is built.
-pub fn check_kernel_env() -> anyhow::Result<()> {
+/// Checks every environment variable the engine reads, once, at the start of every
+/// command (exit 2 naming the variable and what it accepts): the kernel settings
+/// (`KILN_ACT_PRECISION`, `KILN_WEIGHT_LAYOUT`, `KILN_QMV_CROSSOVER`,
+/// `KILN_QMV_CROSSOVER_BUSY_LIMIT`, `KILN_SPIN_US`), `KILN_MEMORY_LIMIT`,
+/// `KILN_SPEC_ALLOW_INEXACT`, `KILN_CUDA_EMULATE`, `KILN_CUDA_GRAPHS`,
+/// `KILN_SYNTHETIC_ROUTER_SKEW` and `RAYON_NUM_THREADS`'s form. A command that never
+/// reaches a variable still refuses a bad value in it, so the same environment fails the
+/// same way under every command; no command checks them again.
+pub fn check_env() -> anyhow::Result<()> {
     kiln_core::act_precision::ActScheme::from_env().map_err(usage)?;
     kiln_core::matrix::LayoutSetting::from_env().map_err(usage)?;
     kiln_core::crossover::CrossoverSetting::from_env().map_err(usage)?;
     kiln_core::crossover::BusyLimit::from_env().map_err(usage)?;
     kiln_core::workers::SpinBudget::from_env().map_err(usage)?;
-    Ok(())
-}
-
-/// Checks every environment variable the engine reads, once, at the start of every
-/// command (exit 2 naming the variable and what it accepts): the kernel settings of
-/// [`check_kernel_env`], `KILN_MEMORY_LIMIT`, `KILN_SPEC_ALLOW_INEXACT`,
-/// `KILN_CUDA_EMULATE`, `KILN_CUDA_GRAPHS`, `KILN_SYNTHETIC_ROUTER_SKEW` and
-/// `RAYON_NUM_THREADS`'s form. A command that never reaches a variable still refuses a
-/// bad value in it, so the same environment fails the same way under every command.
-pub fn check_env() -> anyhow::Result<()> {
-    check_kernel_env()?;
     MemoryPool::limit_from_env()?;
     kiln_model::speculative::GatePolicy::from_env().map_err(|e| usage(e.to_string()))?;
     crate::backend::emulate_from_env()?;

@@ -179,9 +179,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             crate::speculate::MAX_DRAFT_TOKENS
         )));
     }
-    // Refuse a bad gate variable now, not at the first speculative request.
-    kiln_model::speculative::GatePolicy::from_env().map_err(|e| usage(e.to_string()))?;
-    runtime::check_kernel_env()?;
     if args.max_queue == 0 {
         return Err(usage("invalid --max-queue 0: accepted values are 1 or more"));
     }
