@@ -2,8 +2,9 @@
 //!
 //! Every child is started with [`spawn`]: in its own process group (a build too: the
 //! harness receives the terminal's Ctrl-C and stops the whole group, cargo and every rustc
-//! it started) and, on Linux, with a parent-death signal, so that a harness killed by a signal it cannot trap (SIGKILL, SIGUSR1,
-//! SIGXFSZ, ...) takes its children with it. The [`Owned`] handle it returns can
+//! it started) and, on Linux, with a parent-death signal, so that a harness killed by a
+//! signal it cannot trap (SIGKILL, SIGUSR1, SIGXFSZ, ...) takes its children with it.
+//! The [`Owned`] handle it returns can
 //!
 //! - run the child to completion under a timeout, turning SIGINT, SIGTERM and SIGHUP
 //!   into one event that stops it ([`Owned::wait`], what a sweep cell does);
@@ -64,13 +65,8 @@ pub fn spawn(cmd: &mut Command) -> io::Result<Owned> {
 /// `grace`, SIGKILL) and is returned as [`Waited::Interrupted`]. The output is read on a
 /// thread while the child runs, so a long one cannot fill the pipe and stall it.
 pub fn capture(cmd: &mut Command, shutdown: &Shutdown, grace: Duration) -> Result<(Waited, Vec<u8>)> {
-    cmd.stdout(Stdio::piped());
-    let mut owned = spawn(cmd)?;
-    let stdout = read_on_thread(owned.child_mut().stdout.take().context("a piped stdout")?)?;
-    let waited = owned.wait(shutdown, None, grace)?;
-    // The group is gone (stopped or exited and its stragglers killed), so the pipe's
-    // writers are closed and the reader ends.
-    Ok((waited, stdout.join().unwrap_or_default()))
+    let (waited, stdout, _) = run_captured(cmd, shutdown, grace, false)?;
+    Ok((waited, stdout))
 }
 
 /// [`capture`] with the standard error captured too: `(waited, stdout, stderr)`.
@@ -79,12 +75,32 @@ pub fn capture_both(
     shutdown: &Shutdown,
     grace: Duration,
 ) -> Result<(Waited, Vec<u8>, Vec<u8>)> {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    run_captured(cmd, shutdown, grace, true)
+}
+
+/// [`capture`]'s run, with standard error captured too when `stderr` (else inherited,
+/// and returned empty).
+fn run_captured(
+    cmd: &mut Command,
+    shutdown: &Shutdown,
+    grace: Duration,
+    stderr: bool,
+) -> Result<(Waited, Vec<u8>, Vec<u8>)> {
+    cmd.stdout(Stdio::piped());
+    if stderr {
+        cmd.stderr(Stdio::piped());
+    }
     let mut owned = spawn(cmd)?;
-    let stdout = read_on_thread(owned.child_mut().stdout.take().context("a piped stdout")?)?;
-    let stderr = read_on_thread(owned.child_mut().stderr.take().context("a piped stderr")?)?;
+    let out = read_on_thread(owned.child_mut().stdout.take().context("a piped stdout")?)?;
+    let err = match stderr {
+        true => Some(read_on_thread(owned.child_mut().stderr.take().context("a piped stderr")?)?),
+        false => None,
+    };
     let waited = owned.wait(shutdown, None, grace)?;
-    Ok((waited, stdout.join().unwrap_or_default(), stderr.join().unwrap_or_default()))
+    // The group is gone (stopped or exited and its stragglers killed), so the pipes'
+    // writers are closed and the readers end.
+    let err = err.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
+    Ok((waited, out.join().unwrap_or_default(), err))
 }
 
 /// Reads `pipe` to its end on a thread of its own.
