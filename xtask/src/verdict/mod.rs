@@ -2,11 +2,14 @@
 //! a confidence sequence that lets a run add pairs until its interval is narrow and stop
 //! when it likes ([`sequence`]), equivalence at a margin by two one-sided tests
 //! ([`equivalence`]), and the least-squares fit of one constant per forward or per token
-//! across cells ([`fit`]).
+//! across cells ([`fit`]), and the one form in which every page prints a number: its
+//! estimate, interval, n and verdict ([`reading`]).
 
 pub mod equivalence;
 pub mod fit;
+pub mod reading;
 pub mod sequence;
+pub mod sheet;
 
 use std::time::Duration;
 
