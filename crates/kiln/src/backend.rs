@@ -9,11 +9,8 @@
 use kiln_model::{Engine, EngineOptions, KvCache, LoadedModel};
 use kiln_protocol::{Attention, Backend, KvDtype};
 
-use crate::cli::RunArgs;
+use crate::args::RunArgs;
 use crate::exit::usage;
-
-/// Runs `--backend cuda` on the host execution of the kernels when `1`.
-pub const EMULATE_ENV: &str = kiln_protocol::CUDA_EMULATE_ENV;
 
 /// The device a `cuda` run holds: kiln-cuda's executor, or nothing a build without the
 /// feature can make.
@@ -78,26 +75,6 @@ pub fn check(args: &RunArgs, command: &str, runs_cuda: bool, speculative: bool) 
     }
 }
 
-/// A `0`/`1` switch read from `name`, by the protocol's one rule
-/// ([`kiln_protocol::switch_value`]): unset or empty is `default`, anything else is
-/// refused naming the variable.
-fn switch_env(name: &str, default: bool) -> anyhow::Result<bool> {
-    kiln_protocol::switch_value(name, std::env::var_os(name).as_deref(), default).map_err(usage)
-}
-
-/// Whether `KILN_CUDA_EMULATE` asks for the host execution (default no).
-pub fn emulate_from_env() -> anyhow::Result<bool> {
-    switch_env(EMULATE_ENV, false)
-}
-
-/// Replays device decode steps as CUDA graphs unless `0`.
-pub const GRAPHS_ENV: &str = "KILN_CUDA_GRAPHS";
-
-/// Whether `KILN_CUDA_GRAPHS` leaves decode graphs on (default yes).
-pub fn graphs_from_env() -> anyhow::Result<bool> {
-    switch_env(GRAPHS_ENV, true)
-}
-
 /// Opens the device of a `cuda` run (none for `cpu`): GPU 0, its pool limited by its free
 /// memory or `--memory-limit` / `KILN_MEMORY_LIMIT` when smaller; or the host execution
 /// under `KILN_CUDA_EMULATE=1`, limited as the CPU pool would be. Says on stderr which.
@@ -117,10 +94,11 @@ fn open_device(args: &RunArgs) -> anyhow::Result<DeviceExec> {
         ),
         None => kiln_core::MemoryPool::limit_from_env()?,
     };
-    graphs_from_env()?;
-    if emulate_from_env()? {
+    // KILN_CUDA_GRAPHS was checked with every other variable before the command ran.
+    if crate::runtime::emulate_from_env()? {
         let limit = crate::runtime::pool(args)?.limit();
-        eprintln!("kiln: --backend cuda on the host execution ({EMULATE_ENV}=1): the kernels run on the CPU");
+        let name = crate::runtime::EMULATE_ENV;
+        eprintln!("kiln: --backend cuda on the host execution ({name}=1): the kernels run on the CPU");
         return Ok(kiln_cuda::Exec::host(limit));
     }
     let exec = kiln_cuda::Exec::cuda_limited(0, explicit).context("opening CUDA device 0")?;
@@ -205,7 +183,7 @@ impl<'m> Runner<'m> {
         use anyhow::Context;
         let mut engine = kiln_cuda::DeviceEngine::new(exec, &model.config, &model.weights)
             .context("copying the weights to the device")?;
-        engine.set_graphs(graphs_from_env()?);
+        engine.set_graphs(crate::runtime::graphs_from_env()?);
         let rows = device_rows(chunk, prompt_tokens);
         engine.reserve(rows, capacity, 1).context("allocating the device workspace")?;
         let cache = engine.new_cache(capacity).context("allocating the device KV cache")?;

@@ -18,9 +18,10 @@ use kiln_model::ops::argmax;
 use kiln_model::{Engine, ModelError, RunShape};
 use kiln_protocol::{DecodeReport, WarmupError};
 
-use crate::cli::{BenchArgs, Format};
+use crate::args::{BenchArgs, Format};
+use crate::clock::Clock;
 use crate::exit::usage;
-use crate::{Clock, backend, prompt, runtime, rusage, speculate};
+use crate::{backend, prompt, runtime, rusage, speculate};
 
 /// Passes over the bandwidth buffer; the best one is reported.
 const BANDWIDTH_PASSES: usize = 5;

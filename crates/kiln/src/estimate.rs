@@ -14,7 +14,7 @@ use anyhow::Context;
 use kiln_model::RunShape;
 use kiln_protocol::EstimateReport;
 
-use crate::cli::{EstimateArgs, Format};
+use crate::args::{EstimateArgs, Format};
 use crate::exit::usage;
 use crate::runtime;
 

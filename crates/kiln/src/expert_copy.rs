@@ -21,7 +21,7 @@ use kiln_protocol::OffloadCopyReport;
 use rand_core::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
-use crate::cli::ExpertCopyArgs;
+use crate::args::ExpertCopyArgs;
 use crate::exit::usage;
 use crate::runtime;
 

@@ -8,7 +8,7 @@ use anyhow::Context;
 use kiln_core::MemoryPool;
 use kiln_model::LoadOptions;
 
-use crate::cli::ExportArgs;
+use crate::args::ExportArgs;
 use crate::runtime;
 
 /// Runs the command on the worker pool.

@@ -16,7 +16,7 @@ use crate::exit::usage;
 #[derive(Args, Debug)]
 pub struct ExportTokenizerArgs {
     /// The model whose tokenizer to write.
-    #[arg(value_name = "MODEL", help = crate::cli::MODEL_HELP)]
+    #[arg(value_name = "MODEL", help = crate::args::MODEL_HELP)]
     pub model: String,
     /// The directory to write into (created if missing; the two files are replaced if
     /// present, other files are left alone).

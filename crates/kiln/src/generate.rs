@@ -10,8 +10,8 @@ use std::time::Instant;
 use anyhow::Context;
 use kiln_model::{LoadedModel, ModelError, Sampler, SamplingParams};
 
+use crate::args::GenerateArgs;
 use crate::backend::{self, Runner};
-use crate::cli::GenerateArgs;
 use crate::exit::usage;
 use crate::{runtime, speculate};
 

@@ -3,9 +3,11 @@
 //! line, runs one command, and turns its outcome into the documented exit status
 //! (docs/cli.md, docs/engine-protocol.md); everything else lives in kiln-model.
 
+mod args;
 mod backend;
 mod bench;
 mod cli;
+mod clock;
 mod estimate;
 mod exit;
 mod expert_copy;
@@ -20,35 +22,11 @@ mod serve;
 mod speculate;
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
 
 use clap::{CommandFactory, FromArgMatches};
 
 use crate::cli::{Cli, Command};
-
-/// Wall time since the start of `main` (the dynamic loader's work before it, well under a
-/// millisecond, is not counted), less any span excluded on purpose such as the bandwidth
-/// probe.
-pub struct Clock {
-    start: Instant,
-    excluded: Duration,
-}
-
-impl Clock {
-    fn start() -> Self {
-        Clock { start: Instant::now(), excluded: Duration::ZERO }
-    }
-
-    /// Leaves `d` out of every later reading.
-    pub fn exclude(&mut self, d: Duration) {
-        self.excluded += d;
-    }
-
-    /// Milliseconds since the start, exclusions removed.
-    pub fn ms(&self) -> f64 {
-        self.start.elapsed().saturating_sub(self.excluded).as_secs_f64() * 1e3
-    }
-}
+use crate::clock::Clock;
 
 fn main() -> ExitCode {
     let mut clock = Clock::start();

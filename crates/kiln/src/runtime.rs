@@ -6,7 +6,7 @@ use kiln_core::MemoryPool;
 use kiln_core::size::parse_size;
 use kiln_model::{EngineOptions, LoadOptions};
 
-use crate::cli::RunArgs;
+use crate::args::RunArgs;
 use crate::exit::usage;
 
 /// Worker threads allowed per CPU the process may use: more only add scheduling and
@@ -107,8 +107,8 @@ pub fn check_env() -> anyhow::Result<()> {
     kiln_core::workers::SpinBudget::from_env().map_err(usage)?;
     MemoryPool::limit_from_env()?;
     kiln_model::speculative::GatePolicy::from_env().map_err(|e| usage(e.to_string()))?;
-    crate::backend::emulate_from_env()?;
-    crate::backend::graphs_from_env()?;
+    emulate_from_env()?;
+    graphs_from_env()?;
     kiln_model::synthetic::router_skew_from_env()?;
     check_rayon_env(std::env::var_os("RAYON_NUM_THREADS"))
 }
@@ -188,4 +188,27 @@ pub fn load_options(args: &RunArgs, pool: &MemoryPool) -> LoadOptions {
 /// The pool's limit as the protocol reports it (null when unlimited).
 pub fn limit_bytes(pool: &MemoryPool) -> Option<u64> {
     (pool.limit() != u64::MAX).then_some(pool.limit())
+}
+
+/// Runs `--backend cuda` on the host execution of the kernels when `1`.
+pub const EMULATE_ENV: &str = kiln_protocol::CUDA_EMULATE_ENV;
+
+/// A `0`/`1` switch read from `name`, by the protocol's one rule
+/// ([`kiln_protocol::switch_value`]): unset or empty is `default`, anything else is
+/// refused naming the variable.
+fn switch_env(name: &str, default: bool) -> anyhow::Result<bool> {
+    kiln_protocol::switch_value(name, std::env::var_os(name).as_deref(), default).map_err(usage)
+}
+
+/// Whether `KILN_CUDA_EMULATE` asks for the host execution (default no).
+pub fn emulate_from_env() -> anyhow::Result<bool> {
+    switch_env(EMULATE_ENV, false)
+}
+
+/// Replays device decode steps as CUDA graphs unless `0`.
+pub const GRAPHS_ENV: &str = "KILN_CUDA_GRAPHS";
+
+/// Whether `KILN_CUDA_GRAPHS` leaves decode graphs on (default yes).
+pub fn graphs_from_env() -> anyhow::Result<bool> {
+    switch_env(GRAPHS_ENV, true)
 }

@@ -16,7 +16,7 @@ use kiln_model::output::AtomicFile;
 use kiln_model::{Engine, LoadedModel};
 use serde::Serialize;
 
-use crate::cli::ScoreArgs;
+use crate::args::ScoreArgs;
 use crate::exit::usage;
 use crate::runtime;
 

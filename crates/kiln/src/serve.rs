@@ -14,7 +14,7 @@ use kiln_core::size::parse_size;
 use kiln_core::wide::{qmv_wide_enabled, qmv_wide_pinned_by_operator};
 use kiln_serve::{ConnLimits, SchedulerOptions, Server, ServerConfig, Shared, ThinkTags};
 
-use crate::cli::{RunArgs, SecondsRange};
+use crate::args::{RunArgs, SecondsRange};
 use crate::exit::usage;
 use crate::runtime;
 

@@ -10,7 +10,7 @@ use kiln_model::speculative::{
 };
 use kiln_model::{EngineOptions, LoadedModel, SamplingParams};
 
-use crate::cli::{RunArgs, SpecArgs};
+use crate::args::{RunArgs, SpecArgs};
 use crate::exit::usage;
 use crate::runtime;
 
