@@ -1,8 +1,8 @@
 //! Builds kiln-cuda's kernels: with `host-exec`, the CUDA C++ sources through the host C++
 //! compiler and `kernels/host_shim.h` into a static library the tests run; with `cuda`,
 //! each source to PTX with NVRTC and the PTX to cubin for sm_80 and sm_90 with ptxas,
-//! written to OUT_DIR for `include_bytes!`. The toolkit comes from PyPI's wheels, found
-//! through `KILN_CUDA_HOME` or a venv (docs/cuda.md); no system CUDA installation is used.
+//! written to OUT_DIR for `include_bytes!`. The toolkit is a system CUDA installation or
+//! PyPI's wheels in a venv, found by `toolkit.rs`'s one rule (docs/cuda.md).
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -24,8 +24,11 @@ fn main() {
     let kernels =
         PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR")).join("kernels");
     println!("cargo:rerun-if-changed=kernels");
-    println!("cargo:rerun-if-env-changed=KILN_CUDA_HOME");
-    println!("cargo:rerun-if-env-changed=VIRTUAL_ENV");
+    println!("cargo:rerun-if-changed=toolkit.rs");
+    #[cfg(feature = "cuda")]
+    for name in toolkit::WATCHED {
+        println!("cargo:rerun-if-env-changed={name}");
+    }
     if env::var_os("CARGO_FEATURE_HOST_EXEC").is_some() {
         build_host(&kernels);
     }
@@ -55,7 +58,9 @@ fn build_host(_: &Path) {}
 #[cfg(feature = "cuda")]
 fn build_device(kernels: &Path) {
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let toolkit = nvrtc::Toolkit::find().unwrap_or_else(|e| panic!("{e}"));
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let workspace = manifest.parent().and_then(Path::parent).unwrap_or(&manifest);
+    let toolkit = toolkit::find(&|name| env::var_os(name), workspace).unwrap_or_else(|e| panic!("{e}"));
     println!("cargo:rustc-env=KILN_CUDA_PTXAS={}", toolkit.ptxas.display());
     let lib = nvrtc::Nvrtc::open(&toolkit.nvrtc).unwrap_or_else(|e| panic!("{e}"));
     for name in KERNELS {
@@ -87,73 +92,16 @@ fn build_device(kernels: &Path) {
 #[cfg(not(feature = "cuda"))]
 fn build_device(_: &Path) {}
 
+#[cfg(feature = "cuda")]
+#[path = "toolkit.rs"]
+mod toolkit;
+
 /// NVRTC, opened from the wheel's `libnvrtc.so.12` by path (a build script cannot
 /// change the loader's search path for itself), and the toolkit's files.
 #[cfg(feature = "cuda")]
 mod nvrtc {
     use std::ffi::{CStr, CString, c_char, c_int, c_void};
-    use std::path::{Path, PathBuf};
-
-    /// Where libnvrtc and ptxas are.
-    pub struct Toolkit {
-        pub nvrtc: PathBuf,
-        pub ptxas: PathBuf,
-    }
-
-    const INSTALL: &str = "python3 -m venv target/ci-cuda-venv && target/ci-cuda-venv/bin/pip install \
-                           nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-nvcc-cu12==12.9.86";
-
-    impl Toolkit {
-        /// `KILN_CUDA_HOME` (the wheels' `nvidia` directory, or a toolkit root with `bin/`
-        /// and `lib64/`), else `$VIRTUAL_ENV`, else the workspace's `target/ci-cuda-venv`.
-        pub fn find() -> Result<Toolkit, String> {
-            let mut roots = Vec::new();
-            if let Some(home) = std::env::var_os("KILN_CUDA_HOME").filter(|v| !v.is_empty()) {
-                let home = PathBuf::from(home);
-                return Self::at(&home).ok_or_else(|| {
-                    format!(
-                        "KILN_CUDA_HOME={} holds no libnvrtc.so.12 and ptxas: accepted are the `nvidia` \
-                         directory of a venv's site-packages with the nvidia-cuda-nvrtc-cu12 and \
-                         nvidia-cuda-nvcc-cu12 wheels, or a CUDA toolkit root (lib64/, bin/)",
-                        home.display()
-                    )
-                });
-            }
-            if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
-                roots.push(PathBuf::from(venv));
-            }
-            let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default());
-            if let Some(ws) = manifest.parent().and_then(Path::parent) {
-                roots.push(ws.join("target/ci-cuda-venv"));
-            }
-            for venv in &roots {
-                let Ok(libs) = std::fs::read_dir(venv.join("lib")) else { continue };
-                for py in libs.flatten() {
-                    let nvidia = py.path().join("site-packages/nvidia");
-                    if let Some(t) = Self::at(&nvidia) {
-                        return Ok(t);
-                    }
-                }
-            }
-            Err(format!(
-                "the `cuda` feature needs NVRTC and ptxas: set KILN_CUDA_HOME to the `nvidia` directory \
-                 of a venv's site-packages holding the toolkit wheels, or install them with `{INSTALL}` \
-                 (looked in {roots:?})"
-            ))
-        }
-
-        fn at(home: &Path) -> Option<Toolkit> {
-            let layouts = [
-                (home.join("cuda_nvrtc/lib/libnvrtc.so.12"), home.join("cuda_nvcc/bin/ptxas")),
-                (home.join("lib64/libnvrtc.so.12"), home.join("bin/ptxas")),
-                (home.join("lib64/libnvrtc.so"), home.join("bin/ptxas")),
-            ];
-            layouts
-                .into_iter()
-                .find(|(n, p)| n.is_file() && p.is_file())
-                .map(|(nvrtc, ptxas)| Toolkit { nvrtc, ptxas })
-        }
-    }
+    use std::path::Path;
 
     type Program = *mut c_void;
     type CreateFn = unsafe extern "C" fn(

@@ -163,11 +163,20 @@ impl EnginePackage {
 /// How long cargo gets to end on SIGTERM before its group is killed.
 const BUILD_GRACE: Duration = Duration::from_secs(5);
 
-/// Builds `kiln` in release with `backend`'s features, with `$CARGO` (what `cargo xtask`
+/// Builds `kiln` in release with `backend`'s features (for `cuda`, after making sure the
+/// build will find a CUDA toolkit: [`crate::cuda_toolkit`]), with `$CARGO` (what `cargo xtask`
 /// sets) or else the `cargo` on the PATH. The build runs in a process group of its own:
 /// a SIGINT, SIGTERM or SIGHUP to the harness (the terminal's Ctrl-C included) stops cargo
 /// and every rustc it started, not cargo alone. Returns the signal when interrupted.
 pub fn build_release(root: &Path, backend: Backend, shutdown: &Shutdown) -> Result<Option<i32>> {
+    if backend == Backend::Cuda {
+        match crate::cuda_toolkit::ensure(root, shutdown)? {
+            crate::cuda_toolkit::Found::There(from) | crate::cuda_toolkit::Found::Created(from) => {
+                eprintln!("CUDA toolkit for the cuda build: {from}");
+            }
+            crate::cuda_toolkit::Found::Interrupted(sig) => return Ok(Some(sig)),
+        }
+    }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(&cargo);
     cmd.current_dir(root).args(["build", "--release", "--package", "kiln"]);

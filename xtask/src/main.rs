@@ -10,6 +10,7 @@ mod bench_quality;
 mod bisect;
 mod child;
 mod console;
+mod cuda_toolkit;
 mod engine;
 mod fsx;
 mod machine;
