@@ -7,7 +7,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use crate::arena::Slot;
-use crate::pool::Lease;
+use crate::pool::{Lease, MemoryPool, OutOfMemory, Tag};
 
 /// Bytes that can be shared between threads and viewed as typed slices, such as a
 /// memory map. kiln-model implements it for `memmap2::Mmap`.
@@ -194,6 +194,47 @@ impl<T: bytemuck::Pod> fmt::Debug for Buffer<T> {
 impl<T: bytemuck::Pod> From<Vec<T>> for Buffer<T> {
     fn from(v: Vec<T>) -> Self {
         Buffer::from_vec(v)
+    }
+}
+
+/// The pool's allocations of typed storage (here, beside the storage, so the pool never
+/// names the buffers it counts).
+impl MemoryPool {
+    /// Allocates `len` zeroed elements, counted under `tag`. [`Tag::Weights`] go to the
+    /// pool's weight arena, in huge pages where the system gives them ([`crate::arena`]);
+    /// its chunks are never reused, which suits memory allocated once per model.
+    pub fn alloc_zeroed<T: bytemuck::Zeroable + Copy>(
+        &self,
+        tag: Tag,
+        len: usize,
+    ) -> Result<PoolVec<T>, OutOfMemory> {
+        let bytes = (len as u64).saturating_mul(size_of::<T>() as u64);
+        let lease = self.reserve(tag, bytes)?;
+        let store = if tag == Tag::Weights {
+            // Weights stream from memory on every decode step: huge pages ([`crate::arena`]).
+            self.arena_slot::<T>(len).map(Store::Arena)
+        } else {
+            let mut vec = Vec::new();
+            vec.try_reserve_exact(len).ok().map(|()| {
+                vec.resize(len, T::zeroed());
+                Store::Vec(vec)
+            })
+        };
+        match store {
+            Some(store) => Ok(PoolVec::new(store, lease)),
+            None => {
+                // The system refused: `lease` is still held, so the live bytes count it.
+                let in_use = self.stats().live_bytes - bytes;
+                Err(OutOfMemory { requested: bytes, tag, in_use, limit: u64::MAX })
+            }
+        }
+    }
+
+    /// Takes ownership of an existing vector, counting its length under `tag`.
+    pub fn adopt<T: Copy>(&self, tag: Tag, vec: Vec<T>) -> Result<PoolVec<T>, OutOfMemory> {
+        let bytes = (vec.len() * size_of::<T>()) as u64;
+        let lease = self.reserve(tag, bytes)?;
+        Ok(PoolVec::new(Store::Vec(vec), lease))
     }
 }
 

@@ -8,7 +8,6 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::arena::Arena;
-use crate::buffer::{PoolVec, Store};
 use crate::size::{HumanBytes, SizeParseError, parse_size};
 
 /// Environment variable holding the pool limit (`512MiB`, `2GiB`, plain bytes).
@@ -243,41 +242,10 @@ impl MemoryPool {
         Ok(Lease { pool: Arc::clone(&self.inner), tag, bytes })
     }
 
-    /// Allocates `len` zeroed elements, counted under `tag`. [`Tag::Weights`] go to the
-    /// pool's weight arena, in huge pages where the system gives them ([`crate::arena`]);
-    /// its chunks are never reused, which suits memory allocated once per model.
-    pub fn alloc_zeroed<T: bytemuck::Zeroable + Copy>(
-        &self,
-        tag: Tag,
-        len: usize,
-    ) -> Result<PoolVec<T>, OutOfMemory> {
-        let bytes = (len as u64).saturating_mul(size_of::<T>() as u64);
-        let lease = self.reserve(tag, bytes)?;
-        let store = if tag == Tag::Weights {
-            // Weights stream from memory on every decode step: huge pages ([`crate::arena`]).
-            self.inner.arena.lock().unwrap_or_else(|p| p.into_inner()).take::<T>(len).map(Store::Arena)
-        } else {
-            let mut vec = Vec::new();
-            vec.try_reserve_exact(len).ok().map(|()| {
-                vec.resize(len, T::zeroed());
-                Store::Vec(vec)
-            })
-        };
-        match store {
-            Some(store) => Ok(PoolVec::new(store, lease)),
-            None => {
-                // The system refused: `lease` is still held, so the live bytes count it.
-                let in_use = self.stats().live_bytes - bytes;
-                Err(OutOfMemory { requested: bytes, tag, in_use, limit: u64::MAX })
-            }
-        }
-    }
-
-    /// Takes ownership of an existing vector, counting its length under `tag`.
-    pub fn adopt<T: Copy>(&self, tag: Tag, vec: Vec<T>) -> Result<PoolVec<T>, OutOfMemory> {
-        let bytes = (vec.len() * size_of::<T>()) as u64;
-        let lease = self.reserve(tag, bytes)?;
-        Ok(PoolVec::new(Store::Vec(vec), lease))
+    /// `len` elements' room in the weight arena (huge pages where the system gives them),
+    /// or `None` when the system refuses.
+    pub(crate) fn arena_slot<T>(&self, len: usize) -> Option<crate::arena::Slot<T>> {
+        self.inner.arena.lock().unwrap_or_else(|p| p.into_inner()).take::<T>(len)
     }
 
     /// A snapshot of the counters.

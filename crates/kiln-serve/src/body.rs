@@ -13,8 +13,8 @@ use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::Shared;
 use crate::error::ApiError;
+use crate::shared::Shared;
 
 fn too_large(limit: usize) -> ApiError {
     ApiError::status(

@@ -26,10 +26,10 @@ use crate::body;
 use crate::error::ApiError;
 use crate::logprobs;
 use crate::scheduler::{Command, Event, Failure, FinishReason, Job, TokenLogprob};
+use crate::shared::{Shared, system_fingerprint};
 use crate::structured::admit;
 use crate::text::{Channel, Detokenizer, Emitter, Piece};
 use crate::tools::{self, CallSyntax, ToolCall};
-use crate::{Shared, system_fingerprint};
 
 /// The app: `/health`, `/metrics`, `/v1/models` (and `/v1/models/{id}`), `/v1/chat/completions`,
 /// `/v1/completions`, `/tokenize`, `/detokenize` and `/tokenizer_info`, serving from `shared`.

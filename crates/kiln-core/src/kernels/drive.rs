@@ -7,7 +7,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
-use super::QmvPart;
+use super::part::QmvPart;
 #[cfg(target_arch = "x86_64")]
 use crate::matrix::{LANE_ROWS, Layout, QuantizedMatrix};
 

@@ -43,8 +43,10 @@ mod drive;
 #[cfg(target_arch = "x86_64")]
 #[doc(hidden)]
 pub mod emulated;
+mod isa;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+mod part;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod tile;
@@ -53,6 +55,9 @@ mod x86;
 
 use std::sync::OnceLock;
 
+pub use self::isa::{CpuFeatures, Isa};
+pub use self::part::QmvPart;
+use self::part::add_bias;
 use crate::act_precision::{ActScheme, act_scheme};
 use crate::matrix::{Layout, QuantizedMatrix};
 use crate::wide::{crossover, qmv_wide_enabled, qmv_wide_pinned_by_operator, wide_for};
@@ -69,118 +74,6 @@ pub enum KernelChoice {
     QmvWide,
     /// Tiled GEMM.
     Qmm,
-}
-
-/// An instruction-set path of the kernels.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Isa {
-    /// x86-64 with AVX-512F, BW and VL and VNNI besides the AVX2 set: the integer dots of
-    /// `qmv` and of 4-bit tiles with `vpdpbusd` / `vpdpwssd`, and the kernel of `qmv_wide`
-    /// and `qmm` with a weight row per 32-bit lane for 4-bit weights; the rest runs its AVX2
-    /// code.
-    Avx512Vnni,
-    /// x86-64 with AVX-512F, BW and VL besides the AVX2 set (no VNNI): as
-    /// [`Isa::Avx512Vnni`] with 512-bit `vpmaddubsw` / `vpmaddwd` for the dots.
-    Avx512,
-    /// x86-64 with AVX2, FMA and F16C, detected at run time.
-    Avx2,
-    /// aarch64 NEON (always present there).
-    Neon,
-    /// Plain Rust, every target.
-    Portable,
-}
-
-/// The CPU features the paths need, as detected (or as a test states them).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CpuFeatures {
-    /// AVX2, FMA and F16C.
-    pub avx2: bool,
-    /// AVX-512F, AVX-512BW and AVX-512VL.
-    pub avx512bw: bool,
-    /// AVX-512 VNNI.
-    pub avx512vnni: bool,
-    /// aarch64 (NEON is always there).
-    pub neon: bool,
-}
-
-impl CpuFeatures {
-    /// This CPU's features, detected once.
-    pub fn detected() -> CpuFeatures {
-        static DETECTED: OnceLock<CpuFeatures> = OnceLock::new();
-        *DETECTED.get_or_init(detect_features)
-    }
-
-    /// Whether a CPU with these features runs `isa`.
-    pub fn runs(self, isa: Isa) -> bool {
-        match isa {
-            Isa::Avx512Vnni => self.avx2 && self.avx512bw && self.avx512vnni,
-            Isa::Avx512 => self.avx2 && self.avx512bw,
-            Isa::Avx2 => self.avx2,
-            Isa::Neon => self.neon,
-            Isa::Portable => true,
-        }
-    }
-
-    /// The paths a CPU with these features runs, best first.
-    pub fn paths(self) -> Vec<Isa> {
-        Isa::ALL.into_iter().filter(|&i| self.runs(i)).collect()
-    }
-
-    /// The best path a CPU with these features runs.
-    pub fn best(self) -> Isa {
-        Isa::ALL.into_iter().find(|&i| self.runs(i)).unwrap_or(Isa::Portable)
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn detect_features() -> CpuFeatures {
-    CpuFeatures {
-        avx2: is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c"),
-        avx512bw: is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl"),
-        avx512vnni: is_x86_feature_detected!("avx512vnni"),
-        neon: false,
-    }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn detect_features() -> CpuFeatures {
-    CpuFeatures { neon: cfg!(target_arch = "aarch64"), ..CpuFeatures::default() }
-}
-
-impl Isa {
-    /// Every path, best first.
-    pub const ALL: [Isa; 5] = [Isa::Avx512Vnni, Isa::Avx512, Isa::Avx2, Isa::Neon, Isa::Portable];
-
-    /// The best path this CPU runs, detected once.
-    pub fn detected() -> Isa {
-        CpuFeatures::detected().best()
-    }
-
-    /// Whether this CPU can run the path (detected once, then cached).
-    pub fn is_available(self) -> bool {
-        CpuFeatures::detected().runs(self)
-    }
-
-    /// Every path this CPU can run, best first.
-    pub fn available() -> Vec<Isa> {
-        CpuFeatures::detected().paths()
-    }
-
-    /// The path's name in reports: `avx512_vnni`, `avx512`, `avx2`, `neon`, `portable`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Isa::Avx512Vnni => "avx512_vnni",
-            Isa::Avx512 => "avx512",
-            Isa::Avx2 => "avx2",
-            Isa::Neon => "neon",
-            Isa::Portable => "portable",
-        }
-    }
 }
 
 /// How the kernels treat activations for a weight width: what their error depends on.
@@ -341,16 +234,6 @@ pub fn qmv_scheme_on(isa: Isa, scheme: ActScheme, x: &[f32], w: &QuantizedMatrix
     }
 }
 
-/// One product of a [`qmv_many`] call: `y = W x + bias`.
-pub struct QmvPart<'a> {
-    /// The weights `[n, k]`.
-    pub w: &'a QuantizedMatrix,
-    /// The output, `n` values.
-    pub y: &'a mut [f32],
-    /// Added to `y` (`n` values) by the task that computes each row.
-    pub bias: Option<&'a [f32]>,
-}
-
 /// Several `qmv`s of one activation row, in one parallel region: the decode step's q, k
 /// and v (or gate and up) read the same normed row, so the row is quantized once and the
 /// weight rows of every matrix are split across the pool together, which wakes the
@@ -461,15 +344,6 @@ pub fn lane_rows_preferred() -> bool {
 /// Returns whether it is now in that layout.
 pub fn store_for_cpu(w: &mut QuantizedMatrix) -> bool {
     lane_rows_preferred() && w.into_lane_rows()
-}
-
-/// `out[i] += bias[rows][i]`, when there is a bias: the epilogue of [`qmv_many`].
-fn add_bias(bias: Option<&[f32]>, rows: std::ops::Range<usize>, out: &mut [f32]) {
-    if let Some(b) = bias {
-        for (o, &bv) in out.iter_mut().zip(&b[rows]) {
-            *o += bv;
-        }
-    }
 }
 
 /// [`qmv_wide`] on a chosen path.
@@ -603,7 +477,7 @@ mod tests {
 
     #[test]
     fn cpu_features_are_detected_in_one_place() {
-        let this = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kernels/mod.rs");
+        let this = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kernels/isa.rs");
         let needle = concat!("is_x86_feature", "_detected!");
         let needle_arm = concat!("is_aarch64_feature", "_detected!");
         for (path, text) in sources() {

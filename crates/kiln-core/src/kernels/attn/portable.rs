@@ -6,7 +6,7 @@ use std::mem::MaybeUninit;
 
 use half::slice::HalfFloatSliceExt;
 
-use super::{DecodeShape, KvRun, MAX_HEAD_DIM, TILE_KEYS, TileOps, drive};
+use super::tile::{DecodeShape, KvRun, MAX_HEAD_DIM, TILE_KEYS, TileOps, drive};
 
 /// Folds a run into `state` on the portable path (see [`super::fold`]).
 pub(super) fn fold(shape: &DecodeShape, q: &[f32], keys: KvRun<'_>, values: KvRun<'_>, state: &mut [f32]) {

@@ -15,7 +15,7 @@
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
-use super::{DecodeShape, KvRun, MAX_HEAD_DIM, TILE_KEYS, TileOps, drive};
+use super::tile::{DecodeShape, KvRun, MAX_HEAD_DIM, TILE_KEYS, TileOps, drive};
 
 /// Folds a run into `state` on the AVX2 path (see [`super::fold`]).
 ///
@@ -140,7 +140,7 @@ fn exp_sum8(x: &mut [f32], shift: f32) -> f32 {
     let mut l = [0f32; 8];
     // SAFETY: `l` holds eight values.
     unsafe { _mm256_storeu_ps(l.as_mut_ptr(), lanes) };
-    super::exp_sum_finish(l, chunks.into_remainder(), shift)
+    super::tile::exp_sum_finish(l, chunks.into_remainder(), shift)
 }
 
 impl TileOps for Avx2 {
@@ -450,7 +450,7 @@ mod tests {
             }
             for shift in [0.0, 3.5, -40.0, 87.0] {
                 let (mut a, mut b) = (x.clone(), x.clone());
-                let want = super::super::exp_sum(&mut a, shift);
+                let want = super::super::tile::exp_sum(&mut a, shift);
                 // SAFETY: AVX2 (with FMA and F16C) was detected above.
                 let got = unsafe { exp_sum8(&mut b, shift) };
                 assert_eq!(got.to_bits(), want.to_bits(), "sum of {n} at shift {shift}");

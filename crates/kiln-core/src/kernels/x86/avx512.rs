@@ -24,7 +24,7 @@ use std::arch::x86_64::*;
 
 use super::loads::{load16z, load32};
 use super::reduce::{fold32, fold32b, reduce8};
-use super::row::Dots;
+use super::traits::RowDots as Dots;
 use crate::kernels::tile::{Block, XTile};
 
 /// AVX-512's dots; `VNNI` picks `vpdpbusd` / `vpdpwssd`.
@@ -285,7 +285,7 @@ unsafe fn groups_to_lanes(v: [__m512i; 8]) -> __m256i {
 /// g128 groups fill all four).
 pub(super) struct Avx512Pairs<const VNNI: bool>;
 
-impl<const VNNI: bool> super::tile8::PairTotals for Avx512Pairs<VNNI> {
+impl<const VNNI: bool> super::traits::PairTotals for Avx512Pairs<VNNI> {
     #[inline(always)]
     unsafe fn pair<const T: usize>(wv: __m256i, x: *const Block, xlo: *const Block) -> (__m256i, __m256i) {
         // SAFETY: the caller guarantees AVX-512F/BW/VL (and VNNI when `VNNI`) and `T`
@@ -401,7 +401,7 @@ pub(super) const fn small_tiles_take(bits: u32, g: usize, split: bool) -> bool {
     bits == 4 && g <= 64 && split
 }
 
-impl<const VNNI: bool> super::tiled::SmallTotals for Avx512Small<VNNI> {
+impl<const VNNI: bool> super::traits::SmallTotals for Avx512Small<VNNI> {
     #[inline(always)]
     unsafe fn rows<const BITS: u32, const G: usize, const T: usize>(
         wrow: &[u8],

@@ -39,9 +39,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::PARALLEL_QUANTIZE_ROWS;
 use super::avx512::dot_u4_i8;
 use super::scales::{packed_bytes, scale_bytes};
+use super::traits::PARALLEL_QUANTIZE_ROWS;
 use crate::kernels::act::{ActCodes, quantize_group};
 use crate::kernels::drive;
 use crate::matrix::{LANE_ROWS, Layout, QuantizedMatrix, ScaleData};
@@ -340,7 +340,7 @@ pub(in crate::kernels) unsafe fn matmul(
 pub(in crate::kernels) unsafe fn many(
     vnni: bool,
     x: &[f32],
-    parts: &mut [crate::kernels::QmvPart<'_>],
+    parts: &mut [crate::kernels::part::QmvPart<'_>],
     codes: ActCodes,
 ) {
     let Some(first) = parts.first() else { return };
@@ -353,7 +353,7 @@ pub(in crate::kernels) unsafe fn many(
         // SAFETY: this function's caller guarantees the features; every core rayon runs
         // this closure on is the same CPU.
         unsafe { rows_any(vnni, w, &acts, rows.clone(), &mut [&mut *out]) };
-        crate::kernels::add_bias(bias, rows, out);
+        crate::kernels::part::add_bias(bias, rows, out);
     });
 }
 

@@ -60,49 +60,17 @@ mod row;
 mod scales;
 mod tile8;
 mod tiled;
+mod traits;
 
 use std::ops::Range;
 
-use super::Isa;
 use super::act::{ActCodes, TILE_ROWS};
 use super::drive;
 use super::tile::XTile;
 use crate::matrix::QuantizedMatrix;
 use tiled::tiled_rows;
-
-/// The loop order of the tiled kernels.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Order {
-    /// Each weight row once, every tile against it (`qmv_wide`): one pass over the
-    /// weights with the row hot in L1.
-    RowOuter,
-    /// Each tile against a task's whole block of weight rows (`qmm`): the block stays in
-    /// L2 while the activation tile is hot in L1.
-    TileOuter,
-}
-
-/// Which integer dots `qmv` runs: the x86 path's.
-#[derive(Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
-pub(super) enum Dots {
-    /// AVX2's 256-bit dots.
-    Avx2,
-    /// 512-bit `vpmaddubsw` / `vpmaddwd`.
-    Avx512,
-    /// 512-bit `vpdpbusd` / `vpdpwssd`.
-    Avx512Vnni,
-}
-
-impl Dots {
-    /// The dots of an x86 path (any other path gets AVX2's, which its caller never asks).
-    pub(super) fn of(isa: Isa) -> Dots {
-        match isa {
-            Isa::Avx512Vnni => Dots::Avx512Vnni,
-            Isa::Avx512 => Dots::Avx512,
-            _ => Dots::Avx2,
-        }
-    }
-}
+pub(super) use traits::Dots;
+use traits::{Order, PARALLEL_QUANTIZE_ROWS};
 
 /// `qmv` rows of `w` against `xt` with `dots`.
 ///
@@ -146,7 +114,12 @@ pub(super) unsafe fn qmv(dots: Dots, x: &[f32], w: &QuantizedMatrix, y: &mut [f3
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C, and the features of `dots`.
-pub(super) unsafe fn qmv_many(dots: Dots, x: &[f32], parts: &mut [super::QmvPart<'_>], codes: ActCodes) {
+pub(super) unsafe fn qmv_many(
+    dots: Dots,
+    x: &[f32],
+    parts: &mut [super::part::QmvPart<'_>],
+    codes: ActCodes,
+) {
     let Some(first) = parts.first() else { return };
     // SAFETY: this function's caller guarantees AVX2, FMA and F16C.
     let xt = unsafe { qmv_vector(dots, x, first.w.spec().group_size(), codes) };
@@ -154,7 +127,7 @@ pub(super) unsafe fn qmv_many(dots: Dots, x: &[f32], parts: &mut [super::QmvPart
         // SAFETY: this function's caller guarantees the features; every core rayon runs
         // this closure on is the same CPU.
         unsafe { qmv_rows_with(dots, w, &xt, rows.clone(), out) };
-        super::add_bias(bias, rows, out);
+        super::part::add_bias(bias, rows, out);
     });
 }
 
@@ -307,10 +280,6 @@ pub(crate) unsafe fn qmv_vector(dots: Dots, x: &[f32], g: usize, codes: ActCodes
 fn quantize_tile(x: &[f32], rows: usize, k: usize, g: usize, codes: ActCodes) -> XTile {
     XTile::tile(x, rows, k, g, codes)
 }
-
-/// Tiles at least this many rows are quantized in parallel: below it (a batched decode
-/// step) the region's wake-up would cost more than the work.
-pub(super) const PARALLEL_QUANTIZE_ROWS: usize = 32;
 
 /// `m` rows of `x` quantized into tiles of at most eight rows, as [`XTile::tiles`] gives
 /// them. A prefill's tiles are quantized on the pool, a tile per task: run on the caller

@@ -14,26 +14,9 @@ use super::reduce::{
     q4_group_partials_split, quad_split, reduce8,
 };
 use super::scales::{BF16, F16, F32, load_scales8, packed_bytes, scale_bytes, scale_size};
+use super::traits::RowDots as Dots;
 use crate::kernels::tile::{Block, XTile};
 use crate::matrix::{QuantizedMatrix, ScaleData};
-
-/// The integer dots of a step of eight groups, lane = group: AVX2's [`chunk8`] and
-/// [`chunk8_split`], or AVX-512's ([`super::avx512`]). Every implementation gives the same
-/// exact sums, so the float work after them, and every output, is bit-identical across
-/// them.
-pub(super) trait Dots {
-    /// [`chunk8`]'s contract.
-    ///
-    /// # Safety
-    /// The CPU must have the features of the row loop the implementation is compiled into.
-    unsafe fn chunk8<const BITS: u32, const G: usize>(w: &[u8], x: &[Block], ng: usize) -> __m256i;
-
-    /// [`chunk8_split`]'s contract.
-    ///
-    /// # Safety
-    /// As [`Dots::chunk8`].
-    unsafe fn chunk8_split<const G: usize>(w: &[u8], xh: &[Block], xl: &[Block], ng: usize) -> __m256i;
-}
 
 /// AVX2's dots.
 pub(super) struct Avx2Dots;
@@ -58,7 +41,8 @@ impl Dots for Avx2Dots {
 macro_rules! row_loop {
     ($name:ident, $features:tt, $dots:ty) => {
         pub(in crate::kernels) mod $name {
-            use super::*;
+            // This file's items (`super::*` here, spelled so that it reads as this file).
+            use crate::kernels::x86::row::*;
 
             /// `qmv` rows of `w` against `xt`, dispatched on scale dtype and geometry.
             #[target_feature(enable = $features)]

@@ -2,10 +2,10 @@
 
 use std::arch::x86_64::*;
 
-use super::Dots;
 use super::lanes::{center_of, times_center};
 use super::loads::{load_hi, load_lo};
 use super::reduce::{fold16, fold16b, fold32b, nib_dot, quad_split, reduce8};
+use super::traits::{Dots, PairTotals};
 use crate::kernels::act::TILE_ROWS;
 use crate::kernels::tile::{Block, XTile};
 
@@ -61,36 +61,6 @@ pub(super) fn wide_row<const BITS: u32, const G: usize, const T: usize>(
             _ => wide_row_raw::<BITS, G, T>(args),
         }
     }
-}
-
-/// The exact integer totals, lane = activation row, of 4-bit groups against `T` rows of
-/// an eight-slot tile: a g32 pair's ([`PairTotals::pair`]) or one g64 / g128 group's
-/// ([`PairTotals::group`]).
-pub(super) trait PairTotals {
-    /// `(first group, second group)` of a g32 pair. `wv` is the pair's 32 packed bytes (the high 16 zero for a last lone group), `x`
-    /// the pair's `T` activation blocks and `xlo` their low planes, or null when the codes
-    /// are not split.
-    ///
-    /// # Safety
-    /// The implementation's features are available; `x` (and a non-null `xlo`) are
-    /// readable for `T` blocks.
-    unsafe fn pair<const T: usize>(wv: __m256i, x: *const Block, xlo: *const Block) -> (__m256i, __m256i);
-
-    /// The exact totals, lane = activation row, of one 4-bit group of `G` = 64 or 128
-    /// against `T` rows: `w0` is the group's first 32 packed bytes and `w1` its second
-    /// (g128; zero at g64), `x[r]` row `r`'s first block and `x[stride + r]` its second
-    /// (g128), `xlo` the low planes laid out as `x`, or null when the codes are not split.
-    ///
-    /// # Safety
-    /// The implementation's features are available; `x` (and a non-null `xlo`) are
-    /// readable for `T` blocks (`stride + T` at g128).
-    unsafe fn group<const G: usize, const T: usize>(
-        w0: __m256i,
-        w1: __m256i,
-        x: *const Block,
-        xlo: *const Block,
-        stride: usize,
-    ) -> __m256i;
 }
 
 /// AVX2's totals ([`q4_tile_tot`], [`q4_tile_tot_split`]).

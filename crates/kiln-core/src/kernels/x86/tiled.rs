@@ -14,7 +14,7 @@ use super::reduce::{
 };
 use super::scales::{RowScales, packed_bytes};
 use super::tile8::wide_row;
-use super::{Dots, Order};
+use super::traits::{Dots, Order, SmallTotals};
 use crate::kernels::act::TILE_ROWS;
 use crate::kernels::tile::{Block, GROUP_LANE_ROWS, XTile};
 use crate::matrix::QuantizedMatrix;
@@ -202,19 +202,6 @@ pub(super) fn small_tile<const BITS: u32, const G: usize, const T: usize, const 
             _ => group_lanes_row::<BITS, G, T, TWO_LEVEL>(wrow, s, b, xt, gpr),
         }
     }
-}
-
-/// The integer dots of a small tile's rows: for each of `T` rows, groups `g0 .. g0 + ng`
-/// (`ng <= 8`) of one weight row, lane `j` = group `g0 + j`, zero beyond `ng`.
-pub(super) trait SmallTotals {
-    /// # Safety
-    /// The implementation's features are available.
-    unsafe fn rows<const BITS: u32, const G: usize, const T: usize>(
-        wrow: &[u8],
-        xt: &XTile,
-        g0: usize,
-        ng: usize,
-    ) -> [__m256i; T];
 }
 
 /// AVX2's small-tile dots ([`chunk_rows`], [`chunk_rows_split`]).
