@@ -317,3 +317,38 @@ fn the_pull_request_comment_says_what_the_terminal_said_and_a_wide_pair_is_undec
         "{context}"
     );
 }
+
+#[test]
+fn the_verdict_s_margin_is_what_the_help_says() {
+    let dir = recorded_sandbox();
+    let help = xtask_in(dir.path(), &["bench-kernels", "--help"]);
+    let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains("--margin <PCT> With --compare: the verdict's margin, in percent [default: 5, or --noise-threshold]")
+            && flat.contains("With --compare and no --margin: the verdict's margin as a fraction (0.05 is ±5%)"),
+        "{help}"
+    );
+    let compare = |extra: &[&str]| {
+        let mut args = vec!["bench-kernels", "--compare", "HEAD", "--rounds", "2"];
+        args.extend(extra);
+        // Each comparison starts its rounds again.
+        for f in fs::read_dir(dir.path()).unwrap() {
+            let p = f.unwrap().path();
+            if p.file_name().unwrap().to_string_lossy().starts_with("count-") {
+                fs::remove_file(p).unwrap();
+            }
+        }
+        xtask_in(dir.path(), &args)
+    };
+    let regressed =
+        |out: &str| out.lines().find(|l| l.contains("`qmv/q4_g64_n4096_k4096_m1/t1`")).unwrap().to_string();
+    // 1.307 [1.222, 1.397]: beyond ±5% (the default), within ±50%, beyond ±20%.
+    assert!(regressed(&compare(&[])).contains("| regressed by more than 5% |"));
+    let out = compare(&["--noise-threshold", "0.5"]);
+    assert!(out.contains("| verdict at ±50% |") && regressed(&out).contains("| same within ±50% |"), "{out}");
+    let out = compare(&["--noise-threshold", "0.5", "--margin", "20"]);
+    assert!(
+        out.contains("| verdict at ±20% |") && regressed(&out).contains("| regressed by more than 20% |"),
+        "{out}"
+    );
+}
