@@ -185,3 +185,170 @@ fn sigterm_during_a_criterion_run_of_a_comparison_stops_it_and_its_children() {
     assert_eq!(status.code(), Some(143), "status {status}\nstderr:\n{stderr}");
     assert!(stderr.contains("interrupted by SIGTERM during the criterion run of qmv/x/t1"), "{stderr}");
 }
+
+/// The times (ns) the stand-in bench binary of [`recorded_sandbox`] reports, round by
+/// round, for A (REV) and B (the working tree), with the bytes each benchmark declares: a
+/// clear regression, the two rounds whose B/A interval spans a factor of 160 either way,
+/// and a read-bandwidth benchmark on a loaded machine.
+const RECORDED: [(&str, [f64; 2], [f64; 2], u64); 3] = [
+    ("qmv/q4_g64_n4096_k4096_m1/t1", [100.0, 102.0], [130.0, 134.0], 2000),
+    ("qmv_wide/q4_g64_n4096_k4096_m8/t1", [100.0, 100.0], [88.8, 197.7], 2000),
+    ("read_bandwidth/sum_1024MiB_start/t1", [25.0, 30.0], [40.0, 20.0], 1000),
+];
+
+/// [`compare_sandbox`] with a bench binary that, instead of running criterion, writes
+/// criterion's files with the times of [`RECORDED`], one round after another.
+fn recorded_sandbox() -> tempfile::TempDir {
+    let dir = compare_sandbox();
+    let d = dir.path().display();
+    let mut listing = String::new();
+    for (id, a, b, bytes) in RECORDED {
+        listing.push_str(&format!("{id}: benchmark\\n"));
+        let key = id.replace('/', "_");
+        for (side, times) in [("a", a), ("b", b)] {
+            let text: String = times.iter().map(|t| format!("{t}\n")).collect();
+            fs::write(dir.path().join(format!("times-{side}-{key}")), text).unwrap();
+        }
+        fs::write(dir.path().join(format!("bytes-{key}")), format!("{bytes}\n")).unwrap();
+    }
+    // REV's binary is a copy named `kernels-<sha>`; the working tree's is this script.
+    let script = format!(
+        r#"#!/bin/sh
+case "$*" in *--list*) printf '{listing}'; exit 0 ;; esac
+case "$(basename "$0")" in kernels.sh) side=b ;; *) side=a ;; esac
+id=${{2#^}}; id=${{id%$}}
+key=$(echo "$id" | tr / _)
+n=$(cat "{d}/count-$side-$key" 2>/dev/null || echo 0); n=$((n + 1)); echo $n > "{d}/count-$side-$key"
+t=$(sed -n "${{n}}p" "{d}/times-$side-$key")
+bytes=$(cat "{d}/bytes-$key")
+mkdir -p "$CRITERION_HOME/$id/new"
+e="{{\"confidence_interval\":{{\"confidence_level\":0.95,\"lower_bound\":$t,\"upper_bound\":$t}},\"point_estimate\":$t,\"standard_error\":0.0}}"
+echo "{{\"mean\":$e,\"slope\":null}}" > "$CRITERION_HOME/$id/new/estimates.json"
+echo "{{\"full_id\":\"$id\",\"throughput\":{{\"Bytes\":$bytes}}}}" > "$CRITERION_HOME/$id/new/benchmark.json"
+"#
+    );
+    fs::write(dir.path().join("kernels.sh"), script).unwrap();
+    dir
+}
+
+/// Runs xtask with `args` in `dir` (the stand-in cargo, criterion's directory under it);
+/// returns its stdout, failing with everything it printed when it fails.
+fn xtask_in(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .args(args)
+        .env("CARGO", dir.join("cargo.sh"))
+        .env("CRITERION_HOME", dir.join("target/criterion"))
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "xtask {args:?}: {}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    stdout.into_owned()
+}
+
+/// A cell's text as a markdown table prints it.
+fn md_cell(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
+
+#[test]
+fn the_pull_request_comment_says_what_the_terminal_said_and_a_wide_pair_is_undecided() {
+    let dir = recorded_sandbox();
+    let terminal = xtask_in(dir.path(), &["bench-kernels", "--compare", "HEAD", "--rounds", "2"]);
+    // The two rounds of 0.888 and 1.977: undecided, with the rounds and time that would
+    // settle it, and never "within noise".
+    let wide = terminal.lines().find(|l| l.contains("qmv_wide")).unwrap();
+    assert!(!wide.contains("within noise"), "{terminal}");
+    assert!(wide.contains("| 1.325 [0.008, 214.047] (n=2, within a factor of 161.5) |"), "{terminal}");
+    assert!(
+        wide.contains("| undecided at ±5%: about 24 more rounds would likely settle it (about "),
+        "{terminal}"
+    );
+    let url = "https://example.invalid/run/7";
+    let comment = xtask_in(dir.path(), &["bench-kernels", "--pr-comment", "--run-url", url]);
+    let readings = fs::read_to_string(dir.path().join("target/criterion/readings.json")).unwrap();
+    let sheet: serde_json::Value = serde_json::from_str(&readings).unwrap();
+    let context = format!("terminal:\n{terminal}\ncomment:\n{comment}\nreadings.json:\n{readings}");
+
+    // One headline, printed alike, answering the question and keeping the read bandwidth
+    // apart from the kernels.
+    let headline = sheet["headline"].as_str().unwrap();
+    assert!(
+        headline.starts_with(
+            "Did this change regress a kernel? yes: 1 of 2 kernel benchmarks regressed by more than 5%."
+        ) && headline.contains("Kernels at ±5%: 1 regressed, 0 improved, 0 same, 1 undecided (of 2).")
+            && headline.contains(
+                "the machine and not the change: 0 regressed, 0 improved, 0 same, 1 undecided (of 1)."
+            ),
+        "{context}"
+    );
+    let (top, folded) = comment.split_once("<details>").unwrap();
+    for page in [&terminal, top] {
+        assert!(page.contains(headline), "{context}");
+    }
+    // Every cell of the record is in the terminal and in the comment's report as written.
+    let mut verdicts = Vec::new();
+    for table in sheet["tables"].as_array().unwrap() {
+        for row in table["rows"].as_array().unwrap() {
+            for cell in row.as_array().unwrap() {
+                let text = md_cell(cell["text"].as_str().unwrap());
+                assert!(terminal.contains(&text) && folded.contains(&text), "{text}\n{context}");
+                if let Some(j) = cell.get("judged") {
+                    verdicts.push((
+                        row[0]["text"].as_str().unwrap().to_string(),
+                        j["verdict"]["verdict"].clone(),
+                        text,
+                    ));
+                }
+            }
+        }
+    }
+    assert_eq!(verdicts.len(), 3, "{context}");
+    let (_, v, text) = verdicts.iter().find(|(id, ..)| id.contains("qmv_wide")).unwrap();
+    assert_eq!((v.as_str(), wide.contains(text.as_str())), (Some("undecided"), true), "{context}");
+    assert!(!terminal.contains("within noise") && !comment.contains("within noise"), "{context}");
+    // Above the fold: the regressed kernel's row as the terminal printed it, nothing else.
+    let regressed = terminal.lines().find(|l| l.contains("`qmv/q4_g64_n4096_k4096_m1/t1`")).unwrap();
+    assert!(regressed.contains("| regressed by more than 5% |") && top.contains(regressed), "{context}");
+    assert!(!top.contains("| `qmv_wide") && !top.contains("| `read_bandwidth"), "{context}");
+    assert!(
+        top.contains(&format!("Measured by [this run]({url}).")) && comment.ends_with("</details>\n"),
+        "{context}"
+    );
+}
+
+#[test]
+fn the_verdict_s_margin_is_what_the_help_says() {
+    let dir = recorded_sandbox();
+    let help = xtask_in(dir.path(), &["bench-kernels", "--help"]);
+    let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains("--margin <PCT> With --compare: the verdict's margin, in percent [default: 5, or --noise-threshold]")
+            && flat.contains("With --compare and no --margin: the verdict's margin as a fraction (0.05 is ±5%)"),
+        "{help}"
+    );
+    let compare = |extra: &[&str]| {
+        let mut args = vec!["bench-kernels", "--compare", "HEAD", "--rounds", "2"];
+        args.extend(extra);
+        // Each comparison starts its rounds again.
+        for f in fs::read_dir(dir.path()).unwrap() {
+            let p = f.unwrap().path();
+            if p.file_name().unwrap().to_string_lossy().starts_with("count-") {
+                fs::remove_file(p).unwrap();
+            }
+        }
+        xtask_in(dir.path(), &args)
+    };
+    let regressed =
+        |out: &str| out.lines().find(|l| l.contains("`qmv/q4_g64_n4096_k4096_m1/t1`")).unwrap().to_string();
+    // 1.307 [1.222, 1.397]: beyond ±5% (the default), within ±50%, beyond ±20%.
+    assert!(regressed(&compare(&[])).contains("| regressed by more than 5% |"));
+    let out = compare(&["--noise-threshold", "0.5"]);
+    assert!(out.contains("| verdict at ±50% |") && regressed(&out).contains("| same within ±50% |"), "{out}");
+    let out = compare(&["--noise-threshold", "0.5", "--margin", "20"]);
+    assert!(
+        out.contains("| verdict at ±20% |") && regressed(&out).contains("| regressed by more than 20% |"),
+        "{out}"
+    );
+}

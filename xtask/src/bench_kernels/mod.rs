@@ -18,13 +18,20 @@
 //! regressed only when the whole interval of the change lies beyond the noise threshold.
 //! The thresholds are passed to criterion, so both use the same ones.
 //!
+//! `--compare REV` measures both trees in one run instead (`compare`), judges each
+//! benchmark's B/A ratio once as a reading at the margin (`sheet`), and writes that sheet
+//! as `readings.json` beside the report; `--pr-comment` prints the pull request's comment
+//! from it (`comment`).
+//!
 //! This module runs criterion; `files` reads what it leaves, `stats` judges a change, and
 //! `render` writes the report.
 
+mod comment;
 mod compare;
 mod files;
 mod plot;
 mod render;
+mod sheet;
 mod stats;
 
 use std::collections::BTreeSet;
@@ -40,6 +47,8 @@ use self::files::{Snapshot, collect, run_started};
 use self::render::{RunContext, render};
 use crate::child::{self, Shutdown, Waited};
 use crate::machine::{self, Machine};
+use crate::verdict::reading::DEFAULT_MARGIN_PCT;
+use crate::verdict::sheet::Sheet;
 
 /// The bench target the task runs.
 const BENCH_PACKAGE: &str = "kiln-benches";
@@ -51,9 +60,30 @@ const BANDWIDTH_GROUP: &str = "read_bandwidth";
 const DEFAULT_BASELINE: &str = "base";
 /// Where the report is written, under criterion's output directory.
 const REPORT_FILE: &str = "kiln-kernels-report.md";
+/// criterion's `--noise-threshold` when none is given.
+const DEFAULT_NOISE_THRESHOLD: f64 = 0.01;
 
 /// Flags of `cargo xtask bench-kernels`.
 #[derive(clap::Args)]
+// The shared sequential flags, worded for rounds of this comparison.
+#[command(mut_arg("until_ci", |a| a.help(
+    "With --compare: keep adding rounds to each benchmark after its --rounds until the 95% \
+     interval of its B/A ratio has a half-width under PCT percent, or a budget ends it \
+     (--max-pairs, --max-time). The intervals are then a confidence sequence's, valid however \
+     the run stops"
+)))]
+#[command(mut_arg("max_pairs", |a| a.help("With --until-ci: at most N rounds per benchmark [default: 40]")))]
+#[command(mut_arg("max_time", |a| a.help(
+    "With --until-ci: start no new round that would end after this long from the start of the \
+     first benchmark's rounds (such as 90s, 20m, 1h; a bare number is seconds)"
+)))]
+#[command(mut_arg("margin", |a| a.help(
+    "With --compare: the verdict's margin, in percent [default: 5, or --noise-threshold]. A \
+     benchmark is `same` only when the whole 95% interval of its B/A time ratio lies within \
+     ±PCT, `regressed` or `improved` only when it lies wholly beyond, else `undecided` with \
+     about how many more rounds (and how long) would likely settle it. With --until-ci the \
+     run also stops adding rounds to a benchmark once it is decided"
+)))]
 pub struct BenchKernels {
     /// Run only the benchmarks whose id matches this regular expression (criterion's
     /// filter); the read-bandwidth benchmarks always run too.
@@ -70,12 +100,13 @@ pub struct BenchKernels {
     /// comparisons from it rarely reach significance.
     #[arg(long)]
     quick: bool,
-    /// A change is called an improvement or a regression only when its whole confidence
-    /// interval lies beyond this fraction (criterion's --noise-threshold).
-    #[arg(long, value_name = "FRACTION", default_value_t = 0.01)]
-    noise_threshold: f64,
-    /// p-value below which a change counts as significant (criterion's
-    /// --significance-level).
+    /// Without --compare: criterion's --noise-threshold, a change is improved or regressed
+    /// only when its whole confidence interval lies beyond this fraction [default: 0.01].
+    /// With --compare and no --margin: the verdict's margin as a fraction (0.05 is ±5%).
+    #[arg(long, value_name = "FRACTION", value_parser = fraction_arg)]
+    noise_threshold: Option<f64>,
+    /// Without --compare: the p-value below which a change counts as significant
+    /// (criterion's --significance-level).
     #[arg(long, value_name = "P", default_value_t = 0.05)]
     significance_level: f64,
     /// Compare with revision REV in this run: build its benches in a git worktree under
@@ -87,9 +118,24 @@ pub struct BenchKernels {
     /// before the sequential rule may stop).
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..))]
     rounds: u64,
-    /// For --compare: the sequential rule, its budgets and the equivalence margin.
+    /// For --compare: the sequential rule, its budgets and the verdict's margin.
     #[command(flatten)]
     seq: crate::verdict::SequentialFlags,
+    /// Print the pull request's comment on the last --compare (from `readings.json` and
+    /// the report in criterion's directory) and exit; runs nothing.
+    #[arg(long, conflicts_with_all = ["compare", "baseline", "save_baseline", "filter", "quick"])]
+    pr_comment: bool,
+    /// With --pr-comment: the CI run to link to.
+    #[arg(long, value_name = "URL", requires = "pr_comment")]
+    run_url: Option<String>,
+}
+
+/// A fraction: a finite number above 0 and below 1.
+fn fraction_arg(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v < 1.0 => Ok(v),
+        _ => Err(format!("{s:?}: expected a fraction above 0 and below 1, such as 0.01")),
+    }
 }
 
 impl BenchKernels {
@@ -100,6 +146,9 @@ impl BenchKernels {
             );
         }
         let criterion_dir = criterion_dir()?;
+        if self.pr_comment {
+            return pr_comment(&criterion_dir, self.run_url.as_deref());
+        }
         // Every cargo and criterion child runs in its own process group under the one
         // shutdown point: a signal stops the group (cargo and what it started, or the bench
         // binary) and exits 128 + signal.
@@ -110,7 +159,19 @@ impl BenchKernels {
             // The read bandwidth is measured in the same comparison, so each side's GB/s
             // has its share of what the machine gave that side.
             let filter = self.filter.as_ref().map(|f| format!("(?:{f})|^{BANDWIDTH_GROUP}/"));
-            let section = match compare::run(
+            // A comparison that ends early leaves no earlier one's files to be commented on.
+            for stale in [REPORT_FILE, crate::verdict::reading::FILE] {
+                let path = criterion_dir.join(stale);
+                match std::fs::remove_file(&path) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(e).with_context(|| format!("removing {}", path.display()));
+                    }
+                    _ => {}
+                }
+            }
+            let margin_pct =
+                self.seq.margin.or(self.noise_threshold.map(|f| f * 100.0)).unwrap_or(DEFAULT_MARGIN_PCT);
+            let found = match compare::run(
                 &sh.current_dir(),
                 &target_dir,
                 &compare::CompareRun {
@@ -118,12 +179,12 @@ impl BenchKernels {
                     filter: filter.as_deref(),
                     rounds: self.rounds as usize,
                     quick: self.quick,
-                    noise: self.noise_threshold,
+                    margin_pct,
                     seq: &self.seq,
                 },
                 &shutdown,
             )? {
-                compare::Step::Done(section) => section,
+                compare::Step::Done(found) => found,
                 compare::Step::Signal(sig, what) => return Ok(interrupted(sig, &what)),
             };
             let machine = Machine::probe();
@@ -133,14 +194,20 @@ impl BenchKernels {
                 machine::commit(&sh.current_dir()),
                 machine.host,
                 machine.cpu,
-                machine.cpus
+                machine.cpus,
+                section = found.section
             );
             let path = criterion_dir.join(REPORT_FILE);
             std::fs::create_dir_all(&criterion_dir)
                 .with_context(|| format!("creating {}", criterion_dir.display()))?;
             std::fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
+            found.sheet.write(&criterion_dir)?;
             println!("\n{report}");
-            println!("report written to {}", path.display());
+            println!(
+                "report written to {}, its readings to {}",
+                path.display(),
+                criterion_dir.join(crate::verdict::reading::FILE).display()
+            );
             return Ok(ExitCode::SUCCESS);
         }
         let filter = match &self.filter {
@@ -187,7 +254,7 @@ impl BenchKernels {
         }
         args.extend([
             "--noise-threshold".into(),
-            self.noise_threshold.to_string(),
+            self.noise_threshold.unwrap_or(DEFAULT_NOISE_THRESHOLD).to_string(),
             "--significance-level".into(),
             self.significance_level.to_string(),
         ]);
@@ -212,7 +279,7 @@ impl BenchKernels {
             baseline: compared,
             baseline_named: baseline_name.is_some(),
             saved_as: self.save_baseline.clone(),
-            noise_threshold: self.noise_threshold,
+            noise_threshold: self.noise_threshold.unwrap_or(DEFAULT_NOISE_THRESHOLD),
             significance_level: self.significance_level,
         };
         let report = render(&context, &rows);
@@ -231,6 +298,15 @@ impl BenchKernels {
         }
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// Prints the pull request's comment on the comparison whose files are in `criterion_dir`
+/// (a run that left none gets a comment saying so).
+fn pr_comment(criterion_dir: &std::path::Path, run_url: Option<&str>) -> Result<ExitCode> {
+    let sheet = Sheet::read(criterion_dir)?;
+    let report = crate::fsx::read_text_if_any(&criterion_dir.join(REPORT_FILE), 64 << 20)?;
+    print!("{}", comment::body(sheet.as_ref(), report.as_deref(), run_url));
+    Ok(ExitCode::SUCCESS)
 }
 
 /// How long cargo and criterion get to end on SIGTERM before their group is killed.
