@@ -336,6 +336,8 @@ fn a_worktree_left_by_a_run_killed_in_its_build_is_removed_by_the_next_run() {
         .filter(|e| e.file_name().to_string_lossy().starts_with("worktree-"))
         .collect();
     assert!(left.is_empty(), "the stale worktree's files are still there: {left:?}{next}");
+    // And the killed run's target dir (its build had started one) goes with it.
+    assert!(!killed.join("target").exists(), "the killed run's target dir is still there{next}");
 }
 
 #[test]

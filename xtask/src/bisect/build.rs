@@ -164,6 +164,7 @@ impl Drop for Checkout<'_> {
         if built {
             let _ = fs::remove_dir_all(&self.target);
         }
-        eprintln!("removed the build worktree and target dir (--keep-build keeps them)");
+        let what = if built { "the worktree and the target dir" } else { "the worktree" };
+        eprintln!("removed {what} (--keep-build keeps them)");
     }
 }

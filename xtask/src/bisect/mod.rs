@@ -239,8 +239,15 @@ impl Bisect {
         };
         summary.row(0, &bad, &subject(&git, &bad), &c, ctx.secs_each());
         if c.side != Side::Bad {
-            let headline =
-                format!("the bad revision is {} against the good one: nothing to bisect", c.side.word());
+            let headline = match c.side {
+                Side::Good => {
+                    "the bad revision is like good against the good one: nothing to bisect".to_string()
+                }
+                _ => format!(
+                    "the bad revision is undecided against the good one after {} pairs: nothing to bisect until it is decided",
+                    c.reading.n
+                ),
+            };
             if let Some(more) = c.more_needed() {
                 summary.note(format!(
                     "to go on: --resume {} --max-pairs {}",
@@ -323,8 +330,13 @@ impl Ctx<'_> {
         } else {
             "both are removed at the end (--keep-build keeps them)"
         };
+        let first = if self.checkout.target.is_dir() {
+            "the target dir holds this run's earlier builds, so the first build is warm too"
+        } else {
+            "the first build of a cold target dir compiles kiln and all its dependencies in release (several minutes; 20 or more on a loaded 2-core machine)"
+        };
         eprintln!(
-            "bisect builds about {} revisions (good, bad and about {probes} midpoints) in one worktree, {}, into one target dir, {}: the first build of a cold target dir compiles kiln and all its dependencies in release (several minutes; 20 or more on a loaded 2-core machine), each later revision rebuilds only the crates that changed; {end}",
+            "bisect builds about {} revisions (good, bad and about {probes} midpoints) in one worktree, {}, into one target dir, {}: {first}, each later revision rebuilds only the crates that changed; {end}",
             probes + 2,
             self.checkout.dir.display(),
             self.checkout.target.display()
