@@ -35,12 +35,16 @@ fn write_exec(path: &Path, text: &str) {
 /// that a loaded machine's fork and exec noise stays small beside it). Returns the
 /// commits, oldest first.
 fn history(repo: &Path) -> Vec<String> {
+    history_of(repo, |i| format!("#!/bin/sh\nsleep {}\n", if i >= 4 { "0.9" } else { "0.3" }))
+}
+
+/// Six commits whose stand-in engine (commit `i`, from 1) is the script `engine(i)`.
+fn history_of(repo: &Path, engine: impl Fn(usize) -> String) -> Vec<String> {
     fs::create_dir_all(repo).unwrap();
     git(repo, &["init", "-q", "-b", "main"]);
     let mut shas = Vec::new();
     for i in 1..=6 {
-        let sleep = if i >= 4 { "0.9" } else { "0.3" };
-        write_exec(&repo.join("engine.sh"), &format!("#!/bin/sh\nsleep {sleep}\n"));
+        write_exec(&repo.join("engine.sh"), &engine(i));
         fs::write(repo.join("notes.txt"), format!("change {i}\n")).unwrap();
         git(repo, &["add", "-A"]);
         git(repo, &["commit", "-q", "-m", &format!("change {i}")]);
@@ -168,16 +172,35 @@ fn ctrl_c_mid_measurement_exits_130_and_leaves_no_worktree() {
 
 /// A stand-in for `cargo build --release --package kiln` in a revision's worktree (given
 /// to the bisect as `CARGO`): it copies the worktree's engine script to where the build
-/// would leave kiln. While `dir/hang` exists it instead starts a grandchild, records both
-/// pids and waits, as cargo waits on rustc. The grandchild's output goes nowhere, so
-/// if it outlives the run it does not hold the run's pipes open.
+/// would leave kiln, counts its builds in the target dir and logs each build's directory
+/// and that count to `dir/builds.log`. While `dir/hang` exists (or `dir/hang-later`, and
+/// the target dir has a build already) it instead starts a grandchild, records both pids
+/// and waits, as cargo waits on rustc; while `dir/fail-later` exists a build after the
+/// first fails. The grandchild's output goes nowhere, so if it outlives the run it does
+/// not hold the run's pipes open.
 fn fake_cargo(dir: &Path) -> String {
     let p = dir.join("cargo.sh");
     let d = dir.display();
     write_exec(
         &p,
         &format!(
-            "#!/bin/sh\nif [ -e '{d}/hang' ]; then\n  sleep 120 >/dev/null 2>&1 &\n  echo $! > '{d}/grandchild.pid'\n  echo $$ > '{d}/cargo.pid'\n  wait\nfi\nmkdir -p \"$CARGO_TARGET_DIR/release\" && cp engine.sh \"$CARGO_TARGET_DIR/release/kiln\"\n"
+            r#"#!/bin/sh
+mkdir -p "$CARGO_TARGET_DIR/release"
+n=$(cat "$CARGO_TARGET_DIR/builds" 2>/dev/null || echo 0)
+echo "$PWD $n" >> '{d}/builds.log'
+if [ -e '{d}/hang' ] || {{ [ -e '{d}/hang-later' ] && [ "$n" -gt 0 ]; }}; then
+  sleep 120 >/dev/null 2>&1 &
+  echo $! > '{d}/grandchild.pid'
+  echo $$ > '{d}/cargo.pid'
+  wait
+fi
+if [ -e '{d}/fail-later' ] && [ "$n" -gt 0 ]; then
+  echo 'error: could not compile kiln' >&2
+  exit 101
+fi
+echo $((n + 1)) > "$CARGO_TARGET_DIR/builds"
+cp engine.sh "$CARGO_TARGET_DIR/release/kiln"
+"#
         ),
     );
     p.display().to_string()
@@ -313,6 +336,8 @@ fn a_worktree_left_by_a_run_killed_in_its_build_is_removed_by_the_next_run() {
         .filter(|e| e.file_name().to_string_lossy().starts_with("worktree-"))
         .collect();
     assert!(left.is_empty(), "the stale worktree's files are still there: {left:?}{next}");
+    // And the killed run's target dir (its build had started one) goes with it.
+    assert!(!killed.join("target").exists(), "the killed run's target dir is still there{next}");
 }
 
 #[test]
@@ -341,4 +366,195 @@ fn a_metric_of_zero_or_below_is_refused_at_its_first_reading() {
         assert!(recorded.is_empty(), "the value was recorded: {recorded}{run}");
         assert_eq!(worktrees(&repo), 1, "{run}");
     }
+}
+
+/// The 75x history: commits 1 to 3 serve 7500 tokens/s, commits 4 to 6 serve 100 (0.013
+/// of it, the issue's bad commit).
+fn history_75x(repo: &Path) -> Vec<String> {
+    history_of(repo, |i| format!("#!/bin/sh\necho {}\n", if i >= 4 { 100 } else { 7500 }))
+}
+
+/// A measurer of the engine's `tok_s` with 20-30% noise from run to run: each run takes
+/// the next factor of a fixed cycle (so the test is repeatable), as a shared host would
+/// scatter it.
+fn noisy_measurer(dir: &Path) -> String {
+    let p = dir.join("noisy.sh");
+    let d = dir.display();
+    write_exec(
+        &p,
+        &format!(
+            r#"#!/bin/sh
+n=$(cat '{d}/noise-count' 2>/dev/null || echo 0)
+echo $((n + 1)) > '{d}/noise-count'
+base=$("$1")
+awk -v n="$n" -v base="$base" 'BEGIN {{ split("1.00 1.30 0.75 1.20 0.80 1.25 0.72 1.10", f, " "); printf "tok_s=%.3f\n", base * f[n % 8 + 1] }}'
+"#
+        ),
+    );
+    p.display().to_string()
+}
+
+/// Bisect args for the 75x history at the default margin and pairs; `build` builds each
+/// revision with the `CARGO` the caller gives, else the worktree's engine.sh is taken.
+fn args_75x(sb: &Sandbox, repo: &Path, shas: &[String], build: bool, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> =
+        ["--good", &shas[0], "--bad", &shas[5], "--metric", "tok_s"].iter().map(|s| s.to_string()).collect();
+    if !build {
+        a.extend(["--no-build".into(), "--bin".into(), "engine.sh".into()]);
+    }
+    a.extend(["--repo".into(), repo.display().to_string()]);
+    a.extend(["--runs-dir".into(), sb.path("runs").display().to_string()]);
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a.extend(["--".to_string(), noisy_measurer(sb.dir.path()), "{bin}".to_string()]);
+    a
+}
+
+/// Every `"text"` of a readings.json, in order.
+fn texts(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                match (k.as_str(), x) {
+                    ("text", serde_json::Value::String(t)) => out.push(t.clone()),
+                    _ => texts(x, out),
+                }
+            }
+        }
+        serde_json::Value::Array(xs) => xs.iter().for_each(|x| texts(x, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn a_75x_regression_under_30_percent_noise_is_bisected_in_a_few_pairs_and_the_run_dir_says_what_the_terminal_said()
+ {
+    let sb = Sandbox::new();
+    let repo = sb.path("repo");
+    let shas = history_75x(&repo);
+    let args = args_75x(&sb, &repo, &shas, false, &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = sb.run("bisect", &args);
+    run.expect_code(0).expect_stdout(&format!("first bad commit: {} change 4", shas[3]));
+    // Each revision is called at its first judgement (four pairs), near good or near bad
+    // however far from good within the noise.
+    run.expect_stdout("| like bad |").expect_stdout("| like good |").expect_stdout("(n=4, ");
+    let dir = run_dirs(&sb).pop().unwrap();
+    let measured = fs::read_to_string(dir.join("measurements.jsonl")).unwrap().lines().count();
+    assert!(measured <= 3 * 4 * 2, "{measured} runs for three revisions{run}");
+
+    // The run directory holds what the terminal printed: summary.md is stdout, and every
+    // text of readings.json is printed there as it stands.
+    let summary = fs::read_to_string(dir.join("summary.md")).unwrap();
+    assert_eq!(summary, run.stdout, "summary.md differs from stdout{run}");
+    let json: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(dir.join("readings.json")).expect("readings.json")).unwrap();
+    let mut all = Vec::new();
+    texts(&json, &mut all);
+    assert!(all.len() >= 3 * 4, "too few cells in readings.json: {all:?}");
+    for t in &all {
+        assert!(
+            run.stdout.contains(&t.replace('|', "\\|")),
+            "{t:?} of readings.json is not on the terminal{run}"
+        );
+    }
+    assert!(json["headline"].as_str().unwrap().contains(&shas[3]), "{json}");
+}
+
+/// The directory and the count of earlier builds in the target dir, of each build the
+/// fake cargo ran.
+fn builds(sb: &Sandbox) -> Vec<(String, usize)> {
+    fs::read_to_string(sb.path("builds.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let (dir, n) = l.rsplit_once(' ').unwrap();
+            (dir.to_string(), n.parse().unwrap())
+        })
+        .collect()
+}
+
+/// What a run directory holds besides its records: worktrees and target dirs.
+fn build_leftovers(dir: &Path) -> Vec<String> {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("worktree") || n == "target")
+        .collect()
+}
+
+#[test]
+fn every_revision_builds_in_one_worktree_and_one_target_dir_which_go_at_the_end() {
+    let sb = Sandbox::new();
+    let repo = sb.path("repo");
+    let shas = history_75x(&repo);
+    let cargo = fake_cargo(sb.dir.path());
+    let args = args_75x(&sb, &repo, &shas, true, &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = sb.run_with("bisect", &args, &[("CARGO", &cargo)]);
+    run.expect_code(0).expect_stdout(&format!("first bad commit: {} change 4", shas[3]));
+    // The cost is said before the first build starts.
+    let cost =
+        run.stderr.find("the first build of a cold target dir").unwrap_or_else(|| panic!("no cost{run}"));
+    assert!(cost < run.stderr.find("building ").unwrap(), "the cost came after the first build{run}");
+    // Good, bad and two midpoints, each checked out at one path and built in one target
+    // dir that already holds the earlier builds (so cargo rebuilds only what changed).
+    let b = builds(&sb);
+    assert_eq!(b.len(), 4, "{b:?}{run}");
+    assert!(b.iter().all(|(d, _)| *d == b[0].0), "revisions were built in different worktrees: {b:?}{run}");
+    assert_eq!(b.iter().map(|(_, n)| *n).collect::<Vec<_>>(), [0, 1, 2, 3], "a cold target dir: {b:?}{run}");
+    let dir = run_dirs(&sb).pop().unwrap();
+    assert_eq!(build_leftovers(&dir), Vec::<String>::new(), "the build was left behind{run}");
+    assert_eq!(worktrees(&repo), 1, "{run}");
+
+    // --keep-build keeps both, unlocked, so the next bisect does not take them for stale.
+    let _ = fs::remove_file(sb.path("builds.log"));
+    let args = args_75x(&sb, &repo, &shas, true, &["--keep-build"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let kept = sb.run_with("bisect", &args, &[("CARGO", &cargo)]);
+    kept.expect_code(0).expect_stderr("kept");
+    let dir = run_dirs(&sb).pop().unwrap();
+    let mut left = build_leftovers(&dir);
+    left.sort();
+    assert_eq!(left.len(), 2, "{left:?}{kept}");
+    assert_eq!(worktrees(&repo), 2, "{kept}");
+    assert!(!git(&repo, &["worktree", "list", "--porcelain"]).contains("locked"), "{kept}");
+    let wt = dir.join(left.iter().find(|n| n.starts_with("worktree")).unwrap());
+    git(&repo, &["worktree", "remove", "--force", &wt.display().to_string()]);
+}
+
+#[test]
+fn a_failed_or_interrupted_later_build_removes_the_worktree_and_the_target_dir() {
+    let sb = Sandbox::new();
+    let repo = sb.path("repo");
+    let shas = history_75x(&repo);
+    let cargo = fake_cargo(sb.dir.path());
+    let args = args_75x(&sb, &repo, &shas, true, &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+
+    fs::write(sb.path("fail-later"), "").unwrap();
+    let failed = sb.run_with("bisect", &args, &[("CARGO", &cargo)]);
+    failed.expect_code(1).expect_stderr("failed");
+    let dir = run_dirs(&sb).pop().unwrap();
+    assert_eq!(build_leftovers(&dir), Vec::<String>::new(), "a failed build left its build behind{failed}");
+    assert_eq!(worktrees(&repo), 1, "{failed}");
+    fs::remove_file(sb.path("fail-later")).unwrap();
+
+    // Interrupted in the second build, with a warm target dir.
+    fs::write(sb.path("hang-later"), "").unwrap();
+    let (line, child) = sb.spawn("bisect", &args, &[("CARGO", &cargo)]);
+    let grandchild = wait_pid(&sb, "grandchild.pid", &line);
+    let run = signal_and_collect(line, child, rustix::process::Signal::TERM);
+    run.expect_code(143).expect_stdout("interrupted by SIGTERM: resume with --resume");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(grandchild) {
+        assert!(Instant::now() < deadline, "the build's child {grandchild} outlived the signal{run}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let dir = run_dirs(&sb).pop().unwrap();
+    assert_eq!(
+        build_leftovers(&dir),
+        Vec::<String>::new(),
+        "an interrupted build left its build behind{run}"
+    );
+    assert_eq!(worktrees(&repo), 1, "{run}");
 }

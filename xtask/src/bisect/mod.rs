@@ -1,50 +1,52 @@
 //! `cargo xtask bisect --good REV --bad REV --metric NAME -- TASK ARGS...`: the first
 //! commit that made a measurement worse, found by measuring rather than guessing.
 //!
-//! Each probed revision is checked out as a detached git worktree under the run
-//! directory, built (`cargo build --release -p kiln`, one target directory shared by
-//! every revision of the run) or, with `--no-build`, taken as the file `--bin` names in
-//! it; the binary is copied out and the worktree removed at once, so an interrupted run
-//! leaves none behind. TASK ARGS is then run as given (no shell), with `{bin}` in any
-//! argument replaced by that binary's path, and prints the metric as `NAME=VALUE` on its
-//! standard output (the last such token counts). A revision is measured against the good
-//! one in ABBA pairs (good probe, probe good, ...), first `--min-pairs` of them, then one
-//! pair at a time, and judged on the confidence sequence of the pairs' log ratios
-//! ([`crate::verdict::sequence`], valid however many pairs it took) at `--margin`:
-//! `like good` when the whole interval lies within the margin (two one-sided tests),
-//! `like bad` when it lies wholly beyond the margin on the side the bad revision is,
-//! else more pairs up to `--max-pairs`, then `undecided`, which ends the bisection with
-//! the range that is left rather than a guess. The bad revision is measured first; when it
-//! is not `like bad` there is nothing to bisect. Every run's value is appended to
-//! `measurements.jsonl` as it is taken, so `--resume DIR` continues a stopped bisection
-//! without measuring anything twice.
+//! Every probed revision is checked out in one git worktree under the run directory and
+//! built there (`cargo build --release -p kiln`) into one target dir, so only the first
+//! build is cold ([`build`]); with `--no-build` the file `--bin` names in it is taken
+//! instead. The binary is copied out, and the worktree and target dir are removed when the
+//! run ends, however it ends (`--keep-build` keeps them). TASK ARGS is then run as given
+//! (no shell), with `{bin}` in any argument replaced by that binary's path, and prints the
+//! metric as `NAME=VALUE` on its standard output (the last such token counts). A revision
+//! is measured against the good one in ABBA pairs (good probe, probe good, ...), first
+//! `--min-pairs` of them, then one pair at a time, its ratio to good read on the confidence
+//! sequence of the pairs' log ratios ([`crate::verdict::sequence`], valid however many
+//! pairs it took). The bad revision is measured first and must lie beyond `--margin` of
+//! good, else there is nothing to bisect; every later revision is called by the side of
+//! the line between good and bad its interval lies on ([`classify`]), with more pairs up
+//! to `--max-pairs` while it straddles the line, then `undecided`, which ends the
+//! bisection with the range that is left and what would decide it rather than a guess.
+//! Every run's value is appended to `measurements.jsonl` as it is taken, so `--resume DIR`
+//! continues a stopped bisection without measuring anything twice. The summary is a
+//! [`crate::verdict::sheet::Sheet`] ([`summary`]).
 //!
 //! The build runs in a process group of its own, which a signal stops whole: cargo and
-//! every rustc it started, not cargo alone.
-//!
-//! Each worktree is locked with the run's pid as the reason, so one that a run killed
-//! where it could not clean up (SIGKILL) left registered is found by the next run in the
-//! repository, new or resumed, and removed. `measurements.jsonl` is created with the run
+//! every rustc it started, not cargo alone. `measurements.jsonl` is created with the run
 //! directory, so a run stopped before its first value (in its first build) is resumable.
 //!
 //! A value that is not a positive number cannot be a ratio's term: it is refused at its
 //! first reading, naming the metric, the revision and the value (exit 2), and not recorded.
 
-use std::fmt::Write as _;
+mod build;
+mod classify;
+mod summary;
+
 use std::fs::{self, OpenOptions};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use xshell::Shell;
 
+use self::build::{Checkout, Git};
+use self::classify::{Call, Side};
+use self::summary::Summary;
 use crate::child::{self, Shutdown, Waited};
 use crate::console::usage;
-use crate::verdict::equivalence::{self, Equivalence};
-use crate::verdict::sequence;
+use crate::verdict::reading::{Method, Reading, duration_text};
 
 /// Flags of `cargo xtask bisect`.
 #[derive(clap::Args, Debug)]
@@ -58,8 +60,9 @@ pub struct Bisect {
     /// The metric TASK prints as NAME=VALUE on its standard output.
     #[arg(long, value_name = "NAME", value_parser = metric_arg)]
     metric: String,
-    /// A probe within ±PCT% of the good revision is like good; beyond it, on the bad
-    /// revision's side, like bad.
+    /// The bad revision must lie beyond ±PCT% of the good one; a probe is like bad only
+    /// beyond it (and beyond the log-midpoint of good and bad), like good on good's side
+    /// of the farther of the two.
     #[arg(long, value_name = "PCT", default_value_t = 5.0, value_parser = crate::verdict::pct_arg)]
     margin: f64,
     /// Pairs measured before a probe is first judged (the sequence is bounded from 4).
@@ -74,6 +77,10 @@ pub struct Bisect {
     /// Do not build: take the binary at --bin inside each revision's worktree.
     #[arg(long)]
     no_build: bool,
+    /// Keep the build's worktree and target dir in the run directory at the end (a
+    /// --resume of the run builds on in them) instead of removing them.
+    #[arg(long)]
+    keep_build: bool,
     /// With --no-build: the binary's path inside the worktree.
     #[arg(long, value_name = "PATH", requires = "no_build")]
     bin: Option<PathBuf>,
@@ -113,117 +120,9 @@ pub struct Measurement {
     pub value: f64,
 }
 
-/// What a probe's pairs say.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Call {
-    /// Within the margin of the good revision.
-    LikeGood,
-    /// Beyond it, on the bad revision's side.
-    LikeBad,
-    /// Beyond it, on the other side (faster than good: not this regression).
-    Other,
-    /// Not decided yet.
-    Undecided,
-}
-
-impl Call {
-    fn as_str(&self) -> &'static str {
-        match self {
-            Call::LikeGood => "like good",
-            Call::LikeBad => "like bad",
-            Call::Other => "differs, but on the other side of good",
-            Call::Undecided => "undecided",
-        }
-    }
-}
-
-/// The call on (good, probe) pairs at `margin`; `bad_side` is the sign of the bad
-/// revision's log ratio (0 while the bad revision itself is being measured: any side).
-pub fn call(pairs: &[(f64, f64)], margin: f64, bad_side: f64) -> (Call, Option<crate::student_t::Interval>) {
-    let probe_over_good: Vec<(f64, f64)> = pairs.iter().map(|(g, p)| (*p, *g)).collect();
-    let Some(r) = sequence::paired_ratio(&probe_over_good) else { return (Call::Undecided, None) };
-    if r.ci95.is_none() {
-        return (Call::Undecided, Some(r));
-    }
-    let c = match equivalence::judge(&r, margin, sequence::half_factor) {
-        Equivalence::Equivalent => Call::LikeGood,
-        Equivalence::Differs if bad_side == 0.0 || r.mean.ln().signum() == bad_side => Call::LikeBad,
-        Equivalence::Differs => Call::Other,
-        Equivalence::Undecided { .. } => Call::Undecided,
-    };
-    (c, Some(r))
-}
-
 /// The next index to probe in `lo..hi` (exclusive ends: lo is like good, hi like bad).
 pub fn midpoint(lo: usize, hi: usize) -> Option<usize> {
     (hi - lo > 1).then(|| lo + (hi - lo) / 2)
-}
-
-/// The repository's git.
-struct Git<'a>(&'a Path);
-
-impl Git<'_> {
-    fn run(&self, args: &[&str]) -> Result<String> {
-        let out = Command::new("git").current_dir(self.0).args(args).output().context("running git")?;
-        if !out.status.success() {
-            bail!("git {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    }
-}
-
-/// A worktree that is removed when dropped, whatever ends its scope (an error, a signal).
-struct Worktree<'a> {
-    git: &'a Git<'a>,
-    dir: PathBuf,
-}
-
-impl Drop for Worktree<'_> {
-    fn drop(&mut self) {
-        remove_worktree(self.git, &self.dir);
-    }
-}
-
-/// The lock reason of every worktree a run adds, before its pid.
-const LOCK_REASON: &str = "kiln bisect pid ";
-
-/// Unlocks and removes the worktree at `dir`, and its registration; a directory git will
-/// not remove is deleted and the registration pruned.
-fn remove_worktree(git: &Git<'_>, dir: &Path) {
-    let d = dir.display().to_string();
-    let _ = git.run(&["worktree", "unlock", &d]);
-    if git.run(&["worktree", "remove", "--force", &d]).is_err() {
-        let _ = fs::remove_dir_all(dir);
-        let _ = git.run(&["worktree", "prune"]);
-    }
-}
-
-/// Removes the worktrees that earlier runs left registered: a run killed by a signal it
-/// cannot trap (SIGKILL) never reaches [`Worktree`]'s drop. A worktree is stale when its
-/// lock names the pid of a process that is gone; a live run's are left alone.
-fn remove_stale_worktrees(git: &Git<'_>) {
-    let _ = git.run(&["worktree", "prune"]);
-    let Ok(list) = git.run(&["worktree", "list", "--porcelain"]) else { return };
-    for entry in list.split("\n\n") {
-        let path = entry.lines().find_map(|l| l.strip_prefix("worktree "));
-        let pid = entry
-            .lines()
-            .find_map(|l| l.strip_prefix("locked ")?.strip_prefix(LOCK_REASON)?.trim().parse::<i32>().ok());
-        if let (Some(path), Some(pid)) = (path, pid)
-            && !process_alive(pid)
-        {
-            eprintln!("removing the worktree {path}: bisect pid {pid}, which added it, is gone");
-            remove_worktree(git, Path::new(path));
-        }
-    }
-}
-
-/// Whether a process with this pid exists (a reused pid counts: the worktree is kept).
-fn process_alive(pid: i32) -> bool {
-    match rustix::process::Pid::from_raw(pid) {
-        Some(p) => !matches!(rustix::process::test_kill_process(p), Err(e) if e == rustix::io::Errno::SRCH),
-        None => false,
-    }
 }
 
 /// How a step ended: the value, or the signal that stopped it.
@@ -299,7 +198,7 @@ impl Bisect {
             }
         };
         let shutdown = Shutdown::install()?;
-        remove_stale_worktrees(&git);
+        build::remove_stale_worktrees(&git, &run_dir);
         let mut known = load(&run_dir.join("measurements.jsonl"))?;
         eprintln!(
             "bisect: {} candidate commits between {} and {}; run directory {}",
@@ -308,118 +207,171 @@ impl Bisect {
             &bad[..12],
             run_dir.display()
         );
-        let mut log = String::new();
-        let _ = writeln!(
-            log,
-            "bisect of `{}` at ±{}%: probe / good per ABBA pair, 95% interval from the confidence sequence on the log ratios\n",
-            self.metric, self.margin
-        );
-        let _ = writeln!(
-            log,
-            "| step | commit | subject | pairs | probe / good | call |\n|---:|---|---|---:|---|---|"
-        );
-        let ctx = Ctx { bisect: &self, git: &git, run_dir: &run_dir, shutdown: &shutdown, good: &good };
-        let good_bin = match ctx.binary(&good)? {
-            Step::Done(b) => b,
-            Step::Signal(sig) => return Ok(interrupted(sig, &log, &run_dir)),
-        };
-        // Step 0: is bad bad at all?
-        let (c, r, n) = match ctx.measure(&bad, &good_bin, 0.0, &mut known)? {
-            Step::Done(x) => x,
-            Step::Signal(sig) => return Ok(interrupted(sig, &log, &run_dir)),
-        };
-        row(&mut log, 0, &git, &bad, n, r, &c);
-        if c != Call::LikeBad {
-            let _ =
-                writeln!(log, "\nthe bad revision is {} against the good one: nothing to bisect", c.as_str());
-            return finish(&run_dir, &log, ExitCode::FAILURE);
-        }
-        let bad_side = r.map_or(0.0, |r| r.mean.ln().signum());
         // ext[0] is the good revision, ext[1..] the candidates, the last of them bad:
         // ext[lo] is like good and ext[hi] like bad throughout.
         let ext: Vec<&str> = std::iter::once(good.as_str()).chain(line.iter().map(String::as_str)).collect();
+        let mut summary = Summary::new(&self.metric, self.margin);
+        let interrupted = |sig: i32, summary: Summary| {
+            let headline = format!(
+                "interrupted by {}: resume with --resume {}",
+                child::signal_name(sig),
+                run_dir.display()
+            );
+            summary.finish(headline, &run_dir, ExitCode::from(child::exit_code_for(sig)))
+        };
+        let mut ctx = Ctx {
+            bisect: &self,
+            run_dir: &run_dir,
+            shutdown: &shutdown,
+            good: &good,
+            checkout: Checkout::new(&git, &run_dir, self.keep_build),
+            pair_secs: Vec::new(),
+        };
+        ctx.say_cost(ext.len() - 1);
+        let good_bin = match ctx.binary(&good)? {
+            Step::Done(b) => b,
+            Step::Signal(sig) => return interrupted(sig, summary),
+        };
+        // Step 0: is bad bad at all?
+        let c = match ctx.measure(&bad, &good_bin, None, &mut known)? {
+            Step::Done(c) => c,
+            Step::Signal(sig) => return interrupted(sig, summary),
+        };
+        summary.row(0, &bad, &subject(&git, &bad), &c, ctx.secs_each());
+        if c.side != Side::Bad {
+            let headline = match c.side {
+                Side::Good => {
+                    "the bad revision is like good against the good one: nothing to bisect".to_string()
+                }
+                _ => format!(
+                    "the bad revision is undecided against the good one after {} pairs: nothing to bisect until it is decided",
+                    c.reading.n
+                ),
+            };
+            if let Some(more) = c.more_needed() {
+                summary.note(format!(
+                    "to go on: --resume {} --max-pairs {}",
+                    run_dir.display(),
+                    c.reading.n + more
+                ));
+            }
+            return summary.finish(headline, &run_dir, ExitCode::FAILURE);
+        }
+        let bad_at = c.reading.estimate;
         let (mut lo, mut hi) = (0usize, ext.len() - 1);
         let mut step = 1;
         while let Some(mid) = midpoint(lo, hi) {
             let probe = ext[mid];
-            let (c, r, n) = match ctx.measure(probe, &good_bin, bad_side, &mut known)? {
-                Step::Done(x) => x,
-                Step::Signal(sig) => return Ok(interrupted(sig, &log, &run_dir)),
+            let c = match ctx.measure(probe, &good_bin, Some(bad_at), &mut known)? {
+                Step::Done(c) => c,
+                Step::Signal(sig) => return interrupted(sig, summary),
             };
-            row(&mut log, step, &git, probe, n, r, &c);
+            summary.row(step, probe, &subject(&git, probe), &c, ctx.secs_each());
             step += 1;
-            match c {
-                Call::LikeGood | Call::Other => lo = mid,
-                Call::LikeBad => hi = mid,
-                Call::Undecided => {
-                    let _ = writeln!(
-                        log,
-                        "\nundecided: {} stayed undecided after {n} pairs; the first bad commit is after {} and at or before {} (raise --max-pairs or widen --margin to go on)",
-                        &probe[..12],
+            match c.side {
+                Side::Good => lo = mid,
+                Side::Bad => hi = mid,
+                Side::Undecided { .. } => {
+                    let headline = format!(
+                        "undecided: the first bad commit is after {} and at or before {}; {} straddles the line between good and bad after {} pairs",
                         &ext[lo][..12],
-                        &ext[hi][..12]
+                        &ext[hi][..12],
+                        &probe[..12],
+                        c.reading.n
                     );
-                    return finish(&run_dir, &log, ExitCode::FAILURE);
+                    if let Some(more) = c.more_needed() {
+                        let time = ctx
+                            .secs_each()
+                            .map_or(String::new(), |s| format!(", {} more", duration_text(s * more as f64)));
+                        summary.note(format!(
+                            "to go on: --resume {} --max-pairs {}{time}",
+                            run_dir.display(),
+                            c.reading.n + more
+                        ));
+                    }
+                    return summary.finish(headline, &run_dir, ExitCode::FAILURE);
                 }
             }
         }
         let first = ext[hi];
-        let subject = git.run(&["log", "-1", "--format=%s", first]).unwrap_or_default();
-        let _ = writeln!(log, "\nfirst bad commit: {first} {subject}");
-        finish(&run_dir, &log, ExitCode::SUCCESS)
+        summary.finish(
+            format!("first bad commit: {first} {}", subject(&git, first)),
+            &run_dir,
+            ExitCode::SUCCESS,
+        )
     }
+}
+
+/// The subject line of `sha`'s commit message.
+fn subject(git: &Git<'_>, sha: &str) -> String {
+    git.run(&["log", "-1", "--format=%s", sha]).unwrap_or_default()
 }
 
 /// What every step shares.
 struct Ctx<'a> {
     bisect: &'a Bisect,
-    git: &'a Git<'a>,
     run_dir: &'a Path,
     shutdown: &'a Shutdown,
     good: &'a str,
+    checkout: Checkout<'a>,
+    /// The seconds each pair measured in this process took.
+    pair_secs: Vec<f64>,
 }
 
 impl Ctx<'_> {
-    /// The binary of `sha`, built (or copied) from a worktree that is removed at once;
-    /// reused when the run directory already has it.
-    fn binary(&self, sha: &str) -> Result<Step<PathBuf>> {
+    /// Says, before the first build, what building will cost and what is left behind.
+    fn say_cost(&self, candidates: usize) {
+        if self.bisect.no_build {
+            return;
+        }
+        let probes = (candidates.max(1) as f64).log2().ceil() as usize;
+        let end = if self.bisect.keep_build {
+            "both are kept at the end (--keep-build)"
+        } else {
+            "both are removed at the end (--keep-build keeps them)"
+        };
+        let first = if self.checkout.target.is_dir() {
+            "the target dir holds this run's earlier builds, so the first build is warm too"
+        } else {
+            "the first build of a cold target dir compiles kiln and all its dependencies in release (several minutes; 20 or more on a loaded 2-core machine)"
+        };
+        eprintln!(
+            "bisect builds about {} revisions (good, bad and about {probes} midpoints) in one worktree, {}, into one target dir, {}: {first}, each later revision rebuilds only the crates that changed; {end}",
+            probes + 2,
+            self.checkout.dir.display(),
+            self.checkout.target.display()
+        );
+    }
+
+    /// The mean time of a pair measured in this process, once there is one.
+    fn secs_each(&self) -> Option<f64> {
+        (!self.pair_secs.is_empty()).then(|| self.pair_secs.iter().sum::<f64>() / self.pair_secs.len() as f64)
+    }
+
+    /// The binary of `sha`, built in (or taken from) the run's worktree checked out at
+    /// it; reused when the run directory already has it.
+    fn binary(&mut self, sha: &str) -> Result<Step<PathBuf>> {
         let name =
             self.bisect.bin.as_ref().and_then(|b| b.file_name()).map_or("kiln".into(), |n| n.to_os_string());
         let out = self.run_dir.join("bin").join(&sha[..12]).join(&name);
         if out.is_file() {
             return Ok(Step::Done(out));
         }
-        let dir = self.run_dir.join(format!("worktree-{}", &sha[..12]));
-        // One left by a killed run of this directory (resumed now) is no longer anyone's.
-        if dir.exists() {
-            remove_worktree(self.git, &dir);
-        }
-        let _ = self.git.run(&["worktree", "prune"]);
-        let reason = format!("{LOCK_REASON}{}", std::process::id());
-        self.git.run(&[
-            "worktree",
-            "add",
-            "--detach",
-            "--lock",
-            "--reason",
-            &reason,
-            &dir.display().to_string(),
-            sha,
-        ])?;
-        let tree = Worktree { git: self.git, dir };
+        let dir = self.checkout.at(sha)?.to_path_buf();
         let built = if self.bisect.no_build {
-            tree.dir.join(self.bisect.bin.as_deref().unwrap_or(Path::new("kiln")))
+            dir.join(self.bisect.bin.as_deref().unwrap_or(Path::new("kiln")))
         } else {
-            let target = self.run_dir.join("target");
+            let target = &self.checkout.target;
             let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
             let mut cmd = Command::new(cargo);
-            cmd.current_dir(&tree.dir).env("CARGO_TARGET_DIR", &target).args([
+            cmd.current_dir(&dir).env("CARGO_TARGET_DIR", target).args([
                 "build",
                 "--release",
                 "--package",
                 "kiln",
             ]);
-            eprintln!("building {} in {}", &sha[..12], tree.dir.display());
+            eprintln!("building {} in {}", &sha[..12], dir.display());
+            let start = Instant::now();
             // Its own group: a signal stops cargo and every rustc it started, not cargo alone.
             let owned = child::spawn(&mut cmd).context("starting cargo")?;
             match owned.wait(self.shutdown, None, Duration::from_secs(10))? {
@@ -428,6 +380,7 @@ impl Ctx<'_> {
                 Waited::TimedOut => bail!("building {} timed out", &sha[..12]),
                 Waited::Interrupted(sig) => return Ok(Step::Signal(sig)),
             }
+            eprintln!("built {} in {}", &sha[..12], duration_text(start.elapsed().as_secs_f64()));
             target.join("release/kiln")
         };
         if !built.is_file() {
@@ -435,7 +388,6 @@ impl Ctx<'_> {
         }
         fs::create_dir_all(out.parent().unwrap_or(self.run_dir))?;
         fs::copy(&built, &out).with_context(|| format!("copying {} out of its worktree", built.display()))?;
-        drop(tree);
         Ok(Step::Done(out))
     }
 
@@ -475,26 +427,31 @@ impl Ctx<'_> {
     }
 
     /// Measures `sha` against the good revision until the call is made or the pairs run
-    /// out; every value is appended to `measurements.jsonl` as it is taken.
+    /// out; every value is appended to `measurements.jsonl` as it is taken. `bad_at` is
+    /// the bad revision's ratio to good (`None` while the bad revision itself is measured:
+    /// then the call is whether it lies beyond the margin at all).
     fn measure(
-        &self,
+        &mut self,
         sha: &str,
         good_bin: &Path,
-        bad_side: f64,
+        bad_at: Option<f64>,
         known: &mut Vec<Measurement>,
-    ) -> Result<Step<(Call, Option<crate::student_t::Interval>, usize)>> {
+    ) -> Result<Step<Call>> {
         let bin = match self.binary(sha)? {
             Step::Done(b) => b,
             Step::Signal(s) => return Ok(Step::Signal(s)),
         };
         let mut file =
             OpenOptions::new().create(true).append(true).open(self.run_dir.join("measurements.jsonl"))?;
+        // (probe, good) per pair.
         let mut pairs: Vec<(f64, f64)> = Vec::new();
         loop {
             let k = pairs.len();
             // ABBA: good first in even pairs, the probe first in odd ones.
             let order = if k.is_multiple_of(2) { [false, true] } else { [true, false] };
             let mut got = [0.0f64; 2];
+            let start = Instant::now();
+            let mut fresh = 0;
             for probe in order {
                 let hit = known
                     .iter()
@@ -522,25 +479,35 @@ impl Ctx<'_> {
                         writeln!(file, "{}", serde_json::to_string(&m)?)?;
                         file.flush()?;
                         known.push(m);
+                        fresh += 1;
                         v
                     }
                 };
                 got[usize::from(probe)] = v;
             }
-            pairs.push((got[0], got[1]));
+            if fresh == 2 {
+                self.pair_secs.push(start.elapsed().as_secs_f64());
+            }
+            pairs.push((got[1], got[0]));
             if pairs.len() < self.bisect.min_pairs as usize {
                 continue;
             }
-            let (c, r) = call(&pairs, self.bisect.margin, bad_side);
+            let Some(r) = Reading::of_pairs(&pairs, Method::Sequence) else {
+                bail!("{}: no pair of positive values to judge", &sha[..12]);
+            };
+            let c = match bad_at {
+                None => classify::confirm_bad(&r, self.bisect.margin),
+                Some(b) => classify::classify(&r, b, self.bisect.margin),
+            };
             eprintln!(
-                "  {}: {} pairs, probe/good {}: {}",
+                "  {}: {} / good {}: {}",
                 &sha[..12],
-                pairs.len(),
-                r.map_or("-".into(), |r| format!("{:.3}", r.mean)),
-                c.as_str()
+                self.bisect.metric,
+                c.reading.ratio_text(),
+                c.side.word()
             );
-            if c != Call::Undecided || pairs.len() >= self.bisect.max_pairs as usize {
-                return Ok(Step::Done((c, r, pairs.len())));
+            if !matches!(c.side, Side::Undecided { .. }) || pairs.len() >= self.bisect.max_pairs as usize {
+                return Ok(Step::Done(c));
             }
         }
     }
@@ -584,57 +551,12 @@ fn load(path: &Path) -> Result<Vec<Measurement>> {
         .collect()
 }
 
-fn row(
-    log: &mut String,
-    step: usize,
-    git: &Git<'_>,
-    sha: &str,
-    n: usize,
-    r: Option<crate::student_t::Interval>,
-    c: &Call,
-) {
-    let subject = git.run(&["log", "-1", "--format=%s", sha]).unwrap_or_default().replace('|', "\\|");
-    let ratio = match r {
-        Some(crate::student_t::Interval { mean, ci95: Some((lo, hi)), .. }) => {
-            format!("{mean:.3} [{lo:.3}, {hi:.3}]")
-        }
-        Some(r) => format!("{:.3} (no interval yet)", r.mean),
-        None => "-".into(),
-    };
-    let _ = writeln!(log, "| {step} | {} | {subject} | {n} | {ratio} | {} |", &sha[..12], c.as_str());
-}
-
-fn finish(run_dir: &Path, log: &str, code: ExitCode) -> Result<ExitCode> {
-    fs::write(run_dir.join("summary.md"), log).context("writing summary.md")?;
-    crate::console::out(log)?;
-    eprintln!("results: {}", run_dir.display());
-    Ok(code)
-}
-
-fn interrupted(sig: i32, log: &str, run_dir: &Path) -> ExitCode {
-    let _ = crate::console::out(&format!(
-        "{log}\ninterrupted by {}: resume with --resume {}\n",
-        child::signal_name(sig),
-        run_dir.display()
-    ));
-    ExitCode::from(child::exit_code_for(sig))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn calls_follow_the_interval_and_the_bad_side() {
-        let steady = |r: f64| -> Vec<(f64, f64)> {
-            [1.0, 1.01, 0.99, 1.0, 1.005].iter().map(|j| (100.0, 100.0 * r * j)).collect()
-        };
-        assert_eq!(call(&steady(1.0), 5.0, 1.0).0, Call::LikeGood);
-        assert_eq!(call(&steady(1.5), 5.0, 1.0).0, Call::LikeBad);
-        assert_eq!(call(&steady(1.5), 5.0, 0.0).0, Call::LikeBad, "measuring bad itself: any side");
-        assert_eq!(call(&steady(0.6), 5.0, 1.0).0, Call::Other);
-        assert_eq!(call(&steady(1.05), 5.0, 1.0).0, Call::Undecided, "on the margin");
-        assert_eq!(call(&steady(1.5)[..3], 5.0, 1.0).0, Call::Undecided, "3 pairs: unbounded");
+    fn the_midpoint_halves_the_range_left() {
         assert_eq!((midpoint(0, 1), midpoint(0, 4), midpoint(3, 5)), (None, Some(2), Some(4)));
     }
 
