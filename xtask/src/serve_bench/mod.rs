@@ -502,6 +502,11 @@ impl ServeBench {
                 (Some(a), Some(b)) => Some(b - a),
                 _ => None,
             };
+            // /proc counts CPU in hundredths of a second: a level shorter than a second is
+            // judged over a second, or a busy machine would read as quiet.
+            if probe.is_some() {
+                std::thread::sleep(MIN_PROBE.saturating_sub(run.wall));
+            }
             let limits = quiet::Limits { others_cpus: self.busy_cpus };
             l.disturbed = probe.and_then(|p| p.finish()).and_then(|r| r.busy(limits)).unwrap_or_default();
             for r in &run.results {
@@ -551,6 +556,9 @@ struct Driven {
     /// What the calibration of text prompts found.
     prompt_note: Option<String>,
 }
+
+/// The shortest window the busy-machine probe judges a level over.
+const MIN_PROBE: Duration = Duration::from_secs(1);
 
 /// kiln serve's `--max-queue` when none is given.
 const KILN_DEFAULT_MAX_QUEUE: usize = 256;
