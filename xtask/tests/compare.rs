@@ -222,3 +222,40 @@ fn two_serve_bench_runs_of_one_setting_compare_per_request_and_in_any_key_order(
     assert!(tpot[4].contains("undecided at ±5%") && tpot[4].contains("more requests"), "{tpot:?}");
     run.expect_stdout("Settings: every setting that can change a measurement is equal");
 }
+
+#[test]
+fn two_real_sweeps_differ_by_their_kv_dtype_and_by_nothing_else() {
+    let sb = Sandbox::new();
+    let sweep =
+        ["--models", "synthetic:tiny", "--lengths", "16", "--max-tokens", "4", "--warmup-tokens", "1"];
+    sb.run("bench-longprompt", &sweep).expect_code(0);
+    let mut f32_sweep = sweep.to_vec();
+    let b_csv = sb.path("b.csv");
+    f32_sweep.extend(["--kv-dtype", "f32", "--output", b_csv.to_str().unwrap()]);
+    sb.run("bench-longprompt", &f32_sweep).expect_code(0);
+    let mut dirs: Vec<PathBuf> = fs::read_dir(sb.path("runs")).unwrap().map(|e| e.unwrap().path()).collect();
+    dirs.sort();
+    assert_eq!(dirs.len(), 2);
+    // Every knob that changes a measurement is in env.json.
+    let env: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(dirs[1].join("env.json")).unwrap()).unwrap();
+    for (key, want) in [
+        ("kv_dtype", serde_json::json!("f32")),
+        ("threads", serde_json::Value::Null),
+        ("max_tokens", serde_json::json!(4)),
+        ("warmup_tokens", serde_json::json!(1)),
+        ("models", serde_json::json!(["synthetic:tiny"])),
+        ("lengths", serde_json::json!([16])),
+        ("prefill_chunk", serde_json::Value::Null),
+        ("attention", serde_json::Value::Null),
+        ("backend", serde_json::json!("cpu")),
+    ] {
+        assert_eq!(env.get(key), Some(&want), "env.json's {key}: {env}");
+    }
+    let run = report(&sb, &[&dirs[0], &dirs[1]], &[]);
+    run.expect_code(0);
+    let page = fs::read_to_string(dirs[1].join("compare.html")).unwrap();
+    let rows = same_cells(&run, &page, "Settings that differ");
+    assert_eq!(rows, [["kv_dtype", "-", "f32"].map(String::from).to_vec()], "{run}");
+    same_cells(&run, &page, "Per cell");
+}

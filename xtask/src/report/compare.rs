@@ -386,4 +386,43 @@ mod tests {
         let labels: std::collections::BTreeSet<String> = (0..2000).map(letter).collect();
         assert_eq!(labels.len(), 2000);
     }
+
+    /// An offload run directory whose one ok row has `fetch` us/token.
+    fn offload_run(dir: &std::path::Path, fetch: f64) -> Run {
+        use crate::bench_offload_copy::OffloadRow;
+        let csv = dir.join("offload.csv");
+        let mut w = csv::Writer::from_path(&csv).unwrap();
+        let row = OffloadRow {
+            model: "synthetic:tiny".into(),
+            cache_slots: 4,
+            batch_size: 1,
+            miss_rate: 0.5,
+            fetch_us_per_token: Some(fetch),
+            copy_gb_s: Some(2.0),
+            status: "ok".into(),
+            ..OffloadRow::default()
+        };
+        w.serialize(&row).unwrap();
+        w.flush().unwrap();
+        std::fs::write(dir.join("env.json"), serde_json::json!({ "output": csv }).to_string()).unwrap();
+        Run::load(dir).unwrap()
+    }
+
+    #[test]
+    fn an_offload_value_that_is_not_a_number_is_refused_naming_its_cell() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let good = offload_run(a.path(), 3.0);
+        for bad in [f64::NAN, f64::INFINITY, -1.0] {
+            let e = compare(&[offload_run(a.path(), 3.0), offload_run(b.path(), bad)], 5.0).unwrap_err();
+            let want = format!("cell synthetic:tiny@4 bs=1 miss=0.5: fetch_us_per_token is {bad}");
+            assert!(e.to_string().contains(&want), "{e}");
+        }
+        // Two good runs: one value each, so no interval and no verdict.
+        let (sheet, _) = compare(&[good, offload_run(b.path(), 6.0)], 5.0).unwrap();
+        assert!(
+            sheet.texts().contains(&"2.000 (n=1: no interval) undecided: n=1, no interval yet"),
+            "{sheet:?}"
+        );
+        assert_eq!(sheet.headline, "B vs A: 0 regressed, 0 improved, 0 same within ±5%, 2 undecided");
+    }
 }
