@@ -19,6 +19,13 @@ use crate::verdict::sheet::{Cell, Sheet, Table};
 /// Settings that say which run a directory is, not how it measured: never a difference.
 const RUN_OWN: [&str; 3] = ["started", "output", "oom_record"];
 
+/// The unit of a ratio that compares one value per run: each run's geometric mean. A
+/// serve-bench level's requests share their run's machine and server state, so their
+/// spread is no interval for a difference between two runs (two runs of one setting on
+/// a busy machine read as a 3x "regression" of TTFT at n=16 requests); only repeated
+/// runs are.
+const RUNS: &str = "runs";
+
 /// One run's observations of one quantity of one cell.
 #[derive(Clone, Debug, Default)]
 struct Sample {
@@ -32,7 +39,8 @@ struct Line {
     cell: String,
     metric: &'static str,
     better: Better,
-    /// What one observation is, for the verdict's "N more ... would settle it".
+    /// What one observation of the ratio is, for the verdict's "N more ... would settle
+    /// it"; [`RUNS`] when the ratio rests on one value per run.
     unit: &'static str,
     samples: Vec<Option<Sample>>,
 }
@@ -89,7 +97,7 @@ fn lines(runs: &[Run]) -> Result<Vec<Line>> {
                         l.level.clone(),
                         "output tok/s",
                         Better::Higher,
-                        "runs",
+                        RUNS,
                         ri,
                         mark(vec![l.output_tok_s]),
                     );
@@ -110,7 +118,7 @@ fn lines(runs: &[Run]) -> Result<Vec<Line>> {
                         if values.is_empty() {
                             values.extend(median);
                         }
-                        put(l.level.clone(), metric, Better::Lower, "requests", ri, mark(values));
+                        put(l.level.clone(), metric, Better::Lower, RUNS, ri, mark(values));
                     }
                 }
             }
@@ -131,7 +139,7 @@ fn lines(runs: &[Run]) -> Result<Vec<Line>> {
                         }
                         let mut s = Sample::default();
                         s.values.push(v);
-                        put(cell.clone(), metric, better, "runs", ri, s);
+                        put(cell.clone(), metric, better, RUNS, ri, s);
                     }
                 }
             }
@@ -147,7 +155,7 @@ fn lines(runs: &[Run]) -> Result<Vec<Line>> {
                     ] {
                         let values =
                             g(key).parse::<f64>().ok().filter(|v| v.is_finite()).into_iter().collect();
-                        put(cell.clone(), metric, better, "runs", ri, Sample { values, disturbed: 0 });
+                        put(cell.clone(), metric, better, RUNS, ri, Sample { values, disturbed: 0 });
                     }
                 }
             }
@@ -207,6 +215,16 @@ fn sheet(runs: &[Run], margin_pct: f64) -> Result<Sheet> {
                 Method::T
             };
             let judged = match (&l.samples[0], &l.samples[i]) {
+                (Some(a), Some(b)) if l.unit == RUNS => {
+                    // One value a run: its geometric mean, disturbed when any of it was.
+                    let one = |s: &Sample| Some(Reading::of(&s.values, Method::T)?.estimate);
+                    let busy = usize::from(a.disturbed > 0 || b.disturbed > 0);
+                    match (one(a), one(b)) {
+                        (Some(ea), Some(eb)) => Reading::of_ratio_unpaired(&[eb], &[ea], m)
+                            .map(|r| r.disturbed(busy).judge(l.better, margin_pct)),
+                        _ => None,
+                    }
+                }
                 (Some(a), Some(b)) => Reading::of_ratio_unpaired(&b.values, &a.values, m)
                     .map(|r| r.disturbed(a.disturbed + b.disturbed).judge(l.better, margin_pct)),
                 _ => None,
@@ -246,7 +264,7 @@ fn sheet(runs: &[Run], margin_pct: f64) -> Result<Sheet> {
     let per_cell = Table {
         title: "Per cell".into(),
         legend: format!(
-            "Each run's value is the geometric mean of its observations (a sweep's repetitions, a serve-bench level's requests; a level's throughput and an offload or quality cell are one value) with its 95% interval on the logs (Student's t; the confidence sequence for a run stopped by --until-ci), n, and how many were taken on a busy machine. Each ratio is the ratio of the two geometric means with the 95% interval of the difference of their logs (Welch's; with --until-ci, the sum of the two runs' sequence widths), judged at ±{margin_pct}%: same when the whole interval is within the margin, improved or regressed when it lies wholly beyond it, undecided otherwise; with one observation on a side there is no interval and so no verdict. A cell one run did not measure shows -."
+            "Each run's value is the geometric mean of its observations (a sweep's repetitions; a serve-bench level's requests; an offload or quality cell and a level's throughput are one value) with its 95% interval on the logs (Student's t; the confidence sequence for a run stopped by --until-ci), n, and how many were taken on a busy machine. A sweep's ratio is the ratio of the two geometric means with the 95% interval of the difference of their logs (Welch's; with --until-ci, the sum of the two runs' sequence widths), judged at ±{margin_pct}%: same when the whole interval is within the margin, improved or regressed when it lies wholly beyond it, undecided otherwise. A serve-bench, offload or quality ratio rests on one value a run (a level's requests share their run's machine and server, so their spread is no interval for a difference between runs): with one observation on a side there is no interval and so no verdict. A cell one run did not measure shows -."
         ),
         columns,
         rows,
