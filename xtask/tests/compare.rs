@@ -148,6 +148,8 @@ fn a_quiet_compare_of_a_clear_change_is_regressed_at_the_margin_given() {
     let one = report(&sb, &[&one_a, &one_b], &[]);
     one.expect_code(0).expect_stdout("0.200 (n=1: no interval) undecided: n=1, no interval yet");
     one.expect_stdout("B vs A: 0 regressed, 0 improved, 0 same within ±5%, 2 undecided");
+    // A margin without a comparison is refused, saying why.
+    report(&sb, &[&a], &["--margin", "3"]).expect_code(2).expect_stderr("--margin judges a comparison");
 }
 
 #[test]
