@@ -93,7 +93,7 @@ fn serve_bench_boots_a_server_and_writes_every_output() {
         .expect_stdout("| c=2 | 4 | 0 |")
         .expect_stdout("client CPU")
         .expect_stdout("| prompt tok asked / counted |")
-        .expect_stdout("| 32 / 32 |\n");
+        .expect_stdout("| 32 / 32 | ");
     let dir = run_dir(&sb.path("runs"));
     for f in ["env.json", "requests.jsonl", "levels.csv", "summary.md", "serve-bench.svg", "server.log"] {
         assert!(dir.join(f).is_file(), "no {f}{run}");

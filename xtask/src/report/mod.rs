@@ -29,6 +29,9 @@ pub struct Report {
     /// Where the comparison goes [default: compare.html in the last RUN_DIR].
     #[arg(long, value_name = "FILE")]
     output: Option<PathBuf>,
+    /// With two or more runs: judge each ratio B/A at ±PCT percent [default: 5].
+    #[arg(long, value_name = "PCT", value_parser = crate::verdict::pct_arg)]
+    margin: Option<f64>,
 }
 
 impl Report {
@@ -47,9 +50,13 @@ impl Report {
                 Err(e) => usage!("{}: {e:#}", d.display()),
             }
         }
+        if runs.len() < 2 && self.margin.is_some() {
+            usage!("--margin judges a comparison: give two or more run directories");
+        }
+        let margin = self.margin.unwrap_or(crate::verdict::reading::DEFAULT_MARGIN_PCT);
         // Everything is checked before anything is written.
         let comparison = if runs.len() > 1 {
-            let page = match compare::page(&runs) {
+            let (sheet, page) = match compare::compare(&runs, margin) {
                 Ok(p) => p,
                 Err(e) => usage!("{e:#}"),
             };
@@ -58,7 +65,7 @@ impl Report {
                 None => runs.last().map(|r| r.dir.join("compare.html")).unwrap_or_default(),
             };
             check_output(&out, &runs)?;
-            Some((page, out))
+            Some((sheet, page, out))
         } else {
             None
         };
@@ -66,9 +73,10 @@ impl Report {
             let path = write_page(run)?;
             eprintln!("report: {}", path.display());
         }
-        if let Some((page, out)) = comparison {
+        if let Some((sheet, page, out)) = comparison {
             crate::plot::write_atomically(&out, page.as_bytes())?;
             eprintln!("comparison: {}", out.display());
+            crate::console::out(&sheet.markdown())?;
         }
         Ok(ExitCode::SUCCESS)
     }
@@ -252,11 +260,12 @@ mod tests {
         serve_dir(a.path(), 10.0);
         serve_dir(b.path(), 15.0);
         let runs = [Run::load(a.path()).unwrap(), Run::load(b.path()).unwrap()];
-        let html = compare::page(&runs).unwrap();
+        let html = compare::compare(&runs, 5.0).unwrap().1;
         let row = html.lines().find(|l| l.contains("<td>c=4</td><td>output tok/s</td>")).unwrap();
+        // One throughput per level and run: the ratio says so, never a bare 1.500.
         assert!(
             row.ends_with(
-                "<td class=\"n\">40.000</td><td class=\"n\">60.000</td><td class=\"n\">1.500</td></tr>"
+                "<td class=\"n\">40.00 (n=1: no interval)</td><td class=\"n\">60.00 (n=1: no interval)</td><td class=\"n\">1.500 (n=1: no interval) undecided: n=1, no interval yet</td></tr>"
             ),
             "{row}"
         );
@@ -271,7 +280,7 @@ mod tests {
         let tax = Run::load(p.path()).unwrap();
         let html = page(&tax);
         assert!(html.contains("<td>boom</td>") && !html.contains("onload"), "{html}");
-        let err = compare::page(&[runs.into_iter().next().unwrap(), tax]).unwrap_err().to_string();
+        let err = compare::compare(&[runs.into_iter().next().unwrap(), tax], 5.0).unwrap_err().to_string();
         assert!(err.contains("only runs of one task compare"), "{err}");
     }
 
@@ -286,7 +295,7 @@ mod tests {
                 Run::load(d.path()).unwrap()
             })
             .collect();
-        let html = compare::page(&runs).unwrap();
+        let html = compare::compare(&runs, 5.0).unwrap().1;
         let header = html.lines().find(|l| l.starts_with("<table><tr><th>cell</th>")).unwrap();
         let th: Vec<&str> = header.split("<th>").skip(1).map(|c| c.split('<').next().unwrap()).collect();
         assert_eq!(&th[2..5], ["A", "B", "C"]);

@@ -100,7 +100,9 @@ fn read_jsonl(path: &Path) -> Result<Vec<Value>> {
 fn read_levels(path: &Path) -> Result<Vec<LevelSummary>> {
     let lines = read_csv_lines(path)?;
     for (line, m) in &lines {
-        for (col, v) in m.iter().filter(|(c, v)| c.as_str() != "level" && !v.trim().is_empty()) {
+        // `level` names the level and `disturbed` says what else ran: text, not numbers.
+        let text = |c: &str| c == "level" || c == "disturbed";
+        for (col, v) in m.iter().filter(|(c, v)| !text(c.as_str()) && !v.trim().is_empty()) {
             if !v.trim().parse::<f64>().is_ok_and(|x| x.is_finite() && x >= 0.0) {
                 usage!(
                     "{}: line {line}: column {col} is {v:?}: expected a finite non-negative number, or nothing",
@@ -141,6 +143,7 @@ fn read_levels(path: &Path) -> Result<Vec<LevelSummary>> {
             l.e2e = sum(m, "e2e_ms");
             l.client_cpu_s = f(m, "client_cpu_s").unwrap_or(0.0);
             l.server_cpu_s = f(m, "server_cpu_s");
+            l.disturbed = m.get("disturbed").cloned().unwrap_or_default();
             l
         })
         .collect())
@@ -268,20 +271,36 @@ impl Run {
         crate::machine::host_execution_notes(devices)
     }
 
-    /// env.json's plain values, in its order (nested objects as JSON).
+    /// env.json as settings, compared as data: nested objects become dotted keys
+    /// (`serve_bench.max_tokens`, `kiln_env.KILN_THREADS`), sorted, so two runs of the
+    /// same settings are equal whatever order their files list keys in. The command line
+    /// is left out (it is shown on its own).
+    pub fn settings(&self) -> BTreeMap<String, Value> {
+        fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, Value>) {
+            match v {
+                Value::Object(m) if !m.is_empty() => {
+                    for (k, v) in m {
+                        let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                        flatten(&key, v, out);
+                    }
+                }
+                other => {
+                    out.insert(prefix.to_string(), other.clone());
+                }
+            }
+        }
+        let mut out = BTreeMap::new();
+        if let Some(Value::Object(m)) = &self.env {
+            for (k, v) in m.iter().filter(|(k, _)| k.as_str() != "command") {
+                flatten(k, v, &mut out);
+            }
+        }
+        out
+    }
+
+    /// [`Run::settings`] as text, one row per setting.
     pub fn fingerprint(&self) -> Vec<(String, String)> {
-        let Some(Value::Object(m)) = &self.env else { return Vec::new() };
-        m.iter()
-            .filter(|(k, _)| k.as_str() != "command")
-            .map(|(k, v)| {
-                let v = match v {
-                    Value::String(s) => s.clone(),
-                    Value::Null => "-".into(),
-                    other => other.to_string(),
-                };
-                (k.clone(), v)
-            })
-            .collect()
+        self.settings().into_iter().map(|(k, v)| (k, setting_text(&v))).collect()
     }
 
     /// The summary, as HTML.
@@ -438,6 +457,15 @@ impl Run {
     }
 }
 
+/// A setting's value as a page prints it: a string bare, nothing as `-`, else its JSON.
+pub fn setting_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
 /// A summary file the run wrote, as HTML, or a note that it has none.
 fn markdown_file(md: &Option<String>, name: &str) -> String {
     match md {
@@ -500,11 +528,6 @@ pub fn rate(v: &[f64]) -> String {
             None => format!("{:.1}", i.mean),
         },
     }
-}
-
-/// The mean of `v`, when any.
-pub fn mean(v: &[f64]) -> Option<f64> {
-    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
 fn percent_encode(s: &str) -> String {

@@ -81,6 +81,11 @@ pub struct ServeBench {
     #[arg(long, value_name = "SECS", default_value_t = 300, allow_hyphen_values = true,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     request_timeout: u64,
+    /// Other processes' CPU, in cores, above which a level counts as disturbed (measured
+    /// over each level's requests; a server booted here is not another process, one at
+    /// --url on this machine is).
+    #[arg(long, value_name = "CPUS", default_value_t = 0.5, value_parser = busy_cpus_arg)]
+    busy_cpus: f64,
     /// Booting: the port kiln serve binds (0: a free one, read from its log).
     #[arg(long, value_name = "PORT", default_value_t = 0)]
     port: u16,
@@ -110,6 +115,13 @@ pub fn list_arg(s: &str) -> Result<Levels, String> {
         })
         .collect::<Result<_, _>>()
         .map(Levels)
+}
+
+fn busy_cpus_arg(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("{s:?}: expected a number of CPUs, 0 or more (such as 0.5)")),
+    }
 }
 
 /// One level of the run.
@@ -190,6 +202,9 @@ impl ServeBench {
             "endpoint": self.endpoint,
             "json_object": self.json_object,
             "request_timeout_s": self.request_timeout,
+            "served_model": self.served_model,
+            "serve_args": self.boot.serve_args,
+            "busy_cpus": self.busy_cpus,
             "percentiles": "linear interpolation between closest ranks (type 7, numpy's default)",
         });
         crate::runs::write_env_json(&run_dir, &env)?;
@@ -459,6 +474,9 @@ impl ServeBench {
                     return Ok(Driven { done, interrupted: None, server_died: Some(why), prompt_note });
                 }
             }
+            // What else ran beside the measured requests: the client is this process, a
+            // booted server is ours too.
+            let probe = quiet::Probe::start(&srv.map(|s| vec![s.pid()]).unwrap_or_default());
             let cpu0 = quiet::self_cpu_seconds();
             let srv0 = srv.and_then(Server::cpu_seconds);
             let run = match rt
@@ -484,6 +502,13 @@ impl ServeBench {
                 (Some(a), Some(b)) => Some(b - a),
                 _ => None,
             };
+            // /proc counts CPU in hundredths of a second: a level shorter than a second is
+            // judged over a second, or a busy machine would read as quiet.
+            if probe.is_some() {
+                std::thread::sleep(MIN_PROBE.saturating_sub(run.wall));
+            }
+            let limits = quiet::Limits { others_cpus: self.busy_cpus };
+            l.disturbed = probe.and_then(|p| p.finish()).and_then(|r| r.busy(limits)).unwrap_or_default();
             for r in &run.results {
                 files.request(&level.label, false, r)?;
             }
@@ -506,6 +531,9 @@ impl ServeBench {
                 l.tpot.median.unwrap_or(f64::NAN),
                 first_error.map_or(String::new(), |e| format!("; first error: {e}"))
             );
+            if !l.disturbed.is_empty() {
+                eprintln!("    disturbed: {}", l.disturbed);
+            }
             let gone = died(l.failed > 0, &format!("during level {}", l.level));
             done.push(l);
             if let Some(why) = gone {
@@ -528,6 +556,9 @@ struct Driven {
     /// What the calibration of text prompts found.
     prompt_note: Option<String>,
 }
+
+/// The shortest window the busy-machine probe judges a level over.
+const MIN_PROBE: Duration = Duration::from_secs(1);
 
 /// kiln serve's `--max-queue` when none is given.
 const KILN_DEFAULT_MAX_QUEUE: usize = 256;

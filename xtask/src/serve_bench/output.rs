@@ -58,6 +58,9 @@ pub struct LevelSummary {
     /// The server's structured-output mask time per mask, microseconds, over completed
     /// requests that report it (`usage.structured`, kiln's extension).
     pub mask_us: Option<f64>,
+    /// Empty when the machine was quiet while the level's requests ran; else what else
+    /// was running (other processes' CPU over the busy limit).
+    pub disturbed: String,
 }
 
 impl LevelSummary {
@@ -105,6 +108,7 @@ impl LevelSummary {
                     .fold((0u64, 0f64), |(n, t), (m, ms)| (n + m, t + ms));
                 (masks > 0).then(|| 1e3 * mask_ms / masks as f64)
             },
+            disturbed: String::new(),
         }
     }
 
@@ -145,6 +149,7 @@ pub fn csv_header() -> Vec<String> {
     h.extend(["client_cpu_s".to_string(), "server_cpu_s".to_string()]);
     h.extend(["prompt_tokens_asked".to_string(), "prompt_tokens_served".to_string()]);
     h.push("mask_us".to_string());
+    h.push("disturbed".to_string());
     h
 }
 
@@ -175,6 +180,7 @@ pub fn csv_record(l: &LevelSummary) -> Vec<String> {
     r.push(l.prompt_tokens_asked.map_or_else(String::new, |a| a.to_string()));
     r.push(num(l.prompt_tokens_served));
     r.push(num(l.mask_us));
+    r.push(l.disturbed.clone());
     r
 }
 
@@ -227,14 +233,26 @@ fn ms(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |x| if x >= 100.0 { format!("{x:.0}") } else { format!("{x:.1}") })
 }
 
+/// Below this many values a percentile is read off the largest few, not estimated: its
+/// cell says how many values it rests on.
+pub const FEW_FOR_A_PERCENTILE: usize = 100;
+
+/// `p50 / p99` of one latency; a p99 of fewer than [`FEW_FOR_A_PERCENTILE`] values says
+/// how many (`812 / 1290 (p99 of 8)`), since it is then about the largest of them.
+fn p50_p99(s: &Summary) -> String {
+    let few =
+        if s.n > 0 && s.n < FEW_FOR_A_PERCENTILE { format!(" (p99 of {})", s.n) } else { String::new() };
+    format!("{} / {}{few}", ms(s.median), ms(s.p99))
+}
+
 /// The markdown table: one row per level.
 pub fn markdown(levels: &[LevelSummary]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| level | ok | failed | output tok/s | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p50 / p99 ms | E2E p50 / p99 ms | client CPU | prompt tok asked / counted |"
+        "| level | ok | failed | output tok/s | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p50 / p99 ms | E2E p50 / p99 ms | client CPU | prompt tok asked / counted | machine |"
     );
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for l in levels {
         let cpu = match l.server_cpu_s {
             Some(srv) if srv > 0.0 => {
@@ -244,22 +262,43 @@ pub fn markdown(levels: &[LevelSummary]) -> String {
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.1} | {:.2} | {} / {} | {} / {} | {} / {} | {} / {} | {} | {} |",
+            "| {} | {} | {} | {:.1} | {:.2} | {} | {} | {} | {} | {} | {} | {} |",
             l.level,
             l.ok,
             l.failed,
             l.output_tok_s,
             l.req_s,
-            ms(l.ttft.median),
-            ms(l.ttft.p99),
-            ms(l.tpot.median),
-            ms(l.tpot.p99),
-            ms(l.itl.median),
-            ms(l.itl.p99),
-            ms(l.e2e.median),
-            ms(l.e2e.p99),
+            p50_p99(&l.ttft),
+            p50_p99(&l.tpot),
+            p50_p99(&l.itl),
+            p50_p99(&l.e2e),
             cpu,
-            prompt_cell(l)
+            prompt_cell(l),
+            if l.disturbed.is_empty() { "quiet" } else { "disturbed" }
+        );
+    }
+    let few: Vec<String> = levels
+        .iter()
+        .filter(|l| l.ttft.n > 0 && l.ttft.n < FEW_FOR_A_PERCENTILE)
+        .map(|l| format!("{} on {}", l.level, l.ttft.n))
+        .collect();
+    if !few.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nrequests per percentile: {}. A p99 of fewer than {FEW_FOR_A_PERCENTILE} values is about the largest of them (interpolated between the two largest), not an estimate of the tail: run more --requests for one",
+            few.join(", ")
+        );
+    }
+    let busy: Vec<String> = levels
+        .iter()
+        .filter(|l| !l.disturbed.is_empty())
+        .map(|l| format!("{} ({})", l.level, l.disturbed))
+        .collect();
+    if !busy.is_empty() {
+        let _ = writeln!(
+            s,
+            "\ndisturbed: the machine was busy while these levels ran, so their figures may be another load's too: {}",
+            busy.join("; ")
         );
     }
     let off: Vec<String> = levels
@@ -372,8 +411,9 @@ mod tests {
         let plain = LevelSummary::of("c=1".into(), Some(1), None, &[req(true, 10.0, 4)], 1.0);
         assert_eq!(plain.mask_us, None);
         assert!(!markdown(std::slice::from_ref(&plain)).contains("mask per token"));
-        assert_eq!(csv_record(&plain).last().map(String::as_str), Some(""));
-        assert_eq!(csv_record(&l).last().map(String::as_str), Some("500.000"));
+        let at = csv_header().iter().position(|h| h == "mask_us").unwrap();
+        assert_eq!(csv_record(&plain)[at], "");
+        assert_eq!(csv_record(&l)[at], "500.000");
     }
 
     #[test]
@@ -386,7 +426,8 @@ mod tests {
         assert_eq!(l.itl.n, 4);
         assert_eq!(csv_record(&l).len(), csv_header().len());
         let md = markdown(&[l]);
-        assert!(md.contains("| c=2 | 2 | 1 | 5.0 | 1.00 | 20.0 / 29.8 |"), "{md}");
+        // Two requests: the p99 says what it rests on.
+        assert!(md.contains("| c=2 | 2 | 1 | 5.0 | 1.00 | 20.0 / 29.8 (p99 of 2) |"), "{md}");
     }
 
     /// Levels from docs/benchmark_results/serve-streams-epyc-avx2-2vcpu-2026-11-30.md:
@@ -440,8 +481,8 @@ mod tests {
         let mut off = LevelSummary::of("c=2".into(), Some(2), None, &[counted(196), counted(197)], 1.0);
         off.prompt_tokens_asked = Some(32);
         let md = markdown(&[exact.clone(), off]);
-        assert!(md.contains("| 32 / 32 |\n"), "{md}");
-        assert!(md.contains("| 32 / 196.5 ! |\n"), "{md}");
+        assert!(md.contains("| 32 / 32 | quiet |\n"), "{md}");
+        assert!(md.contains("| 32 / 196.5 ! | quiet |\n"), "{md}");
         assert!(md.contains("more than 5% off the asked length at c=2 (32 / 196.5):"), "{md}");
         assert!(!markdown(&[exact]).contains("5% off"));
     }

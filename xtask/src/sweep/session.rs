@@ -264,7 +264,7 @@ impl Session {
             return self.submit_slurm(plan, output, flags, slurm);
         }
         eprintln!("sweep: {} cells", plan.cells.len());
-        let started = match self.start(&output.path, flags)? {
+        let started = match self.start_with(&output.path, flags, Some(plan))? {
             Ok(s) => s,
             Err(code) => return Ok(code),
         };
@@ -306,6 +306,17 @@ impl Session {
     /// hands over what any sweep needs to run cells: the runner's settings, the OOM
     /// layers and the rows' fingerprint. `Err(code)` when a signal ended the build.
     pub fn start(self, output: &Path, flags: &SweepFlags) -> Result<Result<Started, ExitCode>> {
+        self.start_with(output, flags, None)
+    }
+
+    /// [`Session::start`] for a sweep of `plan`, whose models, lengths and token counts
+    /// env.json records with the knobs.
+    fn start_with(
+        self,
+        output: &Path,
+        flags: &SweepFlags,
+        plan: Option<&Plan>,
+    ) -> Result<Result<Started, ExitCode>> {
         if let Some(code) = self.build_engine()? {
             return Ok(Err(code));
         }
@@ -314,7 +325,7 @@ impl Session {
         // Each row takes its token counts from its cell.
         let row_knobs = self.engine_row_knobs();
         let run_dir = crate::runs::create_run_dir(&self.runs_dir, &self.command)?;
-        self.write_env_json(&run_dir, output, &self.record_path, &knobs, cell_timeout, flags)?;
+        self.write_env_json(&run_dir, output, &self.record_path, cell_timeout, flags, plan)?;
         eprintln!(
             "kiln {} ({}); device {}; run directory {}",
             self.display(&self.kiln_bin),
@@ -360,7 +371,7 @@ impl Session {
             slurm.shared_dir.join(format!("{stamp}-{}", self.command))
         } else {
             let dir = crate::runs::create_run_dir(&slurm.shared_dir, &self.command)?;
-            self.write_env_json(&dir, &output.path, &record, &self.engine_knobs, cell_timeout, flags)?;
+            self.write_env_json(&dir, &output.path, &record, cell_timeout, flags, Some(plan))?;
             eprintln!(
                 "sweep: {} cells on Slurm; kiln {} ({}); run directory {}",
                 plan.cells.len(),
@@ -409,11 +420,12 @@ impl Session {
         run_dir: &Path,
         output: &Path,
         record: &Path,
-        knobs: &EngineKnobs,
         cell_timeout: Duration,
         flags: &SweepFlags,
+        plan: Option<&Plan>,
     ) -> Result<()> {
-        let env = json!({
+        let knobs = &self.engine_knobs;
+        let mut env = json!({
             "command": std::env::args().collect::<Vec<_>>(),
             "started": now(),
             "commit": self.commit,
@@ -444,7 +456,34 @@ impl Session {
             "quiet_timeout_s": flags.series.quiet_timeout,
             "busy_cpus": flags.series.busy_cpus,
             "peer": flags.series.peer.as_ref().map(|p| format!("{}={}", p.program, p.path.display())),
+            "kv_dtype": knobs.kv_dtype,
+            "threads": knobs.threads,
         });
+        // What the cells measure: every setting a comparison of two runs must see.
+        if let Some(plan) = plan {
+            let distinct = |f: &dyn Fn(&super::plan::Cell) -> u64| {
+                let mut v: Vec<u64> = plan.cells.iter().map(f).collect();
+                v.sort_unstable();
+                v.dedup();
+                match v.as_slice() {
+                    [one] => json!(one),
+                    many => json!(many),
+                }
+            };
+            let mut texts: Vec<&str> = Vec::new();
+            for c in &plan.cells {
+                if let super::plan::Prompt::Text(t) = &c.prompt
+                    && !texts.contains(&t.as_str())
+                {
+                    texts.push(t);
+                }
+            }
+            env["max_tokens"] = distinct(&|c| c.max_tokens);
+            env["warmup_tokens"] = distinct(&|c| c.warmup_tokens);
+            env["models"] = json!(plan.models);
+            env["lengths"] = json!(plan.lengths);
+            env["prompt_texts"] = json!(texts);
+        }
         let path = run_dir.join("env.json");
         fs::write(&path, serde_json::to_string_pretty(&env)? + "\n")
             .with_context(|| format!("writing {}", path.display()))

@@ -104,6 +104,61 @@ impl Reading {
         Some(Reading::from_log_interval(i, method))
     }
 
+    /// The ratio B/A of two independent samples (two runs' repetitions, no pairing):
+    /// the ratio of their geometric means with the 95% interval of the difference of
+    /// their mean logs. [`Method::T`] takes Welch's interval (unequal variances,
+    /// Welch-Satterthwaite degrees of freedom); [`Method::Sequence`] adds the two runs'
+    /// confidence-sequence half-widths, each at half the error rate, so the sum still
+    /// covers at 95% however either run stopped. `n` is the smaller side's count (what
+    /// one more repetition of each run adds to) and `sd_log` the spread of one B-minus-A
+    /// difference, so [`Judged::more_needed`] counts repetitions per run. No interval
+    /// below two observations on either side; `None` when a side has no positive value.
+    pub fn of_ratio_unpaired(b: &[f64], a: &[f64], method: Method) -> Option<Reading> {
+        let logs = |xs: &[f64]| -> Vec<f64> {
+            xs.iter().filter(|x| **x > 0.0 && x.is_finite()).map(|x| x.ln()).collect()
+        };
+        let (lb, la) = (logs(b), logs(a));
+        let (ib, ia) = (student_t::interval(&lb)?, student_t::interval(&la)?);
+        let (nb, na) = (ib.n as f64, ia.n as f64);
+        let d = ib.mean - ia.mean;
+        let (vb, va) = (ib.sd * ib.sd, ia.sd * ia.sd);
+        let n = ib.n.min(ia.n);
+        let half = if n < 2 {
+            None
+        } else {
+            match method {
+                Method::T => {
+                    let (eb, ea) = (vb / nb, va / na);
+                    let se2 = eb + ea;
+                    if se2 <= 0.0 {
+                        Some(0.0)
+                    } else {
+                        let df = se2 * se2 / (eb * eb / (nb - 1.0) + ea * ea / (na - 1.0));
+                        Some(student_t::t_quantile(0.975, df) * se2.sqrt())
+                    }
+                }
+                Method::Sequence => {
+                    let side = |k: usize, sd: f64| {
+                        sequence::critical_t(k, sequence::ALPHA / 2.0, sequence::MIXTURE_G)
+                            .map(|c| c * sd / (k as f64).sqrt())
+                    };
+                    match (side(ib.n, ib.sd), side(ia.n, ia.sd)) {
+                        (Some(hb), Some(ha)) => Some(hb + ha),
+                        _ => None,
+                    }
+                }
+            }
+        };
+        Some(Reading {
+            estimate: d.exp(),
+            interval: half.map(|h| ((d - h).exp(), (d + h).exp())),
+            n,
+            sd_log: (vb + va).sqrt(),
+            method,
+            disturbed: 0,
+        })
+    }
+
     /// With `disturbed` of its observations taken on a busy machine.
     pub fn disturbed(mut self, disturbed: usize) -> Reading {
         self.disturbed = disturbed;
@@ -382,6 +437,48 @@ mod tests {
         // Round trip through the record: the same text (serde_json may move the last bit).
         let back: Reading = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!((back.text(), back.n, back.disturbed), (r.text(), r.n, r.disturbed));
+    }
+
+    #[test]
+    fn an_unpaired_ratio_is_welch_s_on_the_logs() {
+        // Logs of A: ln 100 + {-0.1, 0, 0.1}; of B: ln 50 + {-0.2, 0, 0.2}.
+        let a: Vec<f64> = [-0.1f64, 0.0, 0.1].iter().map(|d| 100.0 * d.exp()).collect();
+        let b: Vec<f64> = [-0.2f64, 0.0, 0.2].iter().map(|d| 50.0 * d.exp()).collect();
+        let r = Reading::of_ratio_unpaired(&b, &a, Method::T).unwrap();
+        assert!((r.estimate - 0.5).abs() < 1e-12, "{r:?}");
+        // se^2 = 0.04/3 + 0.01/3; df = se^4 / ((0.04/3)^2/2 + (0.01/3)^2/2) = 2.94.
+        let se = (0.05f64 / 3.0).sqrt();
+        let df = (0.05f64 / 3.0).powi(2) / ((0.04f64 / 3.0).powi(2) / 2.0 + (0.01f64 / 3.0).powi(2) / 2.0);
+        let half = student_t::t_quantile(0.975, df) * se;
+        let (lo, hi) = r.interval.unwrap();
+        assert!((lo - 0.5 * (-half).exp()).abs() < 1e-9 && (hi - 0.5 * half.exp()).abs() < 1e-9, "{r:?}");
+        assert_eq!(r.n, 3);
+        assert_eq!(r.clone().judge(Better::Higher, 5.0).verdict, Verdict::Regressed);
+        // The sequence's interval is wider than Welch's, and still centred on the logs.
+        let s = Reading::of_ratio_unpaired(&b, &a, Method::Sequence).unwrap();
+        if let Some((slo, shi)) = s.interval {
+            assert!(slo < lo && shi > hi, "{s:?}");
+        }
+        // One repetition on either side: no interval, so no verdict.
+        let one = Reading::of_ratio_unpaired(&b[..1], &a, Method::T).unwrap();
+        assert_eq!((one.n, one.interval), (1, None));
+        let j = one.judge(Better::Higher, 5.0);
+        assert_eq!(j.text("repetitions", None), "undecided: n=1, no interval yet");
+        // Equal values on both sides: a zero-width interval at 1.
+        let same = Reading::of_ratio_unpaired(&[5.0, 5.0], &[5.0, 5.0], Method::T).unwrap();
+        assert_eq!(same.interval, Some((1.0, 1.0)));
+        assert!(Reading::of_ratio_unpaired(&[], &a, Method::T).is_none());
+        assert!(Reading::of_ratio_unpaired(&[f64::NAN, -1.0], &a, Method::T).is_none());
+    }
+
+    #[test]
+    fn noisy_repetitions_of_equal_runs_are_undecided_never_a_5x_regression() {
+        // Prefill rates of two runs of the same settings on a loaded machine.
+        let a = [5200.0, 26000.0, 14000.0];
+        let b = [5400.0, 2900.0, 21000.0];
+        let j = Reading::of_ratio_unpaired(&b, &a, Method::T).unwrap().judge(Better::Higher, 5.0);
+        assert!(matches!(j.verdict, Verdict::Undecided { .. }), "{j:?}");
+        assert!(j.more_needed().is_some_and(|k| k > 0), "{j:?}");
     }
 
     #[test]
