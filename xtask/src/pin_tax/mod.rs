@@ -597,10 +597,11 @@ impl QmvPinTax {
                 .max_by(|a, b| a.1.unwrap_or(f64::INFINITY).total_cmp(&b.1.unwrap_or(f64::INFINITY)));
             if let Some((r, w)) = widest {
                 eprintln!(
-                    "--until-ci {target}%: {pairs} pairs; widest interval {} ({} {}); adding 4 boots",
+                    "--until-ci {target}%: {pairs} pairs; widest interval {} ({} {}); adding 4 boots; {}",
                     w.map_or("unbounded".to_string(), |w| format!("±{w:.1}%")),
                     r.cell,
-                    r.metric
+                    r.metric,
+                    self.seq.budget().eta(pairs, started.elapsed(), Some(2.0 * per_boot.as_secs_f64()))
                 );
             }
             // ABBA blocks alternate which arm opens them, so a drift cancels across blocks.
