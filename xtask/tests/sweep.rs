@@ -1024,3 +1024,22 @@ fn until_ci_is_one_run_one_build_one_report_one_summary_and_a_skipped_cell_is_sk
     let settle = run.stdout.lines().find(|l| l.contains(" more repetitions would ")).unwrap_or("");
     assert!(settle.contains("under 0.5% (") && settle.contains("about "), "{settle}{run}");
 }
+
+#[test]
+fn a_build_behind_another_cargo_on_the_target_directory_says_so() {
+    let sb = Sandbox::new();
+    let env = fake_cargo(&sb);
+    fs::create_dir_all(sb.path("target/release")).unwrap();
+    // Another cargo's build holds the release directory's lock, as cargo takes it.
+    let held = fs::File::create(sb.path("target/release/.cargo-lock")).unwrap();
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let run = run_building(&sb, "bench-longprompt", &args(&["--models", TINY, "--lengths", "64"]), &env);
+    run.expect_code(0).expect_stderr("waiting for another cargo");
+    let line = run.stderr.lines().find(|l| l.contains("waiting for another cargo")).unwrap();
+    assert!(line.contains(&sb.path("target").display().to_string()), "names the target directory: {line}");
+    drop(held);
+    // Without another cargo, no such line.
+    let run = run_building(&sb, "bench-longprompt", &args(&["--models", TINY, "--lengths", "64"]), &env);
+    run.expect_code(0);
+    assert!(!run.stderr.contains("waiting for another cargo"), "{run}");
+}
