@@ -1043,3 +1043,35 @@ fn a_build_behind_another_cargo_on_the_target_directory_says_so() {
     run.expect_code(0);
     assert!(!run.stderr.contains("waiting for another cargo"), "{run}");
 }
+
+#[test]
+fn help_describes_what_each_task_accepts() {
+    let help = |task: &str| {
+        let out =
+            std::process::Command::new(env!("CARGO_BIN_EXE_xtask")).args([task, "--help"]).output().unwrap();
+        assert!(out.status.success(), "{task} --help: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // bench-longprompt refuses --margin and has no pairs: its help says neither.
+    let lp = help("bench-longprompt");
+    assert!(!lp.contains("--margin"), "{lp}");
+    assert!(!lp.contains("ABBA") && !lp.contains("pairs"), "{lp}");
+    assert!(
+        lp.contains("--until-ci")
+            && lp.contains("--max-repetitions")
+            && lp.contains("repetitions of every cell"),
+        "{lp}"
+    );
+    // The pairs tasks keep their words.
+    let k = help("bench-kernels");
+    assert!(k.contains("--max-pairs") && k.contains("--margin"), "{k}");
+    // --rounds names one thing: bench-kernels' A/B rounds; the pin tax's requests per
+    // stream have their own name.
+    let p = help("qmv-pin-tax");
+    assert!(!p.contains("--rounds"), "{p}");
+    assert!(p.contains("--requests-per-stream"), "{p}");
+    // Every --max-time is a budget the default pair cap does not cut.
+    for h in [&lp, &k, &p] {
+        assert!(h.contains("none with --max-time"), "{h}");
+    }
+}
