@@ -20,7 +20,7 @@ pub struct BenchDecode {
     /// ./models/, or a path [default on the CPU: synthetic:tiny, synthetic:smollm-135m,
     /// synthetic:qwen2.5-0.5b; on a GPU: synthetic:qwen2.5-0.5b, synthetic:llama-3.2-1b,
     /// synthetic:llama-3.1-8b].
-    #[arg(long, value_name = "LIST", value_parser = plan::models_arg)]
+    #[arg(short = 'm', long, alias = "model", value_name = "LIST", value_parser = plan::models_arg)]
     models: Option<plan::Models>,
     /// The prompt text.
     #[arg(long, value_name = "TEXT", conflicts_with = "prompt_tokens")]

@@ -23,7 +23,7 @@ pub struct BenchLongprompt {
     /// ./models/, or a path [default on the CPU: synthetic:tiny, synthetic:smollm-135m,
     /// synthetic:qwen2.5-0.5b; on a GPU: synthetic:qwen2.5-0.5b, synthetic:llama-3.2-1b,
     /// synthetic:llama-3.1-8b].
-    #[arg(long, value_name = "LIST", value_parser = plan::models_arg)]
+    #[arg(short = 'm', long, alias = "model", value_name = "LIST", value_parser = plan::models_arg)]
     models: Option<plan::Models>,
     /// Prompt lengths in tokens, e.g. "512 2048 8192" [default: "128 512 2048" on the
     /// CPU, "512 2048 8192 32768" on a GPU].
@@ -35,10 +35,9 @@ pub struct BenchLongprompt {
     resume: Option<PathBuf>,
     #[command(flatten)]
     sweep: SweepFlags,
-    /// With --until-ci, repetitions are added (from at least 4, two at a time with a
-    /// peer) until every interval of the rates and ratios is narrow enough.
+    /// --until-ci and its budgets, in repetitions of every cell.
     #[command(flatten)]
-    seq: crate::verdict::SequentialFlags,
+    seq: crate::verdict::RepetitionFlags,
 }
 
 impl BenchLongprompt {
@@ -66,7 +65,7 @@ impl BenchLongprompt {
         if self.seq.until_ci.is_some() && self.sweep.runner.slurm()?.is_some() {
             usage!("--until-ci decides after each round of repetitions: it applies to the local runner only");
         }
-        let session = Session::prepare(&sh.current_dir(), "longprompt", &self.sweep, harness_env.clone())?;
+        let session = Session::prepare(&sh.current_dir(), "longprompt", &self.sweep, harness_env)?;
         let d = session.defaults().clone();
         let named = Named { models: self.models.is_some(), prompts: self.lengths.is_some() };
         let template = self.sweep.cell_template(&d, named)?;
@@ -87,50 +86,16 @@ impl BenchLongprompt {
             }
         };
         let csv = output.path.clone();
-        let Some(target) = self.seq.until_ci else {
+        if self.seq.until_ci.is_none() {
             let plan = series::expand(&base, self.sweep.series.repeat, peer);
             let code = session.sweep(&plan, output, &self.sweep)?;
             if !plots_here(&self.sweep.runner) {
                 return Ok(code);
             }
             return plot_beside(&csv, code);
-        };
-        // --until-ci: rounds of repetitions on the same CSV, each resuming the last.
-        use crate::verdict::sequence::Stopped;
-        let started = std::time::Instant::now();
-        let step = if peer { 2 } else { 1 };
-        let mut repeat = self.sweep.series.repeat.max(4);
-        let (mut session, mut output) = (Some(session), Some(output));
-        let (code, stopped, text) = loop {
-            let t0 = std::time::Instant::now();
-            let s = match session.take() {
-                Some(s) => s,
-                None => Session::prepare(&sh.current_dir(), "longprompt", &self.sweep, harness_env.clone())?,
-            };
-            let out = match output.take() {
-                Some(o) => o,
-                None => s.open_output(csv.clone(), true, &knobs)?,
-            };
-            let code = s.sweep(&series::expand(&base, repeat, peer), out, &self.sweep)?;
-            let (text, narrow) = series::sequential(&rows::read_rows(&csv)?, target);
-            if code != ExitCode::SUCCESS {
-                break (code, Stopped::Ended("the last round failed or was interrupted".into()), text);
-            }
-            if narrow {
-                break (code, Stopped::Converged, text);
-            }
-            if repeat as usize + step > self.seq.max_pairs() {
-                break (code, Stopped::MaxPairs(repeat as usize), text);
-            }
-            if let Some(max) = self.seq.max_time
-                && started.elapsed() + t0.elapsed() * step as u32 / repeat.max(1) > max
-            {
-                break (code, Stopped::MaxTime, text);
-            }
-            repeat += step as u32;
-            eprintln!("--until-ci {target}%: an interval is still wider; repetition {repeat} of every cell");
-        };
-        crate::console::out(&format!("\n{text}\n{}; {repeat} repetitions\n", stopped.describe(target)))?;
+        }
+        // --until-ci: rounds of repetitions, one run directory and one CSV.
+        let code = crate::sweep::rounds::until_ci(session, output, &self.sweep, &base, &self.seq)?;
         plot_beside(&csv, code)
     }
 }

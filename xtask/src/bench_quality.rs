@@ -42,7 +42,7 @@ const MAGIC: &[u8; 8] = b"KILNLP01";
 #[derive(clap::Args)]
 pub struct BenchQuality {
     /// Models, comma-separated (anything `kiln -m` accepts) [default: synthetic:tiny@4bit].
-    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    #[arg(short = 'm', long, alias = "model", value_name = "LIST", value_delimiter = ',')]
     models: Vec<String>,
     /// Activation schemes to measure, comma-separated `KILN_ACT_PRECISION` values (int16,
     /// int8, int16-wide8, f32; `int` is int8).

@@ -185,12 +185,36 @@ pub fn build_release(root: &Path, backend: Backend, shutdown: &Shutdown) -> Resu
         cmd.arg("--features").arg(features.join(","));
     }
     eprintln!("building kiln (release, backend {}): {cmd:?}", backend.as_str());
+    if let Some(note) = EnginePackage::read(root).ok().and_then(|p| lock_held_note(&p.target_dir, "release"))
+    {
+        eprintln!("{note}");
+    }
     let child = child::spawn(&mut cmd).with_context(|| format!("running {}", cargo.to_string_lossy()))?;
     match child.wait(shutdown, None, BUILD_GRACE)? {
         Waited::Exited(st) if st.success() => Ok(None),
         Waited::Exited(st) => bail!("building kiln failed ({st}); fix the build or pass --no-build"),
         Waited::Interrupted(sig) => Ok(Some(sig)),
         Waited::TimedOut => bail!("building kiln timed out"),
+    }
+}
+
+/// The line to print when another cargo holds the build lock of `profile` under
+/// `target_dir` (cargo's `.cargo-lock`, exclusive while a build, test or run writes
+/// there): the build that follows waits for it, which would otherwise look like a hang.
+/// `None` when the lock is free or was never taken.
+fn lock_held_note(target_dir: &Path, profile: &str) -> Option<String> {
+    use rustix::fs::{FlockOperation, flock};
+    let dir = target_dir.join(profile);
+    let file = std::fs::File::open(dir.join(".cargo-lock")).ok()?;
+    // A shared lock conflicts only with cargo's exclusive one, and is released at once.
+    match flock(&file, FlockOperation::NonBlockingLockShared) {
+        Ok(()) => None,
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK => Some(format!(
+            "waiting for another cargo: a build, test or run holds the lock on {} (the same target \
+             directory); this build starts when it ends (a separate CARGO_TARGET_DIR avoids the wait)",
+            dir.display()
+        )),
+        Err(_) => None,
     }
 }
 
@@ -292,5 +316,22 @@ mod tests {
         let pkg = EnginePackage::read(root).unwrap();
         assert!(!pkg.version.is_empty());
         assert!(pkg.binary("release").ends_with(format!("release/kiln{}", std::env::consts::EXE_SUFFIX)));
+    }
+
+    #[test]
+    fn a_build_lock_held_by_another_cargo_is_named() {
+        use rustix::fs::{FlockOperation, flock};
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(lock_held_note(dir.path(), "release"), None, "no lock file: no cargo built here");
+        std::fs::create_dir_all(dir.path().join("release")).unwrap();
+        let lock = dir.path().join("release/.cargo-lock");
+        let held = std::fs::File::create(&lock).unwrap();
+        assert_eq!(lock_held_note(dir.path(), "release"), None, "free");
+        flock(&held, FlockOperation::LockExclusive).unwrap();
+        let note = lock_held_note(dir.path(), "release").unwrap();
+        assert!(note.starts_with("waiting for another cargo"), "{note}");
+        assert!(note.contains(&dir.path().join("release").display().to_string()), "{note}");
+        drop(held);
+        assert_eq!(lock_held_note(dir.path(), "release"), None, "released");
     }
 }

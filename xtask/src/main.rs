@@ -154,4 +154,35 @@ mod tests {
         assert_eq!(project_root(&ws), ws);
         assert_eq!(project_root(dir.path()), dir.path(), "outside a workspace: the directory itself");
     }
+
+    /// Every task that takes a model takes it as `-m`, `--model` and `--models`: the
+    /// spellings differ between tasks, so each accepts all of them.
+    #[test]
+    fn every_model_flag_accepts_every_spelling() {
+        fn walk(cmd: &clap::Command, path: &mut Vec<String>, found: &mut Vec<Vec<String>>) {
+            let takes_model = cmd.get_arguments().any(|a| matches!(a.get_long(), Some("model" | "models")));
+            if takes_model {
+                found.push(path.clone());
+            }
+            for sub in cmd.get_subcommands() {
+                path.push(sub.get_name().to_string());
+                walk(sub, path, found);
+                path.pop();
+            }
+        }
+        let cli = with_negative_values(Cli::command());
+        let mut found = Vec::new();
+        walk(&cli, &mut Vec::new(), &mut found);
+        assert!(found.len() >= 6, "{found:?}");
+        for path in &found {
+            for spelling in ["-m", "--model", "--models"] {
+                let mut argv = vec!["cargo xtask".to_string()];
+                argv.extend(path.iter().cloned());
+                argv.extend([spelling.to_string(), "synthetic:tiny".to_string()]);
+                if let Err(e) = cli.clone().try_get_matches_from(&argv) {
+                    assert!(!matches!(e.kind(), clap::error::ErrorKind::UnknownArgument), "{argv:?}: {e}");
+                }
+            }
+        }
+    }
 }

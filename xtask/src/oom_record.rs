@@ -39,7 +39,7 @@ struct PruneFlags {
     #[arg(long, value_name = "FILE")]
     file: Option<PathBuf>,
     /// Lines of this model (exactly as written).
-    #[arg(long, value_name = "MODEL")]
+    #[arg(short = 'm', long, alias = "models", value_name = "MODEL")]
     model: Option<String>,
     /// Lines at this prompt length.
     #[arg(long, value_name = "N", value_parser = count(0))]

@@ -943,3 +943,135 @@ fn a_directory_flag_naming_a_file_is_refused_before_anything_is_created() {
         r.expect_code(2).expect_stderr(&format!("{flag} {value}: {file_s} is not a directory: expected a "));
     }
 }
+
+/// A `cargo` for a task that builds kiln in the sandbox's workspace ([`Sandbox::kiln_workspace`]):
+/// `cargo build` logs its call in `builds.log` and leaves the test's kiln binary where the
+/// release build would; everything else (`cargo metadata`) goes to the real cargo. The
+/// environment a run needs with it: `CARGO` and the sandbox's target directory.
+fn fake_cargo(sb: &Sandbox) -> Vec<(String, String)> {
+    use std::os::unix::fs::PermissionsExt as _;
+    sb.kiln_workspace();
+    let real = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let d = sb.dir.path().display();
+    let kiln = util::kiln_bin().display();
+    let cargo = sb.path("cargo.sh");
+    fs::write(
+        &cargo,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" != build ]; then exec '{real}' \"$@\"; fi\necho \"$*\" >> '{d}/builds.log'\nmkdir -p '{d}/target/release'\ncp '{kiln}' '{d}/target/release/kiln'\n"
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&cargo, fs::Permissions::from_mode(0o755)).unwrap();
+    vec![
+        ("CARGO".to_string(), cargo.display().to_string()),
+        ("CARGO_TARGET_DIR".to_string(), sb.path("target").display().to_string()),
+    ]
+}
+
+/// Runs a task that builds kiln (through [`fake_cargo`]'s environment) to its end.
+fn run_building(sb: &Sandbox, task: &str, args: &[&str], env: &[(String, String)]) -> Run {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let (cmd, child) = sb.spawn_building(task, args, &env);
+    let out = child.wait_with_output().unwrap();
+    Run {
+        cmd,
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+#[test]
+fn until_ci_is_one_run_one_build_one_report_one_summary_and_a_skipped_cell_is_skipped_once() {
+    let sb = Sandbox::new();
+    let env = fake_cargo(&sb);
+    // The CPU ladder 128 512 2048 reaches past tiny's 1024-token context: 2048 is skipped
+    // by rule (derived from the defaults, so the run still exits 0). A target of 0.5%
+    // is not met on a shared machine, so the budget of 6 repetitions ends the run after
+    // three rounds (4, 5, 6).
+    let run = run_building(
+        &sb,
+        "bench-longprompt",
+        &args(&["--models", TINY, "--until-ci", "0.5", "--max-pairs", "6"]),
+        &env,
+    );
+    run.expect_code(0);
+    let builds = fs::read_to_string(sb.path("builds.log")).unwrap_or_default();
+    assert_eq!(builds.lines().count(), 1, "kiln built once per run, not per round: {builds}{run}");
+    let runs: Vec<_> = fs::read_dir(sb.path("runs")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(runs.len(), 1, "one run directory: {runs:?}{run}");
+    assert!(runs[0].join("report.html").is_file(), "the run's report.html{run}");
+    let statuses = sb.statuses(TINY);
+    let skipped: Vec<_> = statuses.iter().filter(|(len, _)| len == "2048").collect();
+    assert_eq!(skipped.len(), 1, "the skipped cell keeps its one row: {statuses:?}{run}");
+    assert_eq!(skipped[0].1, "SKIP:context");
+    for len in ["128", "512"] {
+        let n = statuses.iter().filter(|(l, s)| l == len && s == "ok").count();
+        assert_eq!(n, 6, "{len}: {statuses:?}{run}");
+    }
+    // One summary, at the end; each round adds one progress line with the whole run's ETA.
+    assert_eq!(run.stdout.matches("stopping rule:").count(), 1, "{run}");
+    assert_eq!(run.stdout.matches("| model |").count(), 1, "one summary table{run}");
+    assert_eq!(run.stdout.matches("--until-ci 0.5%: per cell").count(), 1, "{run}");
+    let progress: Vec<&str> =
+        run.stderr.lines().filter(|l| l.starts_with("--until-ci 0.5%: round ")).collect();
+    assert_eq!(progress.len(), 2, "one line per round that another follows: {progress:?}{run}");
+    assert!(progress.iter().all(|l| l.contains("widest interval") && l.contains("ETA")), "{progress:?}");
+    assert_eq!(run.stderr.matches("sweep: ").count(), 1, "{run}");
+    // The budget's end says what would settle it, in repetitions and in time.
+    run.expect_stdout("--max-repetitions 6 reached");
+    let settle = run.stdout.lines().find(|l| l.contains(" more repetitions would ")).unwrap_or("");
+    assert!(settle.contains("under 0.5% (") && settle.contains("about "), "{settle}{run}");
+}
+
+#[test]
+fn a_build_behind_another_cargo_on_the_target_directory_says_so() {
+    let sb = Sandbox::new();
+    let env = fake_cargo(&sb);
+    fs::create_dir_all(sb.path("target/release")).unwrap();
+    // Another cargo's build holds the release directory's lock, as cargo takes it.
+    let held = fs::File::create(sb.path("target/release/.cargo-lock")).unwrap();
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let run = run_building(&sb, "bench-longprompt", &args(&["--models", TINY, "--lengths", "64"]), &env);
+    run.expect_code(0).expect_stderr("waiting for another cargo");
+    let line = run.stderr.lines().find(|l| l.contains("waiting for another cargo")).unwrap();
+    assert!(line.contains(&sb.path("target").display().to_string()), "names the target directory: {line}");
+    drop(held);
+    // Without another cargo, no such line.
+    let run = run_building(&sb, "bench-longprompt", &args(&["--models", TINY, "--lengths", "64"]), &env);
+    run.expect_code(0);
+    assert!(!run.stderr.contains("waiting for another cargo"), "{run}");
+}
+
+#[test]
+fn help_describes_what_each_task_accepts() {
+    let help = |task: &str| {
+        let out =
+            std::process::Command::new(env!("CARGO_BIN_EXE_xtask")).args([task, "--help"]).output().unwrap();
+        assert!(out.status.success(), "{task} --help: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // bench-longprompt refuses --margin and has no pairs: its help says neither.
+    let lp = help("bench-longprompt");
+    assert!(!lp.contains("--margin"), "{lp}");
+    assert!(!lp.contains("ABBA") && !lp.contains("pairs"), "{lp}");
+    assert!(
+        lp.contains("--until-ci")
+            && lp.contains("--max-repetitions")
+            && lp.contains("repetitions of every cell"),
+        "{lp}"
+    );
+    // The pairs tasks keep their words.
+    let k = help("bench-kernels");
+    assert!(k.contains("--max-pairs") && k.contains("--margin"), "{k}");
+    // --rounds names one thing: bench-kernels' A/B rounds; the pin tax's requests per
+    // stream have their own name.
+    let p = help("qmv-pin-tax");
+    assert!(!p.contains("--rounds"), "{p}");
+    assert!(p.contains("--requests-per-stream"), "{p}");
+    // Every --max-time is a budget the default pair cap does not cut.
+    for h in [&lp, &k, &p] {
+        assert!(h.contains("none with --max-time"), "{h}");
+    }
+}

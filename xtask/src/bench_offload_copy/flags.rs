@@ -13,7 +13,7 @@ pub struct BenchOffloadCopy {
     /// MoE models, comma- or space-separated [default on the CPU: synthetic:tiny-moe,
     /// synthetic:tiny-qwen2-moe; on a GPU: synthetic:qwen3-30b-a3b, synthetic:mixtral-8x7b,
     /// synthetic:qwen1.5-moe-a2.7b].
-    #[arg(long, value_name = "LIST", value_parser = plan::models_arg)]
+    #[arg(short = 'm', long, alias = "model", value_name = "LIST", value_parser = plan::models_arg)]
     pub(super) models: Option<plan::Models>,
     /// Expert-cache slot counts, for every model [default per model: its experts per
     /// layer, and 0.4 x layers x experts].

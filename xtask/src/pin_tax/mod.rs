@@ -45,7 +45,13 @@ pub struct QmvPinTax {
     #[arg(long, value_enum)]
     mode: ModeArg,
     /// The model kiln serve loads.
-    #[arg(short = 'm', long, value_name = "MODEL", default_value = "synthetic:qwen2.5-0.5b")]
+    #[arg(
+        short = 'm',
+        long,
+        alias = "models",
+        value_name = "MODEL",
+        default_value = "synthetic:qwen2.5-0.5b"
+    )]
     model: String,
     /// Boot order. Sweep: 1 = wide (KILN_QMV_WIDE=1), 0 = narrow (KILN_QMV_WIDE=0)
     /// [default: "1 0 0 1 0 1 1 0"]. Mixed: A = default environment, B = KILN_QMV_WIDE=1
@@ -80,8 +86,9 @@ pub struct QmvPinTax {
     /// Batched-decode levels B, comma- or space-separated.
     #[arg(long, value_name = "LIST", default_value = "1,2,4,8", value_parser = list_arg)]
     concurrency: crate::serve_bench::Levels,
-    /// Requests per stream in a decode cell.
-    #[arg(long, value_parser = crate::sweep::flags::count_usize(0), value_name = "N", default_value_t = 1)]
+    /// Requests each stream of a decode cell sends per pass, one after another (not the
+    /// ABBA pairs, which --order and --until-ci set; older commands spelled it rounds).
+    #[arg(long = "requests-per-stream", alias = "rounds", value_parser = crate::sweep::flags::count_usize(0), value_name = "N", default_value_t = 1)]
     rounds: usize,
     /// Tokens generated per decode request (mixed: per classic stream) [default: 32; mixed: 64].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(2..))]
@@ -597,10 +604,11 @@ impl QmvPinTax {
                 .max_by(|a, b| a.1.unwrap_or(f64::INFINITY).total_cmp(&b.1.unwrap_or(f64::INFINITY)));
             if let Some((r, w)) = widest {
                 eprintln!(
-                    "--until-ci {target}%: {pairs} pairs; widest interval {} ({} {}); adding 4 boots",
+                    "--until-ci {target}%: {pairs} pairs; widest interval {} ({} {}); adding 4 boots; {}",
                     w.map_or("unbounded".to_string(), |w| format!("±{w:.1}%")),
                     r.cell,
-                    r.metric
+                    r.metric,
+                    self.seq.budget().eta(pairs, started.elapsed(), Some(2.0 * per_boot.as_secs_f64()))
                 );
             }
             // ABBA blocks alternate which arm opens them, so a drift cancels across blocks.

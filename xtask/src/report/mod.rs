@@ -123,10 +123,16 @@ fn fs_exists(path: &Path) -> bool {
 /// Writes `run_dir/report.html` from the run's files; what a task calls when it ends.
 /// A failure is a warning: the measurements are already on disk.
 pub fn write_or_warn(run_dir: &Path) {
-    match Run::load(run_dir).and_then(|r| write_page(&r)) {
+    match write(run_dir) {
         Ok(p) => eprintln!("report: {}", p.display()),
         Err(e) => eprintln!("warning: no report.html in {}: {e:#}", run_dir.display()),
     }
+}
+
+/// Writes (or rewrites in place) `run_dir/report.html` from the run's files, silently: what
+/// a run that grows round by round calls after each round.
+pub fn write(run_dir: &Path) -> Result<PathBuf> {
+    Run::load(run_dir).and_then(|r| write_page(&r))
 }
 
 fn write_page(run: &Run) -> Result<PathBuf> {

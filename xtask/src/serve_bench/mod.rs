@@ -34,7 +34,7 @@ pub struct ServeBench {
     #[arg(long, value_name = "URL", conflicts_with = "model")]
     url: Option<String>,
     /// Boot `kiln serve -m MODEL` and measure it (synthetic:<profile>, a directory, a path).
-    #[arg(short = 'm', long, value_name = "MODEL")]
+    #[arg(short = 'm', long, alias = "models", value_name = "MODEL")]
     model: Option<String>,
     /// Closed loop: the concurrency levels, comma- or space-separated.
     #[arg(long, value_name = "LIST", default_value = "1,2,4,8", value_parser = list_arg)]

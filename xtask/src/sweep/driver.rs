@@ -11,7 +11,7 @@ use super::classify::Status;
 use super::layers::{self, EstimateFacts, OomLayers, Skip};
 use super::plan::{self, CellKey, Engine, Plan};
 use super::record::RecordLine;
-use super::rows::{Knobs, Row, round3};
+use super::rows::{CsvOut, Knobs, Row, round3};
 use super::runner::{CellRunner, Outcome, Ran};
 use super::series;
 use super::session::Output;
@@ -196,6 +196,34 @@ pub(crate) fn feed_back(
     Ok(())
 }
 
+/// The end of a sweep: its one summary on stdout (the table and tally of `plan`'s cells,
+/// then `statistics`), the reasons for a non-zero exit on stderr, and the exit status
+/// (the signal's when `interrupted`).
+pub(super) fn conclude(
+    plan: &Plan,
+    rows: &BTreeMap<CellKey, Row>,
+    interrupted: Option<i32>,
+    statistics: &str,
+    source_csv: &str,
+    elapsed: std::time::Duration,
+) -> Result<u8> {
+    let finished = summary::pair(plan, rows);
+    let mut text = summary::render(plan, &finished, interrupted.map(shutdown::signal_name));
+    if !statistics.is_empty() {
+        text = format!("{text}\n{statistics}");
+    }
+    console::out(&format!("\n{text}"))?;
+    if let Some(sig) = interrupted {
+        return Ok(shutdown::exit_code_for(sig));
+    }
+    let (code, reasons) = summary::exit_status(&finished);
+    for r in &reasons {
+        eprintln!("exit 1: {r}");
+    }
+    eprintln!("results: {source_csv} ({:.0} s)", elapsed.as_secs_f64());
+    Ok(code)
+}
+
 impl Driver<'_> {
     pub(super) fn run(&mut self, runner: &mut dyn CellRunner, output: Output) -> Result<u8> {
         let mut rows: BTreeMap<CellKey, Row> = BTreeMap::new();
@@ -213,8 +241,24 @@ impl Driver<'_> {
                 self.plan.cells.len()
             );
         }
-        let total = self.plan.cells.len();
         let started = Instant::now();
+        let interrupted = self.walk(runner, &mut csv, &mut rows)?;
+        let finished = summary::pair(self.plan, &rows);
+        let statistics =
+            if series::applies(self.plan) { series::render(self.plan, &finished) } else { String::new() };
+        conclude(self.plan, &rows, interrupted, &statistics, &self.source_csv, started.elapsed())
+    }
+
+    /// Runs every cell of the plan that has no row in `rows` yet, in order: each row is
+    /// written to `csv` as it is made and kept in `rows`. Returns the signal that
+    /// interrupted the walk, if one did.
+    pub(super) fn walk(
+        &mut self,
+        runner: &mut dyn CellRunner,
+        csv: &mut CsvOut,
+        rows: &mut BTreeMap<CellKey, Row>,
+    ) -> Result<Option<i32>> {
+        let total = self.plan.cells.len();
         let mut interrupted = None;
         for (i, cell) in self.plan.cells.iter().enumerate() {
             if rows.contains_key(&cell.key()) {
@@ -276,21 +320,7 @@ impl Driver<'_> {
                 self.source_csv
             );
         }
-        let finished = summary::pair(self.plan, &rows);
-        let mut text = summary::render(self.plan, &finished, interrupted.map(shutdown::signal_name));
-        if series::applies(self.plan) {
-            text = format!("{text}\n{}", series::render(self.plan, &finished));
-        }
-        console::out(&format!("\n{text}"))?;
-        if let Some(sig) = interrupted {
-            return Ok(shutdown::exit_code_for(sig));
-        }
-        let (code, reasons) = summary::exit_status(&finished);
-        for r in &reasons {
-            eprintln!("exit 1: {r}");
-        }
-        eprintln!("results: {} ({:.0} s)", self.source_csv, started.elapsed().as_secs_f64());
-        Ok(code)
+        Ok(interrupted)
     }
 
     /// A row of this sweep written before this cell (a resumed file's, or an earlier

@@ -1,7 +1,8 @@
 //! What `bench-decode` and `bench-longprompt` share: their flags (`flags`), the session
 //! (`session`: build, machine, commit, run directory, env.json), and the driver
 //! (`driver`) that walks a plan through the layers and the runner, writing one flushed row
-//! per cell.
+//! per cell; `rounds` repeats a sweep's cells until its intervals are narrow
+//! (`--until-ci`), as one run.
 //!
 //! The plan (`plan`), the layers that decide whether a cell runs (`layers`, `record`)
 //! and the runner that executes one cell (`runner`) stay apart: the driver only moves
@@ -13,6 +14,7 @@ pub mod flags;
 pub mod layers;
 pub mod plan;
 pub mod record;
+pub mod rounds;
 pub mod rows;
 pub mod runner;
 pub mod series;
