@@ -484,14 +484,12 @@ pub fn headline(
     let same = count(&|v| *v == Verdict::Same).len();
     let open = reported.len() - num_worse.len() - den_worse.len() - same;
     let names = |rs: &[&TaxRow]| -> String {
-        if rs.is_empty() {
-            String::new()
-        } else {
-            format!(
-                " ({})",
-                rs.iter().map(|r| format!("{} {}", r.cell, r.metric)).collect::<Vec<_>>().join(", ")
-            )
+        // At most four named: the table names every row.
+        let mut named: Vec<String> = rs.iter().take(4).map(|r| format!("{} {}", r.cell, r.metric)).collect();
+        if rs.len() > 4 {
+            named.push(format!("{} more", rs.len() - 4));
         }
+        if named.is_empty() { String::new() } else { format!(" ({})", named.join(", ")) }
     };
     let n = reported.len();
     let (num, den) = (design.num.as_str(), design.den.as_str());

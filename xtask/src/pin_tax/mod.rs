@@ -665,7 +665,7 @@ fn write_record(
     let what = if flags.aa { "A/A noise floor (identical arms A1 and A2)" } else { "qmv_wide pin tax" };
     let _ = writeln!(s, "# {what}, --mode {}: {device}, {date}\n", flags.mode_name());
     let section = match flags.mode {
-        _ if flags.aa => "Reading an A/A run",
+        _ if flags.aa => "Running until the answer is known",
         ModeArg::Sweep => "Reading the tax",
         ModeArg::Mixed => "The mixed mode: bystanders of a speculative stream",
     };
