@@ -355,19 +355,53 @@ fn jsonl(path: &Path) -> Vec<serde_json::Value> {
     fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
+/// The summary row starting `prefix` gives each arm's counted passes (`None`: none, `-`)
+/// in its two arm columns, as its readings print them (`12.3 (n=1: no interval)`).
+fn assert_arm_ns(run: &Run, prefix: &str, ns: [Option<usize>; 2]) {
+    let row =
+        run.stdout.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no row {prefix}{run}"));
+    let cells: Vec<&str> = row[prefix.len()..].split(" | ").collect();
+    for (cell, n) in cells.iter().zip(ns) {
+        match n {
+            None => assert_eq!(*cell, "-", "{row}"),
+            Some(1) => assert!(cell.contains("(n=1: no interval"), "{row}"),
+            Some(n) => assert!(cell.contains(&format!("(n={n},")), "{row}"),
+        }
+    }
+}
+
 #[test]
 fn a_complete_abba_run_pins_both_arms_checks_them_and_writes_the_record() {
     let sb = Sandbox::new();
     let run = pin_tax(&sb, kiln(), free_port(), "1 0", &[]);
     run.expect_code(0)
-        .expect_stdout("| decode B=2 | output tok/s | 1 | 1 |")
-        .expect_stdout("one pair (n=1): no interval, cannot support a verdict")
+        .expect_stdout("no verdict: one pair gives no interval")
         .expect_stdout("failed passes: 0")
-        .expect_stdout("contaminated cells (reported, excluded from the tax): 0")
+        .expect_stdout("contaminated cells (reported, excluded from every verdict): 0")
         .expect_stderr("qmv_wide=on pinned=yes")
         .expect_stderr("qmv_wide=off pinned=yes")
         .expect_stderr("about");
+    assert_arm_ns(&run, "| decode B=2 | output tok/s | ", [Some(1), Some(1)]);
     let dir = run_dir(&sb.path("runs"));
+    // The summary is the sheet in readings.json: summary.md and report.html print its
+    // texts, the ratio's with the verdict's words.
+    let readings: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(dir.join("readings.json")).unwrap()).unwrap();
+    assert_eq!(readings["task"], "qmv-pin-tax", "{run}");
+    let summary = fs::read_to_string(dir.join("summary.md")).unwrap();
+    let report = fs::read_to_string(dir.join("report.html")).unwrap();
+    let headline = readings["headline"].as_str().unwrap();
+    assert!(headline.starts_with("qmv_wide pin, narrow/wide: "), "{headline}");
+    for t in readings["tables"][0]["rows"].as_array().unwrap().iter().flat_map(|r| r.as_array().unwrap()) {
+        let t = t["text"].as_str().unwrap();
+        assert!(run.stdout.contains(t) && summary.contains(t), "{t} is not in the terminal's summary{run}");
+        assert!(
+            report.contains(
+                &t.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('\'', "&#39;")
+            ),
+            "{t} is not in report.html"
+        );
+    }
     let passes = jsonl(&dir.join("passes.jsonl"));
     assert_eq!(passes.len(), 4, "a warm-up and a measured pass per boot{run}");
     assert!(passes.iter().all(|p| p["ok"] == true), "{run}");
@@ -441,7 +475,7 @@ fn a_boot_that_dies_mid_pass_is_a_failed_pass_and_the_sweep_goes_on() {
     );
     assert!(passes[1]["reason"].as_str().unwrap().starts_with("not run: the server exited"), "{run}");
     assert_eq!((passes[2]["ok"].as_bool(), passes[3]["ok"].as_bool()), (Some(true), Some(true)), "{run}");
-    run.expect_stdout("| decode B=1 | output tok/s | 0 | 1 |");
+    assert_arm_ns(&run, "| decode B=1 | output tok/s | ", [None, Some(1)]);
 }
 
 #[test]
@@ -457,10 +491,16 @@ fn a_cell_past_the_models_context_is_skipped_by_rule_and_the_others_are_measured
     run.expect_code(0)
         .expect_stderr("chunked prefill 1024: SKIP:context: 1024 prompt plus 1 generated tokens exceed the model's context of 1024 tokens")
         .expect_stdout("failed passes: 0")
-        .expect_stdout("skipped cells (never sent): 1\n- chunked prefill 1024: SKIP:context")
-        .expect_stdout("| decode B=2 | output tok/s | 1 | 1 |")
-        .expect_stdout("| uncached prefill 16 | TTFT ms | 1 | 1 |");
+        .expect_stdout("skipped cells (never sent): 1\n- chunked prefill 1024: SKIP:context");
+    assert_arm_ns(&run, "| decode B=2 | output tok/s | ", [Some(1), Some(1)]);
+    assert_arm_ns(&run, "| uncached prefill 16 | TTFT ms | ", [Some(1), Some(1)]);
     assert!(!run.stdout.contains("| chunked prefill 1024 |"), "{run}");
+    // The report lists the skipped cell under "Skipped and failed", never "none" beside it.
+    let report = fs::read_to_string(run_dir(&sb.path("runs")).join("report.html")).unwrap();
+    assert!(
+        !report.contains("none: every cell was measured") && report.contains("<td>chunked prefill 1024</td>"),
+        "{report}"
+    );
     let passes = jsonl(&run_dir(&sb.path("runs")).join("passes.jsonl"));
     assert!(passes.iter().all(|p| p["ok"] == true && p["cells"].as_array().unwrap().len() == 4), "{run}");
 }
@@ -474,10 +514,10 @@ fn a_failed_cell_fails_that_cell_and_the_pass_counts_for_the_others() {
     run.expect_code(1)
         .expect_stdout("failed passes: 0")
         .expect_stdout("failed cells (their passes count for the other cells): 2")
-        .expect_stdout("| decode B=2 | output tok/s | 1 | 1 |")
-        .expect_stdout("| chunked prefill 48 | TTFT ms | 0 | 0 |")
         .expect_stderr("failed cells (the others count): chunked prefill 48: 1 of 1 requests failed")
         .expect_stderr("exit 1: 2 cells failed in a counted pass");
+    assert_arm_ns(&run, "| decode B=2 | output tok/s | ", [Some(1), Some(1)]);
+    assert_arm_ns(&run, "| chunked prefill 48 | TTFT ms | ", [None, None]);
 }
 
 #[test]
@@ -571,7 +611,6 @@ fn a_mixed_run_checks_each_arm_by_its_gate_line_and_writes_every_window() {
     // fast a debug engine speculates on a loaded machine.
     let run = mixed(&sb, kiln(), &["--spec-max-tokens", "600"], &[]);
     run.expect_code(0)
-        .expect_stdout("| window | classic tok/s per stream | 1 | 1 |")
         .expect_stdout("| window | acceptance % |")
         .expect_stdout("failed windows: 0")
         .expect_stdout("invalid windows (completed, not counted): 0")
@@ -579,6 +618,7 @@ fn a_mixed_run_checks_each_arm_by_its_gate_line_and_writes_every_window() {
         .expect_stderr("qmv_wide=on pinned=no")
         .expect_stderr("qmv_wide=on pinned=yes")
         .expect_stderr("gate: outcome=exact qmv_wide=on");
+    assert_arm_ns(&run, "| window | classic tok/s per stream | ", [Some(1), Some(1)]);
     let dir = run_dir(&sb.path("runs"));
     let passes = jsonl(&dir.join("passes.jsonl"));
     assert_eq!(passes.len(), 4, "a warm-up and a measured window per boot{run}");
@@ -659,11 +699,12 @@ fn until_ci_adds_abba_blocks_to_a_known_cost_judges_the_margin_and_cites_the_aa_
     // The A/A run first: both slots run the wide arm, so the injected cost never shows.
     let aa = pin_tax_more(&sb, "1 0 0 1", &["--aa", "--until-ci", "30", "--max-pairs", "4"], &env);
     aa.expect_code(0)
-        .expect_stdout("A/A run (slots A1 and A2 both run wide (KILN_QMV_WIDE=1)): every true ratio is 1")
+        .expect_stdout("A/A noise floor, A2/A1 (both slots run wide): the difference between identical arms: ")
+        .expect_stdout("A/A run: slots A1 and A2 both run wide (KILN_QMV_WIDE=1), so every difference between them is noise")
         .expect_stdout("false-positive rate")
         .expect_stdout("stopping rule: ")
-        .expect_stdout("95% CI from the Gaussian-mixture t confidence sequence")
-        .expect_stdout("| A2/A1 | 95% CI |")
+        .expect_stdout("95% interval from the confidence sequence on the logs")
+        .expect_stdout("| cell | metric | A2 | A1 | A2/A1 |")
         // The progress line names the slot and the environment every boot ran.
         .expect_stderr("A2, A/A: wide (KILN_QMV_WIDE=1): booting");
     let aa_dir = run_dir(&sb.path("runs"));
@@ -690,6 +731,10 @@ fn until_ci_adds_abba_blocks_to_a_known_cost_judges_the_margin_and_cites_the_aa_
     for text in [&summary, &plot, &aa.stdout, &aa.stderr] {
         assert!(!text.contains("narrow"), "an A/A run of the wide kernel mentions narrow{aa}");
     }
+    // Nor a pin or a tax: it is titled and worded as the noise floor it is.
+    for text in [&summary, &plot] {
+        assert!(!text.contains("tax") && !text.contains("pin ") && !text.contains("pin:"), "{text}");
+    }
     let names: Vec<String> = fs::read_dir(&aa_dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -697,10 +742,15 @@ fn until_ci_adds_abba_blocks_to_a_known_cost_judges_the_margin_and_cites_the_aa_
     assert!(!names.iter().any(|n| n.contains("narrow")), "{names:?}{aa}");
 
     let ab = pin_tax_more(&sb, "1 0 0 1", &["--until-ci", "30", "--max-pairs", "6", "--margin", "5"], &env);
-    ab.expect_code(0).expect_stdout("the latest A/A run on this device").expect_stdout("stopping rule: ");
+    ab.expect_code(0)
+        .expect_stdout("the latest A/A run of --mode sweep on this device")
+        .expect_stdout("stopping rule: ");
     // 10 ms against 2 ms per token: far outside the 5% margin, whatever the noise.
     let tpot = tax_line(&ab, "| decode B=1 | TPOT ms |");
-    assert!(tpot.contains("differs by more than 5%"), "{tpot}{ab}");
+    assert!(
+        tpot.contains("regressed by more than 5%") && tpot.contains("the pin costs more than 5%"),
+        "{tpot}{ab}"
+    );
     let dirs: Vec<PathBuf> = {
         let mut d: Vec<PathBuf> = fs::read_dir(sb.path("runs")).unwrap().map(|e| e.unwrap().path()).collect();
         d.sort();
@@ -719,8 +769,9 @@ fn until_ci_adds_abba_blocks_to_a_known_cost_judges_the_margin_and_cites_the_aa_
     }
     // The fit recovers the injected cost: 8 ms more per forward of the narrow arm (within
     // a loose band: the machine is shared).
-    let line = ab.stdout.lines().find(|l| l.starts_with("- per forward: ")).unwrap_or_else(|| panic!("{ab}"));
-    let ms: f64 = line["- per forward: ".len()..].split_whitespace().next().unwrap().parse().unwrap();
+    let line =
+        ab.stdout.lines().find(|l| l.starts_with("| per forward | ")).unwrap_or_else(|| panic!("{ab}"));
+    let ms: f64 = line["| per forward | ".len()..].split_whitespace().next().unwrap().parse().unwrap();
     assert!((4.0..12.0).contains(&ms), "{line}{ab}");
 }
 
@@ -738,7 +789,12 @@ fn a_mixed_run_until_ci_adds_blocks_until_its_pair_budget_and_aa_runs_arm_a_only
     assert_eq!(arms, ["A", "B", "B", "A", "A", "B"], "{run}");
     let aa_sb = Sandbox::new();
     let aa = mixed(&aa_sb, stand_in(), &["--aa"], &[]);
-    aa.expect_code(0).expect_stdout("A/A run (slots A1 and A2 both run A (default environment))");
+    aa.expect_code(0).expect_stdout("A/A run: slots A1 and A2 both run A (default environment)");
+    let records = records(&aa_sb.path("records"));
+    let name = records[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("qmv-pin-tax-aa-mixed-"), "{name}");
+    let text = fs::read_to_string(&records[0]).unwrap();
+    assert!(text.starts_with("# A/A noise floor (identical arms A1 and A2), --mode mixed: "), "{text}");
     let boots = jsonl(&run_dir(&aa_sb.path("runs")).join("boots.jsonl"));
     assert!(boots.iter().all(|b| b["kernel"]["pinned"] == "no"), "every boot ran arm A{aa}");
     let arms: Vec<&str> = boots.iter().map(|b| b["arm"].as_str().unwrap()).collect();

@@ -2,16 +2,17 @@
 //! environment, so every true ratio is 1: the share of cells whose interval excludes 1
 //! is the false-positive rate of this design on this machine, and the intervals' widths
 //! are what the machine can resolve. The run writes `aa.json`; an A/B run cites the
-//! latest one measured on the same device fingerprint.
+//! latest one of its own mode measured on the same device fingerprint.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use super::analysis::TaxRow;
+use crate::verdict::reading::Reading;
+use crate::verdict::sheet::{Cell, Table};
 
 /// One metric's noise floor.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -24,6 +25,19 @@ pub struct Floor {
     pub mean_half_width_pct: Option<f64>,
     /// The pairs behind each interval (the most of any cell).
     pub pairs: usize,
+    /// The cell whose interval is the median's width: what the machine typically resolves.
+    #[serde(default)]
+    pub typical: Option<Reading>,
+    /// The widest interval.
+    #[serde(default)]
+    pub widest: Option<Reading>,
+}
+
+impl Floor {
+    /// The share of intervals that exclude 1, percent.
+    pub fn false_positive_pct(&self) -> Option<f64> {
+        (self.cells > 0).then(|| 100.0 * self.false_positives as f64 / self.cells as f64)
+    }
 }
 
 /// What `aa.json` holds.
@@ -33,49 +47,103 @@ pub struct NoiseFloor {
     pub device: String,
     /// When the run started (its run directory's stamp).
     pub run: String,
+    /// The mode it ran (`sweep`, `mixed`): an A/B run cites only its own mode's.
+    #[serde(default)]
+    pub mode: Option<String>,
     /// Per metric.
     pub metrics: BTreeMap<String, Floor>,
 }
 
-/// The noise floor of an A/A run's rows (contaminated ones left out).
-pub fn floor(device: &str, run: &str, rows: &[TaxRow]) -> NoiseFloor {
-    let mut metrics: BTreeMap<String, Floor> = BTreeMap::new();
-    for r in rows.iter().filter(|r| !r.contaminated) {
-        let Some((ratio, ci)) = r.ratio.and_then(|x| Some((x.ratio, x.ci95?))) else { continue };
-        let f = metrics.entry(r.metric.clone()).or_insert(Floor {
-            cells: 0,
-            false_positives: 0,
-            mean_half_width_pct: None,
-            pairs: 0,
-        });
-        let hw = crate::verdict::sequence::half_width_pct(ratio, ci);
-        f.mean_half_width_pct =
-            Some((f.mean_half_width_pct.unwrap_or(0.0) * f.cells as f64 + hw) / (f.cells + 1) as f64);
-        f.cells += 1;
-        f.false_positives += usize::from(ci.0 > 1.0 || ci.1 < 1.0);
-        f.pairs = f.pairs.max(r.ratio.map_or(0, |x| x.pairs));
+impl NoiseFloor {
+    /// The share of all its intervals that exclude 1, percent.
+    pub fn false_positive_pct(&self) -> Option<f64> {
+        let (fp, cells) = self.metrics.values().fold((0, 0), |a, x| (a.0 + x.false_positives, a.1 + x.cells));
+        (cells > 0).then(|| 100.0 * fp as f64 / cells as f64)
     }
-    NoiseFloor { device: device.to_string(), run: run.to_string(), metrics }
 }
 
-/// The lines of a noise floor, for the summary.
-pub fn describe(f: &NoiseFloor) -> String {
-    let mut s = String::new();
-    for (m, x) in &f.metrics {
-        let rate = 100.0 * x.false_positives as f64 / x.cells.max(1) as f64;
-        let _ = writeln!(
-            s,
-            "- {m}: {} of {} cells' intervals exclude 1 (false-positive rate {rate:.0}%, nominal 5%); mean half-width {} with up to {} pairs",
-            x.false_positives,
-            x.cells,
-            x.mean_half_width_pct.map_or("-".into(), |h| format!("{h:.1}%")),
-            x.pairs
-        );
+/// The noise floor of an A/A run's rows (contaminated ones left out).
+pub fn floor(device: &str, run: &str, mode: &str, rows: &[TaxRow]) -> NoiseFloor {
+    let mut by_metric: BTreeMap<String, Vec<Reading>> = BTreeMap::new();
+    for r in rows.iter().filter(|r| !r.contaminated) {
+        if let Some(x) = r.ratio().filter(|x| x.interval.is_some()) {
+            by_metric.entry(r.metric.clone()).or_default().push(x.clone());
+        }
     }
+    let metrics = by_metric
+        .into_iter()
+        .map(|(m, mut rs)| {
+            let hw = |r: &Reading| r.half_width_pct().unwrap_or(f64::INFINITY);
+            rs.sort_by(|a, b| hw(a).total_cmp(&hw(b)));
+            let f = Floor {
+                cells: rs.len(),
+                false_positives: rs
+                    .iter()
+                    .filter(|r| r.interval.is_some_and(|(lo, hi)| lo > 1.0 || hi < 1.0))
+                    .count(),
+                mean_half_width_pct: Some(rs.iter().map(hw).sum::<f64>() / rs.len() as f64),
+                pairs: rs.iter().map(|r| r.n).max().unwrap_or(0),
+                typical: rs.get(rs.len() / 2).cloned(),
+                widest: rs.last().cloned(),
+            };
+            (m, f)
+        })
+        .collect();
+    NoiseFloor { device: device.to_string(), run: run.to_string(), mode: Some(mode.to_string()), metrics }
+}
+
+fn width(r: &Option<Reading>) -> String {
+    r.as_ref().map_or_else(|| "-".into(), Reading::width)
+}
+
+/// The lines of a noise floor, for a summary that cites it.
+pub fn describe(f: &NoiseFloor) -> Vec<String> {
+    let mut s: Vec<String> = f
+        .metrics
+        .iter()
+        .map(|(m, x)| {
+            format!(
+                "- {m}: {} of {} cells' intervals exclude 1 (false-positive rate {:.0}%, nominal 5%); typical interval {}, widest {}, with up to {} pairs",
+                x.false_positives,
+                x.cells,
+                x.false_positive_pct().unwrap_or(0.0),
+                width(&x.typical),
+                width(&x.widest),
+                x.pairs
+            )
+        })
+        .collect();
     if f.metrics.is_empty() {
-        let _ = writeln!(s, "- no cell has an interval: nothing to say about the noise floor");
+        s.push("- no cell has an interval: nothing to say about the noise floor".into());
     }
     s
+}
+
+/// The noise floor as a table of the A/A run's own sheet.
+pub fn table(f: &NoiseFloor) -> Table {
+    Table {
+        title: "noise floor per metric".into(),
+        legend: "every true ratio of an A/A run is 1, so an interval excluding 1 is a false positive (nominal rate 5%); the typical interval is the cell of median width, what this machine resolves with these pairs".into(),
+        columns: ["metric", "cells with an interval", "intervals excluding 1", "false-positive rate", "typical interval", "widest interval", "pairs"]
+            .iter()
+            .map(|c| c.to_string())
+            .collect(),
+        rows: f
+            .metrics
+            .iter()
+            .map(|(m, x)| {
+                vec![
+                    Cell::text(m.clone()),
+                    Cell::text(x.cells.to_string()),
+                    Cell::text(x.false_positives.to_string()),
+                    Cell::text(x.false_positive_pct().map_or("-".into(), |p| format!("{p:.0}%"))),
+                    Cell::text(width(&x.typical)),
+                    Cell::text(width(&x.widest)),
+                    Cell::text(x.pairs.to_string()),
+                ]
+            })
+            .collect(),
+    }
 }
 
 /// Writes `aa.json` into the run directory.
@@ -87,9 +155,10 @@ pub fn write(run_dir: &Path, f: &NoiseFloor) -> Result<()> {
     std::fs::rename(&tmp, &p).with_context(|| format!("writing {}", p.display()))
 }
 
-/// The latest A/A run under `runs_dir` measured on `device`, other than `except`: run
-/// directories sort by their stamp, so the last match is the latest.
-pub fn latest(runs_dir: &Path, device: &str, except: &Path) -> Option<(PathBuf, NoiseFloor)> {
+/// The latest A/A run of `mode` under `runs_dir` measured on `device`, other than
+/// `except`: run directories sort by their stamp, so the last match is the latest. An
+/// aa.json written before it named its mode is placed by its run's env.json.
+pub fn latest(runs_dir: &Path, device: &str, mode: &str, except: &Path) -> Option<(PathBuf, NoiseFloor)> {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(runs_dir)
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -97,66 +166,96 @@ pub fn latest(runs_dir: &Path, device: &str, except: &Path) -> Option<(PathBuf, 
         .collect();
     dirs.sort();
     dirs.into_iter().rev().find_map(|d| {
-        let text = crate::fsx::read_text_bounded(&d.join("aa.json"), crate::fsx::MAX_RUN_FILE_BYTES).ok()?;
-        let f: NoiseFloor = serde_json::from_str(&text).ok()?;
-        (f.device == device).then_some((d, f))
+        let read =
+            |name: &str| crate::fsx::read_text_bounded(&d.join(name), crate::fsx::MAX_RUN_FILE_BYTES).ok();
+        let f: NoiseFloor = serde_json::from_str(&read("aa.json")?).ok()?;
+        let its_mode = f.mode.clone().or_else(|| {
+            let env: serde_json::Value = serde_json::from_str(&read("env.json")?).ok()?;
+            env["qmv_pin_tax"]["mode"].as_str().map(str::to_string)
+        });
+        (f.device == device && its_mode.as_deref() == Some(mode)).then_some((d, f))
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::abba::Better;
-    use super::super::stats::Ratio;
     use super::*;
+    use crate::verdict::reading::Method;
 
     fn row(cell: &str, metric: &str, ratio: f64, ci: (f64, f64)) -> TaxRow {
+        let r = Reading {
+            estimate: ratio,
+            interval: Some(ci),
+            n: 4,
+            sd_log: 0.05,
+            method: Method::T,
+            disturbed: 0,
+        };
         TaxRow {
             cell: cell.into(),
             metric: metric.into(),
             better: Better::Higher,
             num_n: 4,
             den_n: 4,
-            num_mean: None,
-            den_mean: None,
-            ratio: Some(Ratio { pairs: 4, ratio, ci95: Some(ci) }),
+            num: None,
+            den: None,
+            judged: Some(r.judge(Better::Higher, 5.0)),
             spread_num: None,
             spread_den: None,
             contaminated: false,
+            caveats: Vec::new(),
             verdict: String::new(),
-            equivalence: None,
             pairs: Vec::new(),
         }
     }
 
     #[test]
-    fn the_floor_counts_intervals_that_exclude_one_and_is_found_by_device() {
+    fn the_floor_counts_intervals_that_exclude_one_and_is_found_by_device_and_mode() {
         let rows = [
             row("decode B=1", "output tok/s", 1.0, (0.95, 1.05)),
             row("decode B=2", "output tok/s", 1.08, (1.02, 1.14)),
             row("decode B=1", "TPOT ms", 1.0, (0.98, 1.02)),
         ];
-        let f = floor("cpu-epyc-2cpu", "20261201T100000Z", &rows);
+        let f = floor("cpu-epyc-2cpu", "20261201T100000Z", "sweep", &rows);
         let tok = &f.metrics["output tok/s"];
         assert_eq!((tok.cells, tok.false_positives, tok.pairs), (2, 1, 4));
         // Half-widths 5% and 5.56%: 1.14 / 1.08 - 1.
         assert!((tok.mean_half_width_pct.unwrap() - (5.0 + 100.0 * (1.14 / 1.08 - 1.0)) / 2.0).abs() < 1e-9);
-        assert!(
-            describe(&f)
-                .contains("- output tok/s: 1 of 2 cells' intervals exclude 1 (false-positive rate 50%")
-        );
+        assert!(describe(&f)[1].starts_with(
+            "- output tok/s: 1 of 2 cells' intervals exclude 1 (false-positive rate 50%, nominal 5%); typical interval ±5.6%, widest ±5.6%"
+        ), "{:?}", describe(&f));
+        assert_eq!(f.false_positive_pct(), Some(100.0 / 3.0));
         let tmp = tempfile::tempdir().unwrap();
-        let (a, b, c) = (
+        let (a, b, c, m) = (
             tmp.path().join("20261201T1-x"),
             tmp.path().join("20261201T2-x"),
             tmp.path().join("20261201T3-x"),
+            tmp.path().join("20261201T4-x"),
         );
-        for d in [&a, &b, &c] {
+        for d in [&a, &b, &c, &m] {
             std::fs::create_dir(d).unwrap();
         }
         write(&a, &f).unwrap();
         write(&b, &NoiseFloor { device: "other".into(), ..f.clone() }).unwrap();
-        let (dir, got) = latest(tmp.path(), "cpu-epyc-2cpu", &c).unwrap();
-        assert_eq!((dir, got), (a.clone(), f));
-        assert!(latest(tmp.path(), "cpu-epyc-2cpu", &a).is_none(), "the run itself is not cited");
+        let (dir, got) = latest(tmp.path(), "cpu-epyc-2cpu", "sweep", &c).unwrap();
+        assert_eq!((dir, got), (a.clone(), f.clone()));
+        assert!(latest(tmp.path(), "cpu-epyc-2cpu", "sweep", &a).is_none(), "the run itself is not cited");
+        // A mixed run never cites the sweep's floor, and finds its own, even one written
+        // before aa.json named its mode (its env.json says).
+        assert!(latest(tmp.path(), "cpu-epyc-2cpu", "mixed", &c).is_none());
+        write(&m, &NoiseFloor { mode: None, ..f.clone() }).unwrap();
+        std::fs::write(m.join("env.json"), r#"{"qmv_pin_tax": {"mode": "mixed"}}"#).unwrap();
+        assert_eq!(latest(tmp.path(), "cpu-epyc-2cpu", "mixed", &c).unwrap().0, m);
+        assert_eq!(latest(tmp.path(), "cpu-epyc-2cpu", "sweep", &c).unwrap().0, a);
+    }
+
+    #[test]
+    fn a_floor_prints_wide_intervals_as_a_factor() {
+        let rows = [row("decode B=1", "TPOT ms", 1.3, (0.0054, 312.0))];
+        let f = floor("d", "r", "sweep", &rows);
+        let t = table(&f);
+        assert!(t.rows[0][5].text.starts_with("within a factor of 24"), "{:?}", t.rows[0]);
+        assert!(describe(&f)[0].contains("widest within a factor of 240"), "{:?}", describe(&f));
     }
 }

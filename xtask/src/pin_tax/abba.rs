@@ -24,15 +24,8 @@ use crate::serve_bench::client::Target;
 use crate::serve_bench::until_signal;
 use crate::server::{self, Ready, Server, ServerSpec};
 
-/// Which way a metric improves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Better {
-    /// Throughput.
-    Higher,
-    /// Latency.
-    Lower,
-}
+/// Which way a metric improves: the verdict's own ([`crate::verdict::reading::Better`]).
+pub use crate::verdict::reading::Better;
 
 /// A metric a cell reports.
 #[derive(Clone, Debug)]
@@ -102,15 +95,23 @@ pub trait Mode {
     }
     /// Which arms the result compares, and which way round.
     fn design(&self) -> super::analysis::Design;
-    /// The plot beside the tables; `design` names the arms the ratios compare.
+    /// The plot beside the tables; `design` names the arms the ratios compare, judged
+    /// at `margin_pct`.
     fn panels(
         &self,
         rows: &[super::analysis::TaxRow],
         passes: &[PassRecord],
         design: super::analysis::Design,
+        margin_pct: f64,
     ) -> Vec<crate::plot::Panel>;
-    /// A section fitting the tax across cells, where the mode has one.
-    fn fit(&self, _rows: &[super::analysis::TaxRow]) -> Option<String> {
+    /// A table fitting the arms' difference across cells, where the mode has one;
+    /// `aa_fp_pct` is the false-positive rate of the A/A run the result cites, which the
+    /// fit's caveat names when it is above the nominal 5%.
+    fn fit(
+        &self,
+        _rows: &[super::analysis::TaxRow],
+        _aa_fp_pct: Option<f64>,
+    ) -> Option<crate::verdict::sheet::Table> {
         None
     }
     /// One pass over every cell. `pass` (0 = warm-up) seeds the prompts, so the same pass

@@ -1,15 +1,30 @@
-//! From the passes to the tax: per cell and metric the ratio of the two arms (narrow/wide
-//! in the sweep, B/A in the mixed mode: a [`Design`]) with its 95% interval from the ABBA
-//! pairs, each arm's spread against the trust limit, the samples each arm has, the
-//! contamination rule, a verdict, and the text of the summary and of the dated record.
+//! From the passes to the result: per cell and metric the ratio of the two arms
+//! (narrow/wide in the sweep, B/A in the mixed mode, A2/A1 in an A/A run: a [`Design`])
+//! as one [`Reading`] of its ABBA pairs, judged at the margin ([`Judged`]); each arm's
+//! spread against the trust limit, disturbed pairs, the contamination rule, and the
+//! [`Sheet`] every page prints: headline, tables and notes, each text written once here.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 
 use super::abba::{Better, BootRecord, CellDef, PassRecord};
 use super::arms::{AaEnv, Arm, Order};
-use super::stats::{self, Ratio};
-use crate::verdict::equivalence::Equivalence;
+use super::stats;
+use crate::verdict::reading::{self, Judged, Method, Reading, Verdict};
+use crate::verdict::sheet::{Cell, Sheet, Table};
+
+/// What a run compares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The sweep: the pinned arm (narrow) against wide.
+    Sweep,
+    /// The mixed mode: B against A, whose classic streams are the bystanders.
+    Mixed,
+    /// An A/A run: two slots running one environment, whose true ratio is 1.
+    Aa,
+}
+
+/// The metric of the mixed mode whose streams are the bystanders of the speculative one.
+pub const BYSTANDERS: &str = "classic tok/s per stream";
 
 /// Which arms a mode compares, and which way round.
 #[derive(Clone, Copy, Debug)]
@@ -18,40 +33,23 @@ pub struct Design {
     pub num: Arm,
     /// Its denominator arm.
     pub den: Arm,
-    /// Whether the numerator is the arm that carries the pin (the sweep's narrow arm),
-    /// so the cost is the numerator's; else it is the denominator's (the mixed mode's A).
+    /// Whether the numerator is the arm that carries the pin (the sweep's narrow arm, an
+    /// A/A run's A2), so a cost is the numerator's; else the denominator's (the mixed
+    /// mode's A).
     pub num_pinned: bool,
-    /// How the verdict names the cost: `the pin costs`, `bystander cost`.
-    pub cost_name: &'static str,
-    /// The same, before a signed figure: `pin`, `bystander cost`.
-    pub cost_short: &'static str,
-    /// How the verdict names a negative cost: `the pin gains`.
-    pub gain_name: &'static str,
+    /// What is compared.
+    pub kind: Kind,
     /// The environment both slots run in this design's A/A run ([`Design::aa`]).
     pub aa_env: AaEnv,
 }
 
 impl Design {
     /// The sweep: narrow/wide.
-    pub const SWEEP: Design = Design {
-        num: Arm::Narrow,
-        den: Arm::Wide,
-        num_pinned: true,
-        cost_name: "the pin costs",
-        cost_short: "pin",
-        gain_name: "the pin gains",
-        aa_env: AaEnv::Wide,
-    };
+    pub const SWEEP: Design =
+        Design { num: Arm::Narrow, den: Arm::Wide, num_pinned: true, kind: Kind::Sweep, aa_env: AaEnv::Wide };
     /// The mixed mode: B/A, the cost carried by A's bystanders.
-    pub const MIXED: Design = Design {
-        num: Arm::B,
-        den: Arm::A,
-        num_pinned: false,
-        cost_name: "bystander cost",
-        cost_short: "bystander cost",
-        gain_name: "the pin gains",
-        aa_env: AaEnv::A,
-    };
+    pub const MIXED: Design =
+        Design { num: Arm::B, den: Arm::A, num_pinned: false, kind: Kind::Mixed, aa_env: AaEnv::A };
 
     /// This design's A/A run: both slots run [`Design::aa_env`], named `A1` (the
     /// denominator's slot, which the default orders open with) and `A2`; the ratio is
@@ -61,22 +59,81 @@ impl Design {
             num: Arm::A2(self.aa_env),
             den: Arm::A1(self.aa_env),
             num_pinned: true,
-            cost_name: "A2 is slower than A1 by",
-            cost_short: "A2 against A1",
-            gain_name: "A2 is faster than A1 by",
+            kind: Kind::Aa,
             aa_env: self.aa_env,
         }
     }
 
-    /// `narrow/wide`, `B/A`.
+    /// `narrow/wide`, `B/A`, `A2/A1`.
     pub fn ratio_name(&self) -> String {
         format!("{}/{}", self.num.as_str(), self.den.as_str())
     }
 
-    /// The pinned arm's cost in percent of the other's (positive: the pin costs).
-    pub fn cost_pct(&self, better: Better, ratio: f64) -> f64 {
-        let r = if self.num_pinned { ratio } else { 1.0 / ratio };
-        cost_pct(better, r)
+    /// What the run is, for a title: never a pin or a tax for an A/A run.
+    pub fn title(&self) -> String {
+        match self.kind {
+            Kind::Sweep => "qmv_wide pin, narrow/wide".into(),
+            Kind::Mixed => "qmv_wide pin beside a speculative stream, B/A".into(),
+            Kind::Aa => format!(
+                "A/A noise floor, A2/A1 (both slots run {}): the difference between identical arms",
+                self.aa_env.arm().as_str()
+            ),
+        }
+    }
+
+    /// What a row at `metric` means when `worse` is worse beyond the margin `m`.
+    fn worse_text(&self, metric: &str, worse: Arm, m: f64) -> String {
+        match self.kind {
+            Kind::Aa => format!("a false positive: identical arms differ by more than {m}%"),
+            Kind::Sweep if worse == self.num => format!("the pin costs more than {m}%"),
+            Kind::Sweep => format!("the pin gains more than {m}%"),
+            Kind::Mixed if metric == BYSTANDERS && worse == Arm::A => {
+                format!("bystander cost: A's classic streams are slower by more than {m}%")
+            }
+            Kind::Mixed if metric == BYSTANDERS => {
+                format!("no bystander cost: A's classic streams are faster by more than {m}%")
+            }
+            Kind::Mixed => {
+                format!("the speculative stream itself: {} is worse by more than {m}%", worse.as_str())
+            }
+        }
+    }
+
+    /// What a row at `metric` means when both arms are the same within the margin `m`.
+    fn same_text(&self, metric: &str, m: f64) -> String {
+        match self.kind {
+            Kind::Aa => format!("the identical arms agree within ±{m}%"),
+            Kind::Sweep => format!("no pin cost beyond ±{m}%"),
+            Kind::Mixed if metric == BYSTANDERS => format!("no bystander cost beyond ±{m}%"),
+            Kind::Mixed => format!("the speculative stream itself: A and B the same within ±{m}%"),
+        }
+    }
+
+    /// `ratio` (num/den of a metric that improves `better`) turned so that above 1 is
+    /// always the pinned arm's (or A2's) cost: a time as pinned/other, a rate as
+    /// other/pinned.
+    pub fn cost_ratio(&self, better: Better, ratio: &Reading) -> Reading {
+        let pinned_over_other = self.num_pinned;
+        let higher_is_better = better == Better::Higher;
+        if pinned_over_other != higher_is_better { ratio.clone() } else { invert(ratio) }
+    }
+
+    /// The arms of a cost ratio at `better`: (numerator, denominator).
+    pub fn cost_arms(&self, better: Better) -> (Arm, Arm) {
+        let (pinned, other) = if self.num_pinned { (self.num, self.den) } else { (self.den, self.num) };
+        match better {
+            Better::Lower => (pinned, other),
+            Better::Higher => (other, pinned),
+        }
+    }
+}
+
+/// The reading of `1 / x`.
+fn invert(r: &Reading) -> Reading {
+    Reading {
+        estimate: 1.0 / r.estimate,
+        interval: r.interval.map(|(lo, hi)| (1.0 / hi, 1.0 / lo)),
+        ..r.clone()
     }
 }
 
@@ -89,28 +146,41 @@ pub struct TaxRow {
     pub metric: String,
     /// Which way it improves.
     pub better: Better,
-    /// Measured passes that count, per arm.
+    /// Measured passes that count, numerator arm.
     pub num_n: usize,
-    /// Same, wide.
+    /// Same, denominator arm.
     pub den_n: usize,
-    /// Mean of the narrow passes.
-    pub num_mean: Option<f64>,
-    /// Mean of the wide passes.
-    pub den_mean: Option<f64>,
-    /// num / den over the ABBA pairs.
-    pub ratio: Option<Ratio>,
+    /// The numerator arm's counted passes.
+    pub num: Option<Reading>,
+    /// The denominator arm's.
+    pub den: Option<Reading>,
+    /// num/den over the ABBA pairs, judged at the margin.
+    pub judged: Option<Judged>,
     /// Spread of each arm's passes, percent.
     pub spread_num: Option<f64>,
-    /// Same, wide.
+    /// Same, denominator.
     pub spread_den: Option<f64>,
     /// Outputs differed: reported, never averaged in.
     pub contaminated: bool,
-    /// What the numbers say.
+    /// Why the row's verdict is not one to act on: an arm's spread over the trust
+    /// limit, disturbed pairs, an interval of no width.
+    pub caveats: Vec<String>,
+    /// What the row means, in words (its caveats first).
     pub verdict: String,
-    /// The verdict at `--margin`, when one was given.
-    pub equivalence: Option<Equivalence>,
     /// The ABBA pairs: (numerator boot, denominator boot) means.
     pub pairs: Vec<(f64, f64)>,
+}
+
+impl TaxRow {
+    /// The ratio num/den, when there is one.
+    pub fn ratio(&self) -> Option<&Reading> {
+        self.judged.as_ref().map(|j| &j.reading)
+    }
+
+    /// Whether the row counts towards a result: not contaminated, with a ratio.
+    pub fn reported(&self) -> bool {
+        !self.contaminated && self.judged.is_some()
+    }
 }
 
 /// The contamination rule: kiln's kernels are bit-identical across the switch, so a
@@ -140,14 +210,26 @@ pub fn contaminated(passes: &[PassRecord]) -> BTreeMap<String, Vec<String>> {
 pub struct Judge {
     /// An arm's spread trusted up to this percentage.
     pub trust_pct: f64,
-    /// `--margin`: the equivalence verdict at this percentage.
+    /// `--margin`: the verdict's margin; [`reading::DEFAULT_MARGIN_PCT`] without one.
     pub margin_pct: Option<f64>,
     /// `--until-ci`: intervals from the confidence sequence (valid at any stopping time)
     /// instead of the fixed-n t interval.
     pub sequential: bool,
 }
 
-/// The tax table with fixed-n intervals and no margin.
+impl Judge {
+    /// The margin every ratio is judged at, percent.
+    pub fn margin(&self) -> f64 {
+        self.margin_pct.unwrap_or(reading::DEFAULT_MARGIN_PCT)
+    }
+
+    /// How the intervals were taken.
+    pub fn method(&self) -> Method {
+        if self.sequential { Method::Sequence } else { Method::T }
+    }
+}
+
+/// The rows with fixed-n intervals and the default margin.
 #[cfg(test)]
 pub fn analyse(
     cells: &[CellDef],
@@ -159,7 +241,7 @@ pub fn analyse(
     analyse_with(cells, order, passes, &Judge { trust_pct, margin_pct: None, sequential: false }, design)
 }
 
-/// The tax table.
+/// The rows: one per cell and metric.
 pub fn analyse_with(
     cells: &[CellDef],
     order: &Order,
@@ -167,7 +249,6 @@ pub fn analyse_with(
     judge: &Judge,
     design: Design,
 ) -> Vec<TaxRow> {
-    let trust_pct = judge.trust_pct;
     let dirty = contaminated(passes);
     let mut rows = Vec::new();
     for cell in cells {
@@ -184,143 +265,106 @@ pub fn analyse_with(
                 }
                 c.metrics.get(m.name).copied()
             };
-            let arm_values =
-                |arm: Arm| -> Vec<f64> { passes.iter().filter(|p| p.arm == arm).filter_map(value).collect() };
-            let (nv, wv) = (arm_values(design.num), arm_values(design.den));
-            // Each boot's value per pass number; a pair compares its two boots over the
-            // pass numbers that count in both, so a pass lost in one boot drops its
-            // partner too (the same pass of every boot sends the same requests).
-            let by_pass = |boot: usize| -> BTreeMap<usize, f64> {
+            let arm_values = |arm: Arm| -> (Vec<f64>, usize) {
+                let counted: Vec<(&PassRecord, f64)> =
+                    passes.iter().filter(|p| p.arm == arm).filter_map(|p| Some((p, value(p)?))).collect();
+                let disturbed = counted.iter().filter(|(p, _)| p.disturbed.is_some()).count();
+                (counted.into_iter().map(|(_, v)| v).collect(), disturbed)
+            };
+            let ((nv, nd), (wv, wd)) = (arm_values(design.num), arm_values(design.den));
+            // Each boot's value per pass number, and whether it was disturbed; a pair
+            // compares its two boots over the pass numbers that count in both, so a pass
+            // lost in one boot drops its partner too (the same pass of every boot sends
+            // the same requests).
+            let by_pass = |boot: usize| -> BTreeMap<usize, (f64, bool)> {
                 passes
                     .iter()
                     .filter(|p| p.boot == boot + 1)
-                    .filter_map(|p| Some((p.pass, value(p)?)))
+                    .filter_map(|p| Some((p.pass, (value(p)?, p.disturbed.is_some()))))
                     .collect()
             };
-            let pairs: Vec<(f64, f64)> = order
+            let pairs: Vec<(f64, f64, bool)> = order
                 .pairs_of(design.num, design.den)
                 .into_iter()
                 .filter_map(|(n, w)| {
                     let (n, w) = (by_pass(n), by_pass(w));
                     let both: Vec<usize> = n.keys().filter(|k| w.contains_key(k)).copied().collect();
-                    let mean =
-                        |m: &BTreeMap<usize, f64>| both.iter().map(|k| m[k]).sum::<f64>() / both.len() as f64;
-                    (!both.is_empty()).then(|| (mean(&n), mean(&w)))
+                    let mean = |m: &BTreeMap<usize, (f64, bool)>| {
+                        both.iter().map(|k| m[k].0).sum::<f64>() / both.len() as f64
+                    };
+                    let disturbed = both.iter().any(|k| n[k].1 || w[k].1);
+                    (!both.is_empty()).then(|| (mean(&n), mean(&w), disturbed))
                 })
+                .filter(|(n, w, _)| *n > 0.0 && *w > 0.0)
                 .collect();
-            let pairs: Vec<(f64, f64)> = pairs.into_iter().filter(|(n, w)| *n > 0.0 && *w > 0.0).collect();
-            let ratio = if judge.sequential {
-                crate::verdict::sequence::paired_ratio(&pairs).map(|i| Ratio {
-                    pairs: i.n,
-                    ratio: i.mean,
-                    ci95: i.ci95,
-                })
-            } else {
-                stats::ratio(&pairs)
-            };
-            let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+            let disturbed_pairs = pairs.iter().filter(|p| p.2).count();
+            let pairs: Vec<(f64, f64)> = pairs.into_iter().map(|(n, w, _)| (n, w)).collect();
+            let judged = stats::ratio(&pairs, judge.sequential)
+                .map(|r| r.disturbed(disturbed_pairs).judge(m.better, judge.margin()));
+            let arm = |v: &[f64], d: usize| Reading::of(v, Method::T).map(|r| r.disturbed(d));
             let mut row = TaxRow {
                 cell: cell.name.clone(),
                 metric: m.name.to_string(),
                 better: m.better,
                 num_n: nv.len(),
                 den_n: wv.len(),
-                num_mean: mean(&nv),
-                den_mean: mean(&wv),
-                ratio,
+                num: arm(&nv, nd),
+                den: arm(&wv, wd),
+                judged,
                 spread_num: stats::spread_pct(&nv),
                 spread_den: stats::spread_pct(&wv),
                 contaminated: dirty.contains_key(&cell.name),
+                caveats: Vec::new(),
                 verdict: String::new(),
-                equivalence: None,
                 pairs,
             };
-            row.verdict = verdict(&row, trust_pct, design);
-            if let Some(margin) = judge.margin_pct
-                && !row.contaminated
-            {
-                let eq = equivalence(&row.pairs, margin, judge.sequential);
-                let n = row.pairs.len();
-                let text = eq.as_ref().map_or_else(
-                    || format!("undecided at {margin}% (too few pairs for an interval; {n} so far)"),
-                    |v| crate::verdict::equivalence::describe(v, margin, n),
-                );
-                row.verdict = format!("{text}; {}", row.verdict);
-                row.equivalence = eq;
-            }
+            row.caveats = caveats(&row, judge.trust_pct, design);
+            row.verdict = verdict(&row, judge, design);
             rows.push(row);
         }
     }
     rows
 }
 
-/// The equivalence verdict of paired (num, den) boot means at `margin`: the fixed-n
-/// TOST (the 90% t interval inside the bounds), or with `sequential` the confidence
-/// sequence's 95% interval; `None` while there is no interval.
-fn equivalence(pairs: &[(f64, f64)], margin: f64, sequential: bool) -> Option<Equivalence> {
-    use crate::verdict::{equivalence as eq, sequence};
-    if sequential {
-        let r = sequence::paired_ratio(pairs)?;
-        r.ci95?;
-        Some(eq::judge(&r, margin, sequence::half_factor))
-    } else {
-        let logs: Vec<f64> = pairs.iter().map(|(n, w)| (n / w).ln()).collect();
-        Some(eq::tost(&logs, margin)?.verdict)
+/// Why a row's verdict is not one to act on.
+fn caveats(r: &TaxRow, trust_pct: f64, design: Design) -> Vec<String> {
+    let mut out: Vec<String> = [(design.num.as_str(), r.spread_num), (design.den.as_str(), r.spread_den)]
+        .iter()
+        .filter_map(|(a, s)| {
+            s.filter(|s| *s > trust_pct).map(|s| format!("{a} spread {s:.1}% over the {trust_pct}% limit"))
+        })
+        .collect();
+    if let Some(x) = r.ratio() {
+        if x.disturbed > 0 {
+            out.push(format!("{} of {} pairs disturbed", x.disturbed, x.n));
+        }
+        if x.zero_width() {
+            out.push("zero-width interval: every pair's ratio equal, no measured spread".into());
+        }
     }
+    out
 }
 
-/// The narrow arm's cost in percent of the wide arm's (positive: the pin costs).
-pub fn cost_pct(better: Better, ratio: f64) -> f64 {
-    match better {
-        Better::Higher => 100.0 * (1.0 / ratio - 1.0),
-        Better::Lower => 100.0 * (ratio - 1.0),
-    }
-}
-
-fn verdict(r: &TaxRow, trust_pct: f64, design: Design) -> String {
+/// What a row means, in words: its caveats, then what its verdict says of the arms.
+fn verdict(r: &TaxRow, judge: &Judge, design: Design) -> String {
     if r.contaminated {
         return "contaminated: outputs differ across arms; excluded".into();
     }
-    let Some(ratio) = r.ratio else {
+    let Some(j) = &r.judged else {
         return no_pair(r, design);
     };
-    let untrusted: Vec<String> = [(design.num.as_str(), r.spread_num), (design.den.as_str(), r.spread_den)]
-        .iter()
-        .filter_map(|(a, s)| s.filter(|s| *s > trust_pct).map(|s| format!("{a} spread {s:.1}%")))
-        .collect();
-    let cost = design.cost_pct(r.better, ratio.ratio);
-    let n = ratio.pairs;
-    let Some((lo, hi)) = ratio.ci95 else {
-        if n >= 2 {
-            return format!(
-                "n={n} pairs: the sequential interval is not bounded yet (it needs 4 pairs), cannot support a verdict ({} {cost:+.1}% is an estimate)",
-                design.cost_short
-            );
+    let m = judge.margin();
+    let meaning = match &j.verdict {
+        Verdict::Same => design.same_text(&r.metric, m),
+        Verdict::Regressed => design.worse_text(&r.metric, design.num, m),
+        Verdict::Improved => design.worse_text(&r.metric, design.den, m),
+        Verdict::Undecided { .. } => "no verdict yet".into(),
+        Verdict::NoInterval if j.reading.n >= 2 => {
+            "no verdict yet: the sequential interval is not bounded yet (it needs 4 pairs)".into()
         }
-        return format!(
-            "one pair (n=1): no interval, cannot support a verdict ({} {cost:+.1}% is one estimate)",
-            design.cost_short
-        );
+        Verdict::NoInterval => "no verdict: one pair gives no interval".into(),
     };
-    if !untrusted.is_empty() {
-        return format!(
-            "untrusted: {} over the {trust_pct}% limit ({} {cost:+.1}%, n={n} pairs)",
-            untrusted.join(", "),
-            design.cost_short
-        );
-    }
-    if lo == hi {
-        return format!(
-            "zero-width interval (n={n} pairs, every pair's ratio equal): no measured spread, cannot support a verdict"
-        );
-    }
-    if lo <= 1.0 && 1.0 <= hi {
-        format!("no tax detected ({cost:+.1}%, interval spans 1, n={n} pairs)")
-    } else if cost > 0.0 {
-        format!("{} {cost:.1}% (n={n} pairs)", design.cost_name)
-    } else {
-        format!("{} {:.1}% (n={n} pairs)", design.gain_name, -cost)
-    }
+    if r.caveats.is_empty() { meaning } else { format!("untrusted ({}): {meaning}", r.caveats.join("; ")) }
 }
 
 /// Why a row has no ratio: an arm without a counted measurement, or (each arm has some)
@@ -337,56 +381,162 @@ fn no_pair(r: &TaxRow, design: Design) -> String {
     }
 }
 
-fn f(v: Option<f64>) -> String {
-    v.map_or_else(|| "-".into(), |x| if x.abs() >= 100.0 { format!("{x:.0}") } else { format!("{x:.2}") })
-}
-
 fn pct(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |x| format!("{x:.1}%"))
 }
 
-/// The markdown tax table.
-pub fn table(rows: &[TaxRow], design: Design) -> String {
-    let mut s = String::new();
+/// The table of rows: each arm's reading, the judged ratio, the spreads and what the row
+/// means. `secs_per_pair` turns an undecided verdict's pairs into time.
+pub fn table(
+    rows: &[TaxRow],
+    design: Design,
+    judge: &Judge,
+    unit: &str,
+    secs_per_pair: Option<f64>,
+) -> Table {
     let (n, d) = (design.num.as_str(), design.den.as_str());
-    let _ = writeln!(
-        s,
-        "| cell | metric | {n} n | {d} n | {n} mean | {d} mean | pairs | {n}/{d} | 95% CI | spread {n} | spread {d} | verdict |"
-    );
-    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|");
-    for r in rows {
-        let (pairs, ratio, ci) = match r.ratio {
-            Some(x) => (
-                x.pairs.to_string(),
-                format!("{:.4}", x.ratio),
-                x.ci95.map_or_else(
-                    || format!("- (n={}: no interval)", x.pairs),
-                    |(lo, hi)| {
-                        let flag = if lo == hi { " (zero width)" } else { "" };
-                        format!("{lo:.4} to {hi:.4}{flag}")
-                    },
-                ),
-            ),
-            None => ("0".into(), "-".into(), "-".into()),
+    let units = plural(unit);
+    let m = judge.margin();
+    let reading = |r: &Option<Reading>| r.clone().map_or_else(|| Cell::text("-"), Cell::reading);
+    Table {
+        title: format!("{} per cell and metric", design.ratio_name()),
+        legend: format!(
+            "{n} and {d}: the geometric mean of the arm's counted {units} (95% interval, n {units}); {n}/{d}: the geometric mean of the ABBA pairs' ratios, {}, judged at ±{m}% (same: the whole interval within the margin; regressed or improved: {n} worse or better than {d} beyond it; undecided: neither yet); spread = (max - min) / mean of an arm's counted {units}, trusted up to {}%",
+            judge.method().describe(),
+            judge.trust_pct
+        ),
+        columns: [
+            "cell",
+            "metric",
+            n,
+            d,
+            &design.ratio_name(),
+            &format!("spread {n}"),
+            &format!("spread {d}"),
+            "reading",
+        ]
+        .iter()
+        .map(|c| c.to_string())
+        .collect(),
+        rows: rows
+            .iter()
+            .map(|r| {
+                let ratio = match (&r.judged, r.contaminated) {
+                    (_, true) => Cell::text("excluded"),
+                    (Some(j), false) => Cell::judged(j.clone(), "pairs", secs_per_pair),
+                    (None, false) => Cell::text("-"),
+                };
+                vec![
+                    Cell::text(r.cell.clone()),
+                    Cell::text(r.metric.clone()),
+                    reading(&r.num),
+                    reading(&r.den),
+                    ratio,
+                    Cell::text(pct(r.spread_num)),
+                    Cell::text(pct(r.spread_den)),
+                    Cell::text(r.verdict.clone()),
+                ]
+            })
+            .collect(),
+    }
+}
+
+/// Why a run's rows give no verdict to act on: rows with caveats, and an A/A false-positive
+/// rate above the nominal 5% (`aa_fp_pct`, from the A/A run the result cites).
+pub fn run_caveats(rows: &[&TaxRow], aa_fp_pct: Option<f64>) -> Vec<String> {
+    let mut out = Vec::new();
+    let untrusted = rows.iter().filter(|r| !r.caveats.is_empty()).count();
+    if untrusted > 0 {
+        let all = if untrusted == rows.len() {
+            "every one".to_string()
+        } else {
+            format!("{untrusted} of {}", rows.len())
         };
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            r.cell,
-            r.metric,
-            r.num_n,
-            r.den_n,
-            f(r.num_mean),
-            f(r.den_mean),
-            pairs,
-            ratio,
-            ci,
-            pct(r.spread_num),
-            pct(r.spread_den),
-            r.verdict
+        out.push(format!(
+            "{all} of its rows untrusted (spread over the limit, disturbed pairs or no measured spread)"
+        ));
+    }
+    if let Some(fp) = aa_fp_pct.filter(|fp| *fp > 5.0) {
+        out.push(format!("the A/A run it cites shows a {fp:.0}% false-positive rate (nominal 5%)"));
+    }
+    out
+}
+
+/// The one-line answer: what the rows say of the arms, or why they say nothing to act on.
+/// `aa` is the run's own noise floor (an A/A run) or the one it cites.
+pub fn headline(
+    rows: &[TaxRow],
+    design: Design,
+    judge: &Judge,
+    aa: Option<&super::aa::NoiseFloor>,
+) -> String {
+    let reported: Vec<&TaxRow> = rows.iter().filter(|r| r.reported()).collect();
+    let m = judge.margin();
+    let title = design.title();
+    if reported.is_empty() {
+        return format!("{title}: no row has a ratio, so there is no verdict");
+    }
+    let count = |f: &dyn Fn(&Verdict) -> bool| -> Vec<&TaxRow> {
+        reported.iter().copied().filter(|r| r.judged.as_ref().is_some_and(|j| f(&j.verdict))).collect()
+    };
+    let num_worse = count(&|v| *v == Verdict::Regressed);
+    let den_worse = count(&|v| *v == Verdict::Improved);
+    let same = count(&|v| *v == Verdict::Same).len();
+    let open = reported.len() - num_worse.len() - den_worse.len() - same;
+    let names = |rs: &[&TaxRow]| -> String {
+        // At most four named: the table names every row.
+        let mut named: Vec<String> = rs.iter().take(4).map(|r| format!("{} {}", r.cell, r.metric)).collect();
+        if rs.len() > 4 {
+            named.push(format!("{} more", rs.len() - 4));
+        }
+        if named.is_empty() { String::new() } else { format!(" ({})", named.join(", ")) }
+    };
+    let n = reported.len();
+    let (num, den) = (design.num.as_str(), design.den.as_str());
+    let as_measured = format!(
+        "{num} is worse than {den} by more than {m}% in {} of {n} rows{}, better in {}{}, the same within ±{m}% in {same}, undecided in {open}",
+        num_worse.len(),
+        names(&num_worse),
+        den_worse.len(),
+        names(&den_worse)
+    );
+    if design.kind == Kind::Aa {
+        let (fp, cells) = aa.map_or((0, 0), |f| {
+            f.metrics.values().fold((0, 0), |a, x| (a.0 + x.false_positives, a.1 + x.cells))
+        });
+        let widest =
+            reported.iter().filter_map(|r| r.ratio()).filter(|r| r.interval.is_some()).max_by(|a, b| {
+                a.half_width_pct().unwrap_or(0.0).total_cmp(&b.half_width_pct().unwrap_or(0.0))
+            });
+        return format!(
+            "{title}: {fp} of {cells} intervals exclude 1 (false-positive rate {}, nominal 5%); {as_measured}{}",
+            if cells > 0 { format!("{:.0}%", 100.0 * fp as f64 / cells as f64) } else { "unknown".into() },
+            widest.map_or(String::new(), |w| format!("; the widest interval is {}", w.width()))
         );
     }
-    s
+    let caveats = run_caveats(&reported, aa.and_then(|f| f.false_positive_pct()));
+    if !caveats.is_empty() {
+        return format!("{title}: no verdict to act on: {}; as measured, {as_measured}", caveats.join("; "));
+    }
+    match design.kind {
+        Kind::Mixed => {
+            let by = reported.iter().find(|r| r.metric == BYSTANDERS);
+            format!(
+                "{title}: {}; in all, {as_measured}",
+                by.map_or("the classic streams have no ratio".to_string(), |r| format!(
+                    "{} {}",
+                    r.metric, r.verdict
+                ))
+            )
+        }
+        _ => format!(
+            "{title}: the pin costs more than {m}% in {} of {n} rows{}, gains more than {m}% in {}{}, no cost beyond ±{m}% in {same}, undecided in {open}",
+            num_worse.len(),
+            names(&num_worse),
+            den_worse.len(),
+            names(&den_worse)
+        ),
+    }
 }
 
 /// Everything the summary says beyond the table: failed, disturbed and contaminated.
@@ -435,54 +585,66 @@ pub fn findings(passes: &[PassRecord], unit: &str) -> Findings {
     }
 }
 
-/// The summary printed at the end (also the body of the record).
-pub fn summary(
-    rows: &[TaxRow],
-    fnd: &Findings,
-    boots: &[BootRecord],
-    trust_pct: f64,
-    design: Design,
-    unit: &str,
-) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "{} per cell and metric: the geometric mean of the ABBA pairs' ratios, 95% CI by a paired t interval on their logs; spread = (max - min) / mean of an arm's measured {}, trusted up to {trust_pct}%\n",
-        design.ratio_name(),
-        plural(unit)
-    );
-    s.push_str(&table(rows, design));
-    let _ = writeln!(s);
+/// The summary's notes after its tables: failed boots and passes, failed cells, invalid
+/// and disturbed passes, contaminated cells and the boots' timings, one line each.
+pub fn notes(fnd: &Findings, boots: &[BootRecord], unit: &str) -> Vec<String> {
+    let mut s = Vec::new();
     let failed_boots: Vec<String> = boots
         .iter()
         .filter_map(|b| b.failure.as_ref().map(|f| format!("boot {} ({}): {f}", b.boot, b.arm.as_str())))
         .collect();
-    let list = |s: &mut String, title: &str, items: &[String]| {
-        let _ = writeln!(s, "{title}: {}", items.len());
-        for i in items {
-            let _ = writeln!(s, "- {i}");
-        }
+    let mut list = |title: &str, items: &[String]| {
+        s.push(format!("{title}: {}", items.len()));
+        s.extend(items.iter().map(|i| format!("- {i}")));
     };
-    list(&mut s, "failed boots", &failed_boots);
+    list("failed boots", &failed_boots);
     let units = plural(unit);
-    list(&mut s, &format!("failed {units}"), &fnd.failed);
+    list(&format!("failed {units}"), &fnd.failed);
     if !fnd.failed_cells.is_empty() {
-        list(&mut s, &format!("failed cells (their {units} count for the other cells)"), &fnd.failed_cells);
+        list(&format!("failed cells (their {units} count for the other cells)"), &fnd.failed_cells);
     }
     if unit != "pass" {
-        list(&mut s, &format!("invalid {units} (completed, not counted)"), &fnd.invalid);
+        list(&format!("invalid {units} (completed, not counted)"), &fnd.invalid);
     }
-    list(&mut s, &format!("disturbed {units} (measured while other processes were busy)"), &fnd.disturbed);
+    list(&format!("disturbed {units} (measured while other processes were busy)"), &fnd.disturbed);
     let dirty: Vec<String> = fnd
         .contaminated
         .iter()
         .map(|(c, keys)| format!("{c}: {} request(s) differ, e.g. {}", keys.len(), keys[0]))
         .collect();
-    list(&mut s, "contaminated cells (reported, excluded from the tax)", &dirty);
+    list("contaminated cells (reported, excluded from every verdict)", &dirty);
     if let Some(t) = boot_timings(boots) {
-        let _ = writeln!(s, "{t}");
+        s.push(t);
     }
     s
+}
+
+/// The summary's sheet before the driver's own notes: headline, the rows' table, and the
+/// findings.
+pub struct SheetInput<'a> {
+    /// The rows.
+    pub rows: &'a [TaxRow],
+    /// What they compare.
+    pub design: Design,
+    /// How they were judged.
+    pub judge: &'a Judge,
+    /// `pass` or `window`.
+    pub unit: &'a str,
+    /// Seconds one more pair of boots takes, for the undecided verdicts' budgets.
+    pub secs_per_pair: Option<f64>,
+    /// The run's own noise floor (an A/A run) or the one it cites.
+    pub aa: Option<&'a super::aa::NoiseFloor>,
+}
+
+/// The sheet of a run: headline and the rows' table (the driver adds the fit, the
+/// noise floor and its notes).
+pub fn sheet(i: &SheetInput) -> Sheet {
+    Sheet {
+        task: "qmv-pin-tax".into(),
+        headline: headline(i.rows, i.design, i.judge, i.aa),
+        tables: vec![table(i.rows, i.design, i.judge, i.unit, i.secs_per_pair)],
+        notes: Vec::new(),
+    }
 }
 
 /// `passes`, `windows`.
@@ -559,10 +721,8 @@ mod tests {
         let rows = analyse(&cells(), &order, &same, 4.0, Design::SWEEP);
         assert!(!rows[0].contaminated);
         // One pair gives a point estimate, never a verdict: the row says so.
-        assert_eq!(
-            rows[0].verdict,
-            "one pair (n=1): no interval, cannot support a verdict (pin +11.1% is one estimate)"
-        );
+        assert_eq!(rows[0].verdict, "no verdict: one pair gives no interval");
+        assert_eq!(rows[0].judged.as_ref().unwrap().verdict, Verdict::NoInterval);
         let differ = vec![pass(1, Arm::Wide, 1, 100.0, "aa"), pass(2, Arm::Narrow, 1, 90.0, "bb")];
         assert_eq!(contaminated(&differ)["decode B=2"], vec!["decode B=2/p1/0".to_string()]);
         let rows = analyse(&cells(), &order, &differ, 4.0, Design::SWEEP);
@@ -586,20 +746,25 @@ mod tests {
         let rows = analyse(&cells(), &order, &ps, 4.0, Design::SWEEP);
         let r = &rows[0];
         assert_eq!((r.num_n, r.den_n), (2, 2));
-        let ratio = r.ratio.unwrap();
-        assert_eq!(ratio.pairs, 2);
-        assert!((ratio.ratio - (0.9f64 * (91.0 / 101.0)).sqrt()).abs() < 1e-12);
-        let (lo, hi) = ratio.ci95.unwrap();
-        assert!(lo < ratio.ratio && ratio.ratio < hi && hi < 1.0, "{lo} {hi}");
-        // Throughput 0.9x: the narrow arm needs 11.1% more time per token.
-        assert!(r.verdict.starts_with("the pin costs 11."), "{}", r.verdict);
-        assert_eq!(cost_pct(Better::Lower, 1.25), 25.0);
+        let ratio = r.ratio().unwrap();
+        assert_eq!(ratio.n, 2);
+        assert!((ratio.estimate - (0.9f64 * (91.0 / 101.0)).sqrt()).abs() < 1e-12);
+        let (lo, hi) = ratio.interval.unwrap();
+        assert!(lo < ratio.estimate && ratio.estimate < hi && hi < 1.0, "{lo} {hi}");
+        // Throughput 0.9x, the whole interval below 1 / 1.05: regressed, the pin's cost.
+        assert_eq!(r.judged.as_ref().unwrap().verdict, Verdict::Regressed);
+        assert_eq!(r.verdict, "the pin costs more than 5%");
+        // Its cost ratio: a rate as wide/narrow, above 1.
+        let c = Design::SWEEP.cost_ratio(Better::Higher, ratio);
+        assert!((c.estimate * ratio.estimate - 1.0).abs() < 1e-12 && c.interval.unwrap().0 > 1.0);
+        assert_eq!(Design::SWEEP.cost_arms(Better::Higher), (Arm::Wide, Arm::Narrow));
+        assert_eq!(Design::MIXED.cost_arms(Better::Higher), (Arm::B, Arm::A));
         let fnd = findings(&ps, "pass");
         // A pass lost in one boot drops its partner: only pass 2 counts in both boots.
         let mut p2 = vec![pass(1, Arm::Wide, 1, 100.0, "a"), pass(2, Arm::Narrow, 2, 80.0, "a")];
         p2.push(pass(1, Arm::Wide, 2, 50.0, "a"));
         let r = &analyse(&cells(), &order_arg("1 0").unwrap(), &p2, 4.0, Design::SWEEP)[0];
-        assert!((r.ratio.unwrap().ratio - 80.0 / 50.0).abs() < 1e-12, "{:?}", r.ratio);
+        assert!((r.ratio().unwrap().estimate - 80.0 / 50.0).abs() < 1e-12, "{:?}", r.judged);
         assert_eq!((r.num_n, r.den_n), (1, 2), "each arm still counts all its passes");
         assert_eq!(fnd.failed, vec!["boot 4 (wide) pass 1: ".to_string()]);
     }
@@ -613,7 +778,7 @@ mod tests {
         lost.ok = false;
         let ps = vec![pass(1, Arm::Wide, 1, 100.0, "a"), lost, pass(2, Arm::Narrow, 2, 90.0, "a")];
         let r = &analyse(&cells(), &order, &ps, 4.0, Design::SWEEP)[0];
-        assert_eq!((r.num_n, r.den_n, r.ratio), (1, 1, None));
+        assert_eq!((r.num_n, r.den_n, r.ratio()), (1, 1, None));
         assert!(r.verdict.starts_with("no ABBA pair: narrow has n=1 and wide n=1 counted"), "{}", r.verdict);
         let ps = vec![pass(1, Arm::Wide, 1, 100.0, "a")];
         let r = &analyse(&cells(), &order, &ps, 4.0, Design::SWEEP)[0];
@@ -627,13 +792,15 @@ mod tests {
             pass(4, Arm::Wide, 1, 100.0, "a"),
         ];
         let r = &analyse(&cells(), &order, &ps, 4.0, Design::SWEEP)[0];
-        assert!(r.verdict.starts_with("zero-width interval (n=2 pairs"), "{}", r.verdict);
-        assert!(table(std::slice::from_ref(r), Design::SWEEP).contains("(zero width)"));
+        assert!(r.verdict.starts_with("untrusted (zero-width interval"), "{}", r.verdict);
+        let judge = Judge { trust_pct: 4.0, margin_pct: None, sequential: false };
+        let t = table(std::slice::from_ref(r), Design::SWEEP, &judge, "pass", None);
+        assert!(t.rows[0][4].text.contains(crate::student_t::ZERO_WIDTH), "{:?}", t.rows[0][4]);
     }
 
     #[test]
-    fn a_margin_gives_the_equivalence_verdict_beside_the_old_one() {
-        // Four pairs with ratios 0.99, 1.01, 1.00, 1.00: inside ±5% at 90% (TOST).
+    fn a_margin_judges_every_ratio_and_the_sequence_widens_the_interval() {
+        // Four pairs with ratios 0.99, 1.01, 1.00, 1.00: inside ±5%.
         let order = order_arg("1 0 0 1 0 1 1 0").unwrap();
         let tok = [100.0, 99.0, 101.0, 100.0, 100.0, 100.0, 100.0, 100.0];
         let ps: Vec<PassRecord> =
@@ -641,19 +808,20 @@ mod tests {
         let judge = Judge { trust_pct: 4.0, margin_pct: Some(5.0), sequential: false };
         let r = &analyse_with(&cells(), &order, &ps, &judge, Design::SWEEP)[0];
         assert_eq!(r.pairs.len(), 4);
-        assert_eq!(r.equivalence, Some(Equivalence::Equivalent), "{}", r.verdict);
-        assert!(r.verdict.starts_with("equivalent within 5%; no tax detected"), "{}", r.verdict);
+        assert_eq!(r.judged.as_ref().unwrap().verdict, Verdict::Same, "{}", r.verdict);
+        assert_eq!(r.verdict, "no pin cost beyond ±5%");
         // The same pairs under the sequence: 4 pairs is where it becomes bounded; its
         // interval is wider than the fixed-n one.
         let seq = Judge { sequential: true, ..judge };
         let s = &analyse_with(&cells(), &order, &ps, &seq, Design::SWEEP)[0];
-        let (flo, fhi) = r.ratio.unwrap().ci95.unwrap();
-        let (slo, shi) = s.ratio.unwrap().ci95.unwrap();
+        let (flo, fhi) = r.ratio().unwrap().interval.unwrap();
+        let (slo, shi) = s.ratio().unwrap().interval.unwrap();
         assert!(slo < flo && shi > fhi, "{slo} {shi} vs {flo} {fhi}");
         // Two pairs are not enough for a bounded sequence, and the row says so.
         let two = order_arg("1 0 0 1").unwrap();
         let s = &analyse_with(&cells(), &two, &ps[..4], &seq, Design::SWEEP)[0];
         assert!(s.verdict.contains("the sequential interval is not bounded yet"), "{}", s.verdict);
-        assert!(s.verdict.starts_with("undecided at 5%"), "{}", s.verdict);
+        let t = table(std::slice::from_ref(s), Design::SWEEP, &seq, "pass", None);
+        assert!(t.rows[0][4].text.contains("undecided: n=2, no interval yet"), "{:?}", t.rows[0][4]);
     }
 }

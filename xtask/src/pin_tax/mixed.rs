@@ -26,7 +26,7 @@ pub const MIN_OVERLAP: f64 = 0.95;
 /// The cell every window is.
 pub const CELL: &str = "window";
 
-const CLASSIC: MetricDef = MetricDef { name: "classic tok/s per stream", better: Better::Higher };
+const CLASSIC: MetricDef = MetricDef { name: super::analysis::BYSTANDERS, better: Better::Higher };
 const SPEC: MetricDef = MetricDef { name: "speculative tok/s", better: Better::Higher };
 const ACCEPT: MetricDef = MetricDef { name: "acceptance %", better: Better::Higher };
 
@@ -249,7 +249,13 @@ impl Mode for Mixed {
         Design::MIXED
     }
 
-    fn panels(&self, _rows: &[TaxRow], passes: &[PassRecord], _design: Design) -> Vec<Panel> {
+    fn panels(
+        &self,
+        _rows: &[TaxRow],
+        passes: &[PassRecord],
+        _design: Design,
+        _margin_pct: f64,
+    ) -> Vec<Panel> {
         super::plots::mixed(passes, [CLASSIC.name, SPEC.name])
     }
 

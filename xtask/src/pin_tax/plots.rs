@@ -1,48 +1,65 @@
-//! The pin-tax plots: the sweep's narrow/wide ratios against B with their intervals, and
+//! The pin-tax plots: the sweep's cost ratios against B with their intervals, and
 //! the mixed mode's per-boot rates, one panel per stream kind, boots as unjoined points.
 
 use std::collections::BTreeMap;
 
-use super::abba::PassRecord;
-use super::analysis::TaxRow;
+use super::abba::{Better, PassRecord};
+use super::analysis::{Design, Kind, TaxRow};
 use super::arms::Arm;
 use crate::plot::{Axis, Panel, Point, RefLine, Series};
 
-/// The plot: `ratio` (narrow/wide, or an A/A run's A2/A1) of each decode metric against
-/// B, its 95% interval as error bars, and the reference at 1 (no tax).
-pub fn sweep(rows: &[TaxRow], ratio: &str) -> Vec<Panel> {
+/// The plot: each decode metric's cost ratio against B, so that above 1 is always a
+/// cost of the pinned arm (of A2, in an A/A run): a time as narrow/wide, a rate as
+/// wide/narrow. The y axis is logarithmic, so 1.25 and 0.8 sit equally far from 1 and a
+/// wide interval does not flatten the rest; the error bars are the 95% intervals, the
+/// lines at 1 and at the ±`margin_pct` band the verdict's margin.
+pub fn sweep(rows: &[TaxRow], design: Design, margin_pct: f64) -> Vec<Panel> {
     let decode: Vec<(&TaxRow, f64)> = rows
         .iter()
         .filter(|r| !r.contaminated)
         .filter_map(|r| Some((r, r.cell.strip_prefix("decode B=")?.parse::<f64>().ok()?)))
         .collect();
-    let mut metrics: Vec<&str> = decode.iter().map(|(r, _)| r.metric.as_str()).collect();
-    metrics.sort();
-    metrics.dedup();
+    let mut metrics: Vec<(&str, Better)> =
+        decode.iter().map(|(r, _)| (r.metric.as_str(), r.better)).collect();
+    metrics.sort_by_key(|m| m.0);
+    metrics.dedup_by_key(|m| m.0);
     let series = metrics
         .iter()
-        .map(|m| Series {
-            join: true,
-            ..Series::points(
-                format!("{m}: {ratio}"),
-                decode
-                    .iter()
-                    .filter(|(r, _)| r.metric == *m)
-                    .filter_map(|(r, b)| {
-                        let ratio = r.ratio.as_ref()?;
-                        Some(Point { x: *b, y: ratio.ratio, interval: ratio.ci95 })
-                    })
-                    .collect(),
-            )
+        .map(|&(m, better)| {
+            let (a, b) = design.cost_arms(better);
+            Series {
+                join: true,
+                ..Series::points(
+                    format!("{m}: {}/{}", a.as_str(), b.as_str()),
+                    decode
+                        .iter()
+                        .filter(|(r, _)| r.metric == m)
+                        .filter_map(|(r, x)| {
+                            let c = design.cost_ratio(r.better, r.ratio()?);
+                            Some(Point { x: *x, y: c.estimate, interval: c.interval })
+                        })
+                        .collect(),
+                )
+            }
         })
         .collect();
+    let top = 1.0 + margin_pct / 100.0;
+    let worse = design.num.as_str();
+    let title = match design.kind {
+        Kind::Aa => format!("A/A noise floor: {} in batched decode (identical arms)", design.ratio_name()),
+        _ => format!("qmv_wide pin: the pinned arm's cost in batched decode ({})", design.ratio_name()),
+    };
     vec![Panel {
         series,
-        refs: vec![RefLine { y: 1.0, name: "no tax (1)".into() }],
+        refs: vec![
+            RefLine { y: top, name: format!("+{margin_pct}% margin") },
+            RefLine { y: 1.0, name: "no difference (1)".into() },
+            RefLine { y: 1.0 / top, name: format!("-{margin_pct}% margin") },
+        ],
         ..Panel::new(
-            format!("qmv_wide pin: {ratio} in batched decode"),
+            title,
             Axis::log("concurrent streams B"),
-            Axis::linear(format!("{} (ratio)", ratio.replace('/', " / "))),
+            Axis::log(format!("cost ratio (above 1: {worse} worse)")),
         )
     }]
 }
@@ -93,9 +110,9 @@ pub fn mixed(passes: &[PassRecord], metrics: [&str; 2]) -> Vec<Panel> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::abba::{Better, CellMeasure};
-    use super::super::stats::Ratio;
+    use super::super::abba::CellMeasure;
     use super::*;
+    use crate::verdict::reading::{Method, Reading};
 
     #[test]
     fn the_recorded_sweep_plots_ratios_with_error_bars_at_the_levels() {
@@ -112,31 +129,66 @@ mod tests {
         ];
         let rows: Vec<TaxRow> = recorded
             .iter()
-            .map(|&(b, metric, ratio, lo, hi)| TaxRow {
-                cell: format!("decode B={b}"),
-                metric: metric.into(),
-                better: Better::Higher,
-                num_n: 8,
-                den_n: 8,
-                num_mean: None,
-                den_mean: None,
-                ratio: Some(Ratio { pairs: 4, ratio, ci95: Some((lo, hi)) }),
-                spread_num: None,
-                spread_den: None,
-                contaminated: false,
-                verdict: String::new(),
-                equivalence: None,
-                pairs: Vec::new(),
+            .map(|&(b, metric, ratio, lo, hi)| {
+                let better = if metric == "TPOT ms" { Better::Lower } else { Better::Higher };
+                let r = Reading {
+                    estimate: ratio,
+                    interval: Some((lo, hi)),
+                    n: 4,
+                    sd_log: 0.05,
+                    method: Method::T,
+                    disturbed: 0,
+                };
+                TaxRow {
+                    cell: format!("decode B={b}"),
+                    metric: metric.into(),
+                    better,
+                    num_n: 8,
+                    den_n: 8,
+                    num: None,
+                    den: None,
+                    judged: Some(r.judge(better, 5.0)),
+                    spread_num: None,
+                    spread_den: None,
+                    contaminated: false,
+                    caveats: Vec::new(),
+                    verdict: String::new(),
+                    pairs: Vec::new(),
+                }
             })
             .collect();
-        let l = crate::plot::raster::check("pin-tax-sweep", &sweep(&rows, "narrow/wide"));
+        let panels = sweep(&rows, Design::SWEEP, 5.0);
+        let l = crate::plot::raster::check("pin-tax-sweep", &panels);
         let p = &l.panels[0];
         // Not "1 1 1 2 3 4 6 8 11": the levels that ran.
         assert_eq!(p.x_ticks.iter().map(|t| t.label.as_str()).collect::<Vec<_>>(), ["1", "2", "4", "8"]);
-        // Two series and the reference: the interval bounds are error bars, not series.
-        assert_eq!(p.legend_entries, ["TPOT ms: narrow/wide", "output tok/s: narrow/wide", "no tax (1)"]);
+        // Two series, the margin band and 1: the interval bounds are error bars, not series.
+        assert_eq!(
+            p.legend_entries,
+            [
+                "TPOT ms: narrow/wide",
+                "output tok/s: wide/narrow",
+                "+5% margin",
+                "no difference (1)",
+                "-5% margin"
+            ]
+        );
         assert!(p.series.iter().all(|s| s.intervals.len() == 4));
         assert!(!p.legend.unwrap().overlaps(&p.plot));
+        // Every ratio is a cost: tok/s 0.7210 at B=8 is plotted as wide/narrow 1.387,
+        // TPOT 1.4792 as it is; a log axis.
+        let q = &panels[0];
+        assert_eq!(q.y.scale, crate::plot::Scale::Log);
+        assert_eq!(q.y.label, "cost ratio (above 1: narrow worse)");
+        let tok = q.series.iter().find(|s| s.name.starts_with("output")).unwrap();
+        assert!((tok.points[3].y - 1.0 / 0.7210).abs() < 1e-9, "{:?}", tok.points[3]);
+        assert!((tok.points[3].interval.unwrap().1 - 1.0 / 0.6468).abs() < 1e-9);
+        let tpot = q.series.iter().find(|s| s.name.starts_with("TPOT")).unwrap();
+        assert!((tpot.points[3].y - 1.4792).abs() < 1e-9);
+        // An A/A run's plot says so, never a pin.
+        let aa = &sweep(&rows, Design::SWEEP.aa(), 5.0)[0];
+        assert!(aa.title.starts_with("A/A noise floor") && !aa.title.contains("pin"), "{}", aa.title);
+        assert!(aa.series.iter().all(|s| s.name.contains("A2/A1") || s.name.contains("A1/A2")));
     }
 
     #[test]

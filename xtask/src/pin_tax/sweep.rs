@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::abba::{Better, CellDef, CellMeasure, MetricDef, Mode, PassRecord};
@@ -14,6 +13,7 @@ use crate::serve_bench::client::{Endpoint, Prompt, RequestSpec, Target};
 use crate::serve_bench::load::{self, Arrival};
 use crate::serve_bench::output::LevelSummary;
 use crate::verdict::fit::{self, Obs, Per};
+use crate::verdict::sheet::{Cell, Table};
 
 /// The sweep's sizes.
 #[derive(Clone, Debug)]
@@ -93,17 +93,27 @@ pub fn fit_obs(rows: &[TaxRow], suffix: u64) -> Vec<Obs> {
     obs
 }
 
-/// The per-forward fit's section of the summary.
-pub fn fit_section(obs: &[Obs]) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "per-forward fit: narrow - wide ms of each cell with one forward in the window (TPOT of decode B >= 2, TTFT of the prompt-cache hit; mean of its pairs, weighted by 1 / se^2), as one constant per forward or per token (row), the better fit first:\n"
-    );
+/// The per-forward fit's table: one row per model (a constant per forward or per token),
+/// the better fit first. `caveat` is said in every row when the rows the fit rests on
+/// give no verdict to act on, so a figure is never read as a tax without it.
+pub fn fit_table(obs: &[Obs], caveat: Option<&str>) -> Table {
+    let mut t = Table {
+        title: "per-forward fit".into(),
+        legend: "narrow - wide ms of each cell with one forward in the window (TPOT of decode B >= 2, TTFT of the prompt-cache hit; mean of its pairs, weighted by 1 / se^2), as one constant per forward or per token (row), the better fit first; 95% intervals".into(),
+        columns: ["model", "narrow - wide", "one constant?", "residuals", "caveat"].iter().map(|c| c.to_string()).collect(),
+        rows: Vec::new(),
+    };
+    let caveat = caveat.map_or_else(|| "none".to_string(), |c| format!("not a tax: {c}"));
     let fits = fit::both(obs);
     if fits.is_empty() {
-        let _ = writeln!(s, "- no cell has two pairs with a spread: nothing to fit");
-        return s;
+        t.rows.push(vec![
+            Cell::text("-"),
+            Cell::text("no cell has two pairs with a spread: nothing to fit"),
+            Cell::text("-"),
+            Cell::text("-"),
+            Cell::text(caveat),
+        ]);
+        return t;
     }
     for f in &fits {
         let per = match f.per {
@@ -126,17 +136,32 @@ pub fn fit_section(obs: &[Obs]) -> String {
             _ => "one cell: no test of whether one constant explains the cells".to_string(),
         };
         let residuals: Vec<String> = f.residuals.iter().map(|(c, r)| format!("{c} {r:+.3} ms")).collect();
-        let _ = writeln!(
-            s,
-            "- {per}: {:+.3} ms [{:+.3}, {:+.3}] (95%, n={} cells); {test}; residuals: {}",
-            f.beta,
-            f.ci95.0,
-            f.ci95.1,
-            f.residuals.len(),
-            residuals.join(", ")
-        );
+        t.rows.push(vec![
+            Cell::text(per),
+            Cell::text(format!(
+                "{:+.3} ms [{:+.3}, {:+.3}] (95%, n={} cells)",
+                f.beta,
+                f.ci95.0,
+                f.ci95.1,
+                f.residuals.len()
+            )),
+            Cell::text(test),
+            Cell::text(residuals.join(", ")),
+            Cell::text(caveat.clone()),
+        ]);
     }
-    s
+    t
+}
+
+/// The rows a fit of `obs` rests on.
+pub fn fit_rows<'a>(rows: &'a [TaxRow], obs: &[Obs]) -> Vec<&'a TaxRow> {
+    rows.iter().filter(|r| r.reported() && fit_metric(r) && obs.iter().any(|o| o.cell == r.cell)).collect()
+}
+
+/// Whether a row's metric is the one its cell's fit takes (TPOT of decode, TTFT of the
+/// cache hit).
+fn fit_metric(r: &TaxRow) -> bool {
+    if r.cell.starts_with("decode B=") { r.metric == TPOT.name } else { r.metric == TTFT.name }
 }
 
 fn seed(cell: usize, pass: usize, i: usize) -> u64 {
@@ -197,12 +222,20 @@ impl Mode for Sweep {
         Design::SWEEP
     }
 
-    fn panels(&self, rows: &[TaxRow], _passes: &[PassRecord], design: Design) -> Vec<crate::plot::Panel> {
-        super::plots::sweep(rows, &design.ratio_name())
+    fn panels(
+        &self,
+        rows: &[TaxRow],
+        _passes: &[PassRecord],
+        design: Design,
+        margin_pct: f64,
+    ) -> Vec<crate::plot::Panel> {
+        super::plots::sweep(rows, design, margin_pct)
     }
 
-    fn fit(&self, rows: &[TaxRow]) -> Option<String> {
-        Some(fit_section(&fit_obs(rows, self.suffix)))
+    fn fit(&self, rows: &[TaxRow], aa_fp_pct: Option<f64>) -> Option<Table> {
+        let obs = fit_obs(rows, self.suffix);
+        let caveats = super::analysis::run_caveats(&fit_rows(rows, &obs), aa_fp_pct);
+        Some(fit_table(&obs, (!caveats.is_empty()).then(|| caveats.join("; ")).as_deref()))
     }
 
     fn server_args(&self) -> Vec<OsString> {
@@ -301,6 +334,7 @@ impl Sweep {
 mod fit_tests {
     use super::super::abba::Better;
     use super::*;
+    use crate::verdict::sheet::Sheet;
 
     fn row(cell: &str, metric: &str, pairs: Vec<(f64, f64)>) -> TaxRow {
         TaxRow {
@@ -309,14 +343,14 @@ mod fit_tests {
             better: Better::Lower,
             num_n: pairs.len(),
             den_n: pairs.len(),
-            num_mean: None,
-            den_mean: None,
-            ratio: None,
+            num: None,
+            den: None,
+            judged: None,
             spread_num: None,
             spread_den: None,
             contaminated: false,
+            caveats: Vec::new(),
             verdict: String::new(),
-            equivalence: None,
             pairs,
         }
     }
@@ -337,12 +371,12 @@ mod fit_tests {
         let cells: Vec<(&str, f64)> = obs.iter().map(|o| (o.cell.as_str(), o.m)).collect();
         assert_eq!(cells, [("decode B=2", 2.0), ("decode B=4", 4.0), ("prompt-cache hit (suffix 4)", 4.0)]);
         assert!(obs.iter().all(|o| (o.y - 2.0).abs() < 1e-9 && (o.se - 0.1).abs() < 1e-9), "{obs:?}");
-        let text = fit_section(&obs);
+        let text = Sheet { tables: vec![fit_table(&obs, None)], ..Sheet::default() }.markdown();
         // Equal taxes at M = 2 and 4: a constant per forward explains them exactly.
-        let first = text.lines().find(|l| l.starts_with("- ")).unwrap();
-        assert!(first.starts_with("- per forward: +2.000 ms [+1.887, +2.113] (95%, n=3 cells)"), "{text}");
-        assert!(first.contains("one constant explains the 3 cells"), "{text}");
-        assert!(text.contains("- per token:") && text.contains("does not explain"), "{text}");
-        assert!(fit_section(&[]).contains("nothing to fit"));
+        let first = text.lines().find(|l| l.starts_with("| per ")).unwrap();
+        assert!(first.starts_with("| per forward | +2.000 ms [+1.887, +2.113] (95%, n=3 cells)"), "{text}");
+        assert!(first.contains("one constant explains the 3 cells") && first.ends_with("| none |"), "{text}");
+        assert!(text.contains("| per token |") && text.contains("does not explain"), "{text}");
+        assert!(fit_table(&[], None).rows[0][1].text.contains("nothing to fit"));
     }
 }

@@ -46,7 +46,8 @@ fn clean(v: f64) -> f64 {
 }
 
 /// Ticks on a log axis with no values to label: the powers of ten in `[lo, hi]`, and
-/// 2 and 5 times them when fewer than three powers fall inside.
+/// 2 and 5 times them when fewer than three powers fall inside, and nice linear steps
+/// when even those give fewer than two.
 pub fn decades(lo: f64, hi: f64) -> Vec<f64> {
     let (a, b) = (lo.log10().floor() as i32, hi.log10().ceil() as i32);
     let inside = |v: &f64| *v >= lo * (1.0 - 1e-9) && *v <= hi * (1.0 + 1e-9);
@@ -54,7 +55,13 @@ pub fn decades(lo: f64, hi: f64) -> Vec<f64> {
     if pow.len() >= 3 {
         return pow;
     }
-    (a..=b).flat_map(|e| [1.0, 2.0, 5.0].map(|m| m * 10f64.powi(e))).filter(inside).collect()
+    let t: Vec<f64> =
+        (a..=b).flat_map(|e| [1.0, 2.0, 5.0].map(|m| m * 10f64.powi(e))).filter(inside).collect();
+    if t.len() >= 2 {
+        return t;
+    }
+    // A range within a factor of 2.5 (ratios around 1): nice linear steps inside it.
+    multiples(lo, hi, nice_step(hi - lo, 5)).into_iter().filter(|v| *v > 0.0).collect()
 }
 
 /// Labels for increasing tick values: the fewest decimals that tell every tick apart and

@@ -407,30 +407,65 @@ impl Run {
                     })
                     .collect(),
             ),
-            Kind::PinTax { passes, .. } => (
-                vec!["boot", "arm", "pass", "why it does not count"],
-                passes
-                    .iter()
-                    .filter(|p| p.get("pass").and_then(Value::as_u64).unwrap_or(0) > 0)
-                    .filter(|p| {
-                        p.get("ok").and_then(Value::as_bool) != Some(true)
-                            || p.get("invalid").is_some_and(|v| !v.is_null())
+            Kind::PinTax { passes, .. } => {
+                // One list from the run's own records: cells never sent (env.json's
+                // skipped), passes that do not count, and cells that failed in a pass
+                // that counts; the page's "none" is said only when all three are empty.
+                let s = |v: &Value, k: &str| {
+                    v.get(k)
+                        .map_or(String::new(), |v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
+                };
+                let skipped = self
+                    .env
+                    .as_ref()
+                    .and_then(|e| e.get("qmv_pin_tax"))
+                    .and_then(|t| t.get("skipped"))
+                    .and_then(Value::as_object);
+                let mut out: Vec<Vec<String>> = skipped
+                    .into_iter()
+                    .flatten()
+                    .map(|(cell, why)| {
+                        let why = why.as_str().map_or_else(|| why.to_string(), str::to_string);
+                        vec![
+                            cell.clone(),
+                            "every boot".into(),
+                            "-".into(),
+                            "-".into(),
+                            format!("SKIP:context: {why}"),
+                        ]
                     })
-                    .map(|p| {
-                        let s = |k: &str| {
-                            p.get(k).map_or(String::new(), |v| {
-                                v.as_str().map_or_else(|| v.to_string(), str::to_string)
-                            })
-                        };
+                    .collect();
+                for p in passes.iter().filter(|p| p.get("pass").and_then(Value::as_u64).unwrap_or(0) > 0) {
+                    let counts = p.get("ok").and_then(Value::as_bool) == Some(true)
+                        && p.get("invalid").is_none_or(Value::is_null);
+                    if !counts {
                         let why = p
                             .get("reason")
                             .and_then(Value::as_str)
                             .or_else(|| p.get("invalid").and_then(Value::as_str))
                             .unwrap_or("failed");
-                        vec![s("boot"), s("arm"), s("pass"), why.to_string()]
-                    })
-                    .collect(),
-            ),
+                        out.push(vec![
+                            "every cell".into(),
+                            s(p, "boot"),
+                            s(p, "arm"),
+                            s(p, "pass"),
+                            why.to_string(),
+                        ]);
+                        continue;
+                    }
+                    let cells = p.get("cells").and_then(Value::as_array).into_iter().flatten();
+                    for c in cells.filter(|c| c.get("failed").and_then(Value::as_u64).unwrap_or(0) > 0) {
+                        let why = format!(
+                            "{} of {} requests failed; first: {}",
+                            s(c, "failed"),
+                            s(c, "requests"),
+                            c.get("first_error").and_then(Value::as_str).unwrap_or("")
+                        );
+                        out.push(vec![s(c, "cell"), s(p, "boot"), s(p, "arm"), s(p, "pass"), why]);
+                    }
+                }
+                (vec!["cell", "boot", "arm", "pass", "why it has no measurement"], out)
+            }
             Kind::Quality { .. } => (Vec::new(), Vec::new()),
         }
     }

@@ -1,13 +1,12 @@
 //! Verdicts a noisy machine can still give, shared by every comparison the harness makes:
 //! a confidence sequence that lets a run add pairs until its interval is narrow and stop
-//! when it likes ([`sequence`]), equivalence at a margin by two one-sided tests
-//! ([`equivalence`]), and the least-squares fit of one constant per forward or per token
-//! across cells ([`fit`]), and the one form in which every page prints a number: its
-//! estimate, interval, n and verdict ([`reading`]). The flags of a run that adds
+//! when it likes ([`sequence`]), the least-squares fit of one constant per forward or per
+//! token across cells ([`fit`]), and the one form in which every page prints a number: its
+//! estimate, interval, n and verdict at a margin ([`reading`]), gathered into the summary
+//! every page renders ([`sheet`]). The flags of a run that adds
 //! observations until its intervals are narrow, and its budget in observations and in time
 //! ([`Budget`]), are here too, so every such task states its caps and its ETA alike.
 
-pub mod equivalence;
 pub mod fit;
 pub mod reading;
 pub mod sequence;
@@ -38,10 +37,10 @@ pub struct SequentialFlags {
     /// measurement (such as 90s, 20m, 1h; a bare number is seconds).
     #[arg(long, value_name = "DURATION", requires = "until_ci", value_parser = duration_arg)]
     pub max_time: Option<Duration>,
-    /// Judge every ratio for equivalence within ±PCT percent (two one-sided tests):
-    /// `equivalent within PCT`, `differs by more than PCT`, or `undecided` with the pairs
-    /// that would likely settle it. With --until-ci the run also stops once every ratio
-    /// is decided.
+    /// Judge every ratio at ±PCT percent [default: 5]: `same within ±PCT%` when its whole
+    /// 95% interval lies inside, `regressed` or `improved by more than PCT%` when wholly
+    /// beyond, else `undecided` with how many more pairs (and how long) would likely
+    /// settle it. With --until-ci the run also stops once every ratio is decided.
     #[arg(long, value_name = "PCT", value_parser = pct_arg)]
     pub margin: Option<f64>,
 }

@@ -154,9 +154,7 @@ impl Stopped {
                 )
             }
             Stopped::Decided(m) => {
-                format!(
-                    "stopping rule: decided, every reported ratio is equivalent within or differs by more than {m}%"
-                )
+                format!("stopping rule: decided, every reported ratio is the same within ±{m}% or beyond it")
             }
             Stopped::MaxPairs(n) => format!(
                 "stopping rule: --max-pairs {n} reached before every half-width was under {target_pct}% (the budget ended the run)"
