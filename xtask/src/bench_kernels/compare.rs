@@ -24,7 +24,7 @@ use anyhow::{Context, Result, bail};
 
 use super::files::{BenchmarkFile, EstimatesFile, ThroughputFile, read_json};
 use super::sheet::{Compared, Judging, Side, judged, ratio, section, sheet};
-use super::{BENCH_PACKAGE, BENCH_TARGET, CARGO_GRACE};
+use super::target::{BENCH_PACKAGE, BENCH_TARGET, CARGO_GRACE};
 use crate::child::{self, Shutdown, Waited};
 use crate::verdict::reading::Method;
 use crate::verdict::sequence::Stopped;
@@ -139,7 +139,7 @@ fn list(bin: &Path, filter: Option<&str>, shutdown: &Shutdown) -> Result<Step<Ve
     cmd.args(filter);
     let what = format!("listing the benchmarks of {}", bin.display());
     let out = done!(run_child(&mut cmd, shutdown, what, false)?);
-    Ok(Step::Done(super::parse_list(&String::from_utf8_lossy(&out.stdout))))
+    Ok(Step::Done(super::target::parse_list(&String::from_utf8_lossy(&out.stdout))))
 }
 
 /// Mean time per iteration of one fresh criterion run of benchmark `id`, and the bytes

@@ -33,29 +33,23 @@ mod plot;
 mod render;
 mod sheet;
 mod stats;
+mod target;
 
-use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use xshell::Shell;
 
 use self::files::{Snapshot, collect, run_started};
 use self::render::{RunContext, render};
+use self::target::{BANDWIDTH_GROUP, BENCH_PACKAGE, BENCH_TARGET, CARGO_GRACE, parse_list};
 use crate::child::{self, Shutdown, Waited};
 use crate::machine::{self, Machine};
 use crate::verdict::reading::DEFAULT_MARGIN_PCT;
 use crate::verdict::sheet::Sheet;
 
-/// The bench target the task runs.
-const BENCH_PACKAGE: &str = "kiln-benches";
-const BENCH_TARGET: &str = "kernels";
-/// The read-bandwidth benches, measured in every run (at its start and its end) so each
-/// report carries the machine's limit from the same run.
-const BANDWIDTH_GROUP: &str = "read_bandwidth";
 /// The baseline criterion compares with, and saves, when none is named.
 const DEFAULT_BASELINE: &str = "base";
 /// Where the report is written, under criterion's output directory.
@@ -72,7 +66,7 @@ const DEFAULT_NOISE_THRESHOLD: f64 = 0.01;
      (--max-pairs, --max-time). The intervals are then a confidence sequence's, valid however \
      the run stops"
 )))]
-#[command(mut_arg("max_pairs", |a| a.help("With --until-ci: at most N rounds per benchmark [default: 40]")))]
+#[command(mut_arg("max_pairs", |a| a.help("With --until-ci: at most N rounds per benchmark [default: 40; none with --max-time, which is then the budget]")))]
 #[command(mut_arg("max_time", |a| a.help(
     "With --until-ci: start no new round that would end after this long from the start of the \
      first benchmark's rounds (such as 90s, 20m, 1h; a bare number is seconds)"
@@ -309,9 +303,6 @@ fn pr_comment(criterion_dir: &std::path::Path, run_url: Option<&str>) -> Result<
     Ok(ExitCode::SUCCESS)
 }
 
-/// How long cargo and criterion get to end on SIGTERM before their group is killed.
-const CARGO_GRACE: Duration = Duration::from_secs(5);
-
 /// `cargo bench -p kiln-benches --bench kernels --` in the workspace, with the cargo
 /// that runs xtask (`$CARGO`), else the one on the PATH; the caller adds criterion's
 /// arguments.
@@ -335,13 +326,6 @@ fn criterion_dir() -> Result<PathBuf> {
     }
     let meta = cargo_metadata::MetadataCommand::new().no_deps().exec().context("running cargo metadata")?;
     Ok(meta.target_directory.into_std_path_buf().join("criterion"))
-}
-
-/// Ids from criterion's `--list` output (`<id>: benchmark` lines), in a stable order.
-fn parse_list(out: &str) -> Vec<String> {
-    let ids: BTreeSet<String> =
-        out.lines().filter_map(|l| l.trim().strip_suffix(": benchmark")).map(str::to_string).collect();
-    ids.into_iter().collect()
 }
 
 #[cfg(test)]
@@ -452,7 +436,7 @@ mod tests {
         assert_eq!(snapshot.results.len(), 3);
 
         // The stale files above are older than the run by more than a filesystem tick.
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(std::time::Duration::from_millis(20));
         let start = run_started(dir).unwrap();
         // This run: bandwidth 20 GB/s (1 GiB... here 1e9 bytes in 50 ms), qmv 25% faster,
         // qmv_wide unchanged, one benchmark with no baseline, one that did not run.

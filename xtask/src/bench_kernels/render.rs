@@ -5,9 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use super::BANDWIDTH_GROUP;
 use super::files::{Measured, Row};
 use super::stats::verdict;
+use super::target::BANDWIDTH_GROUP;
 
 /// Where and how the run happened.
 pub(super) struct RunContext {
