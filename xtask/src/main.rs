@@ -62,7 +62,7 @@ enum Task {
     QmvPinTax(pin_tax::QmvPinTax),
     /// Write report.html for run directories again from their files; compare two or more.
     Report(report::Report),
-    /// Find the first commit that made a measurement worse, by ABBA pairs at a margin.
+    /// Find the first commit that made a measurement worse, calling each revision like good or like bad from ABBA pairs.
     Bisect(bisect::Bisect),
     /// Join the rows of a `--runner slurm` sweep into its CSV and print the summary.
     Merge(sweep::slurm::merge::Merge),
