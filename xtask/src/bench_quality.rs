@@ -23,15 +23,15 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use xshell::Shell;
 
+use crate::args::count;
 use crate::child::Shutdown;
 use crate::console::{self, usage};
 use crate::engine::{Backend, EnginePackage, build_release};
+use crate::fsx::write_atomic;
 use crate::machine::{self, Machine};
 use crate::sweep::classify::ChildExit;
-use crate::sweep::flags::count;
 use crate::sweep::rows::CsvOut;
 use crate::sweep::runner::{Ran, run_logged};
-use crate::sweep::task::write_atomic;
 
 /// The corpus shipped with kiln (see its header for the licence).
 const DEFAULT_CORPUS: &str = "benchmarks/corpus/quality-en.txt";

@@ -127,6 +127,25 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
         }
 }
 
+/// Writes `bytes` to `path` through a synced temporary file beside it (named with this
+/// process's id, so two writers never share one) and a rename: a reader sees the old file
+/// or the new one, never a part.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let written = (|| {
+        let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        f.write_all(bytes).with_context(|| format!("writing {}", tmp.display()))?;
+        f.sync_all().with_context(|| format!("syncing {}", tmp.display()))
+    })();
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, Instant};

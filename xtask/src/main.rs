@@ -2,6 +2,7 @@
 //! the workspace root, run one task. Each task lives in its own module; what the bench
 //! tasks share (plan, layers, record, runner) lives in `sweep`.
 
+mod args;
 mod bench_decode;
 mod bench_kernels;
 mod bench_longprompt;
@@ -28,7 +29,6 @@ mod student_t;
 mod sweep;
 mod verdict;
 
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -92,7 +92,7 @@ fn main() -> ExitCode {
         }
     };
     match std::env::current_dir() {
-        Ok(cwd) => sh.change_dir(project_root(&cwd)),
+        Ok(cwd) => sh.change_dir(args::project_root(&cwd)),
         Err(e) => {
             eprintln!("error: reading the current directory: {e}");
             return ExitCode::FAILURE;
@@ -124,36 +124,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// The workspace root, found from `cwd` as cargo finds it: the nearest directory at or
-/// above it whose Cargo.toml has a `[workspace]` table. Not the directory xtask was built
-/// from: two checkouts may share one target directory, and so one xtask binary. Outside
-/// any workspace, `cwd` itself.
-pub(crate) fn project_root(cwd: &Path) -> PathBuf {
-    cwd.ancestors()
-        .find(|dir| {
-            std::fs::read_to_string(dir.join("Cargo.toml"))
-                .is_ok_and(|text| text.lines().any(|l| l.trim() == "[workspace]"))
-        })
-        .unwrap_or(cwd)
-        .to_path_buf()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_root_is_the_nearest_workspace_above_the_current_directory() {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = dir.path().join("checkout");
-        let member = ws.join("crates/member/src");
-        std::fs::create_dir_all(&member).unwrap();
-        std::fs::write(ws.join("Cargo.toml"), "[workspace]\nmembers = [\"crates/*\"]\n").unwrap();
-        std::fs::write(ws.join("crates/member/Cargo.toml"), "[package]\nname = \"member\"\n").unwrap();
-        assert_eq!(project_root(&member), ws);
-        assert_eq!(project_root(&ws), ws);
-        assert_eq!(project_root(dir.path()), dir.path(), "outside a workspace: the directory itself");
-    }
 
     /// Every task that takes a model takes it as `-m`, `--model` and `--models`: the
     /// spellings differ between tasks, so each accepts all of them.

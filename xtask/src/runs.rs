@@ -40,7 +40,7 @@ impl BootArgs {
     /// `--runs-dir`, or `benchmarks/runs` under `root`.
     pub fn runs_dir(&self, root: &Path) -> Result<PathBuf> {
         match &self.runs_dir {
-            Some(d) => crate::sweep::user_path(d),
+            Some(d) => crate::args::user_path(d),
             None => Ok(root.join("benchmarks/runs")),
         }
     }
@@ -92,7 +92,7 @@ pub fn engine(
         .or_else(|| std::env::var_os("KILN_BENCH_KILN_BIN").filter(|v| !v.is_empty()).map(PathBuf::from));
     let version = EnginePackage::read(root).map(|p| p.version).unwrap_or_default();
     if let Some(bin) = given {
-        let bin = crate::sweep::user_path(&bin)?;
+        let bin = crate::args::user_path(&bin)?;
         if !bin.is_file() {
             crate::console::usage!(
                 "--kiln-bin (or KILN_BENCH_KILN_BIN) {}: no such file: expected a built kiln binary",

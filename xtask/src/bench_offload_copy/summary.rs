@@ -61,7 +61,7 @@ impl Tally {
 pub(super) fn write_tables(rows: &[OffloadRow], csv: &Path) {
     let md = csv.with_extension("md");
     // Replaced atomically: a reader sees the last run's tables or this run's whole.
-    match crate::sweep::task::write_atomic(&md, markdown(rows).as_bytes()) {
+    match crate::fsx::write_atomic(&md, markdown(rows).as_bytes()) {
         Ok(()) => eprintln!("tables: {}", md.display()),
         Err(e) => eprintln!("warning: no tables beside {}: {e:#}", csv.display()),
     }

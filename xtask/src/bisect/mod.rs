@@ -135,7 +135,7 @@ impl Bisect {
     pub fn run(self, sh: &Shell) -> Result<ExitCode> {
         let root = sh.current_dir();
         let repo = match &self.repo {
-            Some(r) => crate::sweep::user_path(r)?,
+            Some(r) => crate::args::user_path(r)?,
             None => root.clone(),
         };
         if self.max_pairs < self.min_pairs {
@@ -175,7 +175,7 @@ impl Bisect {
         let line: Vec<String> = listed.lines().map(str::to_string).collect();
         let run_dir = match &self.resume {
             Some(d) => {
-                let d = crate::sweep::user_path(d)?;
+                let d = crate::args::user_path(d)?;
                 if !d.join("measurements.jsonl").is_file() {
                     usage!(
                         "--resume {}: no measurements.jsonl there: expected a bisect run directory",
@@ -186,7 +186,7 @@ impl Bisect {
             }
             None => {
                 let runs = match &self.runs_dir {
-                    Some(d) => crate::sweep::user_path(d)?,
+                    Some(d) => crate::args::user_path(d)?,
                     None => root.join("benchmarks/runs"),
                 };
                 let d = crate::runs::create_run_dir(&runs, "bisect")?;

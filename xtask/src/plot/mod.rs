@@ -21,7 +21,7 @@ pub mod raster;
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 pub use layout::Layout;
 #[cfg(test)]
@@ -194,13 +194,8 @@ pub fn write_svg(path: &Path, panels: &[Panel]) -> Result<Layout> {
     Ok(layout)
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
-}
+/// Writes a file atomically ([`crate::fsx::write_atomic`]), under the name the pages use.
+pub use crate::fsx::write_atomic as write_atomically;
 
 #[cfg(test)]
 mod tests {

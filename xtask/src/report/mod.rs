@@ -38,7 +38,7 @@ impl Report {
     pub fn run(self) -> Result<ExitCode> {
         let mut runs = Vec::new();
         for d in &self.run_dirs {
-            let dir = crate::sweep::user_path(d)?;
+            let dir = crate::args::user_path(d)?;
             if !dir.is_dir() {
                 usage!(
                     "{} is not a directory: give run directories (benchmarks/runs/<stamp>-<command>)",
@@ -61,7 +61,7 @@ impl Report {
                 Err(e) => usage!("{e:#}"),
             };
             let out = match &self.output {
-                Some(o) => crate::sweep::user_path(o)?,
+                Some(o) => crate::args::user_path(o)?,
                 None => runs.last().map(|r| r.dir.join("compare.html")).unwrap_or_default(),
             };
             check_output(&out, &runs)?;

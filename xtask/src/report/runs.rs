@@ -191,7 +191,7 @@ impl Run {
         } else if let Some(out) = env.as_ref().and_then(|e| e.get("output")).and_then(Value::as_str) {
             // The output path as the task wrote it: absolute, or relative to the workspace.
             let csv = PathBuf::from(out);
-            let csv = if csv.is_absolute() { csv } else { crate::project_root(dir).join(csv) };
+            let csv = if csv.is_absolute() { csv } else { crate::args::project_root(dir).join(csv) };
             let head = read_text(&csv)
                 .with_context(|| format!("reading {}, the run's CSV (env.json's output)", csv.display()))?;
             let first = head.lines().next().unwrap_or_default();

@@ -43,24 +43,24 @@ pub struct ServeBench {
     #[arg(long, value_name = "R")]
     rate: Option<f64>,
     /// Measured requests per level [default: 4 per stream of the level, at least 8; 32 at a rate].
-    #[arg(long, value_parser = crate::sweep::flags::count_usize(0), value_name = "N")]
+    #[arg(long, value_parser = crate::args::count_usize(0), value_name = "N")]
     requests: Option<usize>,
     /// Warm-up rounds per level, discarded: each is one request per stream.
-    #[arg(long, value_parser = crate::sweep::flags::count_usize(0), value_name = "R", default_value_t = 1)]
+    #[arg(long, value_parser = crate::args::count_usize(0), value_name = "R", default_value_t = 1)]
     warmup_rounds: usize,
     /// Prompt length in tokens, as the server counts them (exact as token ids; text is
     /// calibrated against the server's count).
-    #[arg(long, value_parser = crate::sweep::flags::count(0), value_name = "N", default_value_t = 128)]
+    #[arg(long, value_parser = crate::args::count(0), value_name = "N", default_value_t = 128)]
     prompt_tokens: u64,
     /// The first N prompt tokens are the same in every request (exercises a prompt cache).
-    #[arg(long, value_parser = crate::sweep::flags::count(0), value_name = "N", default_value_t = 0)]
+    #[arg(long, value_parser = crate::args::count(0), value_name = "N", default_value_t = 0)]
     shared_prefix: u64,
     /// How prompts are sent: token ids (completions only) or calibrated text [default: ids
     /// on completions, text on chat].
     #[arg(long, value_enum, value_name = "KIND")]
     prompt_kind: Option<PromptKind>,
     /// `max_tokens` of every request.
-    #[arg(long, value_parser = crate::sweep::flags::count(0), value_name = "N", default_value_t = 32)]
+    #[arg(long, value_parser = crate::args::count(0), value_name = "N", default_value_t = 32)]
     max_tokens: u64,
     /// Send `ignore_eos` (true: every request generates max_tokens).
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
@@ -90,7 +90,7 @@ pub struct ServeBench {
     #[arg(long, value_name = "PORT", default_value_t = 0)]
     port: u16,
     /// Booting: seconds to wait for /health.
-    #[arg(long, value_parser = crate::sweep::flags::count(0), value_name = "SECS", default_value_t = 600)]
+    #[arg(long, value_parser = crate::args::count(0), value_name = "SECS", default_value_t = 600)]
     boot_timeout: u64,
     /// Booting kiln serve, and where run directories go.
     #[command(flatten)]

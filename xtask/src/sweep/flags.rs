@@ -1,10 +1,10 @@
 //! The flags every bench command shares, the defaults that depend on the backend, and
 //! the harness's own environment variables: read and checked before anything is built.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::plan;
 use super::runner::EngineKnobs;
@@ -196,36 +196,4 @@ impl HarnessEnv {
     }
 }
 
-/// A count flag's parser: an integer from `min` up. A negative number reaches it (see
-/// `with_negative_values` in main.rs) and is refused with the accepted range, as is any
-/// other value, instead of clap's "unexpected argument '-1'".
-pub fn count(min: u64) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync + 'static {
-    move |s: &str| {
-        let accepted = format!("accepted values are {min} to {}", u64::MAX);
-        match s.parse::<u64>() {
-            Ok(n) if n >= min => Ok(n),
-            Ok(n) => Err(format!("{n}: {accepted}")),
-            Err(_) if s.len() > 1 && s.starts_with('-') && s[1..].bytes().all(|b| b.is_ascii_digit()) => {
-                Err(format!("{s} is negative: {accepted}"))
-            }
-            Err(e) => Err(format!("{e}: {accepted}")),
-        }
-    }
-}
-
-/// [`count`] for a flag held as `usize`: the same messages, the same range check.
-pub fn count_usize(min: u64) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync + 'static {
-    let parse = count(min);
-    move |s: &str| {
-        let n = parse(s)?;
-        usize::try_from(n).map_err(|_| format!("{n}: accepted values are {min} to {}", usize::MAX))
-    }
-}
-
-/// Resolves a path the user typed against the directory they typed it in.
-pub fn user_path(p: &Path) -> Result<PathBuf> {
-    if p.is_absolute() {
-        return Ok(p.to_path_buf());
-    }
-    Ok(std::env::current_dir().context("reading the current directory")?.join(p))
-}
+pub use crate::args::{count, count_usize, user_path};

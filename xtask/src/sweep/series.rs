@@ -28,7 +28,7 @@ pub struct SeriesFlags {
     #[arg(long)]
     pub require_quiet: bool,
     /// The bound of --require-quiet's wait, seconds.
-    #[arg(long, value_parser = crate::sweep::flags::count(0), value_name = "SECS", default_value_t = 300)]
+    #[arg(long, value_parser = crate::args::count(0), value_name = "SECS", default_value_t = 300)]
     pub quiet_timeout: u64,
     /// Other processes' CPU, in cores, above which the machine counts as busy.
     #[arg(long, value_name = "CPUS", default_value_t = 0.5, value_parser = busy_cpus_arg)]

@@ -106,7 +106,10 @@ impl TaskSpec {
 
     /// Writes `RUN_DIR/sweep.json` atomically.
     pub fn write(&self, run_dir: &Path) -> Result<()> {
-        write_atomic(&run_dir.join(SPEC_FILE), (serde_json::to_string_pretty(self)? + "\n").as_bytes())
+        crate::fsx::write_atomic(
+            &run_dir.join(SPEC_FILE),
+            (serde_json::to_string_pretty(self)? + "\n").as_bytes(),
+        )
     }
 
     /// The row metadata every row of this sweep carries; `host` is where it was written.
@@ -162,19 +165,6 @@ pub fn write_row(run_dir: &Path, index: usize, row: &Row) -> Result<()> {
     out.write(row)?;
     drop(out);
     fs::rename(&tmp, &path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
-}
-
-/// Writes `bytes` to `path` through a synced temporary file and a rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
-    {
-        use std::io::Write;
-        let mut f = fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        f.write_all(bytes).with_context(|| format!("writing {}", tmp.display()))?;
-        f.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
-    }
-    fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }
 
 /// Seconds since the Unix epoch.
@@ -312,7 +302,7 @@ impl SweepTask {
         }
         let code = ExitCode::SUCCESS;
         let times = format!("{started:.3},{:.3}\n", unix_now());
-        write_atomic(&times_path(&run_dir, self.index), times.as_bytes())?;
+        crate::fsx::write_atomic(&times_path(&run_dir, self.index), times.as_bytes())?;
         Ok(code)
     }
 }

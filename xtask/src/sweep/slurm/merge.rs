@@ -174,7 +174,10 @@ pub fn write_inferred(run_dir: &Path, inferred: &BTreeMap<String, TaskState>) ->
     if inferred.is_empty() {
         return Ok(());
     }
-    task::write_atomic(&inferred_path(run_dir), (serde_json::to_string_pretty(inferred)? + "\n").as_bytes())
+    crate::fsx::write_atomic(
+        &inferred_path(run_dir),
+        (serde_json::to_string_pretty(inferred)? + "\n").as_bytes(),
+    )
 }
 
 fn read_inferred(run_dir: &Path) -> BTreeMap<String, TaskState> {

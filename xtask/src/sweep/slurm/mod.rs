@@ -14,9 +14,10 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
-use super::task::{TaskSpec, unix_now, write_atomic};
+use super::task::{TaskSpec, unix_now};
 use crate::child::Shutdown;
 use crate::console::usage;
+use crate::fsx::write_atomic;
 use crate::shell;
 use merge::Jobs;
 use script::SbatchOptions;
