@@ -101,7 +101,8 @@ impl BenchLongprompt {
         let step = if peer { 2 } else { 1 };
         let mut repeat = self.sweep.series.repeat.max(4);
         let (mut session, mut output) = (Some(session), Some(output));
-        let (code, stopped, text) = loop {
+        let mut last_dir = None;
+        let (code, stopped) = loop {
             let t0 = std::time::Instant::now();
             let s = match session.take() {
                 Some(s) => s,
@@ -111,26 +112,34 @@ impl BenchLongprompt {
                 Some(o) => o,
                 None => s.open_output(csv.clone(), true, &knobs)?,
             };
-            let code = s.sweep(&series::expand(&base, repeat, peer), out, &self.sweep)?;
-            let (text, narrow) = series::sequential(&rows::read_rows(&csv)?, target);
+            let (code, dir) = s.sweep_into(&series::expand(&base, repeat, peer), out, &self.sweep)?;
+            last_dir = dir.or(last_dir);
+            let (_, narrow) = series::sequential(&rows::read_rows(&csv)?, target);
             if code != ExitCode::SUCCESS {
-                break (code, Stopped::Ended("the last round failed or was interrupted".into()), text);
+                break (code, Stopped::Ended("the last round failed or was interrupted".into()));
             }
             if narrow {
-                break (code, Stopped::Converged, text);
+                break (code, Stopped::Converged);
             }
             if repeat as usize + step > self.seq.max_pairs() {
-                break (code, Stopped::MaxPairs(repeat as usize), text);
+                break (code, Stopped::MaxPairs(repeat as usize));
             }
             if let Some(max) = self.seq.max_time
                 && started.elapsed() + t0.elapsed() * step as u32 / repeat.max(1) > max
             {
-                break (code, Stopped::MaxTime, text);
+                break (code, Stopped::MaxTime);
             }
             repeat += step as u32;
             eprintln!("--until-ci {target}%: an interval is still wider; repetition {repeat} of every cell");
         };
-        crate::console::out(&format!("\n{text}\n{}; {repeat} repetitions\n", stopped.describe(target)))?;
+        // The verdict the terminal prints is the one the run directory keeps and its page shows.
+        let stopped = Some(format!("{}; {repeat} repetitions", stopped.describe(target)));
+        let (sheet, _) = series::sequential_sheet(&rows::read_rows(&csv)?, target, stopped);
+        if let Some(dir) = &last_dir {
+            crate::sweep::summary::write_or_warn(dir, &sheet);
+            crate::report::write_or_warn(dir);
+        }
+        crate::console::out(&format!("\n{}", sheet.markdown()))?;
         plot_beside(&csv, code)
     }
 }
@@ -153,7 +162,8 @@ fn plots_here(runner: &RunnerFlags) -> bool {
 }
 
 /// Decode and prefill tok/s against prompt length, one series per model (and engine,
-/// with `--peer`): the mean of a cell's repetitions with its 95% interval, each
+/// with `--peer`): the geometric mean of a cell's repetitions with its 95% interval (the
+/// summary's reading of the cell), each
 /// repetition a point beside it; a cell without a measurement is marked on the axis and
 /// listed with its status. Models more than 10x apart get a panel each.
 pub fn panels(rows: &[rows::Row]) -> Vec<plot::Panel> {
@@ -181,9 +191,9 @@ pub fn panels(rows: &[rows::Row]) -> Vec<plot::Panel> {
                         rows.iter().filter(|r| &name(r) == n && r.prompt_target_len == Some(len)).collect();
                     let values: Vec<f64> =
                         cell.iter().filter(|r| r.status == "ok").filter_map(|r| rate(r)).collect();
-                    match crate::student_t::interval(&values) {
-                        Some(i) => {
-                            s.points.push(plot::Point { x: len as f64, y: i.mean, interval: i.ci95 });
+                    match crate::verdict::reading::Reading::of(&values, crate::verdict::reading::Method::T) {
+                        Some(r) => {
+                            s.points.push(plot::Point { x: len as f64, y: r.estimate, interval: r.interval });
                             if values.len() > 1 {
                                 s.samples.extend(values.iter().map(|v| (len as f64, *v)));
                             }

@@ -13,13 +13,13 @@ use super::plan::{self, CellKey, Engine, Plan};
 use super::record::RecordLine;
 use super::rows::{Knobs, Row, round3};
 use super::runner::{CellRunner, Outcome, Ran};
-use super::series;
 use super::session::Output;
 use super::summary;
 use crate::child::{self as shutdown, Shutdown};
 use crate::console;
 use crate::peer::{PeerOutcome, PeerRunner};
 use crate::quiet;
+use crate::verdict::sheet::Sheet;
 
 /// The current time for rows and records: UTC, seconds.
 pub(crate) fn now() -> String {
@@ -181,7 +181,7 @@ pub(crate) fn feed_back(
         prompt_target_len: cell.layer_len(),
         date: row.date.to_string(),
         commit: row.commit.to_string(),
-        peak_bytes: row.peak_bytes,
+        demand_bytes: row.peak_bytes,
         source_csv: source_csv.to_string(),
         device: Some(row.device),
     })?;
@@ -197,7 +197,9 @@ pub(crate) fn feed_back(
 }
 
 impl Driver<'_> {
-    pub(super) fn run(&mut self, runner: &mut dyn CellRunner, output: Output) -> Result<u8> {
+    /// Runs every cell of the plan, prints the summary and returns the exit status with
+    /// the summary's sheet (which the session keeps in the run directory).
+    pub(super) fn run(&mut self, runner: &mut dyn CellRunner, output: Output) -> Result<(u8, Sheet)> {
         let mut rows: BTreeMap<CellKey, Row> = BTreeMap::new();
         let mut csv = output.csv;
         if let Some(existing) = output.resumed {
@@ -277,20 +279,17 @@ impl Driver<'_> {
             );
         }
         let finished = summary::pair(self.plan, &rows);
-        let mut text = summary::render(self.plan, &finished, interrupted.map(shutdown::signal_name));
-        if series::applies(self.plan) {
-            text = format!("{text}\n{}", series::render(self.plan, &finished));
-        }
-        console::out(&format!("\n{text}"))?;
+        let sheet = summary::sheet(&finished, interrupted.map(shutdown::signal_name));
+        console::out(&format!("\n{}", sheet.markdown()))?;
         if let Some(sig) = interrupted {
-            return Ok(shutdown::exit_code_for(sig));
+            return Ok((shutdown::exit_code_for(sig), sheet));
         }
         let (code, reasons) = summary::exit_status(&finished);
         for r in &reasons {
             eprintln!("exit 1: {r}");
         }
         eprintln!("results: {} ({:.0} s)", self.source_csv, started.elapsed().as_secs_f64());
-        Ok(code)
+        Ok((code, sheet))
     }
 
     /// A row of this sweep written before this cell (a resumed file's, or an earlier
@@ -616,7 +615,7 @@ mod tests {
         };
         let (out, resumed) = CsvOut::resume(&csv).unwrap();
         let output = Output { path: csv.clone(), csv: out, resumed: Some(resumed) };
-        let code = driver.run(&mut runner, output).unwrap();
+        let (code, _) = driver.run(&mut runner, output).unwrap();
         assert_eq!(code, 1, "a@1 and a@3 failed");
         // b is backstopped by its earlier row; gone never reaches the runner.
         assert_eq!(runner.launched, ["a@1", "a@2"]);
@@ -649,7 +648,7 @@ mod tests {
         assert_eq!(entries.len(), 1);
         match &entries[0] {
             record::Entry::Line { record: r, .. } => {
-                assert_eq!((r.model.as_str(), r.prompt_target_len, r.peak_bytes), ("a", 2, Some(777)));
+                assert_eq!((r.model.as_str(), r.prompt_target_len, r.demand_bytes), ("a", 2, Some(777)));
                 assert_eq!(r.device.as_deref(), Some("gpu:remote"));
                 assert_eq!(r.source_csv, "out.csv");
             }
