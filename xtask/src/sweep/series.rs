@@ -218,12 +218,12 @@ mod tests {
         assert_eq!(a[5], "2.000 [2.000, 2.000] (n=3, zero width: every value equal, no measured spread)");
         assert!(a[6].starts_with("0.500 [0.500, 0.500]"), "{}", a[6]);
         assert_eq!(a[7], "ok");
-        let peer = row_of(&sheet, "a@8", Some("llama-bench (llama.cpp b1 (abc))"));
+        let peer = row_of(&sheet, "a@8", Some("peer (llama.cpp b1 (abc))"));
         assert_eq!(peer[2], "3 / 3");
         assert!(peer[3].starts_with("18.17 ["), "{}", peer[3]);
         let b = row_of(&sheet, "b@8", Some("kiln"));
         assert_eq!(&b[5..7], ["", ""], "no ratio without the peer's rows");
-        let bp = row_of(&sheet, "b@8", Some("llama-bench"));
+        let bp = row_of(&sheet, "b@8", Some("peer"));
         assert_eq!((bp[2], bp[3], bp[7]), ("0 / 3", "-", "3 FAIL:peer"));
         assert!(
             sheet.markdown().contains(&format!("| a@8 | kiln | 3 / 3 | {want} |")),

@@ -12,7 +12,7 @@ use std::path::Path;
 use anyhow::{Context as _, Result};
 
 use super::classify::Status;
-use super::plan::{Cell, CellKey, Plan};
+use super::plan::{Cell, CellKey, Engine, Plan, Prompt};
 use super::record::bytes_text;
 use super::rows::Row;
 use crate::verdict::reading::{Method, Reading};
@@ -38,8 +38,9 @@ fn status_of(row: &Row) -> Option<Status> {
 /// What a sweep's sheet says beyond its rows.
 #[derive(Clone, Debug, Default)]
 pub struct RunState {
-    /// The cells of the plan that have no row, by label.
-    pub not_run: Vec<String>,
+    /// The cells of the plan that have no row: each as a row with its coordinates
+    /// (model, prompt, repetition, engine) and nothing else.
+    pub not_run: Vec<Row>,
     /// The signal that interrupted the run, by name.
     pub interrupted: Option<String>,
     /// `--until-ci`: the intervals are the confidence sequence's and are judged against
@@ -61,7 +62,7 @@ pub struct UntilCi {
 pub fn sheet(finished: &[Finished<'_>], interrupted: Option<&str>) -> Sheet {
     let rows: Vec<Row> = finished.iter().filter_map(|f| f.row.cloned()).collect();
     let state = RunState {
-        not_run: finished.iter().filter(|f| f.row.is_none()).map(|f| f.cell.label()).collect(),
+        not_run: finished.iter().filter(|f| f.row.is_none()).map(|f| coordinates(f.cell)).collect(),
         interrupted: interrupted.map(str::to_string),
         until_ci: None,
     };
@@ -81,6 +82,21 @@ pub fn write(run_dir: &Path, sheet: &Sheet) -> Result<()> {
 pub fn write_or_warn(run_dir: &Path, sheet: &Sheet) {
     if let Err(e) = write(run_dir, sheet) {
         eprintln!("warning: no readings in {}: {e:#}", run_dir.display());
+    }
+}
+
+/// A cell's coordinates as a row that has nothing else.
+fn coordinates(cell: &Cell) -> Row {
+    Row {
+        model: cell.model.clone(),
+        prompt_target_len: cell.prompt_target_len(),
+        prompt: match &cell.prompt {
+            Prompt::Text(t) => t.clone(),
+            Prompt::Tokens(_) => String::new(),
+        },
+        repetition: cell.repetition,
+        engine: if cell.engine == Engine::Peer { "peer".into() } else { Engine::KILN.into() },
+        ..Row::default()
     }
 }
 
@@ -106,6 +122,8 @@ fn row_label(r: &Row) -> String {
 #[derive(Default)]
 struct Group<'a> {
     rows: Vec<&'a Row>,
+    /// The plan's cells of this engine and prompt that have no row.
+    not_run: usize,
 }
 
 impl Group<'_> {
@@ -173,11 +191,23 @@ pub fn sheet_and_verdict(rows: &[Row], state: &RunState) -> (Sheet, bool) {
     // Model in order of appearance, then prompt length (a text prompt last), then kiln
     // before the peer.
     type Key = (usize, bool, u64, String);
-    let mut cells: BTreeMap<Key, [Group<'_>; 2]> = BTreeMap::new();
-    for r in rows {
+    for r in &state.not_run {
+        if !models.contains(&r.model.as_str()) {
+            models.push(&r.model);
+        }
+    }
+    let mut cells: BTreeMap<Key, (String, [Group<'_>; 2])> = BTreeMap::new();
+    for (r, ran) in rows.iter().map(|r| (r, true)).chain(state.not_run.iter().map(|r| (r, false))) {
         let m = models.iter().position(|m| *m == r.model).unwrap_or(0);
         let key = (m, r.prompt_target_len.is_none(), r.prompt_target_len.unwrap_or(0), r.prompt.clone());
-        cells.entry(key).or_default()[usize::from(r.is_peer())].rows.push(r);
+        let label = format!("{}@{}", r.model, prompt_of(r));
+        let (_, groups) = cells.entry(key).or_insert_with(|| (label, Default::default()));
+        let g = &mut groups[usize::from(r.is_peer())];
+        if ran {
+            g.rows.push(r);
+        } else {
+            g.not_run += 1;
+        }
     }
     let peer = rows.iter().any(Row::is_peer);
     let mut body = Vec::new();
@@ -191,13 +221,12 @@ pub fn sheet_and_verdict(rows: &[Row], state: &RunState) -> (Sheet, bool) {
             None => wide.push(format!("{what} (no reading)")),
         }
     };
-    for groups in cells.values() {
-        let Some(first) = groups.iter().find_map(|g| g.rows.first()) else { continue };
-        let label = format!("{}@{}", first.model, prompt_of(first));
+    for (label, groups) in cells.values() {
+        let label = label.clone();
         let kiln_ok = groups[0].ok();
         let peer_ok = groups[1].ok();
         for (e, g) in groups.iter().enumerate() {
-            if g.rows.is_empty() {
+            if g.rows.is_empty() && g.not_run == 0 {
                 continue;
             }
             let ok = g.ok();
@@ -209,11 +238,11 @@ pub fn sheet_and_verdict(rows: &[Row], state: &RunState) -> (Sheet, bool) {
             }
             let mut cells_row = vec![sheet::Cell::text(label.clone())];
             if peer {
-                let r = g.rows[0];
-                let name = match (e, r.engine_version.is_empty()) {
+                let version = g.rows.iter().map(|r| r.engine_version.as_str()).find(|v| !v.is_empty());
+                let name = match (e, version) {
                     (0, _) => "kiln".to_string(),
-                    (_, true) => r.engine.clone(),
-                    (_, false) => format!("{} ({})", r.engine, r.engine_version),
+                    (_, None) => "peer".to_string(),
+                    (_, Some(v)) => format!("peer ({v})"),
                 };
                 cells_row.push(sheet::Cell::text(name));
             }
@@ -239,10 +268,13 @@ pub fn sheet_and_verdict(rows: &[Row], state: &RunState) -> (Sheet, bool) {
                 };
                 cells_row.extend([rd, rp]);
             }
-            let others = g.others();
+            let mut others = g.others();
+            if g.not_run > 0 {
+                others.push(("not run".into(), g.not_run));
+            }
             let status = if others.is_empty() {
                 "ok".to_string()
-            } else if g.rows.len() == 1 {
+            } else if g.rows.len() + g.not_run == 1 {
                 others[0].0.clone()
             } else {
                 let mut parts = Vec::new();
@@ -478,7 +510,7 @@ pub fn exit_status(finished: &[Finished<'_>]) -> (u8, Vec<String>) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::plan::{CellTemplate, Named, Prompt};
+    use super::super::plan::{CellTemplate, Named};
     use super::*;
     use crate::verdict::reading::{Method, Reading};
 
@@ -556,6 +588,7 @@ mod tests {
         );
         assert!(text.contains("| a@2048 | 0 / 1 | - | - | SKIP:oom |"), "{text}");
         assert!(text.contains("| b@512 | 0 / 1 | - | - | SKIP:context |"), "{text}");
+        assert!(text.contains("| b@2048 | 0 / 0 | - | - | not run |"), "{text}");
         assert!(text.contains("4 cells: 1 ok, 1 SKIP:oom, 1 SKIP:context, 1 not run"), "{text}");
         assert!(text.contains("skipped 2 of 4 cells: a@2048 (SKIP:oom), b@512 (SKIP:context)"), "{text}");
         assert!(text.contains("interrupted by SIGINT after 3 of 4 cells"), "{text}");
