@@ -167,6 +167,12 @@ fn plots_here(runner: &RunnerFlags) -> bool {
 /// repetition a point beside it; a cell without a measurement is marked on the axis and
 /// listed with its status. Models more than 10x apart get a panel each.
 pub fn panels(rows: &[rows::Row]) -> Vec<plot::Panel> {
+    panels_by(rows, crate::verdict::reading::Method::T)
+}
+
+/// [`panels`] with the intervals taken as the run's summary took them (`--until-ci`: the
+/// confidence sequence).
+pub fn panels_by(rows: &[rows::Row], method: crate::verdict::reading::Method) -> Vec<plot::Panel> {
     let name =
         |r: &rows::Row| if r.is_peer() { format!("{} ({})", r.model, r.engine) } else { r.model.clone() };
     let mut names: Vec<String> = Vec::new();
@@ -191,7 +197,7 @@ pub fn panels(rows: &[rows::Row]) -> Vec<plot::Panel> {
                         rows.iter().filter(|r| &name(r) == n && r.prompt_target_len == Some(len)).collect();
                     let values: Vec<f64> =
                         cell.iter().filter(|r| r.status == "ok").filter_map(|r| rate(r)).collect();
-                    match crate::verdict::reading::Reading::of(&values, crate::verdict::reading::Method::T) {
+                    match crate::verdict::reading::Reading::of(&values, method) {
                         Some(r) => {
                             s.points.push(plot::Point { x: len as f64, y: r.estimate, interval: r.interval });
                             if values.len() > 1 {

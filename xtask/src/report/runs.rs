@@ -313,7 +313,16 @@ impl Run {
     /// analysis is not redone here) the run's own tax.svg as an image, never as markup.
     pub fn plots(&self) -> Vec<String> {
         let panels = match &self.kind {
-            Kind::Sweep { rows, .. } => crate::bench_longprompt::panels(rows),
+            // The points and intervals are the sheet's readings, taken the same way.
+            Kind::Sweep { rows, sheet, .. } => {
+                let method = sheet
+                    .tables
+                    .iter()
+                    .flat_map(|t| t.rows.iter().flatten())
+                    .find_map(|c| c.reading.as_ref().map(|r| r.method))
+                    .unwrap_or(crate::verdict::reading::Method::T);
+                crate::bench_longprompt::panels_by(rows, method)
+            }
             Kind::Offload { rows, .. } => crate::bench_offload_copy::panels(rows),
             Kind::Serve { levels, open_loop, .. } => crate::serve_bench::output::panels(levels, *open_loop),
             Kind::PinTax { svg, .. } => {

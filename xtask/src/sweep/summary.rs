@@ -372,36 +372,40 @@ pub fn sheet_and_verdict(rows: &[Row], state: &RunState) -> (Sheet, bool) {
 /// The lines that list skipped, disturbed and failed cells, and the interruption.
 fn listings(rows: &[Row], total: usize, state: &RunState) -> Vec<String> {
     let mut notes = Vec::new();
-    // A cell skipped on every repetition is listed once, with how many times.
-    let list = |pred: &dyn Fn(Status) -> bool| -> (usize, Vec<String>) {
-        let picked: Vec<&Row> = rows.iter().filter(|r| status_of(r).is_some_and(pred)).collect();
+    // A cell skipped (or disturbed) on several repetitions is listed once, with how many
+    // times.
+    let group = |picked: &[&Row], with_status: bool| -> Vec<String> {
         let mut seen: Vec<(String, String, usize, String)> = Vec::new();
-        for r in &picked {
+        for r in picked {
             let base = format!("{}@{}{}", r.model, prompt_of(r), if r.is_peer() { "+peer" } else { "" });
-            match seen.iter_mut().find(|s| s.0 == base && s.1 == r.status) {
+            let st = if with_status { r.status.clone() } else { String::new() };
+            match seen.iter_mut().find(|s| s.0 == base && s.1 == st) {
                 Some(s) => s.2 += 1,
-                None => seen.push((base, r.status.clone(), 1, row_label(r))),
+                None => seen.push((base, st, 1, row_label(r))),
             }
         }
-        let items = seen
-            .into_iter()
-            .map(
-                |(base, st, n, first)| {
-                    if n == 1 { format!("{first} ({st})") } else { format!("{base} ({st}, {n} times)") }
-                },
-            )
-            .collect();
-        (picked.len(), items)
+        seen.into_iter()
+            .map(|(base, st, n, first)| match (n, st.is_empty()) {
+                (1, true) => first,
+                (1, false) => format!("{first} ({st})"),
+                (_, true) => format!("{base} ({n} times)"),
+                (_, false) => format!("{base} ({st}, {n} times)"),
+            })
+            .collect()
+    };
+    let list = |pred: &dyn Fn(Status) -> bool| -> (usize, Vec<String>) {
+        let picked: Vec<&Row> = rows.iter().filter(|r| status_of(r).is_some_and(pred)).collect();
+        (picked.len(), group(&picked, true))
     };
     let (n, skipped) = list(&|st| st.is_skip());
     let items = if skipped.is_empty() { "none".to_string() } else { skipped.join(", ") };
     notes.push(format!("skipped {n} of {total} cells: {items}"));
-    let disturbed: Vec<String> = rows.iter().filter(|r| !r.disturbed.is_empty()).map(row_label).collect();
+    let disturbed: Vec<&Row> = rows.iter().filter(|r| !r.disturbed.is_empty()).collect();
     if !disturbed.is_empty() {
         notes.push(format!(
             "disturbed {} of {total} cells (other processes were busy while they ran; see the CSV's disturbed column): {}",
             disturbed.len(),
-            disturbed.join(", ")
+            group(&disturbed, false).join(", ")
         ));
     }
     let (n, failed) = list(&|st| st.is_failure());
