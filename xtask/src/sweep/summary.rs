@@ -479,7 +479,20 @@ pub fn memory_lines(rows: &[Row]) -> Vec<String> {
         };
         let not = match first_not {
             Some(l) => {
-                let r = mine.iter().find(|r| r.prompt_target_len == Some(l)).expect("a row at every length");
+                // The most telling row at that length: a real out of memory over what
+                // followed from one (the record, the backstop) or an estimate.
+                let rank = |r: &Row| match status_of(r) {
+                    Some(Status::Oom) => 0,
+                    Some(Status::OomRecord) => 1,
+                    Some(Status::OomEstimate) => 2,
+                    Some(Status::OomBackstop) => 3,
+                    _ => 4,
+                };
+                let r = mine
+                    .iter()
+                    .filter(|r| r.prompt_target_len == Some(l))
+                    .min_by_key(|r| rank(r))
+                    .expect("a row at every length");
                 format!("; first that did not {l} tokens: {}", why_not(r))
             }
             None => "; every length run fit".to_string(),
@@ -696,6 +709,8 @@ mod tests {
         let rows = [
             mem_row("a", 512, "ok", Some(3 << 20)),
             mem_row("a", 2048, "ok", Some(1_288_490_189)),
+            // Repetition 1 was pre-skipped by the backstop; repetition 2 ran out for real.
+            mem_row("a", 8192, "SKIP:oom_backstop", None),
             mem_row("a", 8192, "SKIP:oom", Some(5 << 30)),
             mem_row("a", 32768, "SKIP:oom_backstop", None),
             mem_row("b", 512, "SKIP:oom_estimate", None),
