@@ -161,13 +161,20 @@ fn rate_cell(values: &[(f64, bool)], method: Method) -> (sheet::Cell, Option<Rea
     }
 }
 
+/// A ratio's value: three decimals, or past them four significant figures, so an end
+/// of a wide interval never prints as `0.000`.
+fn ratio_value(v: f64) -> String {
+    if (1e-3..1e3).contains(&v.abs()) { format!("{v:.3}") } else { crate::verdict::reading::sig(v) }
+}
+
 /// A ratio's cell (kiln/peer, no margin: a sweep judges none): its reading as a ratio.
 fn ratio_cell(pairs: &[((f64, f64), bool)], method: Method) -> (sheet::Cell, Option<Reading>) {
     let ps: Vec<(f64, f64)> = pairs.iter().map(|p| p.0).collect();
     match Reading::of_pairs(&ps, method) {
         Some(r) => {
             let r = r.disturbed(pairs.iter().filter(|p| p.1).count());
-            (sheet::Cell { text: r.ratio_text(), reading: Some(r.clone()), judged: None }, Some(r))
+            let text = r.text_with(ratio_value);
+            (sheet::Cell { text, reading: Some(r.clone()), judged: None }, Some(r))
         }
         None => (sheet::Cell::text("-"), None),
     }
@@ -688,6 +695,22 @@ mod tests {
         assert!(text.contains("| b@2048 | 0 / 3 | - | - | 3 SKIP:context |"), "{text}");
         // A cell skipped on every repetition is listed once.
         assert!(text.contains("skipped 3 of 12 cells: b@2048 (SKIP:context, 3 times)"), "{text}");
+    }
+
+    #[test]
+    fn a_ratio_s_wide_interval_never_ends_at_zero() {
+        assert_eq!(ratio_value(2.0), "2.000");
+        assert_eq!(ratio_value(0.0000385), "3.85e-5");
+        assert_eq!(ratio_value(4506717.852), "4506718");
+        let pairs = [((1.0, 50.0), false), ((35.0, 1.0), true)];
+        let (cell, r) = ratio_cell(&pairs, Method::T);
+        assert!(r.unwrap().interval.unwrap().0 < 1e-3);
+        assert!(!cell.text.contains("[0.000,"), "{}", cell.text);
+        assert!(
+            cell.text.contains("within a factor of") && cell.text.ends_with(", 1 disturbed)"),
+            "{}",
+            cell.text
+        );
     }
 
     fn mem_row(model: &str, len: u64, status: &str, peak: Option<u64>) -> Row {
