@@ -190,7 +190,7 @@ pub fn sheet_of_rows(rows: &[Row], state: &RunState) -> Sheet {
 pub fn sheet_and_verdict(rows: &[Row], state: &RunState) -> (Sheet, bool) {
     let method = if state.until_ci.is_some() { Method::Sequence } else { Method::T };
     let mut models: Vec<&str> = Vec::new();
-    for r in rows {
+    for r in rows.iter().chain(&state.not_run) {
         if !models.contains(&r.model.as_str()) {
             models.push(&r.model);
         }
@@ -198,11 +198,6 @@ pub fn sheet_and_verdict(rows: &[Row], state: &RunState) -> (Sheet, bool) {
     // Model in order of appearance, then prompt length (a text prompt last), then kiln
     // before the peer.
     type Key = (usize, bool, u64, String);
-    for r in &state.not_run {
-        if !models.contains(&r.model.as_str()) {
-            models.push(&r.model);
-        }
-    }
     let mut cells: BTreeMap<Key, (String, [Group<'_>; 2])> = BTreeMap::new();
     for (r, ran) in rows.iter().map(|r| (r, true)).chain(state.not_run.iter().map(|r| (r, false))) {
         let m = models.iter().position(|m| *m == r.model).unwrap_or(0);
