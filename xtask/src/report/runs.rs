@@ -444,8 +444,7 @@ pub fn engine(r: &Row) -> String {
     if r.is_peer() { r.engine.clone() } else { "kiln".into() }
 }
 
-/// One cell of a sweep over its repetitions: what compare.html reads (report.html renders
-/// the run's sheet).
+/// One cell of a sweep over its repetitions.
 #[derive(Default)]
 pub struct CellStats {
     /// Rows with status ok.
