@@ -84,6 +84,20 @@ pub fn expand(base: &Plan, repeat: u32, peer: bool) -> Plan {
     Plan { cells, ..base.clone() }
 }
 
+/// Whether the plan repeats a cell or has a peer (the summary's sheet then gives each
+/// cell's interval and ratio).
+#[allow(dead_code)]
+pub fn applies(plan: &Plan) -> bool {
+    plan.cells.iter().any(|c| c.repetition > 1 || c.engine == Engine::Peer)
+}
+
+/// Nothing: the statistics this section printed are the summary's sheet's cells
+/// ([`super::summary::sheet`]). Kept while the `--until-ci` rounds still append it.
+#[allow(dead_code)]
+pub fn render(_plan: &Plan, _finished: &[super::summary::Finished<'_>]) -> String {
+    String::new()
+}
+
 /// The sheet of a `--until-ci` sweep, from its rows: per cell and engine each rate's
 /// geometric mean with the confidence sequence's 95% interval of the mean log rate (valid
 /// however many repetitions the run added), kiln/peer the same way, and the verdict:

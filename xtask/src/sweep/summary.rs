@@ -69,6 +69,13 @@ pub fn sheet(finished: &[Finished<'_>], interrupted: Option<&str>) -> Sheet {
     sheet_of_rows(&rows, &state)
 }
 
+/// [`sheet`]'s markdown, what the terminal prints: the name the sweep's callers knew
+/// before the sheet (kept while the `--until-ci` rounds still call it).
+#[allow(dead_code)]
+pub fn render(_plan: &Plan, finished: &[Finished<'_>], interrupted: Option<&str>) -> String {
+    sheet(finished, interrupted).markdown()
+}
+
 /// Writes `sheet` into `run_dir`: the readings report.html renders, and summary.md (what
 /// the terminal printed).
 pub fn write(run_dir: &Path, sheet: &Sheet) -> Result<()> {
@@ -532,11 +539,6 @@ mod tests {
     use super::super::plan::{CellTemplate, Named};
     use super::*;
     use crate::verdict::reading::{Method, Reading};
-
-    /// What the terminal prints.
-    fn render(_: &Plan, finished: &[Finished<'_>], interrupted: Option<&str>) -> String {
-        sheet(finished, interrupted).markdown()
-    }
 
     fn plan(named: Named) -> Plan {
         Plan::grid(
