@@ -10,7 +10,7 @@ use xshell::Shell;
 use crate::child::{self, Shutdown};
 use crate::console::{self, usage};
 use crate::sweep::flags::count;
-use crate::sweep::record::{Entry, RecordFile, RecordLine};
+use crate::sweep::record::{Entry, RecordFile, RecordLine, bytes_text};
 use crate::sweep::user_path;
 
 /// Flags of `cargo xtask oom-record`.
@@ -164,6 +164,24 @@ impl OomRecord {
     }
 }
 
+/// One usable line as `list` prints it: what the cell needed (the bytes in use plus the
+/// refused request, which the file calls `peak_bytes`) humanised beside the exact count.
+fn line_text(line: u64, r: &RecordLine) -> String {
+    let needed = r.demand_bytes.map_or_else(
+        || "needed ? (the engine did not say)".to_string(),
+        |b| format!("needed {}: in use plus the refused request", bytes_text(b)),
+    );
+    format!(
+        "{line:>4}  {}  {}  {}  {}  {needed}  device {}  from {}\n",
+        r.model,
+        r.prompt_target_len,
+        r.date,
+        r.commit,
+        r.device.as_deref().unwrap_or("(any)"),
+        r.source_csv
+    )
+}
+
 fn list(file: &RecordFile) -> Result<ExitCode> {
     let entries = file.read()?;
     let mut text = String::new();
@@ -172,16 +190,7 @@ fn list(file: &RecordFile) -> Result<ExitCode> {
         match e {
             Entry::Line { line, record: r, .. } => {
                 usable += 1;
-                text.push_str(&format!(
-                    "{line:>4}  {}  {}  {}  {}  peak {}  device {}  from {}\n",
-                    r.model,
-                    r.prompt_target_len,
-                    r.date,
-                    r.commit,
-                    r.peak_bytes.map_or_else(|| "?".to_string(), |b| b.to_string()),
-                    r.device.as_deref().unwrap_or("(any)"),
-                    r.source_csv
-                ));
+                text.push_str(&line_text(*line, r));
             }
             Entry::Malformed(m) => {
                 malformed += 1;
@@ -220,7 +229,7 @@ mod tests {
             prompt_target_len: len,
             date: date.into(),
             commit: commit.into(),
-            peak_bytes: None,
+            demand_bytes: None,
             source_csv: "s".into(),
             device: device.map(str::to_string),
         }
@@ -242,6 +251,17 @@ mod tests {
         assert!(f.selects(&a) && !f.selects(&b));
         let f = PruneFlags { length: Some(512), model: Some("other".into()), ..flags() };
         assert!(!f.selects(&b));
+    }
+
+    #[test]
+    fn a_listed_line_names_what_the_cell_needed_and_humanises_it() {
+        let mut r = line("m", 512, "2026-01-01", "abc", None);
+        r.demand_bytes = Some(1_288_490_189);
+        let t = line_text(3, &r);
+        assert!(t.contains("needed 1.2 GiB (1288490189 bytes): in use plus the refused request"), "{t}");
+        assert!(!t.contains("peak"), "{t}");
+        r.demand_bytes = None;
+        assert!(line_text(3, &r).contains("needed ? (the engine did not say)"));
     }
 
     #[test]

@@ -134,6 +134,7 @@ impl Interval {
     /// Whether the interval has no width although it has two values or more: every value
     /// was the same (a quantized or saturated measurement, or too few values), so it says
     /// nothing about the spread and must be flagged, never read as certainty.
+    #[cfg(test)]
     pub fn zero_width(&self) -> bool {
         self.ci95.is_some_and(|(lo, hi)| lo == hi)
     }

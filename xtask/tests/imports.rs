@@ -1,4 +1,5 @@
-//! No import circle inside a library crate: the paths each module names (`use crate::...`,
+//! No import circle inside a crate (libraries and the `kiln` and `xtask` binaries): the
+//! paths each module names (`use crate::...`,
 //! `super::...`, `self::...`, a child's name, and the same prefixes inside the code) are
 //! resolved to the files that define them, and the file graph of each crate must be a DAG.
 //! A circle means two files cannot be read, tested or moved apart; the failure names it.
@@ -601,54 +602,11 @@ fn problems(lib: &Path, root: &Path) -> Vec<String> {
     circles_in(lib, root).into_iter().map(|c| c.message).collect()
 }
 
-/// Circles in crates (binaries included) whose modules have not been regrouped yet, each as the files (or
-/// folders, ending in `/`) it may span. A circle is excused only when every file of it
-/// lies in one entry, so one that grows fails; an entry that excuses nothing fails too, so
-/// the list only shrinks. Every library crate and
-/// the `kiln` binary have none and must keep it so.
-const KNOWN_CIRCLES: &[&[&str]] = &[
-    // The harness's tasks and the report that reads their runs (issue 44 untangles them).
-    &[
-        "xtask/src/main.rs",
-        "xtask/src/bench_decode.rs",
-        "xtask/src/bench_longprompt.rs",
-        "xtask/src/bench_offload_copy/flags.rs",
-        "xtask/src/bench_offload_copy/summary.rs",
-        "xtask/src/bench_quality.rs",
-        "xtask/src/bisect.rs",
-        "xtask/src/oom_record.rs",
-        "xtask/src/pin_tax/mod.rs",
-        "xtask/src/pin_tax/aa.rs",
-        "xtask/src/pin_tax/abba.rs",
-        "xtask/src/pin_tax/analysis.rs",
-        "xtask/src/pin_tax/mixed.rs",
-        "xtask/src/pin_tax/plots.rs",
-        "xtask/src/pin_tax/sweep.rs",
-        "xtask/src/report/mod.rs",
-        "xtask/src/report/compare.rs",
-        "xtask/src/report/runs.rs",
-        "xtask/src/runs.rs",
-        "xtask/src/serve_bench/mod.rs",
-        "xtask/src/sweep/driver.rs",
-        "xtask/src/sweep/flags.rs",
-        "xtask/src/sweep/series.rs",
-        "xtask/src/sweep/session.rs",
-        "xtask/src/sweep/slurm/mod.rs",
-        "xtask/src/sweep/slurm/merge.rs",
-        "xtask/src/sweep/slurm/script.rs",
-        "xtask/src/sweep/slurm/wait.rs",
-        "xtask/src/sweep/task.rs",
-    ],
-    // Shared types in a folder's mod.rs used by its files.
-    &[
-        "xtask/src/bench_kernels/mod.rs",
-        "xtask/src/bench_kernels/compare.rs",
-        "xtask/src/bench_kernels/plot.rs",
-        "xtask/src/bench_kernels/render.rs",
-    ],
-    // Shared types in a folder's mod.rs used by its files.
-    &["xtask/src/plot/mod.rs", "xtask/src/plot/layout.rs", "xtask/src/plot/render.rs"],
-];
+/// Circles excused while a crate's modules are regrouped, each as the files (or folders,
+/// ending in `/`) it may span. A circle is excused only when every file of it lies in one
+/// entry, so one that grows fails; an entry that excuses nothing fails too, so the list
+/// only shrinks. It is empty: no crate of the workspace, binaries included, has a circle.
+const KNOWN_CIRCLES: &[&[&str]] = &[];
 
 /// Whether `entry` covers every file of a circle.
 fn excuses(entry: &[&str], files: &[String]) -> bool {

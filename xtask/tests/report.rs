@@ -227,3 +227,219 @@ fn screenshot_is_not_blank(chromium: &Path, page: &Path, tmp: &Path) {
     assert!(ink > total / 200, "the screenshot is blank: {ink} of {total} pixels drawn ({})", shot.display());
     assert!(coloured > 50, "the screenshot shows no plotted series (blue pixels: {coloured})");
 }
+
+/// The sweep CSV's header (docs/benchmarks.md).
+const HEADER: &str = "model,model_path,prompt_tokens,generated_tokens,prefill_ms,prefill_tok_s,decode_ms,decode_tok_s,peak_bytes,max_rss_bytes,date,host,device,backend,kiln_version,commit,features,driver_version,cuda_version,max_tokens,warmup_tokens,attention,prefill_chunk,kv_dtype,memory_limit_bytes,threads,prompt,prompt_target_len,status,repetition,engine,engine_version,reason,disturbed";
+
+/// A recorded `bench-longprompt --repeat 3` run directory as an older harness left it
+/// (its CSV and env.json, no readings): synthetic:tiny measured three times at 16 tokens
+/// (the second repetition on a busy machine) and skipped at 2048 (its context), and
+/// smollm measured at 16 and out of memory at 2048.
+fn recorded_run(sb: &Sandbox) -> PathBuf {
+    let dir = sb.path("runs/20261207T120000Z-bench-longprompt");
+    fs::create_dir_all(&dir).unwrap();
+    let csv = sb.path("recorded.csv");
+    let mut text = format!("{HEADER}\n");
+    let cols: Vec<&str> = HEADER.split(',').collect();
+    let mut row = |fields: &[(&str, &str)]| {
+        let line: Vec<String> = cols
+            .iter()
+            .map(|c| {
+                fields.iter().find(|(k, _)| k == c).map_or_else(
+                    || match *c {
+                        "date" => "2026-12-07T12:00:00Z".to_string(),
+                        "host" => "vm".to_string(),
+                        "device" => "cpu:Some CPU (8 GiB)".to_string(),
+                        "backend" => "cpu".to_string(),
+                        "commit" => "f932f61".to_string(),
+                        "max_tokens" => "4".to_string(),
+                        "warmup_tokens" => "1".to_string(),
+                        "engine" => "kiln".to_string(),
+                        // An ok row carries every measurement; these are not summarised.
+                        "prompt_tokens" | "generated_tokens" | "prefill_ms" | "decode_ms"
+                            if fields.contains(&("status", "ok")) =>
+                        {
+                            "1".to_string()
+                        }
+                        _ => String::new(),
+                    },
+                    |(_, v)| format!("\"{}\"", v.replace('"', "\"\"")),
+                )
+            })
+            .collect();
+        text.push_str(&(line.join(",") + "\n"));
+    };
+    let tiny = "synthetic:tiny";
+    let small = "synthetic:smollm-135m";
+    for (rep, decode, prefill, disturbed) in [
+        ("1", "21390.5", "30511.2", ""),
+        ("2", "6012.3", "9120.4", "other processes used 1.80 CPUs"),
+        ("3", "27034.0", "35010.7", ""),
+    ] {
+        row(&[
+            ("model", tiny),
+            ("prompt_target_len", "16"),
+            ("status", "ok"),
+            ("repetition", rep),
+            ("decode_tok_s", decode),
+            ("prefill_tok_s", prefill),
+            ("peak_bytes", "1048576"),
+            ("disturbed", disturbed),
+        ]);
+        row(&[
+            ("model", tiny),
+            ("prompt_target_len", "2048"),
+            ("status", "SKIP:context"),
+            ("repetition", rep),
+            ("reason", "2052 tokens exceed the model's context of 2048 tokens"),
+        ]);
+        row(&[
+            ("model", small),
+            ("prompt_target_len", "16"),
+            ("status", "ok"),
+            ("repetition", rep),
+            ("decode_tok_s", ["48.2", "51.0", "44.9"][rep.parse::<usize>().unwrap() - 1]),
+            ("prefill_tok_s", "612.5"),
+            ("peak_bytes", "301989888"),
+        ]);
+        row(&[
+            ("model", small),
+            ("prompt_target_len", "2048"),
+            ("status", "SKIP:oom"),
+            ("repetition", rep),
+            ("peak_bytes", "1288490189"),
+            ("reason", "out of memory: requested 1.00 GiB for kv"),
+        ]);
+    }
+    fs::write(&csv, text).unwrap();
+    fs::write(
+        dir.join("env.json"),
+        serde_json::json!({
+            "command": ["xtask", "bench-longprompt", "--models", "synthetic:tiny synthetic:smollm-135m", "--lengths", "16 2048", "--repeat", "3"],
+            "output": csv.to_str().unwrap(),
+            "commit": "f932f61",
+        })
+        .to_string(),
+    )
+    .unwrap();
+    dir
+}
+
+/// Text as the page escapes it.
+fn escaped(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
+
+#[test]
+fn a_recorded_run_s_page_shows_geometric_readings_disturbed_counts_and_where_memory_ran_out() {
+    let sb = Sandbox::new();
+    let dir = recorded_run(&sb);
+    sb.run("report", &[dir.to_str().unwrap()]).expect_code(0);
+    let page = fs::read_to_string(dir.join("report.html")).unwrap();
+    // Rendered from the CSV through the terminal's sheet: the geometric mean of 21390.5,
+    // 6012.3 and 27034.0 with Student's t on the logs (checked by hand), never their
+    // arithmetic mean 18145.6 with an interval that may go negative.
+    for want in [
+        "<td>synthetic:tiny@16</td><td>3 / 3</td><td class=\"n\">15149 [2031, 112983] (n=3, within a factor of 7.46, 1 disturbed)</td>",
+        "<td class=\"n\">47.97 [40.93, 56.21] (n=3, ±17.2%)</td>",
+        "<td>synthetic:tiny@2048</td><td>0 / 3</td><td class=\"n\">-</td><td class=\"n\">-</td><td>3 SKIP:context</td>",
+        &escaped(
+            "disturbed 1 of 12 cells (other processes were busy while they ran; see the CSV's disturbed column): synthetic:tiny@16#2",
+        ),
+        "skipped 6 of 12 cells: synthetic:tiny@2048 (SKIP:context, 3 times), synthetic:smollm-135m@2048 (SKIP:oom, 3 times)",
+        &escaped(
+            "memory, synthetic:tiny: largest that fit 16 tokens (peak 1.0 MiB (1048576 bytes)); first that did not 2048 tokens: SKIP:context, not memory: 2052 tokens exceed the model's context of 2048 tokens",
+        ),
+        "memory, synthetic:smollm-135m: largest that fit 16 tokens (peak 288.0 MiB (301989888 bytes)); first that did not 2048 tokens: a real out of memory: it needed 1.2 GiB (1288490189 bytes), the bytes in use plus the refused request",
+    ] {
+        assert!(page.contains(want), "report.html lacks {want:?}:\n{page}");
+    }
+    for arithmetic in ["18145.6", "48.0 ["] {
+        assert!(!page.contains(arithmetic), "report.html shows an arithmetic mean {arithmetic:?}:\n{page}");
+    }
+}
+
+/// The sheet a run directory keeps (readings.json): its headline, every cell's text and
+/// its notes.
+fn sheet_texts(dir: &Path) -> Vec<String> {
+    let path = dir.join("readings.json");
+    let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let sheet: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut out: Vec<String> = sheet["headline"].as_str().unwrap().lines().map(str::to_string).collect();
+    for t in sheet["tables"].as_array().unwrap() {
+        for row in t["rows"].as_array().unwrap() {
+            out.extend(row.as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap().to_string()));
+        }
+    }
+    out.extend(sheet["notes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_string()));
+    out
+}
+
+/// Every text of the run's sheet is on its terminal and on its page, each cell in a cell.
+fn page_says_what_the_terminal_said(run: &util::Run, dir: &Path) -> Vec<String> {
+    let texts = sheet_texts(dir);
+    let page = fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(texts.iter().any(|t| t.contains(" [") && t.contains("(n=")), "no reading among {texts:?}");
+    for t in &texts {
+        assert!(run.stdout.contains(t.as_str()), "the terminal did not print {t:?}{run}");
+        assert!(page.contains(&escaped(t)), "report.html lacks the terminal's {t:?}:\n{page}");
+    }
+    texts
+}
+
+#[test]
+fn a_repeated_sweep_s_page_says_what_its_terminal_said() {
+    let sb = Sandbox::new();
+    let mut args = SWEEP.to_vec();
+    args.extend(["--repeat", "3"]);
+    let run = sb.run("bench-longprompt", &args);
+    run.expect_code(1);
+    let dirs = run_dirs(&sb);
+    let texts = page_says_what_the_terminal_said(&run, &dirs[0]);
+    assert!(
+        texts.iter().any(|t| t.starts_with("memory, synthetic:tiny: largest that fit 16 tokens")),
+        "{texts:?}"
+    );
+    assert!(texts.iter().any(|t| t.contains("(SKIP:context, 3 times)")), "{texts:?}");
+    // The summary the terminal printed is kept beside the readings.
+    let md = fs::read_to_string(dirs[0].join("summary.md")).unwrap();
+    assert!(run.stdout.contains(md.trim()), "summary.md is not what the terminal printed{run}");
+    if let Some(chromium) = std::env::var_os("KILN_TEST_CHROMIUM") {
+        screenshot_is_not_blank(Path::new(&chromium), &dirs[0].join("report.html"), sb.dir.path());
+    }
+}
+
+#[test]
+fn an_until_ci_sweep_s_page_carries_its_verdict_and_stopping_rule() {
+    let sb = Sandbox::new();
+    let run = sb.run(
+        "bench-longprompt",
+        &[
+            "--models",
+            "synthetic:tiny",
+            "--lengths",
+            "16",
+            "--max-tokens",
+            "4",
+            "--warmup-tokens",
+            "1",
+            "--until-ci",
+            "1",
+            "--max-pairs",
+            "5",
+        ],
+    );
+    run.expect_code(0);
+    let last = run_dirs(&sb).pop().unwrap();
+    let texts = page_says_what_the_terminal_said(&run, &last);
+    let verdict =
+        texts.iter().find(|t| t.starts_with("--until-ci 1%: ")).unwrap_or_else(|| panic!("{texts:?}"));
+    assert!(verdict.contains("after 5 repetitions") || verdict.contains("after 4 repetitions"), "{verdict}");
+    assert!(texts.iter().any(|t| t.starts_with("stopping rule: ")), "{texts:?}");
+    let page = fs::read_to_string(last.join("report.html")).unwrap();
+    assert!(page.contains("confidence sequence"), "{page}");
+}

@@ -8,59 +8,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use serde::{Deserialize, Serialize};
 
 use super::analysis::TaxRow;
+pub use super::records::{Floor, NoiseFloor};
 use crate::verdict::reading::Reading;
 use crate::verdict::sheet::{Cell, Table};
-
-/// One metric's noise floor.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Floor {
-    /// Cells with an interval.
-    pub cells: usize,
-    /// Of those, cells whose interval excludes 1.
-    pub false_positives: usize,
-    /// The mean half-width of their intervals, percent.
-    pub mean_half_width_pct: Option<f64>,
-    /// The pairs behind each interval (the most of any cell).
-    pub pairs: usize,
-    /// The cell whose interval is the median's width: what the machine typically resolves.
-    #[serde(default)]
-    pub typical: Option<Reading>,
-    /// The widest interval.
-    #[serde(default)]
-    pub widest: Option<Reading>,
-}
-
-impl Floor {
-    /// The share of intervals that exclude 1, percent.
-    pub fn false_positive_pct(&self) -> Option<f64> {
-        (self.cells > 0).then(|| 100.0 * self.false_positives as f64 / self.cells as f64)
-    }
-}
-
-/// What `aa.json` holds.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct NoiseFloor {
-    /// The device fingerprint (`env.json`'s `device`).
-    pub device: String,
-    /// When the run started (its run directory's stamp).
-    pub run: String,
-    /// The mode it ran (`sweep`, `mixed`): an A/B run cites only its own mode's.
-    #[serde(default)]
-    pub mode: Option<String>,
-    /// Per metric.
-    pub metrics: BTreeMap<String, Floor>,
-}
-
-impl NoiseFloor {
-    /// The share of all its intervals that exclude 1, percent.
-    pub fn false_positive_pct(&self) -> Option<f64> {
-        let (fp, cells) = self.metrics.values().fold((0, 0), |a, x| (a.0 + x.false_positives, a.1 + x.cells));
-        (cells > 0).then(|| 100.0 * fp as f64 / cells as f64)
-    }
-}
 
 /// The noise floor of an A/A run's rows (contaminated ones left out).
 pub fn floor(device: &str, run: &str, mode: &str, rows: &[TaxRow]) -> NoiseFloor {
@@ -179,7 +131,7 @@ pub fn latest(runs_dir: &Path, device: &str, mode: &str, except: &Path) -> Optio
 
 #[cfg(test)]
 mod tests {
-    use super::super::abba::Better;
+    use super::super::records::Better;
     use super::*;
     use crate::verdict::reading::Method;
 

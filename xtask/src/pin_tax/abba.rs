@@ -6,7 +6,6 @@
 //! SIGKILL of the group. Every pass is written (flushed) as it ends, failures with their
 //! reason; a signal stops the server, keeps what was written and never boots the next arm.
 
-use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::future::Future;
@@ -15,64 +14,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use serde::Serialize;
 
-use super::arms::{Arm, GateLine, KernelLine, Order, check_gate, check_identity};
+use super::arms::{Arm, GateLine, Order, check_gate, check_identity};
+use super::records::{BootRecord, CellDef, CellMeasure, PassRecord, cell_failures};
 use crate::child::{self, Shutdown};
 use crate::quiet::{self, Limits, Probe, Reading};
 use crate::serve_bench::client::Target;
 use crate::serve_bench::until_signal;
 use crate::server::{self, Ready, Server, ServerSpec};
-
-/// Which way a metric improves: the verdict's own ([`crate::verdict::reading::Better`]).
-pub use crate::verdict::reading::Better;
-
-/// A metric a cell reports.
-#[derive(Clone, Debug)]
-pub struct MetricDef {
-    /// Its name, e.g. `output tok/s`.
-    pub name: &'static str,
-    /// Which way is better.
-    pub better: Better,
-}
-
-/// A cell: a named workload measured once per pass.
-#[derive(Clone, Debug)]
-pub struct CellDef {
-    /// Its name, e.g. `decode B=4`.
-    pub name: String,
-    /// What it reports.
-    pub metrics: Vec<MetricDef>,
-}
-
-/// One cell measured in one pass.
-#[derive(Clone, Debug, Serialize)]
-pub struct CellMeasure {
-    /// The cell.
-    pub cell: String,
-    /// Requests sent.
-    pub requests: usize,
-    /// Requests that failed.
-    pub failed: usize,
-    /// The first failure.
-    pub first_error: Option<String>,
-    /// Metric values (completed requests only).
-    pub metrics: BTreeMap<String, f64>,
-    /// Request key -> output hash, for completed requests.
-    pub hashes: BTreeMap<String, String>,
-    /// The server's `usage.prompt_tokens` of the first completed request: with the
-    /// cached tokens, the M of the cell's prefill forward.
-    pub prompt_tokens: Option<u64>,
-    /// Its `usage.prompt_tokens_details.cached_tokens`.
-    pub cached_tokens: Option<u64>,
-    /// Why the measurement does not count although every request completed (a mixed
-    /// window whose speculative stream did not cover it, or had not drained).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub invalid: Option<String>,
-    /// What a mode records beyond the metrics (a mixed window's timeline).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub detail: Option<serde_json::Value>,
-}
 
 /// What a mode supplies: its cells, its server arguments and one pass over the cells.
 /// The boot, identity, ABBA, signal and statistics machinery stays here and in
@@ -165,65 +114,6 @@ pub struct Plan {
     pub first_boot: usize,
     /// `--max-time`: no pair of boots is started that would likely end after this.
     pub deadline: Option<Instant>,
-}
-
-/// One pass as written to `passes.jsonl`.
-#[derive(Clone, Debug, Serialize)]
-pub struct PassRecord {
-    /// 1-based boot number.
-    pub boot: usize,
-    /// Its arm.
-    pub arm: Arm,
-    /// 0 = warm-up, then 1..=passes.
-    pub pass: usize,
-    /// Whether it counts.
-    pub ok: bool,
-    /// Why not.
-    pub reason: Option<String>,
-    /// Why it does not count although it completed (a cell's `invalid`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub invalid: Option<String>,
-    /// Why it was measured on a busy machine, if it was.
-    pub disturbed: Option<String>,
-    /// What ran beside it.
-    pub quiet: Option<Reading>,
-    /// Wall seconds.
-    pub elapsed_s: f64,
-    /// Its cells.
-    pub cells: Vec<CellMeasure>,
-}
-
-/// One boot as written to `boots.jsonl`.
-#[derive(Clone, Debug, Serialize)]
-pub struct BootRecord {
-    /// 1-based boot number.
-    pub boot: usize,
-    /// Its arm (in an A/A run its slot, `A1` or `A2`).
-    pub arm: Arm,
-    /// The arm whose environment it ran: its own, or an A/A run's shared one.
-    pub runs: Arm,
-    /// The server's pid (its process group).
-    pub pid: Option<i32>,
-    /// The parsed kernel line.
-    pub kernel: Option<KernelLine>,
-    /// The exactness gate's line, for arms that speculate.
-    pub gate: Option<GateLine>,
-    /// Why the boot produced no passes, if it did not.
-    pub failure: Option<String>,
-    /// Port preflight and spawn, seconds.
-    pub preflight_s: f64,
-    /// The quiet check before the boot, seconds.
-    pub quiet_check_s: f64,
-    /// Spawn to the first 200 from /health, seconds.
-    pub ready_after_s: Option<f64>,
-    /// SIGTERM to reaped, seconds.
-    pub stop_s: f64,
-    /// Whether the grace ran out and SIGKILL was needed.
-    pub killed: bool,
-    /// How the server ended.
-    pub ended: String,
-    /// The boot's log, relative to the run directory.
-    pub log: String,
 }
 
 /// How the driver ended.
@@ -600,23 +490,6 @@ fn pass_failure(cells: &[CellMeasure], dead: Option<&str>, requests: usize, fail
     ))
 }
 
-/// `cell: f of n requests failed; first: ...` for each cell with a failed request.
-pub fn cell_failures(cells: &[CellMeasure]) -> Vec<String> {
-    cells
-        .iter()
-        .filter(|c| c.failed > 0)
-        .map(|c| {
-            format!(
-                "{}: {} of {} requests failed; first: {}",
-                c.cell,
-                c.failed,
-                c.requests,
-                c.first_error.as_deref().unwrap_or("")
-            )
-        })
-        .collect()
-}
-
 fn failed_pass(boot: usize, arm: Arm, pass: usize, reason: String) -> PassRecord {
     PassRecord {
         boot,
@@ -642,8 +515,8 @@ mod tests {
             requests,
             failed,
             first_error: (failed > 0).then(|| "HTTP 400".to_string()),
-            metrics: BTreeMap::new(),
-            hashes: BTreeMap::new(),
+            metrics: std::collections::BTreeMap::new(),
+            hashes: std::collections::BTreeMap::new(),
             prompt_tokens: None,
             cached_tokens: None,
             invalid: None,

@@ -6,8 +6,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::abba::{Better, BootRecord, CellDef, PassRecord};
 use super::arms::{AaEnv, Arm, Order};
+use super::records::{Better, BootRecord, CellDef, NoiseFloor, PassRecord};
 use super::stats;
 use crate::verdict::reading::{self, Judged, Method, Reading, Verdict};
 use crate::verdict::sheet::{Cell, Sheet, Table};
@@ -464,12 +464,7 @@ pub fn run_caveats(rows: &[&TaxRow], aa_fp_pct: Option<f64>) -> Vec<String> {
 
 /// The one-line answer: what the rows say of the arms, or why they say nothing to act on.
 /// `aa` is the run's own noise floor (an A/A run) or the one it cites.
-pub fn headline(
-    rows: &[TaxRow],
-    design: Design,
-    judge: &Judge,
-    aa: Option<&super::aa::NoiseFloor>,
-) -> String {
+pub fn headline(rows: &[TaxRow], design: Design, judge: &Judge, aa: Option<&NoiseFloor>) -> String {
     let reported: Vec<&TaxRow> = rows.iter().filter(|r| r.reported()).collect();
     let m = judge.margin();
     let title = design.title();
@@ -569,7 +564,7 @@ pub fn findings(passes: &[PassRecord], unit: &str) -> Findings {
             .iter()
             .filter(|p| p.ok)
             .flat_map(|p| {
-                super::abba::cell_failures(&p.cells).into_iter().map(move |f| format!("{}, {f}", label(p)))
+                super::records::cell_failures(&p.cells).into_iter().map(move |f| format!("{}, {f}", label(p)))
             })
             .collect(),
         disturbed: passes
@@ -633,7 +628,7 @@ pub struct SheetInput<'a> {
     /// Seconds one more pair of boots takes, for the undecided verdicts' budgets.
     pub secs_per_pair: Option<f64>,
     /// The run's own noise floor (an A/A run) or the one it cites.
-    pub aa: Option<&'a super::aa::NoiseFloor>,
+    pub aa: Option<&'a NoiseFloor>,
 }
 
 /// The sheet of a run: headline and the rows' table (the driver adds the fit, the
@@ -676,8 +671,8 @@ pub fn boot_timings(boots: &[BootRecord]) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::abba::{CellMeasure, MetricDef};
     use super::super::arms::order_arg;
+    use super::super::records::{CellMeasure, MetricDef};
     use super::*;
 
     fn pass(boot: usize, arm: Arm, n: usize, tok_s: f64, hash: &str) -> PassRecord {

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::json;
 
-use super::abba::{Better, CellDef, CellMeasure, MetricDef, Mode, PassRecord};
+use super::abba::Mode;
 use super::analysis::{Design, TaxRow};
+use super::records::{Better, CellDef, CellMeasure, MetricDef, PassRecord};
 use crate::plot::Panel;
 use crate::serve_bench::client::{self, Endpoint, Prompt, RequestResult, RequestSpec, Target};
 use crate::serve_bench::load;

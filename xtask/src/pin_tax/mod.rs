@@ -10,6 +10,7 @@ pub mod analysis;
 pub mod arms;
 pub mod mixed;
 pub mod plots;
+mod records;
 pub mod stats;
 pub mod sweep;
 
@@ -336,7 +337,7 @@ impl QmvPinTax {
             deadline: self.seq.until_ci.and(self.seq.max_time).map(|d| std::time::Instant::now() + d),
         };
         let skipped = mode.skipped();
-        let cells: Vec<abba::CellDef> =
+        let cells: Vec<records::CellDef> =
             mode.cells().into_iter().filter(|c| !skipped.iter().any(|(s, _)| *s == c.name)).collect();
         let judge = analysis::Judge {
             trust_pct: self.trust_limit,
@@ -547,7 +548,7 @@ impl QmvPinTax {
         mode: &M,
         design: analysis::Design,
         plan: &Plan,
-        cells: &[abba::CellDef],
+        cells: &[records::CellDef],
         judge: &analysis::Judge,
         shutdown: &Shutdown,
     ) -> Result<(abba::Outcome, Order, Option<crate::verdict::sequence::Stopped>, usize)> {

@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use super::abba::{Better, PassRecord};
 use super::analysis::{Design, Kind, TaxRow};
 use super::arms::Arm;
+use super::records::{Better, PassRecord};
 use crate::plot::{Axis, Panel, Point, RefLine, Series};
 
 /// The plot: each decode metric's cost ratio against B, so that above 1 is always a
@@ -110,7 +110,7 @@ pub fn mixed(passes: &[PassRecord], metrics: [&str; 2]) -> Vec<Panel> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::abba::CellMeasure;
+    use super::super::records::CellMeasure;
     use super::*;
     use crate::verdict::reading::{Method, Reading};
 

@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::time::Duration;
 
-use super::abba::{Better, CellDef, CellMeasure, MetricDef, Mode, PassRecord};
+use super::abba::Mode;
 use super::analysis::{Design, TaxRow};
+use super::records::{Better, CellDef, CellMeasure, MetricDef, PassRecord};
 use crate::serve_bench::client::{Endpoint, Prompt, RequestSpec, Target};
 use crate::serve_bench::load::{self, Arrival};
 use crate::serve_bench::output::LevelSummary;
@@ -332,7 +333,7 @@ impl Sweep {
 
 #[cfg(test)]
 mod fit_tests {
-    use super::super::abba::Better;
+    use super::super::records::Better;
     use super::*;
     use crate::verdict::sheet::Sheet;
 

@@ -3,9 +3,10 @@
 //! cells, and a recorded run whose summary.md, readings.json and report.html say what
 //! the terminal said.
 
-use super::abba::{Better, CellDef, CellMeasure, MetricDef, Mode, PassRecord};
+use super::abba::Mode;
 use super::analysis::{self, Design, Judge, SheetInput};
 use super::arms::{AaEnv, Arm, Order, order_arg};
+use super::records::{Better, CellDef, CellMeasure, MetricDef, PassRecord};
 
 fn pass(boot: usize, arm: Arm, n: usize, cell: &str, metric: &str, v: f64) -> PassRecord {
     PassRecord {

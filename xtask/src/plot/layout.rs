@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use super::Scale;
+use super::model::Scale;
 use super::style::Marker;
 
 /// An axis-aligned rectangle.

@@ -5,9 +5,9 @@
 use std::fmt::Write as _;
 
 use super::layout::{Layout, PanelLayout, Rect, SeriesLayout, Tick};
+use super::model::{Axis, Mark, Panel, Scale, Series};
 use super::style::{FONT, Look, escape, look, marker_svg, text_width};
 use super::ticks;
-use super::{Axis, Mark, Panel, Scale, Series};
 
 const PLOT_W: f64 = 420.0;
 const PLOT_W_MAX: f64 = 900.0;

@@ -10,8 +10,7 @@ use std::fmt::Write as _;
 use anyhow::{Result, bail};
 use serde_json::Value;
 
-use super::head;
-use super::html::{escape, table};
+use super::html::{escape, head, table};
 use super::runs::{Kind, Run, engine, setting_text};
 use crate::verdict::reading::{Better, Method, Reading, Verdict};
 use crate::verdict::sheet::{Cell, Sheet, Table};

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 pub use crate::plot::escape;
+use crate::verdict::sheet::Sheet;
 
 /// The page's stylesheet, inline: no network, no scripts.
 pub const CSS: &str = "body{font-family:DejaVu Sans,Verdana,Arial,sans-serif;margin:24px;color:#222;max-width:1800px}\
@@ -11,7 +12,24 @@ h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd
 table{border-collapse:collapse;margin:8px 0;font-size:13px}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}\
 th{background:#f2f2f2}td.n{text-align:right;font-variant-numeric:tabular-nums}\
 code,pre{font-family:DejaVu Sans Mono,monospace;font-size:12px}pre{background:#f6f6f6;padding:8px;overflow-x:auto;white-space:pre-wrap}\
-.bad{color:#b00020}.good{color:#006d2c}.plot{overflow-x:auto}.note{color:#555;font-size:13px}";
+.bad{color:#b00020}.good{color:#006d2c}.plot{overflow-x:auto}.note{color:#555;font-size:13px}\
+.headline{font-size:15px}ul.notes{font-size:13px}";
+
+/// The pages' Content-Security-Policy: inline style and `data:` images, nothing else; no
+/// script, no form may submit anywhere, no `<base>` may move the links, no frame.
+/// (`frame-ancestors` cannot be set from a meta tag.)
+const CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'none'; base-uri 'none'; frame-src 'none'";
+
+/// The page's head and title.
+pub fn head(title: &str) -> String {
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">\
+<title>{}</title><style>{CSS}</style></head><body>\n<h1>{}</h1>\n",
+        escape(title),
+        escape(title)
+    )
+}
 
 /// A table; `numeric[i]` right-aligns column i. Every cell is escaped.
 pub fn table(headers: &[&str], rows: &[Vec<String>], numeric: &[bool]) -> String {
@@ -29,6 +47,39 @@ pub fn table(headers: &[&str], rows: &[Vec<String>], numeric: &[bool]) -> String
         s.push_str("</tr>\n");
     }
     s.push_str("</table>\n");
+    s
+}
+
+/// A run's [`Sheet`] as HTML: its headline, each table with its legend (a number's cell
+/// right-aligned), and its notes. Every text is the cell's own, escaped: the page prints
+/// what the terminal printed.
+pub fn sheet(sheet: &Sheet) -> String {
+    let mut s = String::new();
+    for line in sheet.headline.lines().filter(|l| !l.trim().is_empty()) {
+        let _ = writeln!(s, "<p class=\"headline\"><strong>{}</strong></p>", escape(line));
+    }
+    for t in &sheet.tables {
+        if !t.title.is_empty() {
+            let _ = writeln!(s, "<h3>{}</h3>", escape(&t.title));
+        }
+        let headers: Vec<&str> = t.columns.iter().map(String::as_str).collect();
+        let body: Vec<Vec<String>> =
+            t.rows.iter().map(|r| r.iter().map(|c| c.text.clone()).collect()).collect();
+        let numeric: Vec<bool> = (0..t.columns.len())
+            .map(|i| t.rows.iter().any(|r| r.get(i).is_some_and(|c| c.numeric())))
+            .collect();
+        s.push_str(&table(&headers, &body, &numeric));
+        if !t.legend.is_empty() {
+            let _ = writeln!(s, "<p class=\"note\">{}</p>", escape(&t.legend));
+        }
+    }
+    if !sheet.notes.is_empty() {
+        s.push_str("<ul class=\"notes\">");
+        for n in &sheet.notes {
+            let _ = write!(s, "<li>{}</li>", escape(n));
+        }
+        s.push_str("</ul>\n");
+    }
     s
 }
 

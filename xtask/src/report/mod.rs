@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
-use self::html::{CSS, escape, table};
+use self::html::{escape, head, table};
 pub use self::runs::Run;
 use crate::console::usage;
 
@@ -140,22 +140,6 @@ fn write_page(run: &Run) -> Result<PathBuf> {
     crate::plot::write_atomically(&path, page(run).as_bytes())
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
-}
-
-/// The pages' Content-Security-Policy: inline style and `data:` images, nothing else; no
-/// script, no form may submit anywhere, no `<base>` may move the links, no frame.
-/// (`frame-ancestors` cannot be set from a meta tag.)
-const CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'none'; base-uri 'none'; frame-src 'none'";
-
-/// The page's head and title.
-fn head(title: &str) -> String {
-    format!(
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">\
-<title>{}</title><style>{CSS}</style></head><body>\n<h1>{}</h1>\n",
-        escape(title),
-        escape(title)
-    )
 }
 
 /// One run's page.
@@ -370,5 +354,98 @@ mod tests {
             }
         }
         assert!(pasted.is_empty(), "the page holds the SVG's {pasted:?}");
+    }
+
+    /// A sweep run directory: its CSV of `decode` rates (one repetition each) at one
+    /// cell, and env.json naming it with `command`.
+    fn sweep_dir(dir: &Path, decode: &[f64], command: &[&str]) {
+        use crate::sweep::rows::{CsvOut, Row};
+        let csv = dir.join("out.csv");
+        let mut out = CsvOut::create(&csv).unwrap();
+        for (i, d) in decode.iter().enumerate() {
+            out.write(&Row {
+                model: "synthetic:tiny".into(),
+                prompt_target_len: Some(16),
+                prompt_tokens: Some(16),
+                generated_tokens: Some(3),
+                prefill_ms: Some(1.0),
+                prefill_tok_s: Some(1000.0 + i as f64),
+                decode_ms: Some(1.0),
+                decode_tok_s: Some(*d),
+                peak_bytes: Some(1 << 20),
+                date: "2026-12-07T12:00:00Z".into(),
+                status: "ok".into(),
+                repetition: i as u32 + 1,
+                engine: "kiln".into(),
+                disturbed: if i == 1 { "other processes used 1.2 CPUs".into() } else { String::new() },
+                ..Row::default()
+            })
+            .unwrap();
+        }
+        drop(out);
+        let env = serde_json::json!({ "command": command, "output": csv.to_str().unwrap() });
+        fs::write(dir.join("env.json"), env.to_string()).unwrap();
+    }
+
+    #[test]
+    fn a_sweep_page_renders_the_readings_its_terminal_printed() {
+        let d = tempfile::tempdir().unwrap();
+        let decode = [12000.0, 6012.0, 27506.0, 14000.0, 13000.0];
+        sweep_dir(d.path(), &decode, &["xtask", "bench-longprompt"]);
+        // The terminal's sheet, kept: the page prints its texts, whatever the CSV says.
+        let kept = crate::sweep::series::sequential_sheet(
+            &crate::sweep::rows::read_rows(&d.path().join("out.csv")).unwrap(),
+            5.0,
+            Some("stopping rule: --max-pairs 5 reached".into()),
+        )
+        .0;
+        kept.write(d.path()).unwrap();
+        let html = page(&Run::load(d.path()).unwrap());
+        assert!(!kept.texts().is_empty());
+        for t in kept
+            .texts()
+            .into_iter()
+            .chain([kept.headline.as_str()])
+            .chain(kept.notes.iter().map(String::as_str))
+        {
+            assert!(html.contains(&escape(t)), "the page lacks the terminal's {t:?}:\n{html}");
+        }
+        assert!(html.contains("--until-ci 5%: 1 of 2 intervals are not under ±5% after 5 repetitions: synthetic:tiny@16 kiln decode (within a factor of 3.65)"), "{html}");
+        assert!(html.contains("1 disturbed"), "{html}");
+        // Not the arithmetic mean of the rates.
+        let mean = decode.iter().sum::<f64>() / decode.len() as f64;
+        assert!(!html.contains(&format!("{mean:.1}")) && !html.contains(&format!("{mean:.0}")), "{html}");
+    }
+
+    #[test]
+    fn an_older_until_ci_run_without_readings_renders_through_the_same_sheet() {
+        let d = tempfile::tempdir().unwrap();
+        sweep_dir(
+            d.path(),
+            &[12000.0, 6012.0, 27506.0, 14000.0],
+            &["xtask", "bench-longprompt", "--until-ci", "5"],
+        );
+        let rows = crate::sweep::rows::read_rows(&d.path().join("out.csv")).unwrap();
+        let want = crate::sweep::series::sequential_sheet(&rows, 5.0, None).0;
+        let html = page(&Run::load(d.path()).unwrap());
+        for t in want.texts() {
+            assert!(html.contains(&escape(t)), "the page lacks {t:?}:\n{html}");
+        }
+        assert!(html.contains("confidence sequence") && html.contains("--until-ci 5%: "), "{html}");
+        // The plot's intervals are the sheet's: the confidence sequence's, not Student's t.
+        let run = Run::load(d.path()).unwrap();
+        let drawn = |m| crate::plot::render(&crate::sweep::panels::panels_by(&rows, m)).0;
+        assert_eq!(run.plots(), [drawn(crate::verdict::reading::Method::Sequence)]);
+        assert_ne!(run.plots(), [drawn(crate::verdict::reading::Method::T)]);
+        // `--until-ci=5` is the same run; without the flag, Student's t.
+        sweep_dir(
+            d.path(),
+            &[12000.0, 6012.0, 27506.0, 14000.0],
+            &["xtask", "bench-longprompt", "--until-ci=5"],
+        );
+        assert!(page(&Run::load(d.path()).unwrap()).contains("confidence sequence"));
+        sweep_dir(d.path(), &[12000.0, 6012.0, 27506.0, 14000.0], &["xtask", "bench-longprompt"]);
+        let plain = page(&Run::load(d.path()).unwrap());
+        assert!(plain.contains("Student&#39;s t") && !plain.contains("--until-ci"), "{plain}");
     }
 }

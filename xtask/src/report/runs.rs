@@ -8,17 +8,21 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use super::html::{self, table};
+use super::html;
 use crate::bench_offload_copy::OffloadRow;
 use crate::console::usage;
 use crate::serve_bench::output::LevelSummary;
 use crate::serve_bench::stats::Summary;
 use crate::sweep::rows::{self, Row};
+use crate::sweep::summary::{self, RunState, UntilCi};
+use crate::verdict::sheet::Sheet;
 
 /// What a run directory holds.
 pub enum Kind {
-    /// bench-longprompt or bench-decode: the CSV env.json names.
-    Sweep { csv: PathBuf, rows: Vec<Row> },
+    /// bench-longprompt or bench-decode: the CSV env.json names, and the sheet its
+    /// terminal printed (readings.json), or for a run written before there was one, the
+    /// sheet built from the CSV by the same function.
+    Sweep { csv: PathBuf, rows: Vec<Row>, sheet: Sheet },
     /// bench-offload-copy.
     Offload { csv: PathBuf, rows: Vec<OffloadRow>, raw: Vec<BTreeMap<String, String>> },
     /// serve-bench: levels.csv, summary.md and requests.jsonl.
@@ -201,7 +205,14 @@ impl Run {
             ];
             if rows::is_sweep_header(first) {
                 let rows = rows::rows_from_bytes(head.as_bytes(), &csv)?;
-                Kind::Sweep { csv, rows }
+                let sheet = match Sheet::read(dir)? {
+                    Some(sheet) => sheet,
+                    None => {
+                        let state = RunState { until_ci: until_ci(env.as_ref()), ..RunState::default() };
+                        summary::sheet_of_rows(&rows, &state)
+                    }
+                };
+                Kind::Sweep { csv, rows, sheet }
             } else if offload.iter().any(|h| first == h.join(",")) {
                 let mut rdr = csv::Reader::from_reader(head.as_bytes());
                 let rows = rdr
@@ -224,7 +235,8 @@ impl Run {
     /// must never be written over.
     pub fn inputs(&self) -> Vec<PathBuf> {
         let names: &[&str] = match &self.kind {
-            Kind::Sweep { .. } | Kind::Offload { .. } => &[],
+            Kind::Sweep { .. } => &[crate::verdict::reading::FILE, "summary.md"],
+            Kind::Offload { .. } => &[],
             Kind::Serve { .. } => &["levels.csv", "requests.jsonl", "summary.md"],
             Kind::PinTax { .. } => &["passes.jsonl", "summary.md", "tax.svg"],
             Kind::Quality { .. } => &["quality.csv", "quality.md"],
@@ -306,36 +318,8 @@ impl Run {
     /// The summary, as HTML.
     pub fn summary_html(&self) -> String {
         match &self.kind {
-            Kind::Sweep { rows, .. } => {
-                let cells = sweep_cells(rows);
-                let body: Vec<Vec<String>> = cells
-                    .iter()
-                    .map(|(k, c)| {
-                        vec![
-                            k.0.clone(),
-                            k.1.clone(),
-                            k.2.to_string(),
-                            format!("{} / {}", c.ok, c.ran),
-                            rate(&c.decode),
-                            rate(&c.prefill),
-                            c.statuses.join(", "),
-                        ]
-                    })
-                    .collect();
-                table(
-                    &[
-                        "model",
-                        "engine",
-                        "prompt tokens",
-                        "ok / ran",
-                        "decode tok/s",
-                        "prefill tok/s",
-                        "status",
-                    ],
-                    &body,
-                    &[false, false, true, true, true, true, false],
-                )
-            }
+            // The terminal's sheet, cell for cell: nothing here takes a mean.
+            Kind::Sweep { sheet, .. } => html::sheet(sheet),
             Kind::Offload { rows, .. } => html::markdown(&crate::bench_offload_copy::markdown(rows)),
             Kind::Serve { summary, .. } | Kind::PinTax { summary, .. } => {
                 markdown_file(summary, "summary.md")
@@ -348,14 +332,23 @@ impl Run {
     /// analysis is not redone here) the run's own tax.svg as an image, never as markup.
     pub fn plots(&self) -> Vec<String> {
         let panels = match &self.kind {
-            Kind::Sweep { rows, .. } => crate::bench_longprompt::panels(rows),
+            // The points and intervals are the sheet's readings, taken the same way.
+            Kind::Sweep { rows, sheet, .. } => {
+                let method = sheet
+                    .tables
+                    .iter()
+                    .flat_map(|t| t.rows.iter().flatten())
+                    .find_map(|c| c.reading.as_ref().map(|r| r.method))
+                    .unwrap_or(crate::verdict::reading::Method::T);
+                crate::sweep::panels::panels_by(rows, method)
+            }
             Kind::Offload { rows, .. } => crate::bench_offload_copy::panels(rows),
             Kind::Serve { levels, open_loop, .. } => crate::serve_bench::output::panels(levels, *open_loop),
             Kind::PinTax { svg, .. } => {
                 return svg.iter().map(|svg| html::svg_image(svg, "tax.svg")).collect();
             }
-            Kind::Quality { raw, .. } => crate::bench_quality::panels(
-                &raw.iter().filter_map(crate::bench_quality::Scored::from_csv).collect::<Vec<_>>(),
+            Kind::Quality { raw, .. } => crate::bench_quality::plot::panels(
+                &raw.iter().filter_map(crate::bench_quality::plot::Scored::from_csv).collect::<Vec<_>>(),
             ),
         };
         vec![crate::plot::render(&panels).0]
@@ -514,55 +507,17 @@ pub fn engine(r: &Row) -> String {
     if r.is_peer() { r.engine.clone() } else { "kiln".into() }
 }
 
-/// One cell of a sweep over its repetitions.
-#[derive(Default)]
-pub struct CellStats {
-    /// Rows with status ok.
-    pub ok: usize,
-    /// Rows.
-    pub ran: usize,
-    /// The ok rows' decode rates.
-    pub decode: Vec<f64>,
-    /// Their prefill rates.
-    pub prefill: Vec<f64>,
-    /// The other statuses seen.
-    pub statuses: Vec<String>,
-}
-
-/// A sweep's cells, keyed (model, engine, prompt length), in sweep order.
-pub fn sweep_cells(rows: &[Row]) -> Vec<((String, String, u64), CellStats)> {
-    let mut out: Vec<((String, String, u64), CellStats)> = Vec::new();
-    for r in rows {
-        let key = (r.model.clone(), engine(r), r.prompt_target_len.unwrap_or(0));
-        let i = match out.iter().position(|(k, _)| *k == key) {
-            Some(i) => i,
-            None => {
-                out.push((key, CellStats::default()));
-                out.len() - 1
-            }
-        };
-        let c = &mut out[i].1;
-        c.ran += 1;
-        if r.status == "ok" {
-            c.ok += 1;
-            c.decode.extend(r.decode_tok_s);
-            c.prefill.extend(r.prefill_tok_s);
-        } else if !c.statuses.contains(&r.status) {
-            c.statuses.push(r.status.clone());
-        }
-    }
-    out
-}
-
-/// `mean` or `mean [lo, hi]` (the 95% interval over repetitions), `-` for none.
-pub fn rate(v: &[f64]) -> String {
-    match crate::student_t::interval(v) {
-        None => "-".into(),
-        Some(i) => match i.ci95 {
-            Some((lo, hi)) => format!("{:.1} [{lo:.1}, {hi:.1}]", i.mean),
-            None => format!("{:.1}", i.mean),
-        },
-    }
+/// `--until-ci`'s target from the command env.json records (`--until-ci 5` or
+/// `--until-ci=5`), for a run written before its readings were kept.
+fn until_ci(env: Option<&Value>) -> Option<UntilCi> {
+    let args: Vec<&str> = env?.get("command")?.as_array()?.iter().filter_map(Value::as_str).collect();
+    let value = args.iter().enumerate().find_map(|(i, a)| match a.strip_prefix("--until-ci") {
+        Some("") => args.get(i + 1).copied(),
+        Some(v) => v.strip_prefix('='),
+        None => None,
+    })?;
+    let target_pct = crate::verdict::pct_arg(value).ok()?;
+    Some(UntilCi { target_pct, stopped: None })
 }
 
 fn percent_encode(s: &str) -> String {

@@ -11,15 +11,14 @@ use super::classify::Status;
 use super::layers::{self, EstimateFacts, OomLayers, Skip};
 use super::plan::{self, CellKey, Engine, Plan};
 use super::record::RecordLine;
-use super::rows::{CsvOut, Knobs, Row, round3};
+use super::rows::{CsvOut, Knobs, Output, Row, round3};
 use super::runner::{CellRunner, Outcome, Ran};
-use super::series;
-use super::session::Output;
 use super::summary;
 use crate::child::{self as shutdown, Shutdown};
 use crate::console;
 use crate::peer::{PeerOutcome, PeerRunner};
 use crate::quiet;
+use crate::verdict::sheet::Sheet;
 
 /// The current time for rows and records: UTC, seconds.
 pub(crate) fn now() -> String {
@@ -181,7 +180,7 @@ pub(crate) fn feed_back(
         prompt_target_len: cell.layer_len(),
         date: row.date.to_string(),
         commit: row.commit.to_string(),
-        peak_bytes: row.peak_bytes,
+        demand_bytes: row.peak_bytes,
         source_csv: source_csv.to_string(),
         device: Some(row.device),
     })?;
@@ -196,36 +195,34 @@ pub(crate) fn feed_back(
     Ok(())
 }
 
-/// The end of a sweep: its one summary on stdout (the table and tally of `plan`'s cells,
-/// then `statistics`), the reasons for a non-zero exit on stderr, and the exit status
-/// (the signal's when `interrupted`).
+/// The end of a sweep: its one summary on stdout (`sheet`, the readings of `plan`'s cells,
+/// which the caller keeps in the run directory), the reasons for a non-zero exit on
+/// stderr, and the exit status (the signal's when `interrupted`) with the sheet.
 pub(super) fn conclude(
     plan: &Plan,
     rows: &BTreeMap<CellKey, Row>,
     interrupted: Option<i32>,
-    statistics: &str,
+    sheet: Sheet,
     source_csv: &str,
     elapsed: std::time::Duration,
-) -> Result<u8> {
-    let finished = summary::pair(plan, rows);
-    let mut text = summary::render(plan, &finished, interrupted.map(shutdown::signal_name));
-    if !statistics.is_empty() {
-        text = format!("{text}\n{statistics}");
-    }
-    console::out(&format!("\n{text}"))?;
+) -> Result<(u8, Sheet)> {
+    console::out(&format!("\n{}", sheet.markdown()))?;
     if let Some(sig) = interrupted {
-        return Ok(shutdown::exit_code_for(sig));
+        return Ok((shutdown::exit_code_for(sig), sheet));
     }
+    let finished = summary::pair(plan, rows);
     let (code, reasons) = summary::exit_status(&finished);
     for r in &reasons {
         eprintln!("exit 1: {r}");
     }
     eprintln!("results: {source_csv} ({:.0} s)", elapsed.as_secs_f64());
-    Ok(code)
+    Ok((code, sheet))
 }
 
 impl Driver<'_> {
-    pub(super) fn run(&mut self, runner: &mut dyn CellRunner, output: Output) -> Result<u8> {
+    /// Runs every cell of the plan, prints the summary and returns the exit status with
+    /// the summary's sheet (which the session keeps in the run directory).
+    pub(super) fn run(&mut self, runner: &mut dyn CellRunner, output: Output) -> Result<(u8, Sheet)> {
         let mut rows: BTreeMap<CellKey, Row> = BTreeMap::new();
         let mut csv = output.csv;
         if let Some(existing) = output.resumed {
@@ -244,9 +241,8 @@ impl Driver<'_> {
         let started = Instant::now();
         let interrupted = self.walk(runner, &mut csv, &mut rows)?;
         let finished = summary::pair(self.plan, &rows);
-        let statistics =
-            if series::applies(self.plan) { series::render(self.plan, &finished) } else { String::new() };
-        conclude(self.plan, &rows, interrupted, &statistics, &self.source_csv, started.elapsed())
+        let sheet = summary::sheet(&finished, interrupted.map(shutdown::signal_name));
+        conclude(self.plan, &rows, interrupted, sheet, &self.source_csv, started.elapsed())
     }
 
     /// Runs every cell of the plan that has no row in `rows` yet, in order: each row is
@@ -646,7 +642,7 @@ mod tests {
         };
         let (out, resumed) = CsvOut::resume(&csv).unwrap();
         let output = Output { path: csv.clone(), csv: out, resumed: Some(resumed) };
-        let code = driver.run(&mut runner, output).unwrap();
+        let (code, _) = driver.run(&mut runner, output).unwrap();
         assert_eq!(code, 1, "a@1 and a@3 failed");
         // b is backstopped by its earlier row; gone never reaches the runner.
         assert_eq!(runner.launched, ["a@1", "a@2"]);
@@ -679,7 +675,7 @@ mod tests {
         assert_eq!(entries.len(), 1);
         match &entries[0] {
             record::Entry::Line { record: r, .. } => {
-                assert_eq!((r.model.as_str(), r.prompt_target_len, r.peak_bytes), ("a", 2, Some(777)));
+                assert_eq!((r.model.as_str(), r.prompt_target_len, r.demand_bytes), ("a", 2, Some(777)));
                 assert_eq!(r.device.as_deref(), Some("gpu:remote"));
                 assert_eq!(r.source_csv, "out.csv");
             }

@@ -270,7 +270,7 @@ mod tests {
             prompt_target_len: len,
             date: "d".into(),
             commit: "c".into(),
-            peak_bytes: None,
+            demand_bytes: None,
             source_csv: "s".into(),
             device: Some("dev".into()),
         }

@@ -12,6 +12,7 @@ pub mod classify;
 pub mod driver;
 pub mod flags;
 pub mod layers;
+pub mod panels;
 pub mod plan;
 pub mod record;
 pub mod rounds;

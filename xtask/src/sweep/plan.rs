@@ -119,12 +119,6 @@ impl Cell {
         }
         s
     }
-
-    /// The label of the cell this one repeats (no repetition, no engine): what the
-    /// summary groups repetitions and engines under.
-    pub fn base_label(&self) -> String {
-        Cell { repetition: 1, engine: Engine::Kiln, ..self.clone() }.label()
-    }
 }
 
 impl fmt::Display for Cell {

@@ -1,5 +1,7 @@
 //! The persistent OOM record, `benchmarks/.oom-record`: one CSV line per real out of
-//! memory, `model,prompt_target_len,date,commit,peak_bytes,source_csv,device`. Appends and
+//! memory, `model,prompt_target_len,date,commit,peak_bytes,source_csv,device` (the
+//! `peak_bytes` field holds what the cell needed when refused: the bytes in use plus the
+//! refused request, [`RecordLine::demand_bytes`]). Appends and
 //! rewrites hold an exclusive lock on a sidecar `.lock` file beside the record's real
 //! path (symlinks resolved), reads a shared one, so concurrent sweeps (on one machine or
 //! on a shared filesystem) neither interleave nor lose lines, and a prune can replace the
@@ -30,8 +32,9 @@ pub struct RecordLine {
     pub date: String,
     /// The commit of the harness and engine.
     pub commit: String,
-    /// The bytes the cell needed when it was refused; empty when it did not say.
-    pub peak_bytes: Option<u64>,
+    /// What the cell needed when it was refused: the bytes in use plus the refused
+    /// request (the file's `peak_bytes` field); empty when the engine did not say.
+    pub demand_bytes: Option<u64>,
     /// The CSV the OOM row went to.
     pub source_csv: String,
     /// The device it happened on; `None` applies everywhere.
@@ -52,7 +55,7 @@ impl RecordLine {
             self.prompt_target_len.to_string(),
             self.date.clone(),
             self.commit.clone(),
-            self.peak_bytes.map(|b| b.to_string()).unwrap_or_default(),
+            self.demand_bytes.map(|b| b.to_string()).unwrap_or_default(),
             self.source_csv.clone(),
             self.device.clone().unwrap_or_default(),
         ]
@@ -65,6 +68,20 @@ impl RecordLine {
         let bytes = w.into_inner().map_err(|e| anyhow::anyhow!("{}", e.error()))?;
         Ok(String::from_utf8(bytes)?.trim_end_matches(['\r', '\n']).to_string())
     }
+}
+
+/// A size as a reader takes it in, with the exact count beside it: `1.2 GiB (1288490188
+/// bytes)`, `512 B (512 bytes)`.
+pub fn bytes_text(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    let short = if i == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[i]) };
+    format!("{short} ({bytes} bytes)")
 }
 
 /// A line that could not be used, with why.
@@ -161,7 +178,7 @@ fn parse_line(text: &str) -> Result<RecordLine, String> {
     let prompt_target_len =
         len.parse().map_err(|_| format!("prompt_target_len {len:?} is not a non-negative integer"))?;
     let peak = rec[4].trim();
-    let peak_bytes = if peak.is_empty() {
+    let demand_bytes = if peak.is_empty() {
         None
     } else {
         Some(peak.parse().map_err(|_| format!("peak_bytes {peak:?} is not empty or an integer"))?)
@@ -172,7 +189,7 @@ fn parse_line(text: &str) -> Result<RecordLine, String> {
         prompt_target_len,
         date: rec[2].trim().to_string(),
         commit: rec[3].trim().to_string(),
-        peak_bytes,
+        demand_bytes,
         source_csv: rec[5].to_string(),
         device,
     })
@@ -437,7 +454,7 @@ mod tests {
             prompt_target_len: len,
             date: "2026-01-02T03:04:05Z".into(),
             commit: "abc1234".into(),
-            peak_bytes: Some(1234),
+            demand_bytes: Some(1234),
             source_csv: "benchmarks/a, b.csv".into(),
             device: device.map(str::to_string),
         }
@@ -468,7 +485,7 @@ mod tests {
             })
             .collect();
         assert_eq!(recs[0].device, None);
-        assert_eq!(recs[0].peak_bytes, None);
+        assert_eq!(recs[0].demand_bytes, None);
         assert!(recs[0].applies("m", 512, "gpu-b"));
         assert!(recs[0].applies("m", 4096, "anything"));
         assert!(!recs[0].applies("m", 511, "gpu-b"));

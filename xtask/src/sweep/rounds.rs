@@ -18,10 +18,12 @@ use super::plan::{CellKey, Plan};
 use super::rows::{CsvOut, Row};
 use super::series;
 use super::session::{Output, Session, Started};
+use super::summary::{self, UntilCi};
 use crate::child::signal_name;
 use crate::peer::PeerRunner;
 use crate::verdict::reading::{Method, Reading};
 use crate::verdict::sequence::Stopped;
+use crate::verdict::sheet::Sheet;
 use crate::verdict::{Budget, RepetitionFlags};
 
 /// Runs `base`'s cells in rounds until every interval is under `seq`'s target or its
@@ -58,7 +60,7 @@ pub fn until_ci(
     };
     let mut round = 0;
     let mut noted = false;
-    let (stopped, interrupted, text) = loop {
+    let (stopped, interrupted) = loop {
         round += 1;
         // The first repetition of every cell runs alone, so a cell a rule skips is skipped
         // once, not once per repetition of the first round.
@@ -69,33 +71,29 @@ pub fn until_ci(
         if ran.interrupted.is_none() && ran.failed.is_empty() {
             ran = rounds.round(&rounds.plan(base, repeat, peer))?;
         }
-        rounds.write_report();
         let rows = rounds.rows();
-        let (text, narrow) = series::sequential(&rows, target);
+        let (sheet, narrow) = series::sequential_sheet(&rows, target, None);
+        rounds.write_report(&sheet);
         if let Some(sig) = ran.interrupted {
-            break (Stopped::Ended(format!("interrupted by {}", signal_name(sig))), Some(sig), text);
+            break (Stopped::Ended(format!("interrupted by {}", signal_name(sig))), Some(sig));
         }
         if !ran.failed.is_empty() {
-            break (Stopped::Ended(format!("a repetition failed: {}", ran.failed.join(", "))), None, text);
+            break (Stopped::Ended(format!("a repetition failed: {}", ran.failed.join(", "))), None);
         }
         if narrow {
-            break (Stopped::Converged, None, text);
+            break (Stopped::Converged, None);
         }
         let secs_each = rounds.secs_each(repeat);
         if repeat as usize + step as usize > budget.max_n {
-            break (Stopped::MaxPairs(repeat as usize), None, text);
+            break (Stopped::MaxPairs(repeat as usize), None);
         }
         if let Some(max) = seq.max_time
             && rounds.measuring.as_secs_f64() + secs_each * f64::from(step) > max.as_secs_f64()
         {
-            break (Stopped::MaxTime, None, text);
+            break (Stopped::MaxTime, None);
         }
         if !rounds.has_work(&rounds.plan(base, repeat + step, peer)) {
-            break (
-                Stopped::Ended("no cell is left to repeat: every cell was skipped by rule".into()),
-                None,
-                text,
-            );
+            break (Stopped::Ended("no cell is left to repeat: every cell was skipped by rule".into()), None);
         }
         if !noted {
             noted = true;
@@ -106,7 +104,7 @@ pub fn until_ci(
         eprintln!("{}", rounds.progress(target, round, repeat, &budget));
         repeat += step;
     };
-    let mut tail = format!("{text}\n{}; {repeat} repetitions\n", budget.stopped_text(&stopped, target));
+    let mut stop_line = format!("{}; {repeat} repetitions", budget.stopped_text(&stopped, target));
     if matches!(stopped, Stopped::MaxPairs(_) | Stopped::MaxTime)
         && let Some(settle) = budget.settle_text(
             rounds.readings().iter().map(|r| &r.reading),
@@ -114,10 +112,10 @@ pub fn until_ci(
             Some(rounds.secs_each(repeat)),
         )
     {
-        tail = format!("{tail}{settle}\n");
+        stop_line = format!("{stop_line}; {settle}");
     }
     let plan = rounds.plan(base, repeat, peer);
-    rounds.finish(&plan, interrupted, &tail)
+    rounds.finish(&plan, interrupted, UntilCi { target_pct: target, stopped: Some(stop_line) })
 }
 
 /// A sweep under way: what every round shares.
@@ -260,8 +258,10 @@ impl<'f> Rounds<'f> {
         self.measuring.as_secs_f64() / f64::from(repeat.max(1))
     }
 
-    /// Rewrites the run's report.html in place from the rows so far.
-    pub fn write_report(&self) {
+    /// Rewrites the run's readings and report.html in place from the rows so far
+    /// (`sheet`, the round's sequential readings).
+    pub fn write_report(&self, sheet: &Sheet) {
+        summary::write_or_warn(self.started.run_dir(), sheet);
         if let Err(e) = crate::report::write(self.started.run_dir()) {
             eprintln!("warning: no report.html in {}: {e:#}", self.started.display(self.started.run_dir()));
         }
@@ -300,13 +300,16 @@ impl<'f> Rounds<'f> {
         format!("{line}; {eta}")
     }
 
-    /// Prints the run's one summary (the table and tally of `plan`'s cells, then `tail`:
-    /// the sequential intervals and why the run stopped), rewrites the report a last time
-    /// and returns the exit status.
-    pub fn finish(self, plan: &Plan, interrupted: Option<i32>, tail: &str) -> Result<ExitCode> {
+    /// Prints the run's one summary (the readings of `plan`'s cells as the confidence
+    /// sequence reads them, the target's verdict and why the run stopped), keeps it in the
+    /// run directory, rewrites the report a last time and returns the exit status.
+    pub fn finish(self, plan: &Plan, interrupted: Option<i32>, until_ci: UntilCi) -> Result<ExitCode> {
         let source = self.started.display(&self.path);
-        let code = driver::conclude(plan, &self.rows, interrupted, tail, &source, self.measuring)?;
+        let finished = summary::pair(plan, &self.rows);
+        let sheet = summary::sheet_with(&finished, interrupted.map(signal_name), Some(until_ci));
+        let (code, sheet) = driver::conclude(plan, &self.rows, interrupted, sheet, &source, self.measuring)?;
         drop(self.csv);
+        summary::write_or_warn(self.started.run_dir(), &sheet);
         crate::report::write_or_warn(self.started.run_dir());
         Ok(ExitCode::from(code))
     }

@@ -540,6 +540,16 @@ fn parse_rows(bytes: &[u8], path: &Path) -> Result<(Vec<Row>, usize, &'static [&
     Ok((rows, whole, found))
 }
 
+/// The CSV a sweep writes, locked for the run, and the rows it already holds when resumed.
+pub struct Output {
+    /// The CSV.
+    pub path: PathBuf,
+    /// The open, locked file.
+    pub csv: CsvOut,
+    /// Rows already in it (`--resume`).
+    pub resumed: Option<Vec<Row>>,
+}
+
 /// `rows` as a CSV written before the driver columns existed: [`HEADER_BEFORE_DRIVER`],
 /// and each row without its `driver_version` and `cuda_version`.
 #[cfg(test)]

@@ -1,15 +1,11 @@
 //! Repetitions of a sweep's cells (`--repeat N`), interleaved across cells rather than
-//! run back to back, and what the summary says about them: per cell and engine the mean,
-//! standard deviation and 95% interval of each rate, and, with a peer, kiln's ratio to
-//! it from the pairs of each repetition.
+//! run back to back, and `--until-ci`'s verdict on them. The per-cell readings (each
+//! rate's geometric mean and interval, kiln/peer from the pairs of each repetition) are
+//! the summary's sheet ([`super::summary::sheet_of_rows`]).
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-
-use super::classify::Status;
 use super::plan::{Cell, Engine, Plan};
-use super::summary::Finished;
-use crate::student_t::{self, Interval};
+use super::summary::{RunState, UntilCi};
+use crate::verdict::sheet::Sheet;
 
 /// How a sweep repeats its cells and whom it measures beside kiln.
 #[derive(clap::Args, Clone, Debug)]
@@ -88,222 +84,25 @@ pub fn expand(base: &Plan, repeat: u32, peer: bool) -> Plan {
     Plan { cells, ..base.clone() }
 }
 
-/// The rates of one engine on one cell, over its repetitions.
-#[derive(Default)]
-struct Rates {
-    /// By repetition: (decode, prefill) tok/s.
-    ok: BTreeMap<u32, (f64, f64)>,
-    runs: usize,
-    disturbed: usize,
-    version: String,
+/// The sheet of a `--until-ci` sweep, from its rows: per cell and engine each rate's
+/// geometric mean with the confidence sequence's 95% interval of the mean log rate (valid
+/// however many repetitions the run added), kiln/peer the same way, and the verdict:
+/// whether every interval is under `target_pct`, with `stopped` (the stopping rule's
+/// line) once the run has ended. Returns the sheet and that verdict.
+pub fn sequential_sheet(
+    rows: &[super::rows::Row],
+    target_pct: f64,
+    stopped: Option<String>,
+) -> (Sheet, bool) {
+    let state = RunState { until_ci: Some(UntilCi { target_pct, stopped }), ..RunState::default() };
+    super::summary::sheet_and_verdict(rows, &state)
 }
 
-fn fmt_rate(v: f64) -> String {
-    if v >= 100.0 { format!("{v:.0}") } else { format!("{v:.1}") }
-}
-
-/// `gmean [lo, hi] (n=N, sd X%)` over the logs, or `gmean (n=1: no interval)`; a
-/// zero-width interval says so.
-fn fmt_interval(i: Option<Interval>) -> String {
-    match i {
-        None => "-".into(),
-        Some(Interval { mean, ci95: None, .. }) => format!("{} (n=1: no interval)", fmt_rate(mean)),
-        Some(i @ Interval { mean, sd, n, ci95: Some((lo, hi)) }) => {
-            let flag = if i.zero_width() { format!(", {}", student_t::ZERO_WIDTH) } else { String::new() };
-            format!(
-                "{} [{}, {}] (n={n}, sd {:.1}%{flag})",
-                fmt_rate(mean),
-                fmt_rate(lo),
-                fmt_rate(hi),
-                100.0 * (sd.exp() - 1.0)
-            )
-        }
-    }
-}
-
-fn fmt_ratio(i: Option<Interval>) -> String {
-    match i {
-        None => "-".into(),
-        Some(Interval { mean, ci95: None, .. }) => format!("{mean:.3}x (n=1: no interval)"),
-        Some(i @ Interval { mean, ci95: Some((lo, hi)), n, .. }) => {
-            let flag = if i.zero_width() { format!(", {}", student_t::ZERO_WIDTH) } else { String::new() };
-            format!("{mean:.3}x [{lo:.3}, {hi:.3}] (n={n}{flag})")
-        }
-    }
-}
-
-/// Whether the summary has anything to add to the one-row-per-cell table.
-pub fn applies(plan: &Plan) -> bool {
-    plan.cells.iter().any(|c| c.repetition > 1 || c.engine == Engine::Peer)
-}
-
-/// The statistics section of the summary: per cell, each engine's decode and prefill
-/// tok/s as the geometric mean with the 95% interval of the mean of their logs (a rate's
-/// interval is multiplicative and never negative) over its ok repetitions (with how many
-/// ran), and
-/// with a peer kiln/peer for each rate, the geometric mean of the per-repetition ratios
-/// with its 95% interval (paired t on the log ratios).
-pub fn render(plan: &Plan, finished: &[Finished<'_>]) -> String {
-    let mut by_cell: Vec<(String, BTreeMap<Engine, Rates>)> = Vec::new();
-    for f in finished {
-        let base = f.cell.base_label();
-        let i = match by_cell.iter().position(|(b, _)| *b == base) {
-            Some(i) => i,
-            None => {
-                by_cell.push((base, BTreeMap::new()));
-                by_cell.len() - 1
-            }
-        };
-        let rates = by_cell[i].1.entry(f.cell.engine).or_default();
-        let Some(row) = f.row else { continue };
-        rates.runs += 1;
-        rates.disturbed += usize::from(!row.disturbed.is_empty());
-        if rates.version.is_empty() {
-            rates.version = row.engine_version.clone();
-        }
-        if row.status == Status::Ok.as_str()
-            && let (Some(d), Some(p)) = (row.decode_tok_s, row.prefill_tok_s)
-        {
-            rates.ok.insert(f.cell.repetition, (d, p));
-        }
-    }
-    let peer = plan.cells.iter().any(|c| c.engine == Engine::Peer);
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "per cell over its repetitions: tok/s geometric mean [95% interval, from the mean of the logs] (n = ok repetitions, sd of the logs as a percentage):\n"
-    );
-    if peer {
-        let _ = writeln!(
-            s,
-            "| cell | engine | ok / ran | decode tok/s | prefill tok/s | decode kiln/peer | prefill kiln/peer |"
-        );
-        let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|");
-    } else {
-        let _ = writeln!(s, "| cell | ok / ran | decode tok/s | prefill tok/s |");
-        let _ = writeln!(s, "|---|---:|---:|---:|");
-    }
-    for (label, engines) in &by_cell {
-        let label = label.replace('|', "\\|");
-        for (engine, r) in engines {
-            let decode: Vec<f64> = r.ok.values().map(|v| v.0).collect();
-            let prefill: Vec<f64> = r.ok.values().map(|v| v.1).collect();
-            let (d, p) = (
-                fmt_interval(student_t::log_interval(&decode)),
-                fmt_interval(student_t::log_interval(&prefill)),
-            );
-            let mut counts = format!("{} / {}", r.ok.len(), r.runs);
-            if r.disturbed > 0 {
-                counts.push_str(&format!(" ({} disturbed)", r.disturbed));
-            }
-            if !peer {
-                let _ = writeln!(s, "| {label} | {counts} | {d} | {p} |");
-                continue;
-            }
-            let name = match engine {
-                Engine::Kiln => "kiln".to_string(),
-                Engine::Peer if r.version.is_empty() => "peer".to_string(),
-                Engine::Peer => format!("peer ({})", r.version.replace('|', "\\|")),
-            };
-            let (rd, rp) = match (engine, engines.get(&Engine::Peer)) {
-                (Engine::Kiln, Some(other)) => {
-                    let pairs = |k: fn(&(f64, f64)) -> f64| -> Vec<(f64, f64)> {
-                        r.ok.iter().filter_map(|(rep, v)| Some((k(v), k(other.ok.get(rep)?)))).collect()
-                    };
-                    (
-                        fmt_ratio(student_t::paired_ratio(&pairs(|v| v.0))),
-                        fmt_ratio(student_t::paired_ratio(&pairs(|v| v.1))),
-                    )
-                }
-                _ => (String::new(), String::new()),
-            };
-            let _ = writeln!(s, "| {label} | {name} | {counts} | {d} | {p} | {rd} | {rp} |");
-        }
-    }
-    if peer {
-        let _ = writeln!(
-            s,
-            "\nkiln/peer: geometric mean of the ratios of the repetitions where both ran, with a 95% interval \
-             (paired t on the log ratios); above 1 kiln is faster"
-        );
-    }
-    s
-}
-
-/// The statistics of a `--until-ci` sweep, from its rows: per cell and engine the
-/// geometric mean of each rate over its ok repetitions with the confidence sequence's
-/// 95% interval of the mean log rate (valid however many repetitions the run added), and
-/// with a peer kiln/peer per repetition the same way. Returns the section and whether
-/// every interval is bounded and narrower than `target_pct`.
+/// [`sequential_sheet`] as the terminal prints it, and its verdict.
+#[cfg(test)]
 pub fn sequential(rows: &[super::rows::Row], target_pct: f64) -> (String, bool) {
-    use crate::verdict::sequence;
-    // Per (model, prompt length), per engine (peer or not), per repetition: the rates.
-    type Reps = BTreeMap<u32, (f64, f64)>;
-    let mut by: BTreeMap<(String, Option<u64>), BTreeMap<bool, Reps>> = BTreeMap::new();
-    for r in rows.iter().filter(|r| r.status == Status::Ok.as_str()) {
-        let (Some(d), Some(p)) = (r.decode_tok_s, r.prefill_tok_s) else { continue };
-        let peer = r.engine != "kiln" && !r.engine.is_empty();
-        by.entry((r.model.clone(), r.prompt_target_len))
-            .or_default()
-            .entry(peer)
-            .or_default()
-            .insert(r.repetition, (d, p));
-    }
-    let mut narrow = !by.is_empty();
-    let show = |i: Option<Interval>, narrow: &mut bool| -> String {
-        let Some(i) = i else {
-            *narrow = false;
-            return "-".into();
-        };
-        match i.ci95 {
-            Some(ci) => {
-                let h = sequence::half_width_pct(i.mean, ci);
-                *narrow &= h < target_pct;
-                format!("{} [{}, {}] (n={}, ±{h:.1}%)", fmt_rate(i.mean), fmt_rate(ci.0), fmt_rate(ci.1), i.n)
-            }
-            None => {
-                *narrow = false;
-                format!("{} (n={}: not bounded yet, it needs 4)", fmt_rate(i.mean), i.n)
-            }
-        }
-    };
-    let log_seq = |v: Vec<f64>| -> Option<Interval> {
-        let logs: Vec<f64> = v.iter().filter(|x| **x > 0.0).map(|x| x.ln()).collect();
-        let i = sequence::interval(&logs)?;
-        Some(Interval { mean: i.mean.exp(), ci95: i.ci95.map(|(lo, hi)| (lo.exp(), hi.exp())), ..i })
-    };
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "--until-ci {target_pct}%: per cell, tok/s geometric mean [95% interval from the confidence sequence on the logs, valid however many repetitions ran] (n, half-width):\n"
-    );
-    let _ = writeln!(
-        s,
-        "| cell | engine | decode tok/s | prefill tok/s | decode kiln/peer | prefill kiln/peer |"
-    );
-    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|");
-    for ((model, len), engines) in &by {
-        let cell = format!("{}@{}", model.replace('|', "\\|"), len.map_or("text".into(), |l| l.to_string()));
-        for (peer, reps) in engines {
-            let d = show(log_seq(reps.values().map(|v| v.0).collect()), &mut narrow);
-            let p = show(log_seq(reps.values().map(|v| v.1).collect()), &mut narrow);
-            let (rd, rp) = match (peer, engines.get(&true)) {
-                (false, Some(other)) => {
-                    let pairs = |k: fn(&(f64, f64)) -> f64| -> Vec<(f64, f64)> {
-                        reps.iter().filter_map(|(rep, v)| Some((k(v), k(other.get(rep)?)))).collect()
-                    };
-                    (
-                        show(sequence::paired_ratio(&pairs(|v| v.0)), &mut narrow),
-                        show(sequence::paired_ratio(&pairs(|v| v.1)), &mut narrow),
-                    )
-                }
-                _ => (String::new(), String::new()),
-            };
-            let engine = if *peer { "peer" } else { "kiln" };
-            let _ = writeln!(s, "| {cell} | {engine} | {d} | {p} | {rd} | {rp} |");
-        }
-    }
-    (s, narrow)
+    let (sheet, narrow) = sequential_sheet(rows, target_pct, None);
+    (sheet.markdown(), narrow)
 }
 
 #[cfg(test)]
@@ -314,6 +113,7 @@ mod tests {
     use super::super::rows::Row;
     use super::super::summary;
     use super::*;
+    use crate::verdict::reading::{Method, Reading};
 
     fn base() -> Plan {
         Plan::grid(
@@ -344,9 +144,6 @@ mod tests {
         let p = expand(&base(), 3, true);
         let keys: std::collections::BTreeSet<CellKey> = p.cells.iter().map(Cell::key).collect();
         assert_eq!(keys.len(), p.cells.len());
-        assert!(
-            !applies(&base()) && applies(&expand(&base(), 2, false)) && applies(&expand(&base(), 1, true))
-        );
     }
 
     fn row(cell: &Cell, status: &str, decode: f64, prefill: f64) -> Row {
@@ -367,8 +164,23 @@ mod tests {
         }
     }
 
+    fn sheet_of(plan: &Plan, rows: &Map<CellKey, Row>) -> Sheet {
+        summary::sheet(&summary::pair(plan, rows), None)
+    }
+
+    /// The table row of `cell` (and `engine`, with a peer).
+    fn row_of<'a>(sheet: &'a Sheet, cell: &str, engine: Option<&str>) -> Vec<&'a str> {
+        let t = &sheet.tables[0];
+        let r = t
+            .rows
+            .iter()
+            .find(|r| r[0].text == cell && engine.is_none_or(|e| r[1].text.starts_with(e)))
+            .unwrap_or_else(|| panic!("no row {cell} {engine:?} in {}", sheet.markdown()));
+        r.iter().map(|c| c.text.as_str()).collect()
+    }
+
     #[test]
-    fn the_summary_gives_intervals_per_cell_and_paired_ratios() {
+    fn the_summary_gives_readings_per_cell_and_paired_ratios() {
         let plan = expand(&base(), 3, true);
         let mut rows: Map<CellKey, Row> = Map::new();
         for c in &plan.cells {
@@ -382,25 +194,43 @@ mod tests {
             };
             rows.insert(c.key(), row(c, status, d, p));
         }
-        let text = render(&plan, &summary::pair(&plan, &rows));
-        // Decode 20, 40, 60: geometric mean 36.3, interval exp(mean ± 4.303 sd / sqrt 3)
-        // of the logs, positive however wide.
-        assert!(text.contains("| a@8 | kiln | 3 / 3 | 36.3 [9.1, 144] (n=3, sd 74.3%) |"), "{text}");
+        let sheet = sheet_of(&plan, &rows);
+        let t = &sheet.tables[0];
+        assert_eq!(
+            t.columns,
+            [
+                "cell",
+                "engine",
+                "ok / ran",
+                "decode tok/s",
+                "prefill tok/s",
+                "decode kiln/peer",
+                "prefill kiln/peer",
+                "status"
+            ]
+        );
+        // Decode 20, 40, 60: the geometric mean 36.34 with Student's t on the logs,
+        // positive however wide; the cell's text is the Reading's, written once.
+        let a = row_of(&sheet, "a@8", Some("kiln"));
+        let want = Reading::of(&[20.0, 40.0, 60.0], Method::T).unwrap().text();
+        assert_eq!(a[3], want);
+        assert!(a[3].starts_with("36.34 [9.14, 144.5] (n=3, within a factor of"), "{}", a[3]);
         // Every ratio 2 (and 0.5): an interval of no width is flagged, never shown bare.
+        assert_eq!(a[5], "2.000 [2.000, 2.000] (n=3, zero width: every value equal, no measured spread)");
+        assert!(a[6].starts_with("0.500 [0.500, 0.500]"), "{}", a[6]);
+        assert_eq!(a[7], "ok");
+        let peer = row_of(&sheet, "a@8", Some("peer (llama.cpp b1 (abc))"));
+        assert_eq!(peer[2], "3 / 3");
+        assert!(peer[3].starts_with("18.17 ["), "{}", peer[3]);
+        let b = row_of(&sheet, "b@8", Some("kiln"));
+        assert_eq!(&b[5..7], ["", ""], "no ratio without the peer's rows");
+        let bp = row_of(&sheet, "b@8", Some("peer"));
+        assert_eq!((bp[2], bp[3], bp[7]), ("0 / 3", "-", "3 FAIL:peer"));
         assert!(
-            text.contains(
-                "| 2.000x [2.000, 2.000] (n=3, zero width: every value equal, no measured spread) | 0.500x [0.500, 0.500] (n=3, zero width"
-            ),
-            "{text}"
+            sheet.markdown().contains(&format!("| a@8 | kiln | 3 / 3 | {want} |")),
+            "{}",
+            sheet.markdown()
         );
-        assert!(text.contains("| a@8 | peer (llama.cpp b1 (abc)) | 3 / 3 | 18.2 [4.6, 72.2] (n=3"), "{text}");
-        assert!(
-            text.contains(
-                "| b@8 | kiln | 3 / 3 | 11.0 [8.7, 13.8] (n=3, sd 9.5%) | 90.0 [90.0, 90.0] (n=3, sd 0.0%, zero width: every value equal, no measured spread) | - | - |"
-            ),
-            "{text}"
-        );
-        assert!(text.contains("| b@8 | peer (llama.cpp b1 (abc)) | 0 / 3 | - | - |"), "{text}");
     }
 
     #[test]
@@ -408,15 +238,14 @@ mod tests {
         let plan = expand(&base(), 2, false);
         let rows: Map<CellKey, Row> =
             plan.cells.iter().map(|c| (c.key(), row(c, "ok", 10.0, 100.0))).collect();
-        let text = render(&plan, &summary::pair(&plan, &rows));
-        assert!(text.contains("| cell | ok / ran | decode tok/s | prefill tok/s |"), "{text}");
-        assert!(text.contains("| a@8 | 2 / 2 | 10.0 [10.0, 10.0] (n=2, sd 0.0%, zero width"), "{text}");
-        assert!(text.contains("| 100 [100, 100] (n=2, sd 0.0%, zero width"), "{text}");
+        let sheet = sheet_of(&plan, &rows);
+        assert_eq!(sheet.tables[0].columns, ["cell", "ok / ran", "decode tok/s", "prefill tok/s", "status"]);
+        let a = row_of(&sheet, "a@8", None);
+        assert!(a[2].starts_with("10.00 [10.00, 10.00] (n=2, zero width"), "{a:?}");
     }
 
-    #[test]
-    fn a_sequential_sweep_judges_every_interval_against_the_target() {
-        let mk = |rep: u32, d: f64| Row {
+    fn until_ci_row(rep: u32, d: f64) -> Row {
+        Row {
             model: "a".into(),
             prompt_target_len: Some(8),
             status: "ok".into(),
@@ -425,17 +254,51 @@ mod tests {
             repetition: rep,
             engine: "kiln".into(),
             ..Row::default()
-        };
+        }
+    }
+
+    #[test]
+    fn a_sequential_sweep_judges_every_interval_against_the_target() {
         let steady: Vec<Row> =
-            (1..=5).map(|r| mk(r, [10.0, 10.1, 9.9, 10.0, 10.05][r as usize - 1])).collect();
+            (1..=5).map(|r| until_ci_row(r, [10.0, 10.1, 9.9, 10.0, 10.05][r as usize - 1])).collect();
         let (text, narrow) = sequential(&steady, 3.0);
         assert!(narrow, "{text}");
-        assert!(text.contains("| a@8 | kiln | 10.0 ["), "{text}");
-        assert!(text.contains("(n=5, ±"), "{text}");
+        assert!(text.contains("| a@8 | 5 / 5 | 10.01 ["), "{text}");
+        assert!(text.contains("--until-ci 3%: every interval is under ±3% after 5 repetitions"), "{text}");
+        assert!(text.contains("confidence sequence"), "{text}");
         let (text, narrow) = sequential(&steady[..3], 3.0);
-        assert!(!narrow && text.contains("(n=3: not bounded yet, it needs 4)"), "{text}");
-        let noisy: Vec<Row> = (1..=5).map(|r| mk(r, [5.0, 15.0, 8.0, 12.0, 10.0][r as usize - 1])).collect();
+        assert!(!narrow && text.contains("(n=3: no interval)"), "{text}");
+        assert!(text.contains("2 of 2 intervals are not under ±3% after 3 repetitions"), "{text}");
+        let noisy: Vec<Row> =
+            (1..=5).map(|r| until_ci_row(r, [5.0, 15.0, 8.0, 12.0, 10.0][r as usize - 1])).collect();
         assert!(!sequential(&noisy, 3.0).1);
         assert!(!sequential(&[], 3.0).1, "no rows: nothing converged");
+        // The stopping rule's line is the sheet's last note.
+        let (sheet, _) = sequential_sheet(&steady, 3.0, Some("stopping rule: converged".into()));
+        assert_eq!(sheet.notes.last().map(String::as_str), Some("stopping rule: converged"));
+    }
+
+    #[test]
+    fn no_interval_width_past_100_percent_is_printed_as_a_percentage() {
+        // The issue's `±146885.8%`: rates a thousandfold apart, n=4.
+        let wild: Vec<Row> =
+            (1..=4).map(|r| until_ci_row(r, [1.0, 3000.0, 2.0, 5000.0][r as usize - 1])).collect();
+        for text in [sequential(&wild, 5.0).0, {
+            let plan = expand(&base(), 4, false);
+            let rows: Map<CellKey, Row> = plan
+                .cells
+                .iter()
+                .map(|c| {
+                    (c.key(), row(c, "ok", [1.0, 3000.0, 2.0, 5000.0][c.repetition as usize - 1], 100.0))
+                })
+                .collect();
+            sheet_of(&plan, &rows).markdown()
+        }] {
+            assert!(text.contains("within a factor of"), "{text}");
+            for pct in text.split('±').skip(1) {
+                let v: f64 = pct.split('%').next().unwrap().parse().unwrap_or(0.0);
+                assert!(v <= 100.0, "±{v}% printed: {text}");
+            }
+        }
     }
 }

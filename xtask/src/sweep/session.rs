@@ -16,23 +16,14 @@ use super::flags::{Defaults, HarnessEnv, SweepFlags, user_path};
 use super::layers::{Backstop, FakeOom, OomLayers};
 use super::plan::{CellTemplate, Plan};
 use super::record::{RecordFile, RecordView};
-use super::rows::{CsvOut, Knobs, Row};
+pub use super::rows::Output;
+use super::rows::{CsvOut, Knobs};
 use super::runner::{EngineKnobs, LocalRunner};
 use crate::child::{self as shutdown, Shutdown};
 use crate::console::usage;
 use crate::engine::{self, Backend, BackendArg, BackendFeatures, EnginePackage};
 use crate::machine::{self, Machine};
 use crate::peer::PeerRunner;
-
-/// The CSV a sweep writes, locked for the run, and the rows it already holds when resumed.
-pub struct Output {
-    /// The CSV.
-    pub path: PathBuf,
-    /// The open, locked file.
-    pub csv: CsvOut,
-    /// Rows already in it (`--resume`).
-    pub resumed: Option<Vec<Row>>,
-}
 
 /// Everything prepared before the first cell: the engine binary, the machine, the commit,
 /// the checked knobs. Nothing is built until [`Session::sweep`], so every flag is checked
@@ -248,6 +239,17 @@ impl Session {
     /// Builds the engine when asked, then runs `plan` into `output` and returns the exit
     /// status.
     pub fn sweep(self, plan: &Plan, output: Output, flags: &SweepFlags) -> Result<ExitCode> {
+        Ok(self.sweep_into(plan, output, flags)?.0)
+    }
+
+    /// [`Session::sweep`], with the run directory a local sweep wrote (where a task that
+    /// judges the rows afterwards, as `--until-ci` does, keeps its readings).
+    pub fn sweep_into(
+        self,
+        plan: &Plan,
+        output: Output,
+        flags: &SweepFlags,
+    ) -> Result<(ExitCode, Option<PathBuf>)> {
         let slurm = flags.runner.slurm()?;
         if slurm.is_some() && (flags.series.peer.is_some() || flags.series.require_quiet) {
             usage!(
@@ -259,14 +261,14 @@ impl Session {
             if !slurm.dry_run
                 && let Some(code) = self.build_engine()?
             {
-                return Ok(code);
+                return Ok((code, None));
             }
-            return self.submit_slurm(plan, output, flags, slurm);
+            return Ok((self.submit_slurm(plan, output, flags, slurm)?, None));
         }
         eprintln!("sweep: {} cells", plan.cells.len());
         let started = match self.start_with(&output.path, flags, Some(plan))? {
             Ok(s) => s,
-            Err(code) => return Ok(code),
+            Err(code) => return Ok((code, None)),
         };
         let runner = &mut started.runner();
         let mut driver = Driver {
@@ -281,10 +283,12 @@ impl Session {
             peer: flags.series.peer.clone().map(|spec| started.peer_runner(spec)),
             quiet: (flags.series.limits(), flags.series.quiet_wait()),
         };
-        let code = driver.run(runner, output)?;
-        // Every row is on disk: the page a person opens first, drawn from those files.
+        let (code, sheet) = driver.run(runner, output)?;
+        // Every row is on disk: the readings the terminal printed, and the page a person
+        // opens first, drawn from those files.
+        super::summary::write_or_warn(&started.run_dir, &sheet);
         crate::report::write_or_warn(&started.run_dir);
-        Ok(ExitCode::from(code))
+        Ok((ExitCode::from(code), Some(started.run_dir.clone())))
     }
 
     /// Builds the engine when the session was asked to; `Some(code)` when a signal ended

@@ -9,9 +9,6 @@
 //! an interval of its own. A run writes the readings it printed to [`FILE`] beside its
 //! rows, so a page rendered later shows what the terminal showed.
 
-// Adopted task by task in this wave; the allowance goes once every task renders through it.
-#![allow(dead_code)]
-
 use serde::{Deserialize, Serialize};
 
 use crate::student_t::{self, Interval};

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use super::super::classify::Status;
 use super::super::plan::Cell;
 use super::super::rows::{CsvOut, Row};
+use super::super::summary;
 use super::super::task::{self, TaskSpec};
-use super::super::{series, summary};
 use crate::child;
 use crate::console::{self, usage};
 
@@ -378,20 +378,18 @@ pub fn merge_run(run_dir: &Path, opts: MergeOptions) -> Result<u8> {
     write_csv(&path, &rows)?;
     if plot && spec.command == "longprompt" {
         let svg = path.with_extension("svg");
-        match crate::plot::write_svg(&svg, &crate::bench_longprompt::panels(&rows)) {
+        match crate::plot::write_svg(&svg, &crate::sweep::panels::panels(&rows)) {
             Ok(_) => eprintln!("plot: {}", svg.display()),
             Err(e) => eprintln!("warning: no plot beside {}: {e:#}", path.display()),
         }
     }
-    // The run directory's page, from the merged CSV its env.json names.
-    crate::report::write_or_warn(run_dir);
     let by_key: BTreeMap<_, _> = rows.iter().map(|r| (r.key(), r.clone())).collect();
     let finished = summary::pair(&spec.plan, &by_key);
-    let mut text = summary::render(&spec.plan, &finished, interrupted.map(child::signal_name));
-    if series::applies(&spec.plan) {
-        text = format!("{text}\n{}", series::render(&spec.plan, &finished));
-    }
-    console::out(&format!("\n{text}"))?;
+    let sheet = summary::sheet(&finished, interrupted.map(child::signal_name));
+    // The run directory's readings and page, from the merged rows.
+    summary::write_or_warn(run_dir, &sheet);
+    crate::report::write_or_warn(run_dir);
+    console::out(&format!("\n{}", sheet.markdown()))?;
     eprintln!("merged {total} rows into {}", path.display());
     if let Some(sig) = interrupted {
         return Ok(child::exit_code_for(sig));
