@@ -458,6 +458,18 @@ fn a_75x_regression_under_30_percent_noise_is_bisected_in_a_few_pairs_and_the_ru
         );
     }
     assert!(json["headline"].as_str().unwrap().contains(&shas[3]), "{json}");
+    // And its report.html renders the same texts, cell for cell.
+    let page = fs::read_to_string(dir.join("report.html")).expect("report.html beside the readings");
+    let escaped = |t: &str| {
+        t.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+            .replace('"', "&quot;")
+            .replace('\'', "&#39;")
+    };
+    for t in &all {
+        assert!(page.contains(&escaped(t)), "{t:?} of readings.json is not on report.html");
+    }
 }
 
 /// The directory and the count of earlier builds in the target dir, of each build the

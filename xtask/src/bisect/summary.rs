@@ -3,7 +3,6 @@
 //! [`Sheet::markdown`], and the run directory keeps the same text as `summary.md` and the
 //! sheet itself as `readings.json`, so every page shows what the terminal showed.
 
-use std::fs;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -66,13 +65,16 @@ impl Summary {
         self.sheet.notes.push(line.into());
     }
 
-    /// Ends the summary with `headline`: prints it, writes `summary.md` (the same text)
-    /// and `readings.json` (the sheet) into `run_dir`, and gives `code` back.
+    /// Ends the summary with `headline`: prints it, writes `summary.md` (the same text),
+    /// `readings.json` (the sheet) and `report.html` (the sheet rendered) into `run_dir`,
+    /// and gives `code` back.
     pub fn finish(mut self, headline: String, run_dir: &Path, code: ExitCode) -> Result<ExitCode> {
         self.sheet.headline = headline;
         let text = self.sheet.markdown();
-        fs::write(run_dir.join("summary.md"), &text).context("writing summary.md")?;
+        crate::fsx::write_atomic(&run_dir.join("summary.md"), text.as_bytes())
+            .context("writing summary.md")?;
         self.sheet.write(run_dir)?;
+        crate::report::write_or_warn(run_dir);
         crate::console::out(&text)?;
         eprintln!("results: {}", run_dir.display());
         Ok(code)

@@ -59,6 +59,11 @@ fn lines(runs: &[Run]) -> Result<Vec<Line>> {
     };
     for (ri, run) in runs.iter().enumerate() {
         match &run.kind {
+            Kind::Readings { sheet } => bail!(
+                "{}: a {} run keeps only its readings, no measurements to compare with another run's",
+                run.name,
+                if sheet.task.is_empty() { "readings-only" } else { &sheet.task }
+            ),
             Kind::Sweep { rows, .. } => {
                 let mut cells: Vec<((String, String, u64), [Sample; 2])> = Vec::new();
                 for r in rows {

@@ -31,6 +31,9 @@ pub enum Kind {
     PinTax { passes: Vec<Value>, summary: Option<String>, svg: Option<Vec<u8>> },
     /// bench-quality: quality.csv and quality.md.
     Quality { raw: Vec<BTreeMap<String, String>>, summary: Option<String> },
+    /// A run that keeps only the sheet its terminal printed (readings.json), such as a
+    /// bisect: the page renders that sheet.
+    Readings { sheet: Sheet },
 }
 
 impl Kind {
@@ -42,6 +45,7 @@ impl Kind {
             Kind::Serve { .. } => "serve-bench",
             Kind::PinTax { .. } => "qmv-pin-tax",
             Kind::Quality { .. } => "bench-quality",
+            Kind::Readings { .. } => "readings",
         }
     }
 }
@@ -223,9 +227,11 @@ impl Run {
             } else {
                 bail!("{} has neither the sweep's nor the offload sweep's header", csv.display());
             }
+        } else if let Some(sheet) = Sheet::read(dir)? {
+            Kind::Readings { sheet }
         } else {
             bail!(
-                "not a run directory: it has no levels.csv (serve-bench), passes.jsonl (qmv-pin-tax), quality.csv (bench-quality) or env.json naming a sweep's CSV"
+                "not a run directory: it has no levels.csv (serve-bench), passes.jsonl (qmv-pin-tax), quality.csv (bench-quality), env.json naming a sweep's CSV or readings.json (bisect)"
             );
         };
         Ok(Run { dir: dir.to_path_buf(), name, env, kind })
@@ -240,6 +246,7 @@ impl Run {
             Kind::Serve { .. } => &["levels.csv", "requests.jsonl", "summary.md"],
             Kind::PinTax { .. } => &["passes.jsonl", "summary.md", "tax.svg"],
             Kind::Quality { .. } => &["quality.csv", "quality.md"],
+            Kind::Readings { .. } => &[crate::verdict::reading::FILE, "summary.md"],
         };
         let mut out: Vec<PathBuf> = ["env.json"].iter().chain(names).map(|n| self.dir.join(n)).collect();
         if let Kind::Sweep { csv, .. } | Kind::Offload { csv, .. } = &self.kind {
@@ -319,7 +326,7 @@ impl Run {
     pub fn summary_html(&self) -> String {
         match &self.kind {
             // The terminal's sheet, cell for cell: nothing here takes a mean.
-            Kind::Sweep { sheet, .. } => html::sheet(sheet),
+            Kind::Sweep { sheet, .. } | Kind::Readings { sheet } => html::sheet(sheet),
             Kind::Offload { rows, .. } => html::markdown(&crate::bench_offload_copy::markdown(rows)),
             Kind::Serve { summary, .. } | Kind::PinTax { summary, .. } => {
                 markdown_file(summary, "summary.md")
@@ -332,6 +339,7 @@ impl Run {
     /// analysis is not redone here) the run's own tax.svg as an image, never as markup.
     pub fn plots(&self) -> Vec<String> {
         let panels = match &self.kind {
+            Kind::Readings { .. } => return Vec::new(),
             // The points and intervals are the sheet's readings, taken the same way.
             Kind::Sweep { rows, sheet, .. } => {
                 let method = sheet
@@ -459,7 +467,7 @@ impl Run {
                 }
                 (vec!["cell", "boot", "arm", "pass", "why it has no measurement"], out)
             }
-            Kind::Quality { .. } => (Vec::new(), Vec::new()),
+            Kind::Quality { .. } | Kind::Readings { .. } => (Vec::new(), Vec::new()),
         }
     }
 
