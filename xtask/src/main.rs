@@ -25,7 +25,6 @@ mod runs;
 mod serve_bench;
 mod server;
 mod shell;
-mod student_t;
 mod sweep;
 mod verdict;
 

@@ -390,9 +390,9 @@ mod tests {
     #[test]
     fn welch_matches_known_values() {
         // t = 2.228 with 10 degrees of freedom is the two-sided 5% point.
-        assert!((crate::student_t::two_sided_p(2.228, 10.0) - 0.05).abs() < 1e-3);
-        assert!((crate::student_t::two_sided_p(0.0, 7.0) - 1.0).abs() < 1e-12);
-        assert!(crate::student_t::two_sided_p(40.0, 18.0) < 1e-15);
+        assert!((crate::verdict::student_t::two_sided_p(2.228, 10.0) - 0.05).abs() < 1e-3);
+        assert!((crate::verdict::student_t::two_sided_p(0.0, 7.0) - 1.0).abs() < 1e-12);
+        assert!(crate::verdict::student_t::two_sided_p(40.0, 18.0) < 1e-15);
         // Identical samples: no evidence of a difference.
         let a = [1.0, 2.0, 3.0, 4.0];
         assert!((welch_p(&a, &a).unwrap() - 1.0).abs() < 1e-12);
@@ -400,7 +400,7 @@ mod tests {
         // Well separated samples: t = 11.6 with about 3 degrees of freedom, p = 0.0014.
         let p = welch_p(&[10.0, 10.1, 9.9, 10.05], &a).unwrap();
         assert!((0.0005..0.005).contains(&p), "{p}");
-        assert!((crate::student_t::ln_gamma(5.0) - 24f64.ln()).abs() < 1e-12);
+        assert!((crate::verdict::student_t::ln_gamma(5.0) - 24f64.ln()).abs() < 1e-12);
     }
 
     #[test]

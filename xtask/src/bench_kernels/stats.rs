@@ -67,5 +67,5 @@ pub(super) fn welch_p(a: &[f64], b: &[f64]) -> Option<f64> {
     }
     let t = (ma - mb) / se2.sqrt();
     let df = se2 * se2 / ((va / na).powi(2) / (na - 1.0) + (vb / nb).powi(2) / (nb - 1.0));
-    Some(crate::student_t::two_sided_p(t, df))
+    Some(crate::verdict::student_t::two_sided_p(t, df))
 }

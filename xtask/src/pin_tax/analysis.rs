@@ -790,7 +790,7 @@ mod tests {
         assert!(r.verdict.starts_with("untrusted (zero-width interval"), "{}", r.verdict);
         let judge = Judge { trust_pct: 4.0, margin_pct: None, sequential: false };
         let t = table(std::slice::from_ref(r), Design::SWEEP, &judge, "pass", None);
-        assert!(t.rows[0][4].text.contains(crate::student_t::ZERO_WIDTH), "{:?}", t.rows[0][4]);
+        assert!(t.rows[0][4].text.contains(crate::verdict::student_t::ZERO_WIDTH), "{:?}", t.rows[0][4]);
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub fn spread_pct(samples: &[f64]) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::student_t::{ln_gamma, t_quantile};
+    use crate::verdict::student_t::{ln_gamma, t_quantile};
 
     #[test]
     fn t_quantiles_match_the_published_table() {
@@ -64,7 +64,7 @@ mod tests {
         // minus drug 1 for ten patients. R's t.test(..., paired = TRUE) reports
         // 95% CI 0.7001142 to 2.4598858, mean difference 1.58.
         let d = [1.2, 2.4, 1.3, 1.3, 0.0, 1.0, 1.8, 0.8, 4.6, 1.4];
-        let p = crate::student_t::interval(&d).unwrap();
+        let p = crate::verdict::student_t::interval(&d).unwrap();
         assert_eq!(p.n, 10);
         assert!((p.mean - 1.58).abs() < 1e-12);
         let (lo, hi) = p.ci95.unwrap();

@@ -88,7 +88,7 @@ pub fn fit_obs(rows: &[TaxRow], suffix: u64) -> Vec<Obs> {
             _ => continue,
         };
         let d: Vec<f64> = r.pairs.iter().map(|(n, w)| n - w).collect();
-        let Some(i) = crate::student_t::interval(&d).filter(|i| i.n >= 2) else { continue };
+        let Some(i) = crate::verdict::student_t::interval(&d).filter(|i| i.n >= 2) else { continue };
         obs.push(Obs { cell: r.cell.clone(), forwards: 1.0, m, y: i.mean, se: i.sd / (i.n as f64).sqrt() });
     }
     obs

@@ -107,7 +107,7 @@ pub fn chi2_survival(x: f64, df: f64) -> f64 {
 /// The regularized upper incomplete gamma `Q(a, x)`: a series below `a + 1`, a
 /// continued fraction (modified Lentz) above.
 fn gamma_q(a: f64, x: f64) -> f64 {
-    let ln_front = a * x.ln() - x - crate::student_t::ln_gamma(a);
+    let ln_front = a * x.ln() - x - crate::verdict::student_t::ln_gamma(a);
     if x < a + 1.0 {
         let (mut sum, mut term, mut ap) = (1.0 / a, 1.0 / a, a);
         for _ in 0..1000 {

@@ -3,7 +3,8 @@
 //! when it likes ([`sequence`]), the least-squares fit of one constant per forward or per
 //! token across cells ([`fit`]), and the one form in which every page prints a number: its
 //! estimate, interval, n and verdict at a margin ([`reading`]), gathered into the summary
-//! every page renders ([`sheet`]). The flags of a run that adds
+//! every page renders ([`sheet`]), on Student's t and its relatives ([`student_t`]): every
+//! interval, test and geometric mean the harness takes lives here. The flags of a run that adds
 //! observations until its intervals are narrow, and its budget in observations and in time
 //! ([`Budget`]), are here too, so every such task states its caps and its ETA alike.
 
@@ -11,6 +12,7 @@ pub mod fit;
 pub mod reading;
 pub mod sequence;
 pub mod sheet;
+pub mod student_t;
 
 use std::time::Duration;
 

@@ -11,8 +11,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::student_t::{self, Interval};
 use crate::verdict::sequence;
+use crate::verdict::student_t::{self, Interval};
 
 /// The file in a run directory that holds the readings its terminal summary printed.
 pub const FILE: &str = "readings.json";

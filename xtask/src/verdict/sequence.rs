@@ -29,7 +29,7 @@
 //! after every pair, stopping when it is narrow enough, covers less than it says (the
 //! unit test below measures both).
 
-use crate::student_t::Interval;
+use crate::verdict::student_t::Interval;
 
 /// The error probability of every interval: 95% coverage.
 pub const ALPHA: f64 = 0.05;
@@ -250,7 +250,7 @@ pub(crate) mod tests {
         }
         // The fixed-n t interval re-tested after every pair under the same rule covers
         // less than its 95%: the reason the runs use the sequence.
-        let (naive, pairs) = coverage(10_000, 1.05, 0.04, 3.0, 60, 2, crate::student_t::interval);
+        let (naive, pairs) = coverage(10_000, 1.05, 0.04, 3.0, 60, 2, crate::verdict::student_t::interval);
         eprintln!("sigma 0.04: a re-tested t interval covered {naive} with {pairs:.1} pairs on average");
         assert!(naive < 0.94, "a re-tested t interval covered {naive}");
     }
@@ -263,7 +263,7 @@ pub(crate) mod tests {
         for n in [4usize, 5, 8, 20, 60] {
             let c = critical_t(n, ALPHA, MIXTURE_G).unwrap();
             assert!((ln_bayes_factor(c, n, MIXTURE_G) - 20f64.ln()).abs() < 1e-9, "n {n}");
-            let t = crate::student_t::t_quantile(0.975, (n - 1) as f64);
+            let t = crate::verdict::student_t::t_quantile(0.975, (n - 1) as f64);
             assert!(c > t, "n {n}: {c} <= the fixed-n {t}");
         }
         let i = interval(&[0.1, 0.12, 0.08, 0.1, 0.11]).unwrap();
