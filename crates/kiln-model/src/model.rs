@@ -5,11 +5,11 @@
 
 use kiln_core::MemoryPool;
 
-use crate::chat_template::ChatTemplate;
-use crate::config::ModelConfig;
-use crate::source::ModelSource;
-use crate::tokenizer::Tokenizer;
-use crate::weights::ModelWeights;
+use crate::forward::weights::ModelWeights;
+use crate::loading::chat_template::ChatTemplate;
+use crate::loading::config::ModelConfig;
+use crate::loading::source::ModelSource;
+use crate::loading::tokenizer::Tokenizer;
 
 /// How to load.
 #[derive(Clone, Debug)]

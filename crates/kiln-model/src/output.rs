@@ -8,7 +8,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::error::{ModelError, Result};
-use crate::source::not_regular;
+use crate::loading::source::not_regular;
 
 /// The file `path` names, checked as a destination: a new path, or a regular file to
 /// replace (a symbolic link is followed, so the link stays and its target is replaced).

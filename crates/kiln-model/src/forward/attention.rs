@@ -25,8 +25,8 @@
 use kiln_core::kernels::attn::{self, DecodeShape};
 use rayon::prelude::*;
 
-use crate::kv_cache::{KV_BLOCK_TOKENS, KvCache};
-use crate::ops::{Strided, exp, exp_shifted_sum, gemm, max, scale};
+use crate::forward::kv_cache::{KV_BLOCK_TOKENS, KvCache};
+use crate::forward::ops::{Strided, exp, exp_shifted_sum, gemm, max, scale};
 
 /// f32 values in one stack tile of keys (and as many of values): 64 KiB, so a tile of
 /// 256 keys of width 64 (or 128 of width 128) makes each product large enough to run at

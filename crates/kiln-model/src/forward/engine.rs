@@ -20,16 +20,16 @@
 
 use kiln_core::MemoryPool;
 
-use crate::attention::AttentionKind;
-use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::kv_cache::{KvCache, KvDtype};
+use crate::forward::attention::AttentionKind;
+use crate::forward::kv_cache::{KvCache, KvDtype};
+use crate::forward::ops::argmax;
+use crate::forward::plan::WorkspaceShape;
+use crate::forward::transformer::{Logits, SeqChunk, Transformer};
+use crate::forward::weights::ModelWeights;
+use crate::forward::workspace::Workspace;
+use crate::loading::config::ModelConfig;
 use crate::model::LoadedModel;
-use crate::ops::argmax;
-use crate::plan::WorkspaceShape;
-use crate::transformer::{Logits, SeqChunk, Transformer};
-use crate::weights::ModelWeights;
-use crate::workspace::Workspace;
 
 /// How an engine runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -68,7 +68,7 @@ impl<'m> Engine<'m> {
     ) -> Result<Self> {
         let mut transformer = Transformer::new(config, weights, options.attention)?;
         if let Some(slots) = options.expert_slots {
-            transformer.set_expert_cache(crate::expert_cache::build(config, weights, slots, pool)?);
+            transformer.set_expert_cache(crate::forward::expert_cache::build(config, weights, slots, pool)?);
         }
         let workspace = Workspace::empty(config, pool)?;
         Ok(Engine { transformer, workspace, pool: pool.clone(), options })

@@ -30,10 +30,10 @@ use std::time::Instant;
 use kiln_core::size::HumanBytes;
 use kiln_core::{Buffer, Lease, MemoryPool, OutOfMemory, QuantizedMatrix, ScaleData, SharedBytes, Tag};
 
-use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{ModelError, Result};
-use crate::experts::{Expert, ExpertStore};
-use crate::weights::ModelWeights;
+use crate::forward::experts::{Expert, ExpertStore};
+use crate::forward::weights::ModelWeights;
+use crate::loading::config::{ModelConfig, MoeConfig};
 
 /// Alignment of every part inside a slot, in bytes: one cache line.
 pub(crate) const PART_ALIGN: usize = 64;
@@ -482,7 +482,7 @@ mod tests {
     use kiln_core::{MemoryPool, QuantSpec};
 
     use super::*;
-    use crate::config::MoeConfig;
+    use crate::loading::config::MoeConfig;
 
     /// A store of `n` experts of `[rows, cols]` matrices, each expert's bytes distinct.
     fn store(n: usize, rows: usize, cols: usize) -> ExpertStore {

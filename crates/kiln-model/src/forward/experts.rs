@@ -2,7 +2,7 @@
 //! layer's experts, each three MLX-quantized matrices (gate, up, down), viewed in place
 //! in whatever holds them (a synthetic model's host tier, or a memory-mapped checkpoint).
 //! The forward reads them from here directly when every expert is resident, or through
-//! an [`crate::expert_cache::ExpertCache`] that copies them into a few resident slots.
+//! an [`crate::forward::expert_cache::ExpertCache`] that copies them into a few resident slots.
 
 use kiln_core::QuantizedMatrix;
 

@@ -12,7 +12,7 @@ use half::slice::HalfFloatSliceExt;
 use kiln_core::kernels::attn::{KvRun, KvSource};
 use kiln_core::{MemoryPool, OutOfMemory, PoolVec, Tag};
 
-use crate::config::ModelConfig;
+use crate::loading::config::ModelConfig;
 
 /// Positions per block. Attention tiles are powers of two no larger than this, so a tile
 /// never straddles two blocks.

@@ -3,9 +3,9 @@
 //! server's `logprobs`/`echo` both go through [`score_sequence`] and [`log_softmax`],
 //! so a text scores to the same values in both.
 
-use crate::engine::Engine;
 use crate::error::Result;
-use crate::kv_cache::KvCache;
+use crate::forward::engine::Engine;
+use crate::forward::kv_cache::KvCache;
 
 /// `out = logits - logsumexp(logits)`, the exponentials summed in f64.
 pub fn log_softmax(logits: &[f32], out: &mut [f32]) {

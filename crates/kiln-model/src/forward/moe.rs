@@ -10,11 +10,11 @@
 
 use kiln_core::quantized_matmul;
 
-use crate::config::MoeConfig;
-use crate::expert_cache::ExpertCache;
-use crate::experts::{Expert, ExpertStore};
-use crate::ops::{add_in_place, silu_mul};
-use crate::weights::{DenseMlp, MoeMlp};
+use crate::forward::expert_cache::ExpertCache;
+use crate::forward::experts::{Expert, ExpertStore};
+use crate::forward::ops::{add_in_place, silu_mul};
+use crate::forward::weights::{DenseMlp, MoeMlp};
+use crate::loading::config::MoeConfig;
 
 /// Buffers one MoE MLP pass uses, each sized for the forward's rows.
 pub(crate) struct MoeBufs<'a> {

@@ -13,10 +13,10 @@
 //! the prompt's chunks), so any run shape, however large, plans in constant time and one
 //! whose bytes overflow is [`ModelError::RunTooLarge`], not a wrapped number or an abort.
 
-use crate::attention::{AttentionKind, AttnShape};
-use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::kv_cache::{KvDtype, KvLayout};
+use crate::forward::attention::{AttentionKind, AttnShape};
+use crate::forward::kv_cache::{KvDtype, KvLayout};
+use crate::loading::config::ModelConfig;
 
 /// What a run does, as far as memory is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

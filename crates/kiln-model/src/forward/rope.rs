@@ -6,7 +6,7 @@
 //! position and the frequency, as in the Hugging Face and MLX implementations, and its
 //! cosine and sine are evaluated in f64 then rounded.
 
-use crate::config::{ModelConfig, RopeScaling};
+use crate::loading::config::{ModelConfig, RopeScaling};
 
 /// The per-pair inverse frequencies of one model.
 #[derive(Clone, Debug)]

@@ -11,7 +11,7 @@ use rand_core::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
 use crate::error::{ModelError, Result};
-use crate::ops::{argmax, exp};
+use crate::forward::ops::{argmax, exp};
 
 /// Temperatures below this are greedy: sampling divides logits by the temperature, and
 /// below about 3e-39 (the subnormals) its reciprocal is infinite and the softmax NaN; long

@@ -18,17 +18,17 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use crate::attention::{self, AttentionKind, AttnJob, AttnShape, MAX_GQA_GROUP, MAX_HEAD_DIM};
-use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::expert_cache::ExpertCache;
-use crate::kv_cache::{KvCache, KvDtype, KvLayout};
-use crate::moe::{self, MoeBufs};
-use crate::ops::{add_in_place, rms_norm, silu_mul};
-use crate::plan::attn_shape;
-use crate::rope::Rope;
-use crate::weights::{Linear, LinearWeight, Mlp, ModelWeights, RmsNorm};
-use crate::workspace::Workspace;
+use crate::forward::attention::{self, AttentionKind, AttnJob, AttnShape, MAX_GQA_GROUP, MAX_HEAD_DIM};
+use crate::forward::expert_cache::ExpertCache;
+use crate::forward::kv_cache::{KvCache, KvDtype, KvLayout};
+use crate::forward::moe::{self, MoeBufs};
+use crate::forward::ops::{add_in_place, rms_norm, silu_mul};
+use crate::forward::plan::attn_shape;
+use crate::forward::rope::Rope;
+use crate::forward::weights::{Linear, LinearWeight, Mlp, ModelWeights, RmsNorm};
+use crate::forward::workspace::Workspace;
+use crate::loading::config::ModelConfig;
 use kiln_core::Tag;
 use kiln_core::kernels::{KernelChoice, QmvPart, qmv_many, select_kernel};
 

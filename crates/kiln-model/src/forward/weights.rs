@@ -5,7 +5,7 @@
 use kiln_core::dense::{self, DenseMatrix};
 use kiln_core::{Buffer, QuantizedMatrix, quantized_matmul};
 
-use crate::experts::ExpertStore;
+use crate::forward::experts::ExpertStore;
 
 /// The matrix of a linear layer, `W[N, K]`.
 #[derive(Debug)]

@@ -5,8 +5,8 @@
 
 use kiln_core::{MemoryPool, OutOfMemory, PoolVec, Tag};
 
-use crate::config::ModelConfig;
-use crate::plan::WorkspaceShape;
+use crate::forward::plan::WorkspaceShape;
+use crate::loading::config::ModelConfig;
 
 /// Activation buffers for up to `shape().rows` token rows.
 pub struct Workspace {

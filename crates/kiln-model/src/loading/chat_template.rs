@@ -109,7 +109,7 @@ impl ChatTemplate {
         };
         let (bos, eos) = (token("bos_token")?, token("eos_token")?);
         let jinja = dir.join(TEMPLATE_FILE);
-        if crate::source::regular_file(&jinja)? {
+        if crate::loading::source::regular_file(&jinja)? {
             let source = std::fs::read_to_string(&jinja)
                 .map_err(|cause| ModelError::Io { path: jinja.clone(), cause })?;
             return Self::new(source, bos, eos, jinja).map(Some);
@@ -220,7 +220,7 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
 }
 
 fn read_json_if_present(path: &Path) -> Result<Option<Json>> {
-    if !crate::source::regular_file(path)? {
+    if !crate::loading::source::regular_file(path)? {
         return Ok(None);
     }
     let text =

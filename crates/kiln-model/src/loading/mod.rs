@@ -14,8 +14,8 @@ pub mod tokenizer;
 pub mod tokenizer_files;
 
 use crate::error::Result;
+use crate::loading::source::ModelSource;
 use crate::model::{LoadOptions, LoadedModel, ModelInfo, TextModel};
-use crate::source::ModelSource;
 
 /// Reads a model's configuration, tokenizer and chat template without its weights.
 pub fn load_text(spec: &str) -> Result<TextModel> {

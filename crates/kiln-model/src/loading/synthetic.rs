@@ -27,11 +27,11 @@ use std::path::PathBuf;
 
 use kiln_core::{MemoryPool, QuantSpec};
 
-use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
+use crate::loading::config::ModelConfig;
+use crate::loading::source::ModelSource;
+use crate::loading::tokenizer::{ByteTokenizer, Tokenizer};
 use crate::model::{LoadOptions, LoadedModel, ModelInfo, TextModel};
-use crate::source::ModelSource;
-use crate::tokenizer::{ByteTokenizer, Tokenizer};
 
 /// The environment variable naming the directory of file-backed host tiers.
 pub const EXPERT_DIR_ENV: &str = "KILN_SYNTHETIC_EXPERT_DIR";
@@ -125,7 +125,7 @@ pub fn inspect_in(name: &str, tier: &HostTier) -> Result<ModelInfo> {
     if matches!(tier, HostTier::File(_)) {
         weight_bytes -= generate::expert_bytes(&config, spec.quant);
     }
-    let expert_slot_bytes = crate::expert_cache::slot_bytes_for(&config);
+    let expert_slot_bytes = crate::forward::expert_cache::slot_bytes_for(&config);
     Ok(ModelInfo {
         source: ModelSource::Synthetic(name.to_string()),
         config,
@@ -206,7 +206,7 @@ pub fn weight_bytes(config: &ModelConfig, quant: QuantSpec) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::weights::LinearWeight;
+    use crate::forward::weights::LinearWeight;
 
     /// The skew moves routing: with no bias the tiny MoE's routes differ from the
     /// default's, and the experts' bytes do not.
@@ -218,7 +218,9 @@ mod tests {
         let (ea, eb) = (a.weights.experts.as_ref().unwrap(), b.weights.experts.as_ref().unwrap());
         assert!((0..ea.total()).all(|i| ea.by_id(i).gate_proj.packed() == eb.by_id(i).gate_proj.packed()));
         let bias = |m: &LoadedModel| {
-            let crate::weights::Mlp::Moe(moe) = &m.weights.layers[0].mlp else { panic!("a MoE layer") };
+            let crate::forward::weights::Mlp::Moe(moe) = &m.weights.layers[0].mlp else {
+                panic!("a MoE layer")
+            };
             moe.router.bias.as_ref().unwrap().iter().copied().collect::<Vec<f32>>()
         };
         let (ba, bb) = (bias(&a), bias(&b));

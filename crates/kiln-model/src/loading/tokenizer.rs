@@ -26,7 +26,7 @@ impl Tokenizer {
     /// Loads `tokenizer.json` from a checkpoint directory.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
-        if !crate::source::regular_file(&path)? {
+        if !crate::loading::source::regular_file(&path)? {
             return Err(ModelError::Tokenizer {
                 path,
                 message: "missing: kiln reads Hugging Face tokenizer.json files \

@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 use super::chat_template::ChatTemplate;
 use super::config::ModelConfig;
 use crate::error::{ModelError, Result};
+use crate::loading::tokenizer::{ByteTokenizer, Tokenizer};
 use crate::model::TextModel;
-use crate::tokenizer::{ByteTokenizer, Tokenizer};
 
 /// The text of the byte tokenizer's BOS token in `tokenizer.json` (as `kiln export-gguf`
 /// names it).
@@ -190,10 +190,10 @@ fn byte_tokenizer_json(vocab_size: usize) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chat_template::{ChatMessage, ChatTemplate};
+    use crate::loading::chat_template::{ChatMessage, ChatTemplate};
 
     fn synthetic(name: &str) -> TextModel {
-        crate::synthetic::load_text(name).unwrap()
+        crate::loading::synthetic::load_text(name).unwrap()
     }
 
     /// Texts whose bytes cover every kind a byte-level tokenizer treats apart: spaces and

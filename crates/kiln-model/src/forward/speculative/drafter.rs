@@ -5,12 +5,12 @@
 
 use kiln_core::MemoryPool;
 
-use crate::engine::{Engine, EngineOptions};
 use crate::error::{ModelError, Result};
-use crate::kv_cache::KvCache;
+use crate::forward::engine::{Engine, EngineOptions};
+use crate::forward::kv_cache::KvCache;
+use crate::forward::ops::argmax;
+use crate::forward::sampling::{Sampler, SamplingParams};
 use crate::model::LoadedModel;
-use crate::ops::argmax;
-use crate::sampling::{Sampler, SamplingParams};
 
 /// Tokens proposed to follow a sequence, with the distribution each was drawn from when
 /// the drafter samples (empty when every token was chosen deterministically, which the

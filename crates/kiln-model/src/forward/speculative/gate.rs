@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 
 use crate::error::{ModelError, Result};
-use crate::kv_cache::KvDtype;
+use crate::forward::kv_cache::KvDtype;
 
 /// `1` lets an inexact verify speculate anyway.
 pub const ALLOW_INEXACT_ENV: &str = "KILN_SPEC_ALLOW_INEXACT";

@@ -1,11 +1,11 @@
 //! One speculating sequence: its history, its drafter, and the step that drafts,
 //! consults the gate, verifies and rolls the cache back.
 
-use crate::engine::Engine;
 use crate::error::Result;
-use crate::kv_cache::KvCache;
-use crate::sampling::Sampler;
-use crate::transformer::{Logits, SeqChunk};
+use crate::forward::engine::Engine;
+use crate::forward::kv_cache::KvCache;
+use crate::forward::sampling::Sampler;
+use crate::forward::transformer::{Logits, SeqChunk};
 
 use super::drafter::{Draft, Drafter};
 use super::gate::{ExactnessGate, GateKey, GateReport, WideSwitch};

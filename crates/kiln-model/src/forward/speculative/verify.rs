@@ -8,8 +8,8 @@
 //! the first rejection the replacement is drawn from the residual max(0, p - q),
 //! renormalised, which makes every emitted token distributed exactly as p.
 
-use crate::ops::argmax;
-use crate::sampling::Sampler;
+use crate::forward::ops::argmax;
+use crate::forward::sampling::Sampler;
 
 /// What a verify accepted: how many drafted tokens, and the token that follows them
 /// (the correction at the first rejection, or the bonus token after a full acceptance).
@@ -74,7 +74,7 @@ pub fn accept_sampled(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampling::SamplingParams;
+    use crate::forward::sampling::SamplingParams;
 
     #[test]
     fn greedy_keeps_the_agreeing_prefix_then_corrects() {

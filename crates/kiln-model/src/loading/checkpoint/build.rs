@@ -12,10 +12,10 @@ use rayon::prelude::*;
 
 use super::plan::{LinearPlan, MatrixPlan, Plan, Step, chunk_rows};
 use super::tensor::TensorReader;
-use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::experts::{Expert, ExpertStore};
-use crate::weights::{DenseMlp, Layer, Linear, LinearWeight, Mlp, ModelWeights, MoeMlp, RmsNorm};
+use crate::forward::experts::{Expert, ExpertStore};
+use crate::forward::weights::{DenseMlp, Layer, Linear, LinearWeight, Mlp, ModelWeights, MoeMlp, RmsNorm};
+use crate::loading::config::ModelConfig;
 
 /// Loads every step of `plan` and assembles the decoder.
 pub(crate) fn build(plan: Plan, config: &ModelConfig, reader: &TensorReader<'_>) -> Result<ModelWeights> {

@@ -8,7 +8,7 @@
 //! tensors in the plan's order (`build.rs`). Mixture-of-experts checkpoints (`qwen2_moe`,
 //! `qwen3_moe`, `mixtral`) add their routers, shared experts and routed experts to the
 //! plan (`moe.rs`), in MLX's stacked layout or Hugging Face's per-expert one; the routed
-//! experts become the model's [`crate::experts::ExpertStore`]. llama.cpp's single-file
+//! experts become the model's [`crate::forward::experts::ExpertStore`]. llama.cpp's single-file
 //! GGUF checkpoints load through [`gguf`].
 
 mod build;
@@ -27,12 +27,12 @@ use serde_json::Value;
 use self::plan::{Plan, Planner, Step};
 use self::safetensors::Checkpoint;
 use self::tensor::TensorReader;
-use crate::chat_template::ChatTemplate;
-use crate::config::ModelConfig;
 use crate::error::{ConfigError, ModelError, Result};
+use crate::loading::chat_template::ChatTemplate;
+use crate::loading::config::ModelConfig;
+use crate::loading::source::ModelSource;
+use crate::loading::tokenizer::Tokenizer;
 use crate::model::{LoadOptions, LoadedModel, ModelInfo, TextModel};
-use crate::source::ModelSource;
-use crate::tokenizer::Tokenizer;
 
 /// Group size kiln quantizes to on load, as `mlx_lm.convert` does by default.
 pub const QUANTIZE_GROUP_SIZE: usize = 64;
@@ -147,7 +147,7 @@ fn quantize_spec(opts: &LoadOptions, config: &ModelConfig) -> Result<Option<Quan
 /// (chat models list their end-of-turn token there).
 pub fn read_config(dir: &Path) -> Result<ModelConfig> {
     let path = dir.join("config.json");
-    if !crate::source::regular_file(&path)? {
+    if !crate::loading::source::regular_file(&path)? {
         return Err(ModelError::NotFound { path });
     }
     let text =
@@ -155,7 +155,7 @@ pub fn read_config(dir: &Path) -> Result<ModelConfig> {
     let mut config = ModelConfig::from_json_str(&text, "config.json")
         .map_err(|cause| ModelError::Config { path: path.clone(), cause })?;
     let gen_path = dir.join("generation_config.json");
-    if crate::source::regular_file(&gen_path)? {
+    if crate::loading::source::regular_file(&gen_path)? {
         let text = std::fs::read_to_string(&gen_path)
             .map_err(|cause| ModelError::Io { path: gen_path.clone(), cause })?;
         if let Some(eos) = generation_eos(&text, "generation_config.json")

@@ -15,8 +15,8 @@
 
 use super::plan::{LinearPlan, MatrixPlan, Planner, Step};
 use super::safetensors::TensorRef;
-use crate::config::{Architecture, MoeConfig};
 use crate::error::{ModelError, Result};
+use crate::loading::config::{Architecture, MoeConfig};
 
 /// Where a layer's experts live, and what its matrices are called.
 struct Names {
@@ -116,7 +116,7 @@ pub(crate) fn plan_layer(
     let slot = steps[first_routed..first_routed + 3]
         .iter()
         .map(|s| match s {
-            Step::Linear(l) => l.slot_bytes(crate::expert_cache::PART_ALIGN),
+            Step::Linear(l) => l.slot_bytes(crate::forward::expert_cache::PART_ALIGN),
             Step::Vector(_) => None,
         })
         .sum::<Option<u64>>();

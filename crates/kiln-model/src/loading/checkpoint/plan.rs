@@ -8,8 +8,8 @@ use kiln_core::{QuantSpec, ScaleDtype, validate_geometry};
 use safetensors::Dtype;
 
 use super::safetensors::{Checkpoint, TensorRef};
-use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
+use crate::loading::config::ModelConfig;
 
 /// Widened rows of a matrix quantized on load are processed this many bytes at a time, so
 /// quantizing a large embedding never holds a full f32 copy of it.

@@ -72,11 +72,11 @@ impl Checkpoint {
     /// else `model.safetensors`, else every `model*.safetensors` file (as mlx-lm globs).
     pub(crate) fn open(dir: &Path) -> Result<Self> {
         let index = dir.join(INDEX_FILE);
-        if crate::source::regular_file(&index)? {
+        if crate::loading::source::regular_file(&index)? {
             return Self::open_index(dir, &index);
         }
         let single = dir.join(SINGLE_FILE);
-        if crate::source::regular_file(&single)? {
+        if crate::loading::source::regular_file(&single)? {
             return Self::open_files(&single, std::slice::from_ref(&single));
         }
         let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -128,7 +128,7 @@ impl Checkpoint {
         }
         let paths: Vec<PathBuf> = wanted.keys().map(|f| dir.join(f)).collect();
         for p in &paths {
-            if !crate::source::regular_file(p)? {
+            if !crate::loading::source::regular_file(p)? {
                 return Err(bad(format!(
                     "weight_map names shard {}, which does not exist",
                     p.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()

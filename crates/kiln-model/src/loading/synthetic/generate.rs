@@ -21,10 +21,10 @@ use rand_core::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rayon::prelude::*;
 
-use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::experts::{Expert, ExpertStore};
-use crate::weights::{DenseMlp, Layer, Linear, LinearWeight, Mlp, ModelWeights, MoeMlp, RmsNorm};
+use crate::forward::experts::{Expert, ExpertStore};
+use crate::forward::weights::{DenseMlp, Layer, Linear, LinearWeight, Mlp, ModelWeights, MoeMlp, RmsNorm};
+use crate::loading::config::ModelConfig;
 
 /// Words (8 bytes) generated from one seed: the unit of parallel generation.
 const CHUNK_WORDS: usize = 1 << 13;

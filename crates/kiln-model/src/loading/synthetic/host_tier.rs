@@ -199,9 +199,9 @@ fn free_bytes(dir: &Path) -> std::io::Result<u64> {
 mod tests {
     use kiln_core::{MemoryPool, Tag};
 
-    use crate::engine::{EngineOptions, Session};
-    use crate::kv_cache::KvDtype;
-    use crate::synthetic::{self, HostTier};
+    use crate::forward::engine::{EngineOptions, Session};
+    use crate::forward::kv_cache::KvDtype;
+    use crate::loading::synthetic::{self, HostTier};
 
     const NAME: &str = "tiny-moe";
     const SEED: u64 = 11;

@@ -4,8 +4,8 @@
 
 use kiln_core::QuantSpec;
 
-use crate::config::{Architecture, ModelConfig, MoeConfig, QuantizationConfig, RopeScaling};
-use crate::tokenizer::ByteTokenizer;
+use crate::loading::config::{Architecture, ModelConfig, MoeConfig, QuantizationConfig, RopeScaling};
+use crate::loading::tokenizer::ByteTokenizer;
 
 /// A published model's shape.
 #[derive(Clone, Copy, Debug)]

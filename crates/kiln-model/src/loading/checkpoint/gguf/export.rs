@@ -33,13 +33,13 @@ use kiln_core::format::read_code;
 use super::header::Value;
 use super::tensors::GgmlType;
 use super::writer::{self, MetaValue, TensorDesc};
-use crate::config::{Architecture, ModelConfig, RopeScaling};
 use crate::error::{ModelError, Result};
+use crate::forward::weights::{LinearWeight, ModelWeights};
+use crate::loading::config::{Architecture, ModelConfig, RopeScaling};
+use crate::loading::source::ModelSource;
+use crate::loading::tokenizer::{ByteTokenizer, Tokenizer};
 use crate::model::LoadedModel;
 use crate::output::AtomicFile;
-use crate::source::ModelSource;
-use crate::tokenizer::{ByteTokenizer, Tokenizer};
-use crate::weights::{LinearWeight, ModelWeights};
 
 /// How each matrix was written, for the caller's report.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

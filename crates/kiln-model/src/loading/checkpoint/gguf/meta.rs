@@ -13,9 +13,9 @@ use serde_json::json;
 
 use super::header::{self, Header, TensorInfo, Value, as_strings};
 use super::tensors::{Form, GROUP, GgmlType};
-use crate::checkpoint::mmap::MappedFile;
-use crate::config::{ModelConfig, QuantizationConfig};
 use crate::error::{ModelError, Result};
+use crate::loading::checkpoint::mmap::MappedFile;
+use crate::loading::config::{ModelConfig, QuantizationConfig};
 
 /// Errors about metadata are [`ModelError`]s naming the file and the key.
 pub(crate) type MetaError = ModelError;

@@ -2,7 +2,7 @@
 //! tokenizer and chat template, and its tensors.
 //!
 //! The header is parsed strictly (`header.rs`); `general.architecture` `llama` and `qwen2`
-//! become a [`crate::config::ModelConfig`] through the same validation as a `config.json`
+//! become a [`crate::loading::config::ModelConfig`] through the same validation as a `config.json`
 //! (`meta.rs`); tensors of the block types with an exact kiln form (`tensors.rs`) are
 //! repacked into MLX-affine groups of 32 straight from the map, and llama.cpp's
 //! permutation of llama's Q and K rows (its rope pairs adjacent elements, Hugging Face's
@@ -27,12 +27,12 @@ use self::header::Value;
 use self::meta::{Gguf, Parsed, layout};
 use self::tensors::{Form, GROUP};
 use self::weights::{Rows, build, matrix, pool_bytes};
-use crate::chat_template::ChatTemplate;
 use crate::error::{ModelError, Result};
+use crate::forward::weights::LinearWeight;
+use crate::loading::chat_template::ChatTemplate;
+use crate::loading::source::ModelSource;
+use crate::loading::tokenizer::Tokenizer;
 use crate::model::{LoadOptions, LoadedModel, ModelInfo, TextModel};
-use crate::source::ModelSource;
-use crate::tokenizer::Tokenizer;
-use crate::weights::LinearWeight;
 
 /// Configuration and weight size of a GGUF file, from its header.
 pub fn inspect(path: &Path, _opts: &LoadOptions) -> Result<ModelInfo> {

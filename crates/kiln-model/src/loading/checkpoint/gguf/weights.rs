@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use super::meta::{Gguf, Parsed};
 use super::tensors::{self, Form, GROUP};
 use crate::error::{ModelError, Result};
-use crate::weights::{DenseMlp, Layer, Linear, LinearWeight, Mlp, ModelWeights, RmsNorm};
+use crate::forward::weights::{DenseMlp, Layer, Linear, LinearWeight, Mlp, ModelWeights, RmsNorm};
 
 /// Bytes a tensor of `form` with `n` rows of `k` takes in the pool.
 pub(super) fn pool_bytes(form: Form, n: usize, k: usize) -> u64 {
@@ -49,7 +49,7 @@ impl Rows {
 /// Every weight of the decoder, repacked from the mapped file into pool-counted buffers.
 pub(super) fn build(g: &Gguf, pool: &MemoryPool) -> Result<ModelWeights> {
     let c = &g.config;
-    let permuted = c.architecture == crate::config::Architecture::Llama;
+    let permuted = c.architecture == crate::loading::config::Architecture::Llama;
     let (q_rows, k_rows) = if permuted {
         (Rows::Unpermute { heads: c.num_attention_heads }, Rows::Unpermute { heads: c.num_key_value_heads })
     } else {
