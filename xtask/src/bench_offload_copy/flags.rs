@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use crate::engine::BackendArg;
+use crate::kiln_build::BackendArg;
 use crate::sweep::flags::count;
 use crate::sweep::plan;
 

@@ -189,7 +189,7 @@ impl Bisect {
                     Some(d) => crate::args::user_path(d)?,
                     None => root.join("benchmarks/runs"),
                 };
-                let d = crate::runs::create_run_dir(&runs, "bisect")?;
+                let d = crate::run_dir::create_run_dir(&runs, "bisect")?;
                 // Created with the directory, so the run is resumable from here on, even
                 // when it is stopped before its first value (in the first build).
                 let m = d.join("measurements.jsonl");

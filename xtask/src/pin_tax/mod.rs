@@ -143,7 +143,7 @@ pub struct QmvPinTax {
     request_timeout: u64,
     /// Booting kiln serve, and where run directories go.
     #[command(flatten)]
-    boot: crate::runs::BootArgs,
+    boot: crate::run_dir::BootArgs,
     /// Where the dated record goes [default: the run directory].
     #[arg(long, value_name = "DIR", conflicts_with_all = ["repo_record", "no_record"])]
     record_dir: Option<PathBuf>,
@@ -213,12 +213,12 @@ impl QmvPinTax {
                 return Ok(ExitCode::from(child::exit_code_for(sig)));
             }
         };
-        crate::runs::check_writable(&runs_dir, "--runs-dir")?;
+        crate::run_dir::check_writable(&runs_dir, "--runs-dir")?;
         if !self.no_record
             && let Some(dir) = &record_dir
         {
             let flag = if self.repo_record { "--repo-record" } else { "--record-dir" };
-            crate::runs::check_writable(dir, flag)?;
+            crate::run_dir::check_writable(dir, flag)?;
         }
         let ctx = Ctx { root, runs_dir, record_dir, engine, order, shutdown };
         match self.mode {
@@ -277,8 +277,8 @@ impl QmvPinTax {
         } else {
             (mode.design(), order)
         };
-        let run_dir = crate::runs::create_run_dir(&runs_dir, "qmv-pin-tax")?;
-        let (mut env, device) = crate::runs::fingerprint(&root, Some(&engine));
+        let run_dir = crate::run_dir::create_run_dir(&runs_dir, "qmv-pin-tax")?;
+        let (mut env, device) = crate::run_dir::fingerprint(&root, Some(&engine));
         env["qmv_pin_tax"] = serde_json::json!({
             "mode": mode.name(),
             "model": self.model,
@@ -306,7 +306,7 @@ impl QmvPinTax {
             "margin_pct": self.seq.margin,
             "aa": self.aa,
         });
-        crate::runs::write_env_json(&run_dir, &env)?;
+        crate::run_dir::write_env_json(&run_dir, &env)?;
         eprintln!(
             "qmv-pin-tax --mode {}: {} boots ({}), 1 warm-up + {passes} {} each, {} cells; run directory {}",
             mode.name(),
@@ -322,7 +322,7 @@ impl QmvPinTax {
             port: self.port,
             model: self.model.clone(),
             kiln_bin: engine.bin.clone(),
-            engine_args: crate::engine::backend_args_unless_given(engine.backend, &self.boot.serve_args),
+            engine_args: crate::kiln_build::backend_args_unless_given(engine.backend, &self.boot.serve_args),
             serve_args: self.boot.serve_args.clone(),
             boot_timeout: Duration::from_secs(self.boot_timeout),
             grace: Duration::from_secs(self.grace),
@@ -494,7 +494,7 @@ pub fn finish(run_dir: &Path, sheet: &crate::verdict::sheet::Sheet, device: &str
 /// answer (another server's binary, a model it cannot read), every cell runs and the
 /// server's own refusal fails the cell.
 fn context_skips(
-    engine: &crate::runs::Engine,
+    engine: &crate::run_dir::Engine,
     model: &str,
     shapes: &[(String, u64, u64)],
 ) -> std::collections::BTreeMap<String, String> {
@@ -503,7 +503,7 @@ fn context_skips(
         let run = std::process::Command::new(&engine.bin)
             .args(["estimate", "-m", model, "--prompt-tokens", &prompt.to_string()])
             .args(["--max-tokens", &max_tokens.to_string()])
-            .args(crate::engine::backend_args(engine.backend))
+            .args(crate::kiln_build::backend_args(engine.backend))
             .stdin(std::process::Stdio::null())
             .output();
         let report = match &run {
@@ -853,7 +853,7 @@ struct Ctx {
     root: PathBuf,
     runs_dir: PathBuf,
     record_dir: Option<PathBuf>,
-    engine: crate::runs::Engine,
+    engine: crate::run_dir::Engine,
     order: Order,
     shutdown: Shutdown,
 }

@@ -11,7 +11,7 @@ use anyhow::{Result, bail};
 use serde_json::Value;
 
 use super::html::{escape, head, table};
-use super::runs::{Kind, Run, engine, setting_text};
+use super::run::{Kind, Run, engine, setting_text};
 use crate::verdict::reading::{Better, Method, Reading, Verdict};
 use crate::verdict::sheet::{Cell, Sheet, Table};
 

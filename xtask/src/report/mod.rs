@@ -7,7 +7,7 @@
 
 mod compare;
 mod html;
-mod runs;
+mod run;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 
 use self::html::{escape, head, table};
-pub use self::runs::Run;
+pub use self::run::Run;
 use crate::console::usage;
 
 /// Flags of `cargo xtask report`.

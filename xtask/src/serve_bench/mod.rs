@@ -94,7 +94,7 @@ pub struct ServeBench {
     boot_timeout: u64,
     /// Booting kiln serve, and where run directories go.
     #[command(flatten)]
-    boot: crate::runs::BootArgs,
+    boot: crate::run_dir::BootArgs,
 }
 
 /// A list of positive integers.
@@ -167,7 +167,7 @@ impl ServeBench {
         // Where the run directory goes is checked before kiln is built: a build of minutes
         // must not end in a refusal of the flag.
         let runs_dir = self.boot.runs_dir(&root)?;
-        crate::runs::check_dir_flag(&runs_dir, "--runs-dir", "run directories")?;
+        crate::run_dir::check_dir_flag(&runs_dir, "--runs-dir", "run directories")?;
         let shutdown = Shutdown::install()?;
         let engine = match &self.model {
             Some(_) => match self.boot.engine(&root, &shutdown)? {
@@ -185,8 +185,8 @@ impl ServeBench {
                 self.port
             );
         }
-        let run_dir = crate::runs::create_run_dir(&runs_dir, "serve-bench")?;
-        let (mut env, device) = crate::runs::fingerprint(&root, engine.as_ref());
+        let run_dir = crate::run_dir::create_run_dir(&runs_dir, "serve-bench")?;
+        let (mut env, device) = crate::run_dir::fingerprint(&root, engine.as_ref());
         let levels = self.levels();
         env["serve_bench"] = serde_json::json!({
             "target": self.url,
@@ -207,7 +207,7 @@ impl ServeBench {
             "busy_cpus": self.busy_cpus,
             "percentiles": "linear interpolation between closest ranks (type 7, numpy's default)",
         });
-        crate::runs::write_env_json(&run_dir, &env)?;
+        crate::run_dir::write_env_json(&run_dir, &env)?;
         eprintln!("serve-bench: run directory {}", display(&root, &run_dir));
 
         let booted = match (&engine, &self.model) {
@@ -220,7 +220,7 @@ impl ServeBench {
                     self.port.to_string().into(),
                 ];
                 args.extend(
-                    crate::engine::backend_args_unless_given(e.backend, &self.boot.serve_args)
+                    crate::kiln_build::backend_args_unless_given(e.backend, &self.boot.serve_args)
                         .into_iter()
                         .map(OsString::from),
                 );

@@ -9,7 +9,7 @@ use anyhow::Result;
 use super::plan;
 use super::runner::EngineKnobs;
 use crate::console::usage;
-use crate::engine::{Backend, BackendArg};
+use crate::kiln_build::{Backend, BackendArg};
 use kiln_protocol::{Attention, KvDtype};
 
 /// Flags every bench command shares.

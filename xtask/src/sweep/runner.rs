@@ -14,7 +14,7 @@ use super::classify::{self, ChildExit, KILN_BY_RULE_EXIT_CODE, Status};
 use super::layers::{DeviceBudget, EstimateFacts};
 use super::plan::{Cell, Prompt};
 use crate::child::{self, Shutdown, Waited};
-use crate::engine::Backend;
+use crate::kiln_build::Backend;
 use kiln_protocol::{DecodeReport, EstimateReport, ReportError};
 
 /// A step that either finished or was cut short by a signal.
@@ -106,7 +106,7 @@ impl LocalRunner<'_> {
     /// What every engine call gets after its own arguments: the backend (nothing for the
     /// CPU, so an older binary runs as before), then the knobs.
     pub(crate) fn engine_args(&self) -> Vec<String> {
-        let mut args = crate::engine::backend_args(self.backend);
+        let mut args = crate::kiln_build::backend_args(self.backend);
         args.extend(self.knobs.to_args());
         args
     }

@@ -21,7 +21,7 @@ use super::rows::{CsvOut, Knobs};
 use super::runner::{EngineKnobs, LocalRunner};
 use crate::child::{self as shutdown, Shutdown};
 use crate::console::usage;
-use crate::engine::{self, Backend, BackendArg, BackendFeatures, EnginePackage};
+use crate::kiln_build::{self, Backend, BackendArg, BackendFeatures, EnginePackage};
 use crate::machine::{self, Machine};
 use crate::peer::PeerRunner;
 
@@ -89,7 +89,7 @@ impl Session {
             }
             None => {
                 let pkg = pkg?;
-                let choice = match engine::choose_for(&machine, flags.backend, &pkg) {
+                let choice = match kiln_build::choose_for(&machine, flags.backend, &pkg) {
                     Ok(c) => c,
                     Err(e) => usage!("{e}"),
                 };
@@ -119,10 +119,10 @@ impl Session {
         };
         // The directories the run writes into, checked before the output CSV (or anything
         // else) is created: a file where one should be is named with its flag.
-        crate::runs::check_dir_flag(&runs_dir, "--runs-dir", "run directories")?;
-        crate::runs::check_file_flag(&record_path, "--oom-record")?;
+        crate::run_dir::check_dir_flag(&runs_dir, "--runs-dir", "run directories")?;
+        crate::run_dir::check_file_flag(&record_path, "--oom-record")?;
         if let Some(out) = &flags.output {
-            crate::runs::check_file_flag(&user_path(out)?, "--output")?;
+            crate::run_dir::check_file_flag(&user_path(out)?, "--output")?;
         }
         Ok(Session {
             root: root.to_path_buf(),
@@ -295,7 +295,7 @@ impl Session {
     /// the build.
     fn build_engine(&self) -> Result<Option<ExitCode>> {
         if self.build {
-            if let Some(sig) = engine::build_release(&self.root, self.backend, &self.shutdown)? {
+            if let Some(sig) = kiln_build::build_release(&self.root, self.backend, &self.shutdown)? {
                 eprintln!("interrupted by {} during the build", shutdown::signal_name(sig));
                 return Ok(Some(ExitCode::from(shutdown::exit_code_for(sig))));
             }
@@ -328,7 +328,7 @@ impl Session {
         let knobs = self.engine_knobs.clone();
         // Each row takes its token counts from its cell.
         let row_knobs = self.engine_row_knobs();
-        let run_dir = crate::runs::create_run_dir(&self.runs_dir, &self.command)?;
+        let run_dir = crate::run_dir::create_run_dir(&self.runs_dir, &self.command)?;
         self.write_env_json(&run_dir, output, &self.record_path, cell_timeout, flags, plan)?;
         eprintln!(
             "kiln {} ({}); device {}; run directory {}",
@@ -374,7 +374,7 @@ impl Session {
             let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
             slurm.shared_dir.join(format!("{stamp}-{}", self.command))
         } else {
-            let dir = crate::runs::create_run_dir(&slurm.shared_dir, &self.command)?;
+            let dir = crate::run_dir::create_run_dir(&slurm.shared_dir, &self.command)?;
             self.write_env_json(&dir, &output.path, &record, cell_timeout, flags, Some(plan))?;
             eprintln!(
                 "sweep: {} cells on Slurm; kiln {} ({}); run directory {}",

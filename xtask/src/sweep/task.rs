@@ -22,7 +22,7 @@ use super::rows::{self, CsvOut, Knobs, Row};
 use super::runner::{EngineKnobs, LocalRunner, Ran};
 use crate::child::{self, Shutdown};
 use crate::console::usage;
-use crate::engine::Backend;
+use crate::kiln_build::Backend;
 use crate::machine::Machine;
 
 /// The file in a run directory that holds the spec.

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
 use crate::child::Shutdown;
-use crate::engine::{self, Backend, BackendArg, BackendFeatures, EnginePackage};
+use crate::kiln_build::{self, Backend, BackendArg, BackendFeatures, EnginePackage};
 use crate::machine::{self, Machine};
 
 /// The flags every task that boots `kiln serve` takes: extra server arguments, the
@@ -102,11 +102,11 @@ pub fn engine(
         return Ok(Ok(Engine { bin, backend: Backend::Cpu, features: None, version }));
     }
     let pkg = EnginePackage::read(root)?;
-    let choice = engine::choose_for(&Machine::probe(), BackendArg::Auto, &pkg)?;
+    let choice = kiln_build::choose_for(&Machine::probe(), BackendArg::Auto, &pkg)?;
     if let Some(note) = &choice.note {
         eprintln!("note: {note}");
     }
-    if !no_build && let Some(sig) = engine::build_release(root, choice.backend, shutdown)? {
+    if !no_build && let Some(sig) = kiln_build::build_release(root, choice.backend, shutdown)? {
         return Ok(Err(sig));
     }
     let bin = pkg.binary("release");
