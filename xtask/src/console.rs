@@ -1,5 +1,6 @@
 //! Errors that end `cargo xtask` with a particular status, and stdout writes that turn a
-//! closed pipe (`cargo xtask ... | head`) into a quiet exit instead of a panic.
+//! closed pipe (`cargo xtask ... | head`) into a quiet exit instead of a panic, and sizes as a reader
+//! takes them in.
 
 use std::fmt;
 use std::io::{self, Write};
@@ -47,4 +48,16 @@ pub fn exit_for(e: &anyhow::Error) -> (u8, bool) {
     } else {
         (1, true)
     }
+}
+
+/// A size as a reader takes it in: `512 B`, `1.5 GiB` (binary units, one decimal).
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[i]) }
 }

@@ -76,14 +76,7 @@ pub struct OffloadRow {
 
 /// `1.5 GiB`-style sizes for the geometry lines.
 pub(super) fn size(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < UNITS.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[i]) }
+    crate::console::human_bytes(bytes)
 }
 
 /// The column titles of a geometry's table.

@@ -73,15 +73,7 @@ impl RecordLine {
 /// A size as a reader takes it in, with the exact count beside it: `1.2 GiB (1288490188
 /// bytes)`, `512 B (512 bytes)`.
 pub fn bytes_text(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < UNITS.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    let short = if i == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[i]) };
-    format!("{short} ({bytes} bytes)")
+    format!("{} ({bytes} bytes)", crate::console::human_bytes(bytes))
 }
 
 /// A line that could not be used, with why.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use super::classify::Status;
-use super::driver::{self, Driver};
+use super::driver;
 use super::flags::SweepFlags;
 use super::plan::{CellKey, Plan};
 use super::rows::{CsvOut, Row};
@@ -218,18 +218,7 @@ impl<'f> Rounds<'f> {
             (p.exported, p.version) = std::mem::take(peer_cache);
             p
         });
-        let mut driver = Driver {
-            meta: started.meta(),
-            shutdown: started.shutdown(),
-            plan,
-            layers: started.layers(),
-            estimate_on: !flags.no_estimate,
-            source_csv: started.display(path),
-            model_paths: BTreeMap::new(),
-            knobs: started.row_knobs.clone(),
-            peer,
-            quiet: (flags.series.limits(), flags.series.quiet_wait()),
-        };
+        let mut driver = started.driver(plan, flags, path, peer);
         // Earlier rounds' out-of-memory rows backstop this one, as in a resumed sweep.
         for row in rows.values() {
             driver.note_earlier(row);

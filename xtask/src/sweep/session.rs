@@ -271,18 +271,8 @@ impl Session {
             Err(code) => return Ok((code, None)),
         };
         let runner = &mut started.runner();
-        let mut driver = Driver {
-            meta: started.meta(),
-            shutdown: started.shutdown(),
-            plan,
-            layers: started.layers(),
-            estimate_on: !flags.no_estimate,
-            source_csv: started.display(&output.path),
-            model_paths: BTreeMap::new(),
-            knobs: started.row_knobs.clone(),
-            peer: flags.series.peer.clone().map(|spec| started.peer_runner(spec)),
-            quiet: (flags.series.limits(), flags.series.quiet_wait()),
-        };
+        let peer = flags.series.peer.clone().map(|spec| started.peer_runner(spec));
+        let mut driver = started.driver(plan, flags, &output.path, peer);
         let (code, sheet) = driver.run(runner, output)?;
         // Every row is on disk: the readings the terminal printed, and the page a person
         // opens first, drawn from those files.
@@ -540,6 +530,29 @@ impl Started {
     }
 
     /// The runner of `--peer`'s cells, with this run's directories, threads and timeout.
+    /// The driver of `plan`'s cells into the CSV at `csv`, with `peer` beside kiln: what a
+    /// sweep and every round of a `--until-ci` run walk the cells with.
+    pub(super) fn driver<'a>(
+        &'a self,
+        plan: &'a Plan,
+        flags: &SweepFlags,
+        csv: &Path,
+        peer: Option<PeerRunner<'a>>,
+    ) -> Driver<'a> {
+        Driver {
+            meta: self.meta(),
+            shutdown: self.shutdown(),
+            plan,
+            layers: self.layers(),
+            estimate_on: !flags.no_estimate,
+            source_csv: self.display(csv),
+            model_paths: BTreeMap::new(),
+            knobs: self.row_knobs.clone(),
+            peer,
+            quiet: (flags.series.limits(), flags.series.quiet_wait()),
+        }
+    }
+
     pub fn peer_runner(&self, spec: crate::peer::PeerSpec) -> PeerRunner<'_> {
         let s = &self.session;
         PeerRunner {
