@@ -199,106 +199,114 @@ impl Bisect {
         };
         let shutdown = Shutdown::install()?;
         build::remove_stale_worktrees(&git, &run_dir);
-        let mut known = load(&run_dir.join("measurements.jsonl"))?;
-        eprintln!(
-            "bisect: {} candidate commits between {} and {}; run directory {}",
-            line.len(),
-            &good[..12],
-            &bad[..12],
-            run_dir.display()
-        );
-        // ext[0] is the good revision, ext[1..] the candidates, the last of them bad:
-        // ext[lo] is like good and ext[hi] like bad throughout.
-        let ext: Vec<&str> = std::iter::once(good.as_str()).chain(line.iter().map(String::as_str)).collect();
-        let mut summary = Summary::new(&self.metric, self.margin);
-        let interrupted = |sig: i32, summary: Summary| {
-            let headline = format!(
-                "interrupted by {}: resume with --resume {}",
-                child::signal_name(sig),
+        // The bisection, then the page: written once the worktree and target dir it built
+        // in are gone (`Checkout` removes them when the bisection's context drops), so it
+        // lists only what stays.
+        let code = (|| -> Result<ExitCode> {
+            let mut known = load(&run_dir.join("measurements.jsonl"))?;
+            eprintln!(
+                "bisect: {} candidate commits between {} and {}; run directory {}",
+                line.len(),
+                &good[..12],
+                &bad[..12],
                 run_dir.display()
             );
-            summary.finish(headline, &run_dir, ExitCode::from(child::exit_code_for(sig)))
-        };
-        let mut ctx = Ctx {
-            bisect: &self,
-            run_dir: &run_dir,
-            shutdown: &shutdown,
-            good: &good,
-            checkout: Checkout::new(&git, &run_dir, self.keep_build),
-            pair_secs: Vec::new(),
-        };
-        ctx.say_cost(ext.len() - 1);
-        let good_bin = match ctx.binary(&good)? {
-            Step::Done(b) => b,
-            Step::Signal(sig) => return interrupted(sig, summary),
-        };
-        // Step 0: is bad bad at all?
-        let c = match ctx.measure(&bad, &good_bin, None, &mut known)? {
-            Step::Done(c) => c,
-            Step::Signal(sig) => return interrupted(sig, summary),
-        };
-        summary.row(0, &bad, &subject(&git, &bad), &c, ctx.secs_each());
-        if c.side != Side::Bad {
-            let headline = match c.side {
-                Side::Good => {
-                    "the bad revision is like good against the good one: nothing to bisect".to_string()
-                }
-                _ => format!(
-                    "the bad revision is undecided against the good one after {} pairs: nothing to bisect until it is decided",
-                    c.reading.n
-                ),
+            // ext[0] is the good revision, ext[1..] the candidates, the last of them bad:
+            // ext[lo] is like good and ext[hi] like bad throughout.
+            let ext: Vec<&str> =
+                std::iter::once(good.as_str()).chain(line.iter().map(String::as_str)).collect();
+            let mut summary = Summary::new(&self.metric, self.margin);
+            let interrupted = |sig: i32, summary: Summary| {
+                let headline = format!(
+                    "interrupted by {}: resume with --resume {}",
+                    child::signal_name(sig),
+                    run_dir.display()
+                );
+                summary.finish(headline, &run_dir, ExitCode::from(child::exit_code_for(sig)))
             };
-            if let Some(more) = c.more_needed() {
-                summary.note(format!(
-                    "to go on: --resume {} --max-pairs {}",
-                    run_dir.display(),
-                    c.reading.n + more
-                ));
-            }
-            return summary.finish(headline, &run_dir, ExitCode::FAILURE);
-        }
-        let bad_at = c.reading.estimate;
-        let (mut lo, mut hi) = (0usize, ext.len() - 1);
-        let mut step = 1;
-        while let Some(mid) = midpoint(lo, hi) {
-            let probe = ext[mid];
-            let c = match ctx.measure(probe, &good_bin, Some(bad_at), &mut known)? {
+            let mut ctx = Ctx {
+                bisect: &self,
+                run_dir: &run_dir,
+                shutdown: &shutdown,
+                good: &good,
+                checkout: Checkout::new(&git, &run_dir, self.keep_build),
+                pair_secs: Vec::new(),
+            };
+            ctx.say_cost(ext.len() - 1);
+            let good_bin = match ctx.binary(&good)? {
+                Step::Done(b) => b,
+                Step::Signal(sig) => return interrupted(sig, summary),
+            };
+            // Step 0: is bad bad at all?
+            let c = match ctx.measure(&bad, &good_bin, None, &mut known)? {
                 Step::Done(c) => c,
                 Step::Signal(sig) => return interrupted(sig, summary),
             };
-            summary.row(step, probe, &subject(&git, probe), &c, ctx.secs_each());
-            step += 1;
-            match c.side {
-                Side::Good => lo = mid,
-                Side::Bad => hi = mid,
-                Side::Undecided { .. } => {
-                    let headline = format!(
-                        "undecided: the first bad commit is after {} and at or before {}; {} straddles the line between good and bad after {} pairs",
-                        &ext[lo][..12],
-                        &ext[hi][..12],
-                        &probe[..12],
-                        c.reading.n
-                    );
-                    if let Some(more) = c.more_needed() {
-                        let time = ctx
-                            .secs_each()
-                            .map_or(String::new(), |s| format!(", {} more", duration_text(s * more as f64)));
-                        summary.note(format!(
-                            "to go on: --resume {} --max-pairs {}{time}",
-                            run_dir.display(),
-                            c.reading.n + more
-                        ));
+            summary.row(0, &bad, &subject(&git, &bad), &c, ctx.secs_each());
+            if c.side != Side::Bad {
+                let headline = match c.side {
+                    Side::Good => {
+                        "the bad revision is like good against the good one: nothing to bisect".to_string()
                     }
-                    return summary.finish(headline, &run_dir, ExitCode::FAILURE);
+                    _ => format!(
+                        "the bad revision is undecided against the good one after {} pairs: nothing to bisect until it is decided",
+                        c.reading.n
+                    ),
+                };
+                if let Some(more) = c.more_needed() {
+                    summary.note(format!(
+                        "to go on: --resume {} --max-pairs {}",
+                        run_dir.display(),
+                        c.reading.n + more
+                    ));
+                }
+                return summary.finish(headline, &run_dir, ExitCode::FAILURE);
+            }
+            let bad_at = c.reading.estimate;
+            let (mut lo, mut hi) = (0usize, ext.len() - 1);
+            let mut step = 1;
+            while let Some(mid) = midpoint(lo, hi) {
+                let probe = ext[mid];
+                let c = match ctx.measure(probe, &good_bin, Some(bad_at), &mut known)? {
+                    Step::Done(c) => c,
+                    Step::Signal(sig) => return interrupted(sig, summary),
+                };
+                summary.row(step, probe, &subject(&git, probe), &c, ctx.secs_each());
+                step += 1;
+                match c.side {
+                    Side::Good => lo = mid,
+                    Side::Bad => hi = mid,
+                    Side::Undecided { .. } => {
+                        let headline = format!(
+                            "undecided: the first bad commit is after {} and at or before {}; {} straddles the line between good and bad after {} pairs",
+                            &ext[lo][..12],
+                            &ext[hi][..12],
+                            &probe[..12],
+                            c.reading.n
+                        );
+                        if let Some(more) = c.more_needed() {
+                            let time = ctx.secs_each().map_or(String::new(), |s| {
+                                format!(", {} more", duration_text(s * more as f64))
+                            });
+                            summary.note(format!(
+                                "to go on: --resume {} --max-pairs {}{time}",
+                                run_dir.display(),
+                                c.reading.n + more
+                            ));
+                        }
+                        return summary.finish(headline, &run_dir, ExitCode::FAILURE);
+                    }
                 }
             }
-        }
-        let first = ext[hi];
-        summary.finish(
-            format!("first bad commit: {first} {}", subject(&git, first)),
-            &run_dir,
-            ExitCode::SUCCESS,
-        )
+            let first = ext[hi];
+            summary.finish(
+                format!("first bad commit: {first} {}", subject(&git, first)),
+                &run_dir,
+                ExitCode::SUCCESS,
+            )
+        })();
+        crate::report::write_or_warn(&run_dir);
+        code
     }
 }
 

@@ -65,16 +65,15 @@ impl Summary {
         self.sheet.notes.push(line.into());
     }
 
-    /// Ends the summary with `headline`: prints it, writes `summary.md` (the same text),
-    /// `readings.json` (the sheet) and `report.html` (the sheet rendered) into `run_dir`,
-    /// and gives `code` back.
+    /// Ends the summary with `headline`: prints it, writes `summary.md` (the same text)
+    /// and `readings.json` (the sheet, which report.html renders) into `run_dir`, and gives
+    /// `code` back.
     pub fn finish(mut self, headline: String, run_dir: &Path, code: ExitCode) -> Result<ExitCode> {
         self.sheet.headline = headline;
         let text = self.sheet.markdown();
         crate::fsx::write_atomic(&run_dir.join("summary.md"), text.as_bytes())
             .context("writing summary.md")?;
         self.sheet.write(run_dir)?;
-        crate::report::write_or_warn(run_dir);
         crate::console::out(&text)?;
         eprintln!("results: {}", run_dir.display());
         Ok(code)

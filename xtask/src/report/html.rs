@@ -70,13 +70,13 @@ pub fn sheet(sheet: &Sheet) -> String {
             .collect();
         s.push_str(&table(&headers, &body, &numeric));
         if !t.legend.is_empty() {
-            let _ = writeln!(s, "<p class=\"note\">{}</p>", escape(&t.legend));
+            let _ = writeln!(s, "<p class=\"note\">{}</p>", inline(&t.legend));
         }
     }
     if !sheet.notes.is_empty() {
         s.push_str("<ul class=\"notes\">");
         for n in &sheet.notes {
-            let _ = write!(s, "<li>{}</li>", escape(n));
+            let _ = write!(s, "<li>{}</li>", inline(n));
         }
         s.push_str("</ul>\n");
     }

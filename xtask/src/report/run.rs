@@ -45,6 +45,7 @@ impl Kind {
             Kind::Serve { .. } => "serve-bench",
             Kind::PinTax { .. } => "qmv-pin-tax",
             Kind::Quality { .. } => "bench-quality",
+            Kind::Readings { sheet } if sheet.task == "bisect" => "bisect",
             Kind::Readings { .. } => "readings",
         }
     }
@@ -486,8 +487,13 @@ impl Run {
             .unwrap_or_default();
         names.sort();
         for n in names.into_iter().filter(|n| n != "report.html" && !n.starts_with('.')) {
-            let size = fs::metadata(self.dir.join(&n)).map(|m| m.len()).unwrap_or(0);
-            out.push((percent_encode(&n), format!("{n} ({size} bytes)")));
+            match fs::metadata(self.dir.join(&n)) {
+                Ok(m) if m.is_dir() => out.push((percent_encode(&n) + "/", format!("{n}/ (a folder)"))),
+                m => {
+                    let size = m.map(|m| m.len()).unwrap_or(0);
+                    out.push((percent_encode(&n), format!("{n} ({size} bytes)")));
+                }
+            }
         }
         out
     }
