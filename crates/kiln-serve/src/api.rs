@@ -127,10 +127,6 @@ const COMMON_FIELDS: &[&str] = &[
     "min_p",
     "logit_bias",
     "speculative",
-    "response_format",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
 ];
 /// Fields of `stream_options`.
 const STREAM_OPTIONS: &[&str] = &["include_usage", "continuous_usage_stats"];
@@ -157,7 +153,8 @@ pub fn parse(
         Endpoint::Completions => COMPLETION_FIELDS,
     };
     for key in obj.keys() {
-        if !COMMON_FIELDS.contains(&key.as_str()) && !extra.contains(&key.as_str()) {
+        let known = |list: &[&str]| list.contains(&key.as_str());
+        if !known(COMMON_FIELDS) && !known(structured::FIELDS) && !known(extra) {
             return Err(ApiError::invalid(
                 key.as_str(),
                 format!("unsupported field {key:?}: kiln does not implement it on {}", endpoint.path()),
@@ -165,23 +162,12 @@ pub fn parse(
         }
     }
     refuse_unless_off(&obj)?;
-    let mut constraint = structured::from_request(&obj)?;
+    let fields = structured::from_request(&obj)?;
     let tools = match endpoint {
         Endpoint::Chat => tools::from_request(&obj, model)?,
         Endpoint::Completions => None,
     };
-    if let Some(forced) = tools.as_ref().and_then(Tools::constraint) {
-        if let Some(c) = &constraint {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                format!(
-                    "tool_choice forces a tool call and {} constrains the output too: send one of them",
-                    c.field
-                ),
-            ));
-        }
-        constraint = Some(forced);
-    }
+    let constraint = structured::one(fields, tools.as_ref().and_then(Tools::constraint))?;
 
     match obj.get("model") {
         Some(Value::String(m)) if m == model_id => {}

@@ -144,8 +144,29 @@ pub fn compact() -> Value {
     json!({"whitespace_flexible": false, "item_separator": ",", "key_separator": ":"})
 }
 
+/// The one constraint of a request: its structured-output fields' (`fields`, from
+/// [`from_request`]) or `forced_tool`, a `tool_choice` that forces a call; both is refused.
+/// With [`from_request`], the one home of the rule "at most one constraint".
+pub fn one(
+    fields: Option<Constraint>,
+    forced_tool: Option<Constraint>,
+) -> Result<Option<Constraint>, ApiError> {
+    match (fields, forced_tool) {
+        (Some(c), Some(_)) => Err(ApiError::invalid(
+            "tool_choice",
+            format!(
+                "tool_choice forces a tool call and {} constrains the output too: send one of them",
+                c.field
+            ),
+        )),
+        (c, None) => Ok(c),
+        (None, forced) => Ok(forced),
+    }
+}
+
 /// The constraint of a request's structured-output fields, if any: `response_format`,
-/// `guided_json`, `guided_regex`, `guided_choice` (at most one of them).
+/// `guided_json`, `guided_regex`, `guided_choice` (at most one of them; [`one`] adds a
+/// forced tool call to that rule).
 pub fn from_request(obj: &Map<String, Value>) -> Result<Option<Constraint>, ApiError> {
     let given: Vec<&str> =
         FIELDS.iter().copied().filter(|f| obj.get(*f).is_some_and(|v| !v.is_null())).collect();
