@@ -284,7 +284,7 @@ pub(super) fn run(
         };
         let wall_s = first.elapsed().as_secs_f64();
         eprintln!(
-            "[{}/{}] {id}: B/A {}",
+            "[{}/{}] {id}: B/A {}; {}",
             i + 1,
             both.len(),
             judged(&pairs, &judging).map_or(format!("- (n={})", pairs.len()), |j| format!(
@@ -292,6 +292,7 @@ pub(super) fn run(
                 j.reading.ratio_text(),
                 j.text("rounds", Some(wall_s / pairs.len() as f64))
             )),
+            eta_text(i + 1, both.len(), started.elapsed()),
         );
         results.push(Compared { id: id.clone(), pairs, bytes, stopped, wall_s });
     }
@@ -300,9 +301,30 @@ pub(super) fn run(
     Ok(Step::Done(Comparison { sheet, section }))
 }
 
+/// What the rest of a comparison will likely take: the benchmarks left at the mean wall
+/// time of the `done` ones so far (each runs at least its `--rounds`; with `--until-ci`,
+/// until it settles or its budget ends), as a reader plans with it.
+fn eta_text(done: usize, total: usize, elapsed: std::time::Duration) -> String {
+    let left = total.saturating_sub(done);
+    if left == 0 {
+        return "no benchmark left".into();
+    }
+    let per = elapsed.as_secs_f64() / done.max(1) as f64;
+    let what = if left == 1 { "the one benchmark".to_string() } else { format!("the {left} benchmarks") };
+    format!("ETA {} for {what} left", crate::verdict::reading::duration_text(per * left as f64))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_eta_covers_every_benchmark_left() {
+        let t = std::time::Duration::from_secs(120);
+        assert_eq!(eta_text(2, 7, t), "ETA about 5 min for the 5 benchmarks left");
+        assert_eq!(eta_text(6, 7, t), "ETA about 20 s for the one benchmark left");
+        assert_eq!(eta_text(7, 7, t), "no benchmark left");
+    }
 
     #[test]
     fn rounds_alternate_which_tree_goes_first() {
