@@ -6,9 +6,10 @@ use std::process::ExitCode;
 use anyhow::Result;
 use xshell::Shell;
 
+use crate::args::user_path;
 use crate::sweep::plan::{self, Named, Plan, Prompt};
 use crate::sweep::series;
-use crate::sweep::{HarnessEnv, Session, SweepFlags, user_path};
+use crate::sweep::{HarnessEnv, Session, SweepFlags};
 
 /// The prompt length of a cell when neither `--prompt` nor `--prompt-tokens` is given.
 const DEFAULT_PROMPT_TOKENS: u64 = 128;

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use xshell::Shell;
 
+use crate::args::user_path;
 use crate::console::usage;
 use crate::fsx::real_path;
 use crate::plot;
@@ -15,7 +16,7 @@ use crate::sweep::plan::{self, Named, Plan, Prompt};
 use crate::sweep::rows;
 use crate::sweep::series;
 use crate::sweep::slurm::{RunnerFlags, RunnerKind};
-use crate::sweep::{HarnessEnv, Session, SweepFlags, user_path};
+use crate::sweep::{HarnessEnv, Session, SweepFlags};
 
 /// Flags of `cargo xtask bench-longprompt`.
 #[derive(clap::Args)]

@@ -7,11 +7,11 @@ use std::process::ExitCode;
 use anyhow::Result;
 use xshell::Shell;
 
+use crate::args::count;
+use crate::args::user_path;
 use crate::child::{self, Shutdown};
 use crate::console::{self, usage};
-use crate::sweep::flags::count;
 use crate::sweep::record::{Entry, RecordFile, RecordLine, bytes_text};
-use crate::sweep::user_path;
 
 /// Flags of `cargo xtask oom-record`.
 #[derive(clap::Args)]

@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
+use crate::args::count;
 use crate::kiln_build::BackendArg;
-use crate::sweep::flags::count;
 use crate::sweep::plan;
 
 /// Flags of `cargo xtask bench-offload-copy`.

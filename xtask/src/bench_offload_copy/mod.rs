@@ -27,12 +27,13 @@ use std::process::ExitCode;
 use anyhow::Result;
 use xshell::Shell;
 
+use crate::args::user_path;
 use crate::child as shutdown;
 use crate::console::{self, usage};
 use crate::sweep::rows::CsvOut;
 use crate::sweep::runner::Ran;
 use crate::sweep::series::SeriesFlags;
-use crate::sweep::{HarnessEnv, Session, SweepFlags, user_path};
+use crate::sweep::{HarnessEnv, Session, SweepFlags};
 pub use flags::BenchOffloadCopy;
 pub use rows::{HEADER, HEADER_BEFORE_DRIVER, OffloadRow};
 use run::{Geometry, Run};

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use super::analysis::TaxRow;
-pub use super::records::{Floor, NoiseFloor};
+use super::records::{Floor, NoiseFloor};
 use crate::verdict::reading::Reading;
 use crate::verdict::sheet::{Cell, Table};
 

@@ -79,7 +79,7 @@ pub struct QmvPinTax {
     #[arg(long, value_name = "K", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=32))]
     draft_tokens: u64,
     /// Mixed: seconds the speculative stream may take to end after the classic streams.
-    #[arg(long, value_parser = crate::sweep::flags::count(0), value_name = "SECS", default_value_t = 120)]
+    #[arg(long, value_parser = crate::args::count(0), value_name = "SECS", default_value_t = 120)]
     drain_timeout: u64,
     /// The port every boot binds; nothing may answer on it before a boot.
     #[arg(long, value_name = "PORT", default_value_t = 8113, value_parser = clap::value_parser!(u16).range(1..))]
@@ -89,41 +89,41 @@ pub struct QmvPinTax {
     concurrency: crate::serve_bench::Levels,
     /// Requests each stream of a decode cell sends per pass, one after another (not the
     /// ABBA pairs, which --order and --until-ci set; older commands spelled it rounds).
-    #[arg(long = "requests-per-stream", alias = "rounds", value_parser = crate::sweep::flags::count_usize(0), value_name = "N", default_value_t = 1)]
+    #[arg(long = "requests-per-stream", alias = "rounds", value_parser = crate::args::count_usize(0), value_name = "N", default_value_t = 1)]
     rounds: usize,
     /// Tokens generated per decode request (mixed: per classic stream) [default: 32; mixed: 64].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(2..))]
     max_tokens: Option<u64>,
     /// Prompt tokens of a decode request.
-    #[arg(long, value_parser = crate::sweep::flags::count(0), value_name = "N", default_value_t = 16)]
+    #[arg(long, value_parser = crate::args::count(0), value_name = "N", default_value_t = 16)]
     decode_prompt: u64,
     /// The prompt-cache cell's shared prefix, tokens.
-    #[arg(long, value_parser = crate::sweep::flags::count(0), value_name = "N", default_value_t = 256)]
+    #[arg(long, value_parser = crate::args::count(0), value_name = "N", default_value_t = 256)]
     prefix_tokens: u64,
     /// Its per-request suffix: the M of the cache-hit forward, inside qmv_wide's window.
-    #[arg(long, value_parser = crate::sweep::flags::count(0), value_name = "N", default_value_t = 4)]
+    #[arg(long, value_parser = crate::args::count(0), value_name = "N", default_value_t = 4)]
     suffix_tokens: u64,
     /// Measured cache hits per pass.
-    #[arg(long, value_parser = crate::sweep::flags::count_usize(0), value_name = "N", default_value_t = 4)]
+    #[arg(long, value_parser = crate::args::count_usize(0), value_name = "N", default_value_t = 4)]
     cache_requests: usize,
     /// The uncached prefill control's prompt, tokens.
-    #[arg(long, value_parser = crate::sweep::flags::count(0), value_name = "N", default_value_t = 256)]
+    #[arg(long, value_parser = crate::args::count(0), value_name = "N", default_value_t = 256)]
     prefill_tokens: u64,
     /// The chunked prefill control's prompt, tokens (longer than the server's prefill chunk).
-    #[arg(long, value_parser = crate::sweep::flags::count(0), value_name = "N", default_value_t = 1024)]
+    #[arg(long, value_parser = crate::args::count(0), value_name = "N", default_value_t = 1024)]
     chunked_tokens: u64,
     /// Requests per prefill control per pass.
-    #[arg(long, value_parser = crate::sweep::flags::count_usize(0), value_name = "N", default_value_t = 2)]
+    #[arg(long, value_parser = crate::args::count_usize(0), value_name = "N", default_value_t = 2)]
     prefill_requests: usize,
     /// Seconds to wait between boots.
-    #[arg(long, value_parser = crate::sweep::flags::count(0), value_name = "SECS", default_value_t = 2)]
+    #[arg(long, value_parser = crate::args::count(0), value_name = "SECS", default_value_t = 2)]
     cooldown: u64,
     /// Wait (up to --quiet-timeout) for a quiet machine before each boot and pass,
     /// instead of only marking passes measured on a busy one as disturbed.
     #[arg(long)]
     require_quiet: bool,
     /// The bound of --require-quiet's wait, seconds.
-    #[arg(long, value_parser = crate::sweep::flags::count(0), value_name = "SECS", default_value_t = 300)]
+    #[arg(long, value_parser = crate::args::count(0), value_name = "SECS", default_value_t = 300)]
     quiet_timeout: u64,
     /// Other processes' CPU, in cores, above which the machine counts as busy.
     #[arg(long, value_name = "CPUS", default_value_t = 0.5)]
@@ -132,10 +132,10 @@ pub struct QmvPinTax {
     #[arg(long, value_name = "PCT", default_value_t = 4.0)]
     trust_limit: f64,
     /// Seconds to wait for a boot's /health.
-    #[arg(long, value_parser = crate::sweep::flags::count(0), value_name = "SECS", default_value_t = 600)]
+    #[arg(long, value_parser = crate::args::count(0), value_name = "SECS", default_value_t = 600)]
     boot_timeout: u64,
     /// Seconds between SIGTERM and SIGKILL of a server's group.
-    #[arg(long, value_parser = crate::sweep::flags::count(0), value_name = "SECS", default_value_t = 10)]
+    #[arg(long, value_parser = crate::args::count(0), value_name = "SECS", default_value_t = 10)]
     grace: u64,
     /// Seconds before one request fails as timed out, 1 to 86400 (0 would fail every request at once).
     #[arg(long, value_name = "SECS", default_value_t = 300, allow_hyphen_values = true,
@@ -202,7 +202,7 @@ impl QmvPinTax {
         let runs_dir = self.boot.runs_dir(&root)?;
         // `None`: the run directory, made later.
         let record_dir = match &self.record_dir {
-            Some(d) => Some(crate::sweep::user_path(d)?),
+            Some(d) => Some(crate::args::user_path(d)?),
             None => self.repo_record.then(|| root.join("docs/benchmark_results")),
         };
         let shutdown = Shutdown::install()?;
@@ -371,7 +371,7 @@ impl QmvPinTax {
         });
         // The fit names the arms it subtracts (narrow - wide); an A/A run has neither.
         if let Some(t) =
-            mode.fit(&rows, floor.and_then(aa::NoiseFloor::false_positive_pct)).filter(|_| !self.aa)
+            mode.fit(&rows, floor.and_then(records::NoiseFloor::false_positive_pct)).filter(|_| !self.aa)
         {
             sheet.tables.push(t);
         }

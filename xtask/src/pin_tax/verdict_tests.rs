@@ -42,7 +42,7 @@ fn judge() -> Judge {
     Judge { trust_pct: 4.0, margin_pct: None, sequential: false }
 }
 
-fn sheet_of(rows: &[analysis::TaxRow], design: Design, aa: Option<&super::aa::NoiseFloor>) -> String {
+fn sheet_of(rows: &[analysis::TaxRow], design: Design, aa: Option<&super::records::NoiseFloor>) -> String {
     analysis::sheet(&SheetInput {
         rows,
         design,
@@ -154,7 +154,7 @@ fn the_fit_says_in_its_line_when_its_rows_are_untrusted() {
     let mut floor = super::aa::floor("d", "r", "sweep", &[]);
     floor.metrics.insert(
         "TPOT ms".into(),
-        super::aa::Floor {
+        super::records::Floor {
             cells: 4,
             false_positives: 1,
             mean_half_width_pct: None,

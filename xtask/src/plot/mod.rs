@@ -38,15 +38,12 @@ pub use style::escape;
 /// anyway (data the layout did not foresee) is a warning naming the file.
 pub fn write_svg(path: &Path, panels: &[Panel]) -> Result<Layout> {
     let (svg, layout) = render(panels);
-    write_atomically(path, svg.as_bytes())?;
+    crate::fsx::write_atomic(path, svg.as_bytes())?;
     for p in layout.problems() {
         eprintln!("warning: {}: {p}", path.display());
     }
     Ok(layout)
 }
-
-/// Writes a file atomically ([`crate::fsx::write_atomic`]), under the name the pages use.
-pub use crate::fsx::write_atomic as write_atomically;
 
 #[cfg(test)]
 mod tests {

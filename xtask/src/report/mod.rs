@@ -74,7 +74,7 @@ impl Report {
             eprintln!("report: {}", path.display());
         }
         if let Some((sheet, page, out)) = comparison {
-            crate::plot::write_atomically(&out, page.as_bytes())?;
+            crate::fsx::write_atomic(&out, page.as_bytes())?;
             eprintln!("comparison: {}", out.display());
             crate::console::out(&sheet.markdown())?;
         }
@@ -137,7 +137,7 @@ pub fn write(run_dir: &Path) -> Result<PathBuf> {
 
 fn write_page(run: &Run) -> Result<PathBuf> {
     let path = run.dir.join("report.html");
-    crate::plot::write_atomically(&path, page(run).as_bytes())
+    crate::fsx::write_atomic(&path, page(run).as_bytes())
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
 }

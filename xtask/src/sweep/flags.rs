@@ -8,6 +8,7 @@ use anyhow::Result;
 
 use super::plan;
 use super::runner::EngineKnobs;
+use crate::args::count;
 use crate::console::usage;
 use crate::kiln_build::{Backend, BackendArg};
 use kiln_protocol::{Attention, KvDtype};
@@ -195,5 +196,3 @@ impl HarnessEnv {
         Ok(HarnessEnv { fake_oom, ignore_record, kiln_bin })
     }
 }
-
-pub use crate::args::{count, count_usize, user_path};

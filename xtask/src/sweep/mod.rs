@@ -24,5 +24,5 @@ pub mod slurm;
 pub mod summary;
 pub mod task;
 
-pub use flags::{HarnessEnv, SweepFlags, user_path};
+pub use flags::{HarnessEnv, SweepFlags};
 pub use session::Session;

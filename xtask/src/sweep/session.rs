@@ -12,13 +12,13 @@ use serde_json::json;
 
 use super::classify;
 use super::driver::{Driver, RowMeta, now};
-use super::flags::{Defaults, HarnessEnv, SweepFlags, user_path};
+use super::flags::{Defaults, HarnessEnv, SweepFlags};
 use super::layers::{Backstop, FakeOom, OomLayers};
 use super::plan::{CellTemplate, Plan};
 use super::record::{RecordFile, RecordView};
-pub use super::rows::Output;
-use super::rows::{CsvOut, Knobs};
+use super::rows::{CsvOut, Knobs, Output};
 use super::runner::{EngineKnobs, LocalRunner};
+use crate::args::user_path;
 use crate::child::{self as shutdown, Shutdown};
 use crate::console::usage;
 use crate::kiln_build::{self, Backend, BackendArg, BackendFeatures, EnginePackage};

@@ -86,7 +86,7 @@ pub fn render(_plan: &Plan, finished: &[Finished<'_>], interrupted: Option<&str>
 pub fn write(run_dir: &Path, sheet: &Sheet) -> Result<()> {
     sheet.write(run_dir)?;
     let md = run_dir.join("summary.md");
-    crate::plot::write_atomically(&md, sheet.markdown().as_bytes())
+    crate::fsx::write_atomic(&md, sheet.markdown().as_bytes())
         .with_context(|| format!("writing {}", md.display()))
 }
 

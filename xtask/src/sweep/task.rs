@@ -201,7 +201,7 @@ pub struct SweepTask {
 impl SweepTask {
     pub fn run(self) -> Result<ExitCode> {
         let started = unix_now();
-        let run_dir = super::user_path(&self.run_dir)?;
+        let run_dir = crate::args::user_path(&self.run_dir)?;
         let spec = TaskSpec::read(&run_dir)?;
         let total = spec.plan.cells.len();
         let Some(cell) = spec.plan.cells.get(self.index) else {

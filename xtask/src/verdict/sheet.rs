@@ -145,7 +145,7 @@ impl Sheet {
     pub fn write(&self, dir: &Path) -> Result<()> {
         let path = dir.join(FILE);
         let text = serde_json::to_string_pretty(self)? + "\n";
-        crate::plot::write_atomically(&path, text.as_bytes())
+        crate::fsx::write_atomic(&path, text.as_bytes())
             .with_context(|| format!("writing {}", path.display()))
     }
 

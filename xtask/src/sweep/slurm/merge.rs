@@ -413,8 +413,8 @@ pub struct Merge {
 
 impl Merge {
     pub fn run(self) -> Result<ExitCode> {
-        let run_dir = super::super::user_path(&self.run_dir)?;
-        let output = self.output.as_deref().map(super::super::user_path).transpose()?;
+        let run_dir = crate::args::user_path(&self.run_dir)?;
+        let output = self.output.as_deref().map(crate::args::user_path).transpose()?;
         Ok(ExitCode::from(merge_run(
             &run_dir,
             MergeOptions { output, plot: true, ..MergeOptions::default() },

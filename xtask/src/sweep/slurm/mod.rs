@@ -113,7 +113,7 @@ impl RunnerFlags {
                 "--runner slurm needs --shared-dir DIR: a directory every node sees at the same path (the run directory goes under it)"
             );
         };
-        let dir = super::user_path(dir)?;
+        let dir = crate::args::user_path(dir)?;
         if !dir.is_dir() {
             usage!(
                 "--shared-dir {}: no such directory: expected a directory every node sees at the same path",
