@@ -2,12 +2,14 @@
 # Boots `kiln serve -m synthetic:tiny` on a free port, runs openai_smoke.py against it
 # with the given Python (one that has the pinned `openai` package), then stops the
 # server with SIGTERM and checks it exits 0. Usage: openai_smoke.sh KILN_BINARY PYTHON
+# [SERVE_FLAGS...]: the flags go to `kiln serve` (`--backend cuda` under KILN_CUDA_EMULATE=1).
 set -euo pipefail
 kiln=$1
 python=$2
+shift 2
 here="$(cd "$(dirname "$0")" && pwd)"
 log="$(mktemp)"
-"$kiln" serve -m synthetic:tiny --port 0 >"$log" 2>&1 &
+"$kiln" serve -m synthetic:tiny --port 0 "$@" >"$log" 2>&1 &
 pid=$!
 # shellcheck source=lib.sh
 . "$here/lib.sh"

@@ -31,9 +31,14 @@ use std::sync::OnceLock;
 
 pub use kiln_protocol::{ACT_PRECISION_ENV, ActScheme};
 
-/// The scheme of this process: `KILN_ACT_PRECISION` read once; a bad value falls back to
-/// the default here (the `kiln` binary refuses it before any kernel runs).
+/// The scheme of this process: `KILN_ACT_PRECISION` read once. A bad value, and `f16`
+/// (the device backends' scheme, which these kernels do not run), fall back to the
+/// default here: the `kiln` binary refuses both before any kernel runs (for `f16`, its
+/// check of the backend's capabilities).
 pub fn act_scheme() -> ActScheme {
     static SCHEME: OnceLock<ActScheme> = OnceLock::new();
-    *SCHEME.get_or_init(|| ActScheme::from_env().unwrap_or(ActScheme::Int16))
+    *SCHEME.get_or_init(|| match ActScheme::from_env() {
+        Ok(ActScheme::F16) | Err(_) => ActScheme::Int16,
+        Ok(s) => s,
+    })
 }

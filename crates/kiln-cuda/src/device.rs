@@ -47,6 +47,7 @@ fn driver(call: &'static str) -> impl Fn(DriverError) -> CudaError {
 pub struct Device {
     ordinal: i32,
     dev: sys::CUdevice,
+    ctx: sys::CUcontext,
     name: String,
     capability: (i32, i32),
     image: Image,
@@ -95,6 +96,7 @@ impl Device {
         let mut device = Device {
             ordinal,
             dev,
+            ctx,
             name,
             capability,
             image,
@@ -112,6 +114,13 @@ impl Device {
             device.modules.push((m.name, module));
         }
         Ok(device)
+    }
+
+    /// Makes the device's context current on the calling thread: a thread other than the
+    /// one that opened it (`kiln serve`'s scheduler) calls this before its first launch.
+    pub fn make_current(&self) -> Result<(), CudaError> {
+        // SAFETY: `ctx` is the primary context retained at open and released in Drop.
+        unsafe { result::ctx::set_current(self.ctx) }.map_err(driver("cuCtxSetCurrent"))
     }
 
     /// The device's name, as the driver reports it.

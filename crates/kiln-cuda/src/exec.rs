@@ -65,6 +65,46 @@ impl Mem {
     pub fn bytes(&self) -> usize {
         self.bytes
     }
+
+    /// Copies `bytes` bytes of `src` from `src_offset` into this buffer at `dst_offset`,
+    /// on the device that holds both (the executor that made them; its context current
+    /// on this thread). Panics when either range lies outside its buffer.
+    pub fn copy_range_from(
+        &mut self,
+        dst_offset: usize,
+        src: &Mem,
+        src_offset: usize,
+        bytes: usize,
+    ) -> Result<(), CudaError> {
+        let fits = |at: usize, len: usize| at.checked_add(bytes).is_some_and(|end| end <= len);
+        assert!(
+            fits(src_offset, src.bytes) && fits(dst_offset, self.bytes),
+            "a copy of {bytes} bytes from {src_offset} of {} into {dst_offset} of {}",
+            src.bytes,
+            self.bytes
+        );
+        if bytes == 0 {
+            return Ok(());
+        }
+        match (&mut self.kind, &src.kind) {
+            #[cfg(feature = "cuda")]
+            (MemKind::Device, MemKind::Device) => crate::device::Device::dtod(
+                self.addr + dst_offset as u64,
+                src.addr + src_offset as u64,
+                bytes,
+            ),
+            #[cfg(feature = "host-exec")]
+            (MemKind::Host(d), MemKind::Host(s)) => {
+                let from: &[u8] = bytemuck::cast_slice(&s[..]);
+                let to: &mut [u8] = bytemuck::cast_slice_mut(&mut d[..]);
+                to[dst_offset..dst_offset + bytes].copy_from_slice(&from[src_offset..src_offset + bytes]);
+                Ok(())
+            }
+            (MemKind::Counted, MemKind::Counted) => Ok(()),
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("a copy between buffers of two executors"),
+        }
+    }
 }
 
 impl Drop for Mem {
@@ -243,6 +283,18 @@ impl Exec {
             (Exec::Plan(_), MemKind::Counted, MemKind::Counted) => Ok(()),
             #[allow(unreachable_patterns)]
             _ => unreachable!("a buffer is used only with the executor that made it"),
+        }
+    }
+
+    /// Makes this executor usable from the calling thread (a GPU's context made current
+    /// there; nothing for the host execution or a plan).
+    pub fn bind_to_thread(&self) -> Result<(), CudaError> {
+        match self {
+            #[cfg(feature = "cuda")]
+            Exec::Cuda(d) => d.make_current(),
+            #[cfg(feature = "host-exec")]
+            Exec::Host(_) => Ok(()),
+            Exec::Plan(_) => Ok(()),
         }
     }
 

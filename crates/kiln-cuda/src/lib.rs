@@ -13,6 +13,7 @@
 //! what is tested where.
 #![deny(missing_docs)]
 
+pub mod backend;
 pub mod error;
 pub mod exec;
 pub mod graph;

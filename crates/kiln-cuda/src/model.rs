@@ -22,7 +22,7 @@
 use kiln_core::{QuantizedMatrix, ScaleDtype, Tag};
 use kiln_model::rope::Rope;
 use kiln_model::weights::{Linear, LinearWeight, Mlp, ModelWeights, RmsNorm};
-use kiln_model::{Logits, ModelConfig};
+use kiln_model::{Logits, ModelConfig, SeqChunk};
 
 use crate::error::CudaError;
 use crate::exec::{Exec, Mem};
@@ -212,6 +212,7 @@ pub struct DeviceCache {
     values: Vec<Mem>,
     capacity: usize,
     len: usize,
+    head_dim: usize,
 }
 
 impl DeviceCache {
@@ -233,6 +234,52 @@ impl DeviceCache {
     /// Forgets every position (the memory stays).
     pub fn reset(&mut self) {
         self.len = 0;
+    }
+
+    /// Bytes held on the device.
+    pub fn bytes(&self) -> u64 {
+        self.keys.iter().chain(&self.values).map(|m| m.bytes() as u64).sum()
+    }
+
+    /// Forgets the positions from `len` on.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Makes this cache hold the first `n` positions of `src`: per layer and key/value
+    /// head, one device copy of the keys and one of the values (each head's positions
+    /// are contiguous, at a stride of the cache's capacity).
+    pub fn copy_prefix_from(&mut self, src: &DeviceCache, n: usize) -> Result<(), CudaError> {
+        if n > src.len || n > self.capacity || self.keys.len() != src.keys.len() {
+            return Err(CudaError::Input {
+                what: "cache prefix".into(),
+                message: format!(
+                    "{n} positions from a cache holding {} into one of {} positions",
+                    src.len, self.capacity
+                ),
+            });
+        }
+        let head_bytes = |capacity: usize| self.head_stride(capacity);
+        let (row, from_stride, to_stride) =
+            (self.position_bytes(), head_bytes(src.capacity), head_bytes(self.capacity));
+        let heads = if row == 0 { 0 } else { self.keys.first().map_or(0, |m| m.bytes()) / to_stride.max(1) };
+        for (to, from) in self.keys.iter_mut().zip(&src.keys).chain(self.values.iter_mut().zip(&src.values)) {
+            for h in 0..heads {
+                to.copy_range_from(h * to_stride, from, h * from_stride, n * row)?;
+            }
+        }
+        self.len = n;
+        Ok(())
+    }
+
+    /// Bytes of one position of one head (f16 values of a head's width).
+    fn position_bytes(&self) -> usize {
+        self.head_dim * 2
+    }
+
+    /// Bytes of one head's positions in a cache of `capacity`.
+    fn head_stride(&self, capacity: usize) -> usize {
+        capacity * self.position_bytes()
     }
 }
 
@@ -395,7 +442,7 @@ fn alloc_cache(exec: &Exec, config: &ModelConfig, capacity: usize) -> Result<Dev
         keys.push(exec.alloc(Tag::Kv, bytes)?);
         values.push(exec.alloc(Tag::Kv, bytes)?);
     }
-    Ok(DeviceCache { keys, values, capacity, len: 0 })
+    Ok(DeviceCache { keys, values, capacity, len: 0, head_dim: config.head_dim })
 }
 
 /// A model on a device with its activations, running forwards over caches it makes.
@@ -411,6 +458,8 @@ pub struct DeviceEngine<'e> {
     graph: crate::graph::StepGraph,
     /// The launches of the forward being recorded for the graph.
     recording: Option<Vec<Launch>>,
+    /// Prompt tokens per prefill forward (0: [`DEFAULT_PREFILL_CHUNK`]).
+    prefill_chunk: usize,
 }
 
 impl<'e> DeviceEngine<'e> {
@@ -427,7 +476,18 @@ impl<'e> DeviceEngine<'e> {
             graphs: true,
             graph: crate::graph::StepGraph::default(),
             recording: None,
+            prefill_chunk: 0,
         })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Prompt tokens per prefill forward as set (0: [`DEFAULT_PREFILL_CHUNK`]).
+    pub fn prefill_chunk_setting(&self) -> usize {
+        self.prefill_chunk
     }
 
     /// The executor.
@@ -444,6 +504,12 @@ impl<'e> DeviceEngine<'e> {
     /// (the default) or launched kernel by kernel. The outputs are the same bits.
     pub fn set_graphs(&mut self, on: bool) {
         self.graphs = on;
+    }
+
+    /// Prompt tokens per prefill forward through the backend seam (0:
+    /// [`DEFAULT_PREFILL_CHUNK`]).
+    pub fn set_prefill_chunk(&mut self, chunk: usize) {
+        self.prefill_chunk = chunk;
     }
 
     /// The decode graph's counters.
@@ -526,51 +592,75 @@ impl<'e> DeviceEngine<'e> {
         tokens: &[u32],
         logits: Logits,
     ) -> Result<&[f32], CudaError> {
+        self.forward_seqs(&mut [SeqChunk { cache, tokens }], logits)
+    }
+
+    /// One forward over several sequences: every product runs over all their rows at
+    /// once (M = the rows of every sequence: decode rows batched, prefill chunks beside
+    /// them), RoPE, the cache store and attention per sequence over its own cache. The
+    /// rows returned: `Logits::Last`, each sequence's last row in order; `Logits::All`,
+    /// every row in order.
+    pub fn forward_seqs(
+        &mut self,
+        seqs: &mut [SeqChunk<'_, DeviceCache>],
+        logits: Logits,
+    ) -> Result<&[f32], CudaError> {
         let c = &self.config;
         let (vocab, h, inter) = (c.vocab_size, c.hidden_size, c.mlp_width());
         let (heads, kvh, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-        let rows = tokens.len();
-        if rows == 0 {
-            return Err(CudaError::Input {
-                what: "forward input".into(),
-                message: "a forward needs at least one new token".into(),
-            });
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let input = |message: String| CudaError::Input { what: "forward input".into(), message };
+        if seqs.is_empty() || seqs.iter().any(|s| s.tokens.is_empty()) {
+            return Err(input("a forward needs at least one new token per sequence".into()));
         }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(CudaError::Input {
-                what: "token id".into(),
-                message: format!("{t} is outside the vocabulary: accepted ids are 0..{vocab}"),
-            });
+        let mut ids: Vec<i32> = Vec::new();
+        let mut pos: Vec<i32> = Vec::new();
+        let mut capacity = 0;
+        for s in seqs.iter() {
+            if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(CudaError::Input {
+                    what: "token id".into(),
+                    message: format!("{t} is outside the vocabulary: accepted ids are 0..{vocab}"),
+                });
+            }
+            let (start, n) = (s.cache.len, s.tokens.len());
+            if start + n > s.cache.capacity {
+                return Err(input(format!(
+                    "{n} new tokens after {start} do not fit the device cache of {} positions",
+                    s.cache.capacity
+                )));
+            }
+            capacity = capacity.max(s.cache.capacity);
+            ids.extend(s.tokens.iter().map(|&t| t as i32));
+            pos.extend((start..start + n).map(|p| p as i32));
         }
-        let start = cache.len;
-        if start + rows > cache.capacity {
-            return Err(CudaError::Input {
-                what: "forward input".into(),
-                message: format!(
-                    "{rows} new tokens after {start} do not fit the device cache of {} positions",
-                    cache.capacity
-                ),
-            });
-        }
+        let rows = ids.len();
         let logit_rows = match logits {
             Logits::None => 0,
-            Logits::Last => 1,
+            Logits::Last => seqs.len(),
             Logits::All => rows,
         };
-        self.reserve(rows, cache.capacity, logit_rows)?;
+        self.reserve(rows, capacity, logit_rows)?;
         let exec = self.exec;
         let w = self.work.as_mut().expect("reserved above");
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        let pos: Vec<i32> = (start..start + rows).map(|p| p as i32).collect();
         exec.write(&mut w.tokens, 0, bytemuck::cast_slice(&ids))?;
         exec.write(&mut w.positions, 0, bytemuck::cast_slice(&pos))?;
-        let record = rows == 1 && logit_rows == 1 && self.graphs;
+        let record = seqs.len() == 1 && rows == 1 && logit_rows == 1 && self.graphs;
         let a = |m: &Mem| m.addr();
         let (x, xn, q, k, v, attn, scratch, proj) =
             (a(&w.x), a(&w.xn), a(&w.q), a(&w.k), a(&w.v), a(&w.attn), a(&w.scratch), a(&w.proj));
         let (gate, up, mlp, head_x, out) = (a(&w.gate), a(&w.up), a(&w.mlp), a(&w.head_x), a(&w.logits));
         let (qn, kn) = (w.qn.as_ref().map(a), w.kn.as_ref().map(a));
         let (tok, positions) = (a(&w.tokens), a(&w.positions));
+        // Each sequence's first row, rows, first cached position.
+        let spans: Vec<(usize, usize, usize)> = seqs
+            .iter()
+            .scan(0, |row, s| {
+                let first = *row;
+                *row += s.tokens.len();
+                Some((first, s.tokens.len(), s.cache.len))
+            })
+            .collect();
         // A decode step's launches are recorded from here and replayed as one graph.
         self.recording = record.then(Vec::new);
         let e = &self.weights.embed;
@@ -590,7 +680,6 @@ impl<'e> DeviceEngine<'e> {
             let layer = &self.weights.layers[l];
             let (in_norm, post_norm) = (layer.input_norm.addr(), layer.post_norm.addr());
             let qk = layer.q_norm.as_ref().map(a).zip(layer.k_norm.as_ref().map(a));
-            let (keys, values) = (cache.keys[l].addr(), cache.values[l].addr());
             self.run(launch::rms_norm(rows, h, eps_in, ACT_OUT, x, in_norm, xn))?;
             self.project(Proj::Q, l, rows, xn, q)?;
             self.project(Proj::K, l, rows, xn, k)?;
@@ -605,11 +694,18 @@ impl<'e> DeviceEngine<'e> {
             };
             self.run(launch::rope(rows, heads, hd, qs, positions, inv_freq))?;
             self.run(launch::rope(rows, kvh, hd, ks, positions, inv_freq))?;
-            self.run(launch::kv_store(rows, kvh, hd, cache.capacity, start, ks, v, keys, values))?;
-            let shape = attn_shape(&self.config, rows, start, cache.capacity);
-            let [split, merge] = shape.launches(AttnBuffers { q: qs, keys, values, scratch, out: attn })?;
-            self.run(Ok(split))?;
-            self.run(Ok(merge))?;
+            for (s, &(first, n, start)) in seqs.iter().zip(&spans) {
+                let (keys, values, cap) =
+                    (s.cache.keys[l].addr(), s.cache.values[l].addr(), s.cache.capacity);
+                let (ks_i, v_i) = (ks + (first * kvd * 4) as u64, v + (first * kvd * 4) as u64);
+                self.run(launch::kv_store(n, kvh, hd, cap, start, ks_i, v_i, keys, values))?;
+                let shape = attn_shape(&self.config, n, start, cap);
+                let (q_i, out_i) = (qs + (first * qd * 4) as u64, attn + (first * qd * ACT_BYTES) as u64);
+                let [split, merge] =
+                    shape.launches(AttnBuffers { q: q_i, keys, values, scratch, out: out_i })?;
+                self.run(Ok(split))?;
+                self.run(Ok(merge))?;
+            }
             self.project(Proj::O, l, rows, attn, proj)?;
             self.run(launch::add(rows * h, x, proj))?;
             self.run(launch::rms_norm(rows, h, eps_post, ACT_OUT, x, post_norm, xn))?;
@@ -619,21 +715,34 @@ impl<'e> DeviceEngine<'e> {
             self.project(Proj::Down, l, rows, mlp, proj)?;
             self.run(launch::add(rows * h, x, proj))?;
         }
+        let commit = |seqs: &mut [SeqChunk<'_, DeviceCache>]| {
+            for s in seqs.iter_mut() {
+                s.cache.len += s.tokens.len();
+            }
+        };
         if logit_rows == 0 {
-            cache.len = start + rows;
+            commit(seqs);
             self.logits.clear();
             return Ok(&self.logits);
         }
-        let (from, norm_rows) =
-            if logit_rows == 1 { (x + ((rows - 1) * h * 4) as u64, 1) } else { (x, rows) };
         let final_norm = self.weights.norm.addr();
-        self.run(launch::rms_norm(norm_rows, h, self.weights.final_eps, ACT_OUT, from, final_norm, head_x))?;
+        let eps = self.weights.final_eps;
+        if logits == Logits::All {
+            self.run(launch::rms_norm(rows, h, eps, ACT_OUT, x, final_norm, head_x))?;
+        } else {
+            // Each sequence's last row, normed into its row of the head's input.
+            for (i, &(first, n, _)) in spans.iter().enumerate() {
+                let from = x + ((first + n - 1) * h * 4) as u64;
+                let to = head_x + (i * h * ACT_BYTES) as u64;
+                self.run(launch::rms_norm(1, h, eps, ACT_OUT, from, final_norm, to))?;
+            }
+        }
         self.project(Proj::Head, 0, logit_rows, head_x, out)?;
         if let Some(launches) = self.recording.take() {
             // SAFETY: as in `run`, for every launch this forward recorded.
             unsafe { exec.replay(&mut self.graph, launches) }?;
         }
-        cache.len = start + rows;
+        commit(seqs);
         self.logits.resize(logit_rows * vocab, 0.0);
         let w = self.work.as_ref().expect("reserved above");
         exec.read(&w.logits, 0, &mut self.logits[..])?;

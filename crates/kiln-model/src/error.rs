@@ -59,6 +59,16 @@ impl ConfigError {
 /// Anything that stops a model from loading or running.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
+    /// An error of a backend other than the CPU's (kiln-cuda's, kiln-wgpu's), with its
+    /// class.
+    // Not a chained source: a report printing the chain says the message once.
+    #[error("{error}")]
+    Backend {
+        /// How it is answered.
+        kind: BackendErrorKind,
+        /// The backend's own error.
+        error: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
     /// The pool refused an allocation. The message starts `out of memory:`.
     #[error(transparent)]
     OutOfMemory(#[from] OutOfMemory),
@@ -254,10 +264,31 @@ impl From<CacheGeometryError> for ModelError {
     }
 }
 
+/// How a backend's error is answered: the class the `kiln` binary maps to its exit
+/// status and the server to its response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendErrorKind {
+    /// The backend's memory pool (or its device) refused an allocation; the message starts
+    /// `out of memory:`.
+    OutOfMemory,
+    /// The input or the model is one the backend does not run (or no device is there).
+    Usage,
+    /// Anything else (a driver call failed).
+    Other,
+}
+
 impl ModelError {
-    /// Whether this is the pool's out-of-memory refusal.
+    /// Whether this is the pool's out-of-memory refusal, the CPU's or a backend's.
     pub fn is_out_of_memory(&self) -> bool {
-        matches!(self, ModelError::OutOfMemory(_))
+        matches!(
+            self,
+            ModelError::OutOfMemory(_) | ModelError::Backend { kind: BackendErrorKind::OutOfMemory, .. }
+        )
+    }
+
+    /// A backend's error, kept whole (its message is this error's).
+    pub fn backend(kind: BackendErrorKind, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        ModelError::Backend { kind, error: Box::new(source) }
     }
 }
 

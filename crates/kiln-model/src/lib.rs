@@ -17,7 +17,7 @@ pub mod model;
 pub mod output;
 
 pub use forward::{
-    attention, engine, expert_cache, experts, kv_cache, logprobs, moe, ops, plan, rope, sampling,
+    attention, backend, engine, expert_cache, experts, kv_cache, logprobs, moe, ops, plan, rope, sampling,
     speculative, transformer, weights, workspace,
 };
 pub use loading::{
@@ -26,7 +26,7 @@ pub use loading::{
 };
 
 pub use config::{Architecture, ModelConfig, MoeConfig, QuantizationConfig, RopeScaling};
-pub use error::{ConfigError, ModelError, Result};
+pub use error::{BackendErrorKind, ConfigError, ModelError, Result};
 pub use expert_cache::{
     CacheGeometry, CacheGeometryError, CacheStats, ExpertCache, SlotCap, check_cache_geometry,
 };
@@ -35,6 +35,7 @@ pub use source::ModelSource;
 pub use tokenizer::Tokenizer;
 
 pub use attention::AttentionKind;
+pub use backend::{BackendEngine, Capabilities, Needs, SeqCache};
 pub use engine::{Engine, EngineOptions, Session};
 pub use kv_cache::{KV_BLOCK_TOKENS, KvCache, KvDtype, KvLayout};
 pub use plan::{MemoryPlan, RunShape, WorkspaceShape, plan};

@@ -43,7 +43,7 @@ fn rounding(kv: KvDtype) -> String {
         // Its batched rows (a prefill of 2 to 15 tokens) round as int8's do: the looser
         // of the two tolerances covers both.
         ActScheme::Int16Wide8 => "int_act_",
-        ActScheme::F32 => "",
+        ActScheme::F32 | ActScheme::F16 => "",
     };
     let cache = match kv {
         KvDtype::F32 => "f32_cache",

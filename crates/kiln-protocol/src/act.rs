@@ -8,7 +8,7 @@ pub const ACT_PRECISION_ENV: &str = "KILN_ACT_PRECISION";
 
 /// How the 4- and 8-bit kernels treat activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum ActScheme {
     /// 16-bit integer codes per weight group for every integer width (the default).
     Int16,
@@ -18,15 +18,19 @@ pub enum ActScheme {
     Int16Wide8,
     /// f32 activations (the reference).
     F32,
+    /// f16 activations with f32 accumulation: the device backends' products (cuda,
+    /// vulkan, metal). The CPU's kernels do not run it; a backend that cannot honour a
+    /// scheme refuses it by name (kiln-model's `Capabilities`).
+    F16,
 }
 
 impl ActScheme {
     /// Accepted values, for messages.
-    pub const ACCEPTED: &'static str = "int16, int8 (or int), int16-wide8, f32";
+    pub const ACCEPTED: &'static str = "int16, int8 (or int), int16-wide8, f32, f16";
 
-    /// Every scheme, the default first.
-    pub const ALL: [ActScheme; 4] =
-        [ActScheme::Int16, ActScheme::Int8, ActScheme::Int16Wide8, ActScheme::F32];
+    /// Every scheme, the CPU's default first.
+    pub const ALL: [ActScheme; 5] =
+        [ActScheme::Int16, ActScheme::Int8, ActScheme::Int16Wide8, ActScheme::F32, ActScheme::F16];
 
     /// Parses a `KILN_ACT_PRECISION` value (surrounding spaces and case ignored; empty is
     /// the default).
@@ -36,18 +40,26 @@ impl ActScheme {
             "int" | "int8" => Ok(ActScheme::Int8),
             "int16-wide8" => Ok(ActScheme::Int16Wide8),
             "f32" => Ok(ActScheme::F32),
+            "f16" => Ok(ActScheme::F16),
             other => {
                 Err(format!("invalid {ACT_PRECISION_ENV} {other:?}: accepted values are {}", Self::ACCEPTED))
             }
         }
     }
 
-    /// The scheme `KILN_ACT_PRECISION` asks for (unset or empty: the default), or the
-    /// error naming a bad value, a value that is not UTF-8 included.
+    /// The scheme `KILN_ACT_PRECISION` asks for (unset or empty: the CPU's default), or
+    /// the error naming a bad value, a value that is not UTF-8 included.
     pub fn from_env() -> Result<ActScheme, String> {
+        Ok(Self::asked_in_env()?.unwrap_or(ActScheme::Int16))
+    }
+
+    /// The scheme `KILN_ACT_PRECISION` names, `None` when it is unset or empty (each
+    /// backend then runs its own default), or the error naming a bad value.
+    pub fn asked_in_env() -> Result<Option<ActScheme>, String> {
         match std::env::var(ACT_PRECISION_ENV) {
-            Ok(v) => Self::parse(&v),
-            Err(std::env::VarError::NotPresent) => Ok(ActScheme::Int16),
+            Ok(v) if v.trim().is_empty() => Ok(None),
+            Ok(v) => Self::parse(&v).map(Some),
+            Err(std::env::VarError::NotPresent) => Ok(None),
             Err(std::env::VarError::NotUnicode(_)) => {
                 Err(format!("invalid {ACT_PRECISION_ENV}: not UTF-8; accepted values are {}", Self::ACCEPTED))
             }
@@ -61,6 +73,7 @@ impl ActScheme {
             ActScheme::Int8 => "int8",
             ActScheme::Int16Wide8 => "int16-wide8",
             ActScheme::F32 => "f32",
+            ActScheme::F16 => "f16",
         }
     }
 
@@ -79,6 +92,14 @@ impl ActScheme {
     /// (`int16-wide8`): then `qmv_wide` and per-row `qmv` are not interchangeable.
     pub fn wide_differs(self) -> bool {
         self.rows_scheme(2) != self.rows_scheme(1)
+    }
+}
+
+/// Read back by its name, as [`ActScheme::parse`] takes it (a report's `act_scheme`).
+impl<'de> serde::Deserialize<'de> for ActScheme {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        ActScheme::parse(&name).map_err(serde::de::Error::custom)
     }
 }
 

@@ -153,6 +153,10 @@ pub struct DecodeReport {
     /// wide switch, its pin and the measured crossover decide together. JSON only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qmv_wide_rows: Option<String>,
+    /// kiln: the activation scheme the products ran (`KILN_ACT_PRECISION`, or the
+    /// backend's own: `int16` on the CPU, `f16` on a GPU). JSON only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub act_scheme: Option<crate::ActScheme>,
     /// Per tag (`weights`, `kv`, `scratch`, `experts`, `other`): bytes held at the peak.
     /// JSON only.
     pub peak_breakdown: BTreeMap<String, u64>,

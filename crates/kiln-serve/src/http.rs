@@ -249,6 +249,8 @@ struct Started {
     endpoint: Endpoint,
     id: String,
     model_id: String,
+    /// The `system_fingerprint` the server answers with (it names the backend).
+    fingerprint: String,
     model: Arc<LoadedModel>,
     request: ParsedRequest,
     choices: Vec<Choice>,
@@ -370,6 +372,7 @@ async fn start(
         endpoint,
         id: s.response_id(if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" }),
         model_id: s.config.model_id.clone(),
+        fingerprint: system_fingerprint(s.config.backend.capabilities().name),
         model,
         request,
         choices,
@@ -625,7 +628,7 @@ async fn collect(mut st: Started) -> Response {
     };
     Json(json!({
         "id": st.id, "object": object, "created": created, "model": st.model_id,
-        "system_fingerprint": system_fingerprint(), "choices": bodies, "usage": st.usage(),
+        "system_fingerprint": st.fingerprint, "choices": bodies, "usage": st.usage(),
     }))
     .into_response()
 }
@@ -678,7 +681,7 @@ impl StreamState {
         };
         let mut c = json!({
             "id": self.st.id, "object": self.object(), "created": self.created, "model": self.st.model_id,
-            "system_fingerprint": system_fingerprint(), "choices": [choice],
+            "system_fingerprint": self.st.fingerprint, "choices": [choice],
         });
         let first = self.st.request.first();
         if first.continuous_usage {
@@ -809,7 +812,7 @@ impl StreamState {
         if self.st.request.first().include_usage {
             let u = json!({
                 "id": self.st.id, "object": self.object(), "created": self.created, "model": self.st.model_id,
-                "system_fingerprint": system_fingerprint(), "choices": [], "usage": self.st.usage(),
+                "system_fingerprint": self.st.fingerprint, "choices": [], "usage": self.st.usage(),
             });
             self.queue.push_back(u.to_string());
         }

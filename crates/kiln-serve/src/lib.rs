@@ -26,7 +26,7 @@ pub mod tools;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use kiln_model::Engine;
+use kiln_model::{Engine, EngineOptions, LoadedModel};
 use tokio::sync::watch;
 
 pub use conn::ConnLimits;
@@ -114,6 +114,73 @@ fn random_u64() -> u64 {
     h.finish()
 }
 
+/// How the server's engine is made: on the scheduler thread, once the model is loaded,
+/// by the backend the server runs on. [`CpuEngine`] is kiln-model's engine; the `kiln`
+/// binary gives one per `--backend`, so this crate names no backend but the CPU.
+pub trait EngineBuilder: Send + Sync + std::fmt::Debug {
+    /// What the backend runs (the binary checks the server's flags against it).
+    fn capabilities(&self) -> kiln_model::Capabilities;
+
+    /// Builds the engine over `model` with `options` and runs the scheduler on it:
+    /// `run.run(engine)`, which returns when the server stops.
+    fn build_and_run<'a>(
+        &self,
+        model: &'a LoadedModel,
+        options: EngineOptions,
+        run: RunScheduler<'a>,
+    ) -> kiln_model::Result<()>;
+}
+
+/// The CPU backend: kiln-model's [`Engine`] over the load options' pool.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuEngine;
+
+impl EngineBuilder for CpuEngine {
+    fn capabilities(&self) -> kiln_model::Capabilities {
+        kiln_model::backend::CPU
+    }
+
+    fn build_and_run<'a>(
+        &self,
+        model: &'a LoadedModel,
+        options: EngineOptions,
+        run: RunScheduler<'a>,
+    ) -> kiln_model::Result<()> {
+        let pool = run.pool.clone();
+        run.run(Engine::new(model, &pool, options)?)
+    }
+}
+
+/// What the scheduler needs beside its engine, handed to [`EngineBuilder::build_and_run`].
+pub struct RunScheduler<'a> {
+    model: &'a LoadedModel,
+    draft: Option<&'a LoadedModel>,
+    pool: &'a kiln_core::MemoryPool,
+    engine_options: EngineOptions,
+    shared: &'a Shared,
+    rx: std::sync::mpsc::Receiver<scheduler::Command>,
+    ready: &'a dyn Fn(),
+}
+
+impl RunScheduler<'_> {
+    /// Runs the scheduler over `engine` until the server stops.
+    pub fn run<B: kiln_model::BackendEngine>(self, engine: B) -> kiln_model::Result<()> {
+        let c = &self.shared.config;
+        let sched = scheduler::Scheduler::new(
+            self.model,
+            engine,
+            self.engine_options,
+            self.draft,
+            self.pool,
+            c.scheduler,
+            self.shared.metrics.clone(),
+        )?;
+        (self.ready)();
+        sched.run(self.rx);
+        Ok(())
+    }
+}
+
 fn load_and_run(
     shared: &Shared,
     rx: std::sync::mpsc::Receiver<scheduler::Command>,
@@ -131,7 +198,6 @@ fn load_and_run(
         model.chat_template = Some(t);
     }
     let model = Arc::new(model);
-    let engine = Engine::new(&model, &c.load.pool, c.engine).map_err(load_err)?;
     let draft = match &c.model_draft {
         Some(name) => {
             let mut d = kiln_model::load(name, &c.load)
@@ -141,26 +207,29 @@ fn load_and_run(
         }
         None => None,
     };
-    let sched = scheduler::Scheduler::new(
-        &model,
-        engine,
-        draft.as_ref(),
-        &c.load.pool,
-        c.scheduler,
-        shared.metrics.clone(),
-    )
-    .map_err(load_err)?;
-    let _ = shared.model.set(model.clone());
-    tracing::info!(
-        "model loaded: {} ({} layers, context {} tokens) in {:.2} s; {} slots, prefill chunk {}, prompt cache {} bytes",
-        c.model,
-        model.config.num_hidden_layers,
-        model.config.max_position_embeddings,
-        started.elapsed().as_secs_f64(),
-        c.scheduler.parallel,
-        c.scheduler.prefill_chunk,
-        c.scheduler.prompt_cache_bytes,
-    );
-    sched.run(rx);
-    Ok(())
+    let ready = || {
+        let _ = shared.model.set(model.clone());
+        tracing::info!(
+            "model loaded: {} ({} layers, context {} tokens) on {} in {:.2} s; {} slots, prefill chunk {}, \
+             prompt cache {} bytes",
+            c.model,
+            model.config.num_hidden_layers,
+            model.config.max_position_embeddings,
+            c.backend.capabilities().name,
+            started.elapsed().as_secs_f64(),
+            c.scheduler.parallel,
+            c.scheduler.prefill_chunk,
+            c.scheduler.prompt_cache_bytes,
+        );
+    };
+    let run = RunScheduler {
+        model: &model,
+        draft: draft.as_ref(),
+        pool: &c.load.pool,
+        engine_options: c.engine,
+        shared,
+        rx,
+        ready: &ready,
+    };
+    c.backend.build_and_run(&model, c.engine, run).map_err(load_err)
 }

@@ -3,34 +3,35 @@
 //! cached prefix of its prompt (copied, so the entry stays for others) and prefills only
 //! the rest.
 
-use kiln_model::KvCache;
+use kiln_model::SeqCache;
 
 /// Prefixes shorter than this are not worth a lookup hit: every prompt shares its first
 /// few tokens (BOS, the template's header), and adopting those saves nothing measurable.
 pub const MIN_PREFIX_TOKENS: usize = 16;
 
-struct Entry {
+struct Entry<C> {
     tokens: Vec<u32>,
-    cache: KvCache,
+    cache: C,
     last_used: u64,
 }
 
-/// Cached sequences under a byte budget.
-pub struct PromptCache {
-    entries: Vec<Entry>,
+/// Cached sequences under a byte budget, in the backend's own caches (device memory on
+/// a GPU backend).
+pub struct PromptCache<C> {
+    entries: Vec<Entry<C>>,
     budget: u64,
     clock: u64,
 }
 
 /// A prefix found for a prompt.
-pub struct Hit<'a> {
+pub struct Hit<'a, C> {
     /// The cache holding it.
-    pub cache: &'a KvCache,
+    pub cache: &'a C,
     /// Positions to adopt.
     pub tokens: usize,
 }
 
-impl PromptCache {
+impl<C: SeqCache> PromptCache<C> {
     /// An empty cache holding at most `budget` bytes (0 disables it).
     pub fn new(budget: u64) -> Self {
         PromptCache { entries: Vec::new(), budget, clock: 0 }
@@ -54,7 +55,7 @@ impl PromptCache {
     /// The longest cached prefix of `prompt` that leaves at least one prompt token to
     /// run (the forward that samples the first token needs one), if it is at least
     /// [`MIN_PREFIX_TOKENS`] long. Marks the entry used.
-    pub fn lookup(&mut self, prompt: &[u32]) -> Option<Hit<'_>> {
+    pub fn lookup(&mut self, prompt: &[u32]) -> Option<Hit<'_, C>> {
         let usable = prompt.len().saturating_sub(1);
         let (best, len) = self
             .entries
@@ -74,7 +75,7 @@ impl PromptCache {
     /// Keeps `cache`, which holds `tokens`, evicting least recently used entries to stay
     /// within the budget. An entry whose tokens are a prefix of `tokens` is replaced; a
     /// cache larger than the whole budget is dropped.
-    pub fn insert(&mut self, tokens: Vec<u32>, cache: KvCache) {
+    pub fn insert(&mut self, tokens: Vec<u32>, cache: C) {
         debug_assert_eq!(tokens.len(), cache.len());
         if cache.bytes() > self.budget || tokens.len() < MIN_PREFIX_TOKENS {
             return;
@@ -107,7 +108,7 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 #[cfg(test)]
 mod tests {
     use kiln_core::MemoryPool;
-    use kiln_model::{KvDtype, KvLayout};
+    use kiln_model::{KvCache, KvDtype, KvLayout};
 
     use super::*;
 

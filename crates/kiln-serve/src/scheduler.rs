@@ -30,7 +30,8 @@ use kiln_model::speculative::{
     DraftModel, Drafter, ExactnessGate, GateKey, PromptLookup, SpecStats, SpecStream,
 };
 use kiln_model::{
-    Engine, KvCache, KvLayout, LoadedModel, Logits, Penalizer, Sampler, SeqChunk, WorkspaceShape,
+    BackendEngine, EngineOptions, KvDtype, LoadedModel, Logits, Penalizer, Sampler, SeqCache, SeqChunk,
+    WorkspaceShape,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -152,9 +153,9 @@ pub struct SchedulerOptions {
 }
 
 /// A job holding a slot.
-struct Slot<'m> {
+struct Slot<'m, C> {
     job: Job,
-    cache: KvCache,
+    cache: C,
     sampler: Sampler,
     /// Logit bias and penalties with the sequence's token counts, when the request has
     /// any; such a slot never decodes speculatively.
@@ -189,7 +190,7 @@ enum Outcome {
     Failed(Failure),
 }
 
-impl Slot<'_> {
+impl<C: SeqCache> Slot<'_, C> {
     fn decoding(&self) -> bool {
         self.prefilled == self.job.request.prompt.len()
     }
@@ -253,31 +254,36 @@ enum Part {
     Prefill(usize),
 }
 
-/// The scheduler's state; [`Scheduler::run`] is its loop.
-pub struct Scheduler<'m> {
+/// The scheduler's state over an engine of any backend; [`Scheduler::run`] is its loop.
+pub struct Scheduler<'m, B: BackendEngine> {
     model: &'m LoadedModel,
-    engine: Engine<'m>,
+    engine: B,
+    /// The CPU pool: a draft model's engine counts its memory here.
     pool: MemoryPool,
-    layout: KvLayout,
+    /// How the engine runs (a draft model's engine runs the same way).
+    engine_options: EngineOptions,
+    kv_dtype: KvDtype,
     options: SchedulerOptions,
     metrics: Arc<Metrics>,
     eos: Vec<u32>,
     waiting: std::collections::VecDeque<Job>,
-    slots: Vec<Slot<'m>>,
+    slots: Vec<Slot<'m, B::Cache>>,
     draft: Option<&'m LoadedModel>,
     gate: ExactnessGate,
     model_name: String,
-    prompt_cache: PromptCache,
+    prompt_cache: PromptCache<B::Cache>,
     admitted: u64,
 }
 
-impl<'m> Scheduler<'m> {
+impl<'m, B: BackendEngine> Scheduler<'m, B> {
     /// A scheduler over `engine`, its workspace sized for the largest step now. `draft`
-    /// is the draft model of speculative slots (prompt lookup when none); the exactness
-    /// gate's policy is read from the environment.
+    /// is the draft model of speculative slots (prompt lookup when none), run on the CPU
+    /// through `pool` with `engine_options`; the exactness gate's policy is read from the
+    /// environment.
     pub fn new(
         model: &'m LoadedModel,
-        mut engine: Engine<'m>,
+        mut engine: B,
+        engine_options: EngineOptions,
         draft: Option<&'m LoadedModel>,
         pool: &MemoryPool,
         options: SchedulerOptions,
@@ -285,22 +291,22 @@ impl<'m> Scheduler<'m> {
     ) -> kiln_model::Result<Self> {
         let parallel = options.parallel.max(1);
         let verify = options.draft_tokens + 1;
-        let room = pool.limit().saturating_sub(pool.stats().live_bytes);
+        let room = engine.memory_limit().saturating_sub(engine.memory_stats().live_bytes);
         let shape = workspace_shape(parallel, options.prefill_chunk, verify)
             .filter(|s| s.checked_bytes(&model.config).is_some_and(|b| b <= room))
             .ok_or_else(|| too_many_slots(&model.config, parallel, options.prefill_chunk, verify, room))?;
-        engine.reserve_workspace(shape)?;
+        engine.reserve(shape, model.config.max_position_embeddings)?;
         if let Some(d) = draft {
             kiln_model::speculative::check_vocabulary(d, model.config.vocab_size)?;
         }
         let gate = ExactnessGate::from_env()?;
-        let layout = KvLayout::new(&model.config, engine.options().kv_dtype);
         let eos = eos_tokens(model);
         Ok(Scheduler {
             model,
             engine,
             pool: pool.clone(),
-            layout,
+            engine_options,
+            kv_dtype: engine_options.kv_dtype,
             options: SchedulerOptions { parallel, ..options },
             metrics,
             eos,
@@ -394,7 +400,7 @@ impl<'m> Scheduler<'m> {
                 // Its prefix is adopted once that prefill is done: a step or a few.
                 break;
             }
-            let need = self.layout.bytes_for(job.request.prompt.len() + job.request.max_tokens);
+            let need = self.engine.cache_bytes_for(self.capacity(&job.request));
             match self.plan_room(need) {
                 Room::Fits => {}
                 Room::Later if !self.slots.is_empty() => break,
@@ -405,7 +411,7 @@ impl<'m> Scheduler<'m> {
                     let _ = job.events.send(Event::Failed(Failure::MemoryLimit(format!(
                         "the request needs {need} bytes of KV cache and the memory limit of {} bytes \
                          (--memory-limit) leaves no room for it",
-                        self.pool.limit()
+                        self.engine.memory_limit()
                     ))));
                     continue;
                 }
@@ -424,6 +430,13 @@ impl<'m> Scheduler<'m> {
         self.publish();
     }
 
+    /// Positions a request's cache holds at most: its prompt and its tokens, within the
+    /// model's context.
+    fn capacity(&self, request: &GenerationRequest) -> usize {
+        let tokens = request.prompt.len().saturating_add(request.max_tokens);
+        tokens.clamp(1, self.model.config.max_position_embeddings)
+    }
+
     /// Whether a slot still prefilling holds the same prompt, long enough to share.
     fn shares_a_prefilling_prompt(&self, prompt: &[u32]) -> bool {
         prompt.len() > crate::prompt_cache::MIN_PREFIX_TOKENS
@@ -432,8 +445,8 @@ impl<'m> Scheduler<'m> {
 
     /// Whether `need` more KV bytes fit now, after evicting prompt-cache entries, or ever.
     fn plan_room(&mut self, need: u64) -> Room {
-        let limit = self.pool.limit();
-        let stats = self.pool.stats();
+        let limit = self.engine.memory_limit();
+        let stats = self.engine.memory_stats();
         let tag = |t: Tag| stats.by_tag.get(t.as_str()).map_or(0, |s| s.live);
         let fixed = tag(Tag::Weights) + tag(Tag::Scratch) + tag(Tag::Experts) + tag(Tag::Other);
         if fixed.saturating_add(need) > limit {
@@ -446,7 +459,7 @@ impl<'m> Scheduler<'m> {
         loop {
             let held: u64 = self.slots.iter().map(|s| s.cache.bytes()).sum();
             let planned: u64 = self.slots.iter().map(|s| s.planned_bytes.max(s.cache.bytes())).sum();
-            let live = self.pool.stats().live_bytes;
+            let live = self.engine.memory_stats().live_bytes;
             let committed = live.saturating_sub(held).saturating_add(planned);
             if committed.saturating_add(need) <= limit {
                 return Room::Fits;
@@ -477,7 +490,14 @@ impl<'m> Scheduler<'m> {
             }
             return;
         }
-        let mut cache = self.engine.new_cache();
+        let capacity = self.capacity(&job.request);
+        let mut cache = match self.engine.new_cache(capacity) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = job.events.send(Event::Failed(Failure::engine(&e)));
+                return;
+            }
+        };
         let mut cached = 0;
         // The prompt's log-probabilities need every prompt row computed: no prefix.
         if !request.prompt_logprobs {
@@ -501,7 +521,8 @@ impl<'m> Scheduler<'m> {
             if let Some((from, n)) = best {
                 match cache.copy_prefix_from(from, n) {
                     Ok(()) => cached = n,
-                    Err(_) => cache = self.engine.new_cache(),
+                    // The copy failed part way: start the sequence empty.
+                    Err(_) => cache.truncate(0),
                 }
             }
         }
@@ -563,7 +584,7 @@ impl<'m> Scheduler<'m> {
             return None;
         }
         let decode_rows = parts.iter().filter(|p| matches!(p, Some(Part::Decode))).count();
-        let mut seqs: Vec<SeqChunk<'_>> = Vec::with_capacity(self.slots.len());
+        let mut seqs: Vec<SeqChunk<'_, B::Cache>> = Vec::with_capacity(self.slots.len());
         let mut order = Vec::with_capacity(self.slots.len());
         for (i, (s, part)) in self.slots.iter_mut().zip(&parts).enumerate() {
             let tokens = match part {
@@ -664,11 +685,8 @@ impl<'m> Scheduler<'m> {
     /// speculative step (draft, gate, verify forward) for every slot holding one, and
     /// sends the tokens it accepted. Returns the time spent in those steps.
     fn speculate(&mut self) -> Option<std::time::Duration> {
-        let key = GateKey {
-            model: self.model_name.clone(),
-            k: self.options.draft_tokens,
-            kv_dtype: self.layout.dtype,
-        };
+        let key =
+            GateKey { model: self.model_name.clone(), k: self.options.draft_tokens, kv_dtype: self.kv_dtype };
         let declined = self.gate.decided(&key).is_some_and(|o| !o.speculates());
         let mut held = self.slots.iter().filter(|s| s.spec.is_some()).count();
         for s in &mut self.slots {
@@ -693,7 +711,7 @@ impl<'m> Scheduler<'m> {
                         d,
                         self.model.config.vocab_size,
                         &self.pool,
-                        self.engine.options(),
+                        self.engine_options,
                         s.sampler.params(),
                     ) {
                         Ok(d) => Box::new(d),
@@ -834,7 +852,7 @@ impl<'m> Scheduler<'m> {
 
 /// Samples `s`'s next token from its logits `row` (after its penalizer), and sends it
 /// (with its log-probability when asked for) unless it ends the sequence.
-fn sample_and_send(s: &mut Slot<'_>, row: &[f32], eos: &[u32], metrics: &Metrics) {
+fn sample_and_send<C>(s: &mut Slot<'_, C>, row: &[f32], eos: &[u32], metrics: &Metrics) {
     let token = if s.penalizer.is_none() && s.matcher.is_none() {
         s.sampler.sample(row)
     } else {

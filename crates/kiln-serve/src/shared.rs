@@ -43,6 +43,9 @@ pub struct ServerConfig {
     /// a model whose template lacks what a client needs (tool syntax); its BOS and EOS
     /// texts, when it names none, are the model's.
     pub chat_template: Option<kiln_model::chat_template::ChatTemplate>,
+    /// The backend the engine runs on ([`crate::CpuEngine`] unless the binary picks
+    /// another).
+    pub backend: Arc<dyn crate::EngineBuilder>,
 }
 
 /// State the handlers and the scheduler share.
@@ -128,6 +131,6 @@ impl Shared {
 /// The `system_fingerprint` of every completion and chunk: kiln's version, the commit it
 /// was built from (`unknown` outside a git checkout) and the backend, as
 /// `kiln-<version>-<commit>-<backend>`.
-pub fn system_fingerprint() -> &'static str {
-    concat!("kiln-", env!("CARGO_PKG_VERSION"), "-", env!("BUILD_COMMIT"), "-cpu")
+pub fn system_fingerprint(backend: &str) -> String {
+    concat!("kiln-", env!("CARGO_PKG_VERSION"), "-", env!("BUILD_COMMIT"), "-").to_string() + backend
 }

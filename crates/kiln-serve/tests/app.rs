@@ -61,6 +61,7 @@ fn config() -> ServerConfig {
         api_key: None,
         think_tags: ThinkTags::default(),
         chat_template: None,
+        backend: Arc::new(kiln_serve::CpuEngine),
     }
 }
 

@@ -54,6 +54,7 @@ fn boot() -> TestServer {
         api_key: None,
         think_tags: ThinkTags::default(),
         chat_template: None,
+        backend: Arc::new(kiln_serve::CpuEngine),
     };
     let server = Server::start(config, None).expect("starting the scheduler");
     let shared = server.shared();

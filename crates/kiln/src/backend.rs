@@ -1,100 +1,209 @@
-//! `--backend`: where a command's forward pass runs. `cpu` is kiln-model's forward on the
-//! worker pool; `cuda` (a kiln built with the `cuda` feature) is kiln-cuda's device
-//! forward on GPU 0, or, with `KILN_CUDA_EMULATE=1`, the same launches through the host
-//! execution of the kernels (for tests and CI: slow, and not a GPU measurement). The
-//! one-sequence commands (`generate`, `bench-decode`) run either through [`Runner`];
-//! `estimate` prices the device's plan; `serve`, `score` and `bench-expert-copy` run on
-//! the CPU only and refuse `cuda` by name. docs/cuda.md says what the device forward runs.
+//! `--backend`: where a command's forward pass runs, through kiln-model's backend seam.
+//! `cpu` is kiln-model's [`Engine`] on the worker pool; `cuda` (a kiln built with the
+//! `cuda` feature) is kiln-cuda's device engine on GPU 0, or, with `KILN_CUDA_EMULATE=1`,
+//! the same launches through the host execution of the kernels (for tests and CI: slow,
+//! and not a GPU measurement).
+//!
+//! This module is the one place that names backends: [`check`] compares a command's needs
+//! with the chosen backend's `Capabilities` (one refusal rule for every command), and
+//! [`with_engine`] builds the backend's engine and hands it to a command's generic body
+//! ([`EngineTask`]). A new backend adds its arm here and its knob value.
 
-use kiln_model::{Engine, EngineOptions, KvCache, LoadedModel};
-use kiln_protocol::{Attention, Backend, KvDtype};
+use anyhow::Context;
+use kiln_model::{
+    BackendEngine, Capabilities, Engine, EngineOptions, LoadedModel, MemoryPlan, ModelConfig, Needs, RunShape,
+};
+use kiln_protocol::{ActScheme, Backend};
 
 use crate::args::RunArgs;
 use crate::exit::usage;
 
-/// The device a `cuda` run holds: kiln-cuda's executor, or nothing a build without the
-/// feature can make.
-#[cfg(feature = "cuda")]
-pub type DeviceExec = kiln_cuda::Exec;
-/// The device a `cuda` run holds: none in a build without the `cuda` feature.
-#[cfg(not(feature = "cuda"))]
-pub enum DeviceExec {}
+/// A backend checked against this build and a command's needs.
+#[derive(Clone, Copy, Debug)]
+pub struct Chosen {
+    /// Which.
+    pub backend: Backend,
+    /// What it runs.
+    pub caps: Capabilities,
+    /// The activation scheme its products run (`KILN_ACT_PRECISION`, or its own default).
+    pub act: ActScheme,
+}
 
-/// Checks `--backend` against this build and against the options given with it.
-/// `command` names the command for a refusal; `runs_cuda` is whether it has a device path.
-pub fn check(args: &RunArgs, command: &str, runs_cuda: bool, speculative: bool) -> anyhow::Result<Backend> {
-    match args.backend {
-        Backend::Cpu => Ok(Backend::Cpu),
+/// What a command asks beside `--attention`, `--kv-dtype`, `--expert-slots` and the
+/// activation scheme, which every command's [`RunArgs`] carry.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Asks {
+    /// `--speculative`.
+    pub speculative: bool,
+    /// Several sequences per forward and prefix sharing (`kiln serve`).
+    pub serving: bool,
+}
+
+/// What `backend` runs, when this build has it.
+pub fn capabilities(backend: Backend) -> anyhow::Result<Capabilities> {
+    match backend {
+        Backend::Cpu => Ok(kiln_model::backend::CPU),
+        #[cfg(feature = "cuda")]
+        Backend::Cuda => Ok(kiln_cuda::backend::CAPABILITIES),
+        #[cfg(not(feature = "cuda"))]
+        Backend::Cuda => Err(usage(
+            "invalid --backend cuda: this kiln was built without the `cuda` feature; build it with \
+             `cargo build --release -p kiln --features cuda` (docs/cuda.md), or use --backend cpu",
+        )),
         Backend::Metal => Err(usage(
             "invalid --backend metal: kiln has no Metal backend yet (docs/architecture.md); accepted values \
              are cpu and cuda",
         )),
+    }
+}
+
+/// Checks `--backend` against this build, and the command's needs against what the
+/// backend runs: the first need it does not meet is refused (exit 2), naming the flag,
+/// the backend and what it runs instead.
+pub fn check(args: &RunArgs, asks: Asks) -> anyhow::Result<Chosen> {
+    let caps = capabilities(args.backend)?;
+    let act = ActScheme::asked_in_env().map_err(usage)?;
+    let needs = Needs {
+        attention: args.attention,
+        kv_dtype: args.kv_dtype,
+        act,
+        expert_slots: args.expert_slots.is_some(),
+        speculative: asks.speculative,
+        batched_decode: asks.serving,
+        prompt_cache: asks.serving,
+    };
+    caps.check(&needs).map_err(|e| usage(e.to_string()))?;
+    Ok(Chosen { backend: args.backend, caps, act: caps.act_scheme(act) })
+}
+
+/// A command's body, generic over the engine it runs on.
+pub trait EngineTask {
+    /// What it returns.
+    type Out;
+    /// Runs on `engine`. `label` names where it runs (`cpu`, or the device's name).
+    fn run<B: BackendEngine>(self, engine: B, label: &str) -> anyhow::Result<Self::Out>;
+}
+
+/// Builds the chosen backend's engine over `model` (the weights copied to the device for
+/// `cuda`, which is opened here and says on stderr where it runs) and runs `task` on it.
+pub fn with_engine<T: EngineTask>(
+    chosen: &Chosen,
+    args: &RunArgs,
+    model: &LoadedModel,
+    pool: &kiln_core::MemoryPool,
+    options: EngineOptions,
+    task: T,
+) -> anyhow::Result<T::Out> {
+    match chosen.backend {
+        Backend::Cpu => {
+            let engine = Engine::new(model, pool, options).context("preparing the forward pass")?;
+            task.run(engine, "cpu")
+        }
+        #[cfg(feature = "cuda")]
         Backend::Cuda => {
-            if !cfg!(feature = "cuda") {
-                return Err(usage(
-                    "invalid --backend cuda: this kiln was built without the `cuda` feature; build it with \
-                     `cargo build --release -p kiln --features cuda` (docs/cuda.md), or use --backend cpu",
-                ));
-            }
-            if !runs_cuda {
-                return Err(usage(format!(
-                    "invalid --backend cuda: kiln {command} runs on the cpu backend only for now (the device \
-                     forward runs generate, bench-decode and estimate); use --backend cpu"
-                )));
-            }
-            let refuse = |what: &str| {
-                usage(format!(
-                    "invalid {what} with --backend cuda: the device forward does not run it yet (docs/cuda.md); \
-                     drop it or use --backend cpu"
-                ))
-            };
-            if speculative {
-                return Err(refuse("--speculative"));
-            }
-            if args.attention != Attention::Streaming {
-                return Err(refuse("--attention naive"));
-            }
-            if args.kv_dtype != KvDtype::F16 {
-                return Err(refuse("--kv-dtype f32"));
-            }
-            if args.expert_slots.is_some() {
-                return Err(refuse("--expert-slots"));
-            }
-            // The device runs f16 activations: an integer (or f32) scheme asked for would
-            // be silently ignored, and a record would name a scheme that never ran.
-            if let Some(v) = std::env::var_os(kiln_protocol::ACT_PRECISION_ENV).filter(|v| !v.is_empty()) {
-                return Err(usage(format!(
-                    "invalid {}={} with --backend cuda: the device kernels run f16 activations and \
-                     honour no KILN_ACT_PRECISION scheme; unset it, or use --backend cpu",
-                    kiln_protocol::ACT_PRECISION_ENV,
-                    v.to_string_lossy()
-                )));
-            }
-            Ok(Backend::Cuda)
+            let exec = open_device(args)?;
+            let mut engine = kiln_cuda::DeviceEngine::new(&exec, &model.config, &model.weights)
+                .context("copying the weights to the device")?;
+            engine.set_graphs(crate::runtime::graphs_from_env()?);
+            engine.set_prefill_chunk(options.prefill_chunk);
+            let label = exec.name();
+            task.run(engine, &label)
+        }
+        _ => {
+            let _ = args;
+            unreachable!("check refuses a backend this build lacks")
         }
     }
 }
 
-/// Opens the device of a `cuda` run (none for `cpu`): GPU 0, its pool limited by its free
-/// memory or `--memory-limit` / `KILN_MEMORY_LIMIT` when smaller; or the host execution
-/// under `KILN_CUDA_EMULATE=1`, limited as the CPU pool would be. Says on stderr which.
-pub fn open(args: &RunArgs, backend: Backend) -> anyhow::Result<Option<DeviceExec>> {
-    if backend != Backend::Cuda {
-        return Ok(None);
+/// The chosen backend's memory plan of `shape` (no engine built, no device opened).
+pub fn plan(
+    chosen: &Chosen,
+    config: &ModelConfig,
+    weights_bytes: u64,
+    shape: &RunShape,
+) -> kiln_model::Result<MemoryPlan> {
+    match chosen.backend {
+        Backend::Cpu => <Engine<'_> as BackendEngine>::plan(config, weights_bytes, shape),
+        #[cfg(feature = "cuda")]
+        Backend::Cuda => <kiln_cuda::DeviceEngine<'_> as BackendEngine>::plan(config, weights_bytes, shape),
+        _ => unreachable!("check refuses a backend this build lacks"),
     }
-    open_device(args).map(Some)
+}
+
+/// The batch sizes a device backend's products run `qmv_wide` for (`2-8`), as the
+/// kernel-configuration line says them.
+pub fn device_wide_rows(chosen: &Chosen) -> String {
+    match chosen.backend {
+        #[cfg(feature = "cuda")]
+        Backend::Cuda => format!("2-{}", kiln_cuda::launch::QMV_WIDE_MAX_ROWS),
+        _ => "none".into(),
+    }
+}
+
+/// Whether the weights stay in host memory for the CPU's kernels (repacked for them).
+pub fn runs_on_host(chosen: &Chosen) -> bool {
+    chosen.backend == Backend::Cpu
+}
+
+/// The engine a `kiln serve` runs on: built on the scheduler thread, so a device's
+/// context lives on the thread that launches on it.
+pub fn server_engine(chosen: &Chosen, args: &RunArgs) -> std::sync::Arc<dyn kiln_serve::EngineBuilder> {
+    match chosen.backend {
+        #[cfg(feature = "cuda")]
+        Backend::Cuda => std::sync::Arc::new(CudaServer { args: args.clone() }),
+        _ => {
+            let _ = args;
+            std::sync::Arc::new(kiln_serve::CpuEngine)
+        }
+    }
+}
+
+/// `kiln serve --backend cuda`'s engine.
+#[cfg(feature = "cuda")]
+#[derive(Debug)]
+struct CudaServer {
+    args: RunArgs,
 }
 
 #[cfg(feature = "cuda")]
-fn open_device(args: &RunArgs) -> anyhow::Result<DeviceExec> {
-    use anyhow::Context;
+impl kiln_serve::EngineBuilder for CudaServer {
+    fn capabilities(&self) -> Capabilities {
+        kiln_cuda::backend::CAPABILITIES
+    }
+
+    fn build_and_run<'a>(
+        &self,
+        model: &'a LoadedModel,
+        options: EngineOptions,
+        run: kiln_serve::RunScheduler<'a>,
+    ) -> kiln_model::Result<()> {
+        let device = |e: anyhow::Error| {
+            kiln_model::ModelError::backend(
+                kiln_model::BackendErrorKind::Usage,
+                std::io::Error::other(format!("{e:#}")),
+            )
+        };
+        let exec = open_device(&self.args).map_err(device)?;
+        let graphs = crate::runtime::graphs_from_env().map_err(device)?;
+        let mut engine = kiln_cuda::DeviceEngine::new(&exec, &model.config, &model.weights)?;
+        engine.set_graphs(graphs);
+        engine.set_prefill_chunk(options.prefill_chunk);
+        run.run(engine)
+    }
+}
+
+/// Opens GPU 0, its pool limited by its free memory or `--memory-limit` /
+/// `KILN_MEMORY_LIMIT` when smaller; or the host execution under `KILN_CUDA_EMULATE=1`,
+/// limited as the CPU pool would be. Says on stderr which.
+#[cfg(feature = "cuda")]
+fn open_device(args: &RunArgs) -> anyhow::Result<kiln_cuda::Exec> {
     let explicit = match &args.memory_limit {
         Some(text) => Some(
             kiln_core::size::parse_size(text).map_err(|e| usage(format!("invalid --memory-limit: {e}")))?,
         ),
         None => kiln_core::MemoryPool::limit_from_env()?,
     };
-    // KILN_CUDA_GRAPHS was checked with every other variable before the command ran.
     if crate::runtime::emulate_from_env()? {
         let limit = crate::runtime::pool(args)?.limit();
         let name = crate::runtime::EMULATE_ENV;
@@ -104,107 +213,4 @@ fn open_device(args: &RunArgs) -> anyhow::Result<DeviceExec> {
     let exec = kiln_cuda::Exec::cuda_limited(0, explicit).context("opening CUDA device 0")?;
     eprintln!("kiln: --backend cuda on {} (device pool limit {} bytes)", exec.name(), exec.pool().limit());
     Ok(exec)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn open_device(_: &RunArgs) -> anyhow::Result<DeviceExec> {
-    unreachable!("check refuses --backend cuda in a build without the feature")
-}
-
-/// Rows of the largest device forward of a prompt of `prompt_tokens` run in chunks of
-/// `chunk` (0: kiln-cuda's default chunk).
-#[cfg(feature = "cuda")]
-pub fn device_rows(chunk: usize, prompt_tokens: usize) -> usize {
-    kiln_cuda::model::prefill_rows(chunk, prompt_tokens)
-}
-
-/// One sequence's forward, on either backend. One per command: the size difference of
-/// the variants costs nothing.
-#[allow(clippy::large_enum_variant)]
-pub enum Runner<'m> {
-    /// kiln-model's engine and cache.
-    Cpu {
-        /// The engine.
-        engine: Engine<'m>,
-        /// The sequence's cache.
-        cache: KvCache,
-    },
-    /// kiln-cuda's device engine and cache.
-    #[cfg(feature = "cuda")]
-    Cuda {
-        /// The engine.
-        engine: kiln_cuda::DeviceEngine<'m>,
-        /// The sequence's cache, of a fixed capacity.
-        cache: kiln_cuda::DeviceCache,
-        /// Prompt tokens per prefill forward (0: all).
-        chunk: usize,
-    },
-}
-
-impl<'m> Runner<'m> {
-    /// A runner for one sequence of up to `capacity` positions whose prompt is
-    /// `prompt_tokens` long: on `device` when given, else on the CPU through `pool`.
-    pub fn new(
-        model: &'m LoadedModel,
-        pool: &kiln_core::MemoryPool,
-        options: EngineOptions,
-        device: Option<&'m DeviceExec>,
-        capacity: usize,
-        prompt_tokens: usize,
-    ) -> anyhow::Result<Self> {
-        use anyhow::Context;
-        match device {
-            None => {
-                let engine = Engine::new(model, pool, options).context("preparing the forward pass")?;
-                let cache = engine.new_cache();
-                Ok(Runner::Cpu { engine, cache })
-            }
-            #[cfg(feature = "cuda")]
-            Some(exec) => Self::device(exec, model, options.prefill_chunk, capacity, prompt_tokens),
-            #[cfg(not(feature = "cuda"))]
-            Some(d) => {
-                let _ = (capacity, prompt_tokens);
-                match *d {}
-            }
-        }
-    }
-
-    /// A runner on `exec` for one sequence of up to `capacity` positions whose prompt is
-    /// `prompt_tokens` long, prefilled in chunks of `chunk`: the weights copied, the
-    /// workspace and the whole cache allocated before anything runs.
-    #[cfg(feature = "cuda")]
-    pub fn device(
-        exec: &'m DeviceExec,
-        model: &LoadedModel,
-        chunk: usize,
-        capacity: usize,
-        prompt_tokens: usize,
-    ) -> anyhow::Result<Self> {
-        use anyhow::Context;
-        let mut engine = kiln_cuda::DeviceEngine::new(exec, &model.config, &model.weights)
-            .context("copying the weights to the device")?;
-        engine.set_graphs(crate::runtime::graphs_from_env()?);
-        let rows = device_rows(chunk, prompt_tokens);
-        engine.reserve(rows, capacity, 1).context("allocating the device workspace")?;
-        let cache = engine.new_cache(capacity).context("allocating the device KV cache")?;
-        Ok(Runner::Cuda { engine, cache, chunk })
-    }
-
-    /// Runs the prompt, returning its last token's logits.
-    pub fn prefill(&mut self, ids: &[u32]) -> anyhow::Result<&[f32]> {
-        match self {
-            Runner::Cpu { engine, cache } => Ok(engine.prefill(cache, ids)?),
-            #[cfg(feature = "cuda")]
-            Runner::Cuda { engine, cache, chunk } => Ok(engine.prefill(cache, ids, *chunk)?),
-        }
-    }
-
-    /// One decode step.
-    pub fn decode(&mut self, token: u32) -> anyhow::Result<&[f32]> {
-        match self {
-            Runner::Cpu { engine, cache } => Ok(engine.decode(cache, token)?),
-            #[cfg(feature = "cuda")]
-            Runner::Cuda { engine, cache, .. } => Ok(engine.decode(cache, token)?),
-        }
-    }
 }

@@ -15,10 +15,11 @@ use anyhow::Context;
 use kiln_core::bandwidth::{self, ReadBuffer};
 use kiln_core::wide::qmv_wide_enabled;
 use kiln_model::ops::argmax;
-use kiln_model::{Engine, ModelError, RunShape};
+use kiln_model::{BackendEngine, ModelError, RunShape, SeqCache};
 use kiln_protocol::{DecodeReport, WarmupError};
 
 use crate::args::{BenchArgs, Format};
+use crate::backend::EngineTask;
 use crate::clock::Clock;
 use crate::exit::usage;
 use crate::{backend, prompt, runtime, rusage, speculate};
@@ -43,7 +44,8 @@ pub fn run(args: BenchArgs, clock: &mut Clock) -> anyhow::Result<()> {
 }
 
 fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result<()> {
-    let backend = backend::check(&args.run, "bench-decode", true, args.spec.enabled()?)?;
+    let asks = backend::Asks { speculative: args.spec.enabled()?, ..Default::default() };
+    let chosen = backend::check(&args.run, asks)?;
     let pool = runtime::pool(&args.run)?;
     // The protocol's warm-up rule: `max_tokens - 1` decode steps, the first
     // `warmup_tokens` untimed, at least one timed.
@@ -74,7 +76,6 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         None
     };
 
-    let device = backend::open(&args.run, backend)?;
     let model_name = &args.run.model;
     let load_opts = runtime::load_options(&args.run, &pool);
     let info =
@@ -98,7 +99,7 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         runtime::expert_geometry(&args.run, &info.config, info.expert_slot_bytes, info.weight_bytes, &pool)?;
     let mut model =
         kiln_model::load(model_name, &load_opts).with_context(|| format!("loading model {model_name}"))?;
-    if device.is_none() {
+    if backend::runs_on_host(&chosen) {
         model.prepare_for_cpu();
     }
     let ids = match (&args.prompt, args.prompt_tokens) {
@@ -117,128 +118,63 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         attention: options.attention,
         kv_dtype: options.kv_dtype,
     };
-    if let Some(exec) = &device {
-        let measured = on_device(&args, clock, exec, &model, info.weight_bytes, &ids, run_shape)?;
-        return write(&args, device_report(&args, &model, &ids, threads, options, measured, bandwidth));
-    }
-    let plan = kiln_model::plan(&model.config, info.weight_bytes, &run_shape)
+    let plan = backend::plan(&chosen, &model.config, info.weight_bytes, &run_shape)
         .and_then(|p| p.with_expert_cache(geometry.as_ref().map_or(0, |g| g.cache_bytes())))
         .with_context(|| {
             format!("planning {} prompt tokens plus --max-tokens {}", ids.len(), args.max_tokens)
         })?;
-    let mut engine = Engine::new(&model, &pool, options).context("preparing the forward pass")?;
-    engine.reserve_workspace(plan.workspace).context("allocating the workspace")?;
-    let mut cache = engine.new_cache();
-    cache.reserve(run_shape.sequence_tokens()).context("allocating the KV cache")?;
-    let startup_ms = clock.ms();
-
-    let t = Instant::now();
-    let logits = engine.prefill(&mut cache, &ids).context("running the prefill")?;
-    let mut next = argmax(logits) as u32;
-    let prefill_s = t.elapsed().as_secs_f64();
-    let first_token_ms = clock.ms();
-
-    let steps = args.max_tokens - 1;
-    let mut timed_from = None;
-    let mut spec_fields = None;
-    let decode_steps = if args.spec.enabled()? {
-        // Speculative: each step emits one or more tokens; the timer starts at the first
-        // step that begins past the warm-up tokens, and counts the tokens after it.
-        let draft = speculate::load_draft(&args.spec, &args.run, &pool, &model)?;
-        let mut gate = speculate::gate()?;
-        let params = kiln_model::SamplingParams::default();
-        let mut sampler = kiln_model::Sampler::new(params, model.config.vocab_size)?;
-        let mut stream = speculate::stream(
-            &args.spec,
-            model_name,
-            draft.as_ref(),
-            &pool,
-            options,
-            params,
-            &ids,
-            next,
-            model.config.vocab_size,
-        )?;
-        let (mut done, mut timed_tokens) = (0, 0);
-        let mut outcome = None;
-        while done < steps {
-            if timed_from.is_none() && done >= args.warmup_tokens {
-                timed_from = Some(Instant::now());
-            }
-            let step = stream
-                .step(&mut engine, &mut cache, &mut sampler, &mut gate, steps - done)
-                .context("running a speculative step")?;
-            if let Some(report) = &step.gate {
-                speculate::log_gate(report);
-                outcome = Some(report.outcome);
-            }
-            done += step.tokens.len();
-            if timed_from.is_some() {
-                timed_tokens += step.tokens.len();
-            }
-        }
-        let stats = stream.stats();
-        speculate::log_summary(stream.drafter_name(), args.spec.k(), &stats);
-        spec_fields = Some(SpecFields {
-            drafter: stream.drafter_name(),
-            draft_tokens: args.spec.k(),
-            gate: outcome.map_or("not-run", |o| o.as_str()),
-            drafted: stats.drafted,
-            accepted: stats.accepted,
-            acceptance: stats.acceptance_rate(),
-            verifies: stats.verifies,
-        });
-        timed_tokens
-    } else {
-        for step in 0..steps {
-            if step == args.warmup_tokens {
-                if let Some(mut c) = engine.transformer().expert_cache() {
-                    c.reset_stats();
-                }
-                timed_from = Some(Instant::now());
-            }
-            next = argmax(engine.decode(&mut cache, next).context("running a decode step")?) as u32;
-        }
-        steps.saturating_sub(args.warmup_tokens)
+    let task = Measure {
+        args: &args,
+        clock,
+        model: &model,
+        pool: &pool,
+        options,
+        ids: &ids,
+        plan,
+        shape: run_shape,
     };
-    let decode_s = timed_from.map_or(0.0, |t| t.elapsed().as_secs_f64());
-    let decode_tok_s = if decode_s > 0.0 { decode_steps as f64 / decode_s } else { 0.0 };
+    let m = backend::with_engine(&chosen, &args.run, &model, &pool, options, task)?;
 
-    let expert_stats = engine.transformer().expert_cache().map(|c| c.stats());
-    let stats = pool.stats();
+    let decode_tok_s = if m.decode_s > 0.0 { m.decode_steps as f64 / m.decode_s } else { 0.0 };
+    let on_cpu = backend::runs_on_host(&chosen);
     let bytes_read_per_token = model.weights.bytes_read_per_token() as u64;
+    let spec_fields = m.spec;
+    let expert_stats = m.experts;
     let report = DecodeReport {
         model: model_name.clone(),
         model_path: model.source.display_path(),
         prompt_tokens: ids.len() as u64,
         generated_tokens: args.max_tokens as u64,
-        prefill_ms: prefill_s * 1e3,
-        prefill_tok_s: ids.len() as f64 / prefill_s,
-        decode_ms: decode_s * 1e3,
+        prefill_ms: m.prefill_s * 1e3,
+        prefill_tok_s: ids.len() as f64 / m.prefill_s,
+        decode_ms: m.decode_s * 1e3,
         decode_tok_s,
-        peak_bytes: stats.peak_bytes,
+        peak_bytes: m.memory.peak_bytes,
         max_rss_bytes: rusage::max_rss_bytes(),
-        startup_ms,
-        first_token_ms,
-        backend: "cpu".into(),
+        startup_ms: m.startup_ms,
+        first_token_ms: m.first_token_ms,
+        backend: chosen.caps.name.into(),
         threads: threads as u64,
         kiln_version: env!("CARGO_PKG_VERSION").into(),
         attention: options.attention.as_str().into(),
         prefill_chunk: options.prefill_chunk as u64,
-        memory_limit_bytes: runtime::limit_bytes(&pool),
+        memory_limit_bytes: (m.limit_bytes != u64::MAX).then_some(m.limit_bytes),
         max_tokens: Some(args.max_tokens as u64),
         warmup_tokens: Some(args.warmup_tokens as u64),
-        decode_steps: Some(decode_steps as u64),
+        decode_steps: Some(m.decode_steps as u64),
         kv_dtype: Some(options.kv_dtype.as_str().into()),
-        qmv_wide: Some(qmv_wide_enabled()),
-        qmv_wide_rows: Some(kiln_core::wide::wide_rows().to_string()),
-        weights_bytes: Some(info.weight_bytes),
+        // The CPU's kernel switches: a device's products choose their own kernels.
+        qmv_wide: on_cpu.then(qmv_wide_enabled),
+        qmv_wide_rows: on_cpu.then(|| kiln_core::wide::wide_rows().to_string()),
+        act_scheme: Some(chosen.act),
+        weights_bytes: Some(if on_cpu { info.weight_bytes } else { plan.weights_bytes }),
         estimated_peak_bytes: Some(plan.total_bytes),
         bytes_read_per_token: Some(bytes_read_per_token),
+        // The probe reads host memory: beside a device run it says nothing of the device.
         read_bandwidth_bytes_per_s: bandwidth.map(|(bw, _)| bw.bytes_per_s),
         bandwidth_probe_ms: bandwidth.map(|(_, ms)| ms),
         decode_bandwidth_share: bandwidth
-            .filter(|_| decode_tok_s > 0.0)
+            .filter(|_| decode_tok_s > 0.0 && on_cpu)
             .map(|(bw, _)| decode_tok_s * bytes_read_per_token as f64 / bw.bytes_per_s),
         spec_drafter: spec_fields.as_ref().map(|f| f.drafter.to_string()),
         spec_draft_tokens: spec_fields.as_ref().map(|f| f.draft_tokens as u64),
@@ -253,9 +189,132 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         expert_misses: expert_stats.map(|s| s.misses),
         expert_bytes_copied: expert_stats.map(|s| s.bytes_copied),
         expert_copy_ms: expert_stats.map(|s| s.copy_ns as f64 / 1e6),
-        peak_breakdown: stats.by_tag.iter().map(|(tag, s)| (tag.clone(), s.at_peak)).collect(),
+        peak_breakdown: m.memory.by_tag.iter().map(|(tag, s)| (tag.clone(), s.at_peak)).collect(),
     };
     write(&args, report)
+}
+
+/// What one measurement took, on whichever backend ran it.
+struct Measured {
+    prefill_s: f64,
+    decode_s: f64,
+    decode_steps: usize,
+    startup_ms: f64,
+    first_token_ms: f64,
+    /// The pool the run's memory was counted in (the device's on a GPU).
+    memory: kiln_core::PoolStats,
+    limit_bytes: u64,
+    spec: Option<SpecFields>,
+    experts: Option<kiln_model::CacheStats>,
+}
+
+/// The measurement on one engine: the workspace and the whole cache allocated from the
+/// plan before the prefill (so a run that does not fit fails first), then the prefill and
+/// the decode steps, greedy, the first `--warmup-tokens` untimed.
+struct Measure<'a> {
+    args: &'a BenchArgs,
+    clock: &'a mut Clock,
+    model: &'a kiln_model::LoadedModel,
+    pool: &'a kiln_core::MemoryPool,
+    options: kiln_model::EngineOptions,
+    ids: &'a [u32],
+    plan: kiln_model::MemoryPlan,
+    shape: RunShape,
+}
+
+impl EngineTask for Measure<'_> {
+    type Out = Measured;
+
+    fn run<B: BackendEngine>(self, mut engine: B, _: &str) -> anyhow::Result<Measured> {
+        let Measure { args, clock, model, pool, options, ids, plan, shape } = self;
+        let seq = shape.sequence_tokens();
+        engine.reserve(plan.workspace, seq).context("allocating the workspace")?;
+        let mut cache = engine.new_cache(seq).context("allocating the KV cache")?;
+        cache.reserve(seq).context("allocating the KV cache")?;
+        let startup_ms = clock.ms();
+
+        let t = Instant::now();
+        let logits = engine.prefill(&mut cache, ids).context("running the prefill")?;
+        let mut next = argmax(logits) as u32;
+        let prefill_s = t.elapsed().as_secs_f64();
+        let first_token_ms = clock.ms();
+
+        let steps = args.max_tokens - 1;
+        let mut timed_from = None;
+        let mut spec = None;
+        let decode_steps = if args.spec.enabled()? {
+            // Speculative: each step emits one or more tokens; the timer starts at the
+            // first step that begins past the warm-up tokens, and counts the tokens after.
+            let draft = speculate::load_draft(&args.spec, &args.run, pool, model)?;
+            let mut gate = speculate::gate()?;
+            let params = kiln_model::SamplingParams::default();
+            let mut sampler = kiln_model::Sampler::new(params, model.config.vocab_size)?;
+            let mut stream = speculate::stream(
+                &args.spec,
+                &args.run.model,
+                draft.as_ref(),
+                pool,
+                options,
+                params,
+                ids,
+                next,
+                model.config.vocab_size,
+            )?;
+            let (mut done, mut timed_tokens) = (0, 0);
+            let mut outcome = None;
+            while done < steps {
+                if timed_from.is_none() && done >= args.warmup_tokens {
+                    timed_from = Some(Instant::now());
+                }
+                let step = stream
+                    .step(&mut engine, &mut cache, &mut sampler, &mut gate, steps - done)
+                    .context("running a speculative step")?;
+                if let Some(report) = &step.gate {
+                    speculate::log_gate(report);
+                    outcome = Some(report.outcome);
+                }
+                done += step.tokens.len();
+                if timed_from.is_some() {
+                    timed_tokens += step.tokens.len();
+                }
+            }
+            let stats = stream.stats();
+            speculate::log_summary(stream.drafter_name(), args.spec.k(), &stats);
+            spec = Some(SpecFields {
+                drafter: stream.drafter_name(),
+                draft_tokens: args.spec.k(),
+                gate: outcome.map_or("not-run", |o| o.as_str()),
+                drafted: stats.drafted,
+                accepted: stats.accepted,
+                acceptance: stats.acceptance_rate(),
+                verifies: stats.verifies,
+            });
+            timed_tokens
+        } else {
+            for step in 0..steps {
+                if step == args.warmup_tokens {
+                    engine.reset_expert_stats();
+                    engine.synchronize()?;
+                    timed_from = Some(Instant::now());
+                }
+                next = argmax(engine.decode(&mut cache, next).context("running a decode step")?) as u32;
+            }
+            steps.saturating_sub(args.warmup_tokens)
+        };
+        engine.synchronize()?;
+        let decode_s = timed_from.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        Ok(Measured {
+            prefill_s,
+            decode_s,
+            decode_steps,
+            startup_ms,
+            first_token_ms,
+            memory: engine.memory_stats(),
+            limit_bytes: engine.memory_limit(),
+            spec,
+            experts: engine.expert_stats(),
+        })
+    }
 }
 
 fn write(args: &BenchArgs, report: DecodeReport) -> anyhow::Result<()> {
@@ -265,138 +324,4 @@ fn write(args: &BenchArgs, report: DecodeReport) -> anyhow::Result<()> {
         Format::Csv => report.write_csv(out),
     }
     .context("writing the result")
-}
-
-/// What a device run measured.
-struct DeviceRun {
-    prefill_s: f64,
-    decode_s: f64,
-    decode_steps: usize,
-    startup_ms: f64,
-    first_token_ms: f64,
-    peak_bytes: u64,
-    limit_bytes: u64,
-    weights_bytes: u64,
-    estimated_peak_bytes: u64,
-    peak_breakdown: Vec<(String, u64)>,
-}
-
-/// The measurement on the device: the plan, the weights copied, the workspace and the
-/// whole cache allocated before the prefill (so a run that does not fit fails first), then
-/// the prefill and the decode steps, greedy, the first `--warmup-tokens` untimed.
-fn on_device(
-    args: &BenchArgs,
-    clock: &mut Clock,
-    exec: &backend::DeviceExec,
-    model: &kiln_model::LoadedModel,
-    weight_bytes: u64,
-    ids: &[u32],
-    shape: RunShape,
-) -> anyhow::Result<DeviceRun> {
-    #[cfg(feature = "cuda")]
-    {
-        let seq = shape.sequence_tokens();
-        let rows = backend::device_rows(shape.prefill_chunk, ids.len());
-        let run = kiln_cuda::DeviceRunShape { sequence_tokens: seq, rows, logit_rows: 1 };
-        let plan =
-            kiln_cuda::model::plan(&model.config, weight_bytes, run).context("planning the device run")?;
-        let mut runner = backend::Runner::device(exec, model, shape.prefill_chunk, seq, ids.len())?;
-        let startup_ms = clock.ms();
-        let t = Instant::now();
-        let logits = runner.prefill(ids).context("running the prefill")?;
-        let mut next = argmax(logits) as u32;
-        let prefill_s = t.elapsed().as_secs_f64();
-        let first_token_ms = clock.ms();
-        let steps = args.max_tokens - 1;
-        let mut timed_from = None;
-        for step in 0..steps {
-            if step == args.warmup_tokens {
-                exec.synchronize()?;
-                timed_from = Some(Instant::now());
-            }
-            next = argmax(runner.decode(next).context("running a decode step")?) as u32;
-        }
-        exec.synchronize()?;
-        let decode_s = timed_from.map_or(0.0, |t| t.elapsed().as_secs_f64());
-        let st = exec.stats();
-        Ok(DeviceRun {
-            prefill_s,
-            decode_s,
-            decode_steps: steps.saturating_sub(args.warmup_tokens),
-            startup_ms,
-            first_token_ms,
-            peak_bytes: st.peak_bytes,
-            limit_bytes: exec.pool().limit(),
-            weights_bytes: plan.weights_bytes,
-            estimated_peak_bytes: plan.total_bytes,
-            peak_breakdown: st.by_tag.iter().map(|(tag, s)| (tag.clone(), s.at_peak)).collect(),
-        })
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = (args, clock, model, weight_bytes, ids, shape);
-        match *exec {}
-    }
-}
-
-/// The record of a device run: the protocol's fields, with the device pool's peak, limit
-/// and plan where the CPU run gives its own pool's, and no CPU kernel fields.
-fn device_report(
-    args: &BenchArgs,
-    model: &kiln_model::LoadedModel,
-    ids: &[u32],
-    threads: usize,
-    options: kiln_model::EngineOptions,
-    m: DeviceRun,
-    bandwidth: Option<(bandwidth::Bandwidth, f64)>,
-) -> DecodeReport {
-    let decode_tok_s = if m.decode_s > 0.0 { m.decode_steps as f64 / m.decode_s } else { 0.0 };
-    let bytes_read_per_token = model.weights.bytes_read_per_token() as u64;
-    DecodeReport {
-        model: args.run.model.clone(),
-        model_path: model.source.display_path(),
-        prompt_tokens: ids.len() as u64,
-        generated_tokens: args.max_tokens as u64,
-        prefill_ms: m.prefill_s * 1e3,
-        prefill_tok_s: ids.len() as f64 / m.prefill_s,
-        decode_ms: m.decode_s * 1e3,
-        decode_tok_s,
-        peak_bytes: m.peak_bytes,
-        max_rss_bytes: rusage::max_rss_bytes(),
-        startup_ms: m.startup_ms,
-        first_token_ms: m.first_token_ms,
-        backend: "cuda".into(),
-        threads: threads as u64,
-        kiln_version: env!("CARGO_PKG_VERSION").into(),
-        attention: options.attention.as_str().into(),
-        prefill_chunk: options.prefill_chunk as u64,
-        memory_limit_bytes: (m.limit_bytes != u64::MAX).then_some(m.limit_bytes),
-        max_tokens: Some(args.max_tokens as u64),
-        warmup_tokens: Some(args.warmup_tokens as u64),
-        decode_steps: Some(m.decode_steps as u64),
-        kv_dtype: Some(options.kv_dtype.as_str().into()),
-        qmv_wide: None,
-        qmv_wide_rows: None,
-        weights_bytes: Some(m.weights_bytes),
-        estimated_peak_bytes: Some(m.estimated_peak_bytes),
-        bytes_read_per_token: Some(bytes_read_per_token),
-        // The probe reads host memory: beside a device run it says nothing of the device.
-        read_bandwidth_bytes_per_s: bandwidth.map(|(bw, _)| bw.bytes_per_s),
-        bandwidth_probe_ms: bandwidth.map(|(_, ms)| ms),
-        decode_bandwidth_share: None,
-        spec_drafter: None,
-        spec_draft_tokens: None,
-        spec_gate: None,
-        spec_drafted: None,
-        spec_accepted: None,
-        spec_acceptance: None,
-        spec_verifies: None,
-        expert_slots: None,
-        expert_cache_bytes: None,
-        expert_hits: None,
-        expert_misses: None,
-        expert_bytes_copied: None,
-        expert_copy_ms: None,
-        peak_breakdown: m.peak_breakdown.into_iter().collect(),
-    }
 }

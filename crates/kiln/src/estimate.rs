@@ -21,7 +21,7 @@ use crate::runtime;
 /// Plans the run and prints the record.
 pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
     runtime::check_threads(args.run.threads)?;
-    let backend = crate::backend::check(&args.run, "estimate", true, false)?;
+    let chosen = crate::backend::check(&args.run, crate::backend::Asks::default())?;
     let pool = runtime::pool(&args.run)?;
     if args.prompt_tokens == 0 {
         return Err(usage("invalid --prompt-tokens 0: a prompt needs at least 1 token"));
@@ -45,10 +45,7 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
     };
     let geometry =
         runtime::expert_geometry(&args.run, &info.config, info.expert_slot_bytes, info.weight_bytes, &pool)?;
-    if backend == kiln_protocol::Backend::Cuda {
-        return device(&args, &info, shape, &pool);
-    }
-    let plan = kiln_model::plan(&info.config, info.weight_bytes, &shape)
+    let plan = crate::backend::plan(&chosen, &info.config, info.weight_bytes, &shape)
         .and_then(|p| p.with_expert_cache(geometry.as_ref().map_or(0, |g| g.cache_bytes())))
         .with_context(|| {
             format!("planning --prompt-tokens {} with --max-tokens {}", args.prompt_tokens, args.max_tokens)
@@ -61,7 +58,14 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
         workspace_bytes: plan.workspace_bytes,
         attention_scores_bytes: plan.attention_scores_bytes,
     };
-    let mut record = record(&args, &info, &shape, planned, runtime::limit_bytes(&pool));
+    // A device's free memory is not read here (no device is opened): without a limit
+    // given, its plan fits, and the harness prices the device's memory itself.
+    let limit = runtime::limit_bytes(&pool).filter(|_| {
+        crate::backend::runs_on_host(&chosen)
+            || args.run.memory_limit.is_some()
+            || std::env::var_os("KILN_MEMORY_LIMIT").is_some()
+    });
+    let mut record = record(&args, &info, &shape, planned, limit);
     record.expert_slots = geometry.as_ref().map(|g| g.slots as u64);
     record.experts_bytes = geometry.as_ref().map(|_| plan.experts_bytes);
     record.moe_layers = info.config.moe.map(|_| info.config.num_hidden_layers as u64);
@@ -124,46 +128,4 @@ fn write(args: &EstimateArgs, record: EstimateReport) -> anyhow::Result<()> {
         Format::Csv => record.write_csv(out),
     }
     .context("writing the estimate")
-}
-
-#[cfg(feature = "cuda")]
-fn device(
-    args: &EstimateArgs,
-    info: &kiln_model::ModelInfo,
-    shape: RunShape,
-    pool: &kiln_core::MemoryPool,
-) -> anyhow::Result<()> {
-    let rows = crate::backend::device_rows(shape.prefill_chunk, shape.prompt_tokens);
-    let run = kiln_cuda::DeviceRunShape { sequence_tokens: shape.sequence_tokens(), rows, logit_rows: 1 };
-    // Past the context the cache would be refused: plan its length anyway, as the CPU
-    // estimate does, so the record still says how much memory it would take.
-    let mut config = info.config.clone();
-    config.max_position_embeddings = config.max_position_embeddings.max(run.sequence_tokens);
-    let plan = kiln_cuda::model::plan(&config, info.weight_bytes, run).with_context(|| {
-        format!(
-            "planning --prompt-tokens {} with --max-tokens {} on the device",
-            shape.prompt_tokens, shape.max_tokens
-        )
-    })?;
-    let limit = runtime::limit_bytes(pool)
-        .filter(|_| args.run.memory_limit.is_some() || std::env::var_os("KILN_MEMORY_LIMIT").is_some());
-    let planned = Planned {
-        weights_bytes: plan.weights_bytes,
-        kv_bytes: plan.kv_bytes,
-        scratch_bytes: plan.scratch_bytes,
-        total_bytes: plan.total_bytes,
-        workspace_bytes: plan.scratch_bytes,
-        attention_scores_bytes: 0,
-    };
-    write(args, record(args, info, &shape, planned, limit))
-}
-
-#[cfg(not(feature = "cuda"))]
-fn device(
-    _: &EstimateArgs,
-    _: &kiln_model::ModelInfo,
-    _: RunShape,
-    _: &kiln_core::MemoryPool,
-) -> anyhow::Result<()> {
-    unreachable!("backend::check refuses --backend cuda in a build without the feature")
 }

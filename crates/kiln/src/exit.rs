@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use kiln_core::OutOfMemory;
 use kiln_core::pool::LimitError;
-use kiln_model::ModelError;
+use kiln_model::{BackendErrorKind, ModelError};
 
 /// The protocol's exit codes, defined once in kiln-protocol for the engine and the
 /// harness: success, anything else, bad arguments or an unusable model, out of memory.
@@ -49,6 +49,11 @@ pub fn classify(err: &anyhow::Error) -> Kind {
         if let Some(e) = cause.downcast_ref::<ModelError>() {
             return match e {
                 ModelError::OutOfMemory(_) => Kind::OutOfMemory,
+                ModelError::Backend { kind, .. } => match kind {
+                    BackendErrorKind::OutOfMemory => Kind::OutOfMemory,
+                    BackendErrorKind::Usage => Kind::Usage,
+                    BackendErrorKind::Other => Kind::Other,
+                },
                 ModelError::Io { .. } => Kind::Other,
                 _ => Kind::Usage,
             };
@@ -121,6 +126,7 @@ fn oom_message(cause: &(dyn std::error::Error + 'static)) -> Option<String> {
     }
     match cause.downcast_ref::<ModelError>() {
         Some(ModelError::OutOfMemory(e)) => Some(e.to_string()),
+        Some(e @ ModelError::Backend { kind: BackendErrorKind::OutOfMemory, .. }) => Some(e.to_string()),
         _ => None,
     }
 }

@@ -31,7 +31,7 @@ const BANDWIDTH_PASSES: usize = 5;
 /// Runs the measurement on the worker pool and prints its record.
 pub fn run(args: ExpertCopyArgs) -> anyhow::Result<()> {
     // It measures host copies into the CPU backend's expert cache: never a device run.
-    crate::backend::check(&args.run, "bench-expert-copy", false, false)?;
+    let _ = crate::backend::check(&args.run, crate::backend::Asks::default())?;
     runtime::in_pool(args.run.threads, |threads| measure(args, threads))
 }
 

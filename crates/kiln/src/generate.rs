@@ -8,10 +8,10 @@ use std::io::Write;
 use std::time::Instant;
 
 use anyhow::Context;
-use kiln_model::{LoadedModel, ModelError, Sampler, SamplingParams};
+use kiln_model::{BackendEngine, LoadedModel, ModelError, Sampler, SamplingParams, WorkspaceShape};
 
 use crate::args::GenerateArgs;
-use crate::backend::{self, Runner};
+use crate::backend::{self, Asks, EngineTask};
 use crate::exit::usage;
 use crate::{runtime, speculate};
 
@@ -26,9 +26,8 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         return Err(usage("invalid --max-tokens 0: accepted values are 1 or more"));
     }
     let speculative = args.spec.enabled()?;
-    let backend = backend::check(&args.run, "generate", true, speculative)?;
+    let chosen = backend::check(&args.run, Asks { speculative, ..Asks::default() })?;
     let pool = runtime::pool(&args.run)?;
-    let device = backend::open(&args.run, backend)?;
     let params = SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,
@@ -40,7 +39,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let name = &args.run.model;
     let mut model = kiln_model::load(name, &runtime::load_options(&args.run, &pool))
         .with_context(|| format!("loading model {name}"))?;
-    if device.is_none() {
+    if backend::runs_on_host(&chosen) {
         model.prepare_for_cpu();
     }
     runtime::warn_ignored_quantize(&args.run, &model.config);
@@ -55,95 +54,129 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             format!("prompt of {} tokens plus --max-tokens {}", ids.len(), args.max_tokens)
         });
     }
-    let mut gate = if speculative { Some(speculate::gate()?) } else { None };
+    let gate = if speculative { Some(speculate::gate()?) } else { None };
     let draft = speculate::load_draft(&args.spec, &args.run, &pool, &model)?;
     let options = runtime::engine_options(&args.run);
-    let mut runner = Runner::new(&model, &pool, options, device.as_ref(), requested, ids.len())?;
-    let mut sampler = Sampler::new(params, model.config.vocab_size)?;
-    // Stop at the config's EOS ids and at the chat template's end token (an instruct
-    // model's end of turn), when the tokenizer knows it.
-    let mut eos = model.config.eos_token_ids.clone();
-    let template_eos = model.chat_template.as_ref().and_then(|t| t.eos_token.as_deref());
-    eos.extend(template_eos.and_then(|t| model.tokenizer.token_to_id(t)));
-
-    let mut out = std::io::stdout().lock();
-    let mut text = TextStream::default();
-    // Bounded by the context, checked above.
-    let mut generated = Vec::with_capacity(args.max_tokens);
-    let t = Instant::now();
-    let logits = runner.prefill(&ids).context("running the prefill")?;
-    let prefill_s = t.elapsed().as_secs_f64();
-    let first = sampler.sample(logits);
-    let mut stream = match gate {
-        Some(_) => Some(speculate::stream(
-            &args.spec,
-            name,
-            draft.as_ref(),
-            &pool,
-            options,
-            params,
-            &ids,
-            first,
-            model.config.vocab_size,
-        )?),
-        None => None,
+    let task = Generate {
+        args: &args,
+        model: &model,
+        pool: &pool,
+        options,
+        params,
+        ids: &ids,
+        capacity: requested,
+        gate,
+        draft: draft.as_ref(),
     };
-    // Tokens sampled but not yet written: one at a time classically, a verify's
-    // accepted run speculatively.
-    let mut queue = VecDeque::from([first]);
-    let t = Instant::now();
-    while let Some(token) = queue.pop_front() {
-        if eos.contains(&token) {
-            break;
-        }
-        generated.push(token);
-        let decoded = model.tokenizer.decode(&generated).context("decoding generated tokens")?;
-        text.write_new(&decoded, &mut out).context("writing to stdout")?;
-        if generated.len() == args.max_tokens {
-            break;
-        }
-        if !queue.is_empty() {
-            continue;
-        }
-        match (&mut stream, &mut gate) {
-            (Some(stream), Some(gate)) => {
-                #[allow(irrefutable_let_patterns)] // without the `cuda` feature
-                let Runner::Cpu { engine, cache } = &mut runner else {
-                    unreachable!("backend::check refuses --speculative with --backend cuda")
-                };
-                let want = args.max_tokens - generated.len();
-                let step = stream
-                    .step(engine, cache, &mut sampler, gate, want)
-                    .context("running a speculative step")?;
-                if let Some(report) = &step.gate {
-                    speculate::log_gate(report);
+    backend::with_engine(&chosen, &args.run, &model, &pool, options, task)
+}
+
+/// The generation on one engine, whichever backend it runs on.
+struct Generate<'a> {
+    args: &'a GenerateArgs,
+    model: &'a LoadedModel,
+    pool: &'a kiln_core::MemoryPool,
+    options: kiln_model::EngineOptions,
+    params: SamplingParams,
+    ids: &'a [u32],
+    /// Positions the sequence holds at most.
+    capacity: usize,
+    gate: Option<kiln_model::speculative::ExactnessGate>,
+    draft: Option<&'a LoadedModel>,
+}
+
+impl EngineTask for Generate<'_> {
+    type Out = ();
+
+    fn run<B: BackendEngine>(self, mut engine: B, _: &str) -> anyhow::Result<()> {
+        let Generate { args, model, pool, options, params, ids, capacity, mut gate, draft } = self;
+        let name = &args.run.model;
+        engine
+            .reserve(WorkspaceShape { rows: engine.prefill_chunk(ids.len()), logit_rows: 1 }, capacity)
+            .context("allocating the workspace")?;
+        let mut cache = engine.new_cache(capacity).context("allocating the KV cache")?;
+        let mut sampler = Sampler::new(params, model.config.vocab_size)?;
+        // Stop at the config's EOS ids and at the chat template's end token (an instruct
+        // model's end of turn), when the tokenizer knows it.
+        let mut eos = model.config.eos_token_ids.clone();
+        let template_eos = model.chat_template.as_ref().and_then(|t| t.eos_token.as_deref());
+        eos.extend(template_eos.and_then(|t| model.tokenizer.token_to_id(t)));
+
+        let mut out = std::io::stdout().lock();
+        let mut text = TextStream::default();
+        // Bounded by the context, checked above.
+        let mut generated = Vec::with_capacity(args.max_tokens);
+        let t = Instant::now();
+        let logits = engine.prefill(&mut cache, ids).context("running the prefill")?;
+        let prefill_s = t.elapsed().as_secs_f64();
+        let first = sampler.sample(logits);
+        let mut stream = match gate {
+            Some(_) => Some(speculate::stream(
+                &args.spec,
+                name,
+                draft,
+                pool,
+                options,
+                params,
+                ids,
+                first,
+                model.config.vocab_size,
+            )?),
+            None => None,
+        };
+        // Tokens sampled but not yet written: one at a time classically, a verify's
+        // accepted run speculatively.
+        let mut queue = VecDeque::from([first]);
+        let t = Instant::now();
+        while let Some(token) = queue.pop_front() {
+            if eos.contains(&token) {
+                break;
+            }
+            generated.push(token);
+            let decoded = model.tokenizer.decode(&generated).context("decoding generated tokens")?;
+            text.write_new(&decoded, &mut out).context("writing to stdout")?;
+            if generated.len() == args.max_tokens {
+                break;
+            }
+            if !queue.is_empty() {
+                continue;
+            }
+            match (&mut stream, &mut gate) {
+                (Some(stream), Some(gate)) => {
+                    let want = args.max_tokens - generated.len();
+                    let step = stream
+                        .step(&mut engine, &mut cache, &mut sampler, gate, want)
+                        .context("running a speculative step")?;
+                    if let Some(report) = &step.gate {
+                        speculate::log_gate(report);
+                    }
+                    queue.extend(step.tokens);
                 }
-                queue.extend(step.tokens);
-            }
-            _ => {
-                let logits = runner.decode(token).context("running a decode step")?;
-                queue.push_back(sampler.sample(logits));
+                _ => {
+                    let logits = engine.decode(&mut cache, token).context("running a decode step")?;
+                    queue.push_back(sampler.sample(logits));
+                }
             }
         }
+        if !generated.is_empty() {
+            let decoded = model.tokenizer.decode(&generated).context("decoding generated tokens")?;
+            text.finish(&decoded, &mut out).context("writing to stdout")?;
+        }
+        writeln!(out).context("writing to stdout")?;
+        out.flush().context("writing to stdout")?;
+        let decode_s = t.elapsed().as_secs_f64();
+        eprintln!(
+            "prompt: {} tokens, {:.1} tok/s; generated: {} tokens, {:.1} tok/s",
+            ids.len(),
+            ids.len() as f64 / prefill_s,
+            generated.len(),
+            generated.len() as f64 / decode_s.max(f64::MIN_POSITIVE),
+        );
+        if let Some(stream) = &stream {
+            speculate::log_summary(stream.drafter_name(), args.spec.k(), &stream.stats());
+        }
+        Ok(())
     }
-    if !generated.is_empty() {
-        let decoded = model.tokenizer.decode(&generated).context("decoding generated tokens")?;
-        text.finish(&decoded, &mut out).context("writing to stdout")?;
-    }
-    writeln!(out).context("writing to stdout")?;
-    out.flush().context("writing to stdout")?;
-    let decode_s = t.elapsed().as_secs_f64();
-    eprintln!(
-        "prompt: {} tokens, {:.1} tok/s; generated: {} tokens, {:.1} tok/s",
-        ids.len(),
-        ids.len() as f64 / prefill_s,
-        generated.len(),
-        generated.len() as f64 / decode_s.max(f64::MIN_POSITIVE),
-    );
-    if let Some(stream) = &stream {
-        speculate::log_summary(stream.drafter_name(), args.spec.k(), &stream.stats());
-    }
-    Ok(())
 }
 
 /// The prompt's token ids: through the chat template when asked and the model has one

@@ -13,7 +13,7 @@ use std::time::Instant;
 use anyhow::Context;
 use kiln_model::logprobs::score_sequence;
 use kiln_model::output::AtomicFile;
-use kiln_model::{Engine, LoadedModel};
+use kiln_model::{LoadedModel, WorkspaceShape};
 use serde::Serialize;
 
 use crate::args::ScoreArgs;
@@ -57,7 +57,7 @@ pub fn run(args: ScoreArgs) -> anyhow::Result<()> {
 }
 
 fn score(args: ScoreArgs) -> anyhow::Result<()> {
-    crate::backend::check(&args.run, "score", false, false)?;
+    let chosen = crate::backend::check(&args.run, crate::backend::Asks::default())?;
     // Before the model loads: a FIFO or a device is refused at once (exit 2).
     if let Some(output) = args.output.as_ref().filter(|_| !args.ids_only) {
         kiln_model::output::destination(output)
@@ -69,7 +69,9 @@ fn score(args: ScoreArgs) -> anyhow::Result<()> {
     let name = &args.run.model;
     let mut model = kiln_model::load(name, &runtime::load_options(&args.run, &pool))
         .with_context(|| format!("loading model {name}"))?;
-    model.prepare_for_cpu();
+    if crate::backend::runs_on_host(&chosen) {
+        model.prepare_for_cpu();
+    }
     let tokens = model.tokenizer.encode(&text, false).context("encoding --text-file")?;
     if args.ids_only {
         let mut out = std::io::stdout().lock();
@@ -112,7 +114,7 @@ fn score(args: ScoreArgs) -> anyhow::Result<()> {
     let per_window = args.window - 1 - args.first_scored;
     let vocab = model.config.vocab_size;
     // The scheme the kernels run (validated before the model loaded), by its name.
-    let act_precision = kiln_core::act_precision::act_scheme().as_str().to_string();
+    let act_precision = chosen.act.as_str().to_string();
     let header = Header {
         model: name,
         vocab,
@@ -136,29 +138,10 @@ fn score(args: ScoreArgs) -> anyhow::Result<()> {
     out.write_all(&(json.len() as u32).to_le_bytes())?;
     out.write_all(&json)?;
 
-    let mut engine = Engine::new(&model, &pool, runtime::engine_options(&args.run))
-        .context("preparing the forward pass")?;
-    let started = Instant::now();
-    let (mut nll, mut count) = (0f64, 0usize);
-    for w in 0..windows {
-        let mut ids = Vec::with_capacity(args.window);
-        ids.extend(bos);
-        ids.extend_from_slice(&tokens[w * body..(w + 1) * body]);
-        let mut cache = engine.new_cache();
-        // The server's `echo` log-probabilities run through the same function.
-        let mut written = Ok(());
-        score_sequence(&mut engine, &mut cache, &ids, args.first_scored, |pos, _, lp| {
-            let Some(&target) = ids.get(pos + 1) else { return };
-            if written.is_err() {
-                return;
-            }
-            nll -= f64::from(lp[target as usize]);
-            count += 1;
-            written = write_record(&mut out, target, lp);
-        })
-        .context("running the forward pass")?;
-        written?;
-    }
+    let options = runtime::engine_options(&args.run);
+    let task = Windows { args: &args, tokens: &tokens, bos, body, windows, out: &mut out };
+    let (nll, count, started) =
+        crate::backend::with_engine(&chosen, &args.run, &model, &pool, options, task)?;
     out.flush().with_context(|| format!("writing {}", tmp.display()))?;
     drop(out);
     file.commit().with_context(|| format!("writing {}", output.display()))?;
@@ -178,6 +161,57 @@ fn score(args: ScoreArgs) -> anyhow::Result<()> {
     serde_json::to_writer(&mut stdout, &summary).context("writing to stdout")?;
     writeln!(stdout).context("writing to stdout")?;
     Ok(())
+}
+
+/// Every window scored on one engine: each its own sequence, prefilled with every row's
+/// logits through the function the server's `echo` log-probabilities use. Returns the
+/// summed negative log-likelihood, the positions scored and when scoring started.
+struct Windows<'a, W> {
+    args: &'a ScoreArgs,
+    tokens: &'a [u32],
+    bos: Option<u32>,
+    body: usize,
+    windows: usize,
+    out: &'a mut W,
+}
+
+impl<W: Write> crate::backend::EngineTask for Windows<'_, W> {
+    type Out = (f64, usize, Instant);
+
+    fn run<B: kiln_model::BackendEngine>(self, mut engine: B, _: &str) -> anyhow::Result<Self::Out> {
+        let Windows { args, tokens, bos, body, windows, out } = self;
+        engine
+            .reserve(
+                WorkspaceShape {
+                    rows: engine.prefill_chunk(args.window),
+                    logit_rows: engine.prefill_chunk(args.window),
+                },
+                args.window,
+            )
+            .context("allocating the workspace")?;
+        let started = Instant::now();
+        let (mut nll, mut count) = (0f64, 0usize);
+        for w in 0..windows {
+            let mut ids = Vec::with_capacity(args.window);
+            ids.extend(bos);
+            ids.extend_from_slice(&tokens[w * body..(w + 1) * body]);
+            let mut cache = engine.new_cache(args.window).context("allocating the KV cache")?;
+            // The server's `echo` log-probabilities run through the same function.
+            let mut written = Ok(());
+            score_sequence(&mut engine, &mut cache, &ids, args.first_scored, |pos, _, lp| {
+                let Some(&target) = ids.get(pos + 1) else { return };
+                if written.is_err() {
+                    return;
+                }
+                nll -= f64::from(lp[target as usize]);
+                count += 1;
+                written = write_record(out, target, lp);
+            })
+            .context("running the forward pass")?;
+            written?;
+        }
+        Ok((nll, count, started))
+    }
 }
 
 /// The token a window starts with: BOS when the tokenizer's own encoding adds one.

@@ -168,7 +168,8 @@ fn read_chat_template(path: &std::path::Path) -> anyhow::Result<kiln_model::chat
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     runtime::check_threads(args.run.threads)?;
-    crate::backend::check(&args.run, "serve", false, false)?;
+    let asks = crate::backend::Asks { speculative: args.speculative, serving: true };
+    let chosen = crate::backend::check(&args.run, asks)?;
     if args.parallel == 0 {
         return Err(usage("invalid --parallel 0: accepted values are 1 or more"));
     }
@@ -242,7 +243,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             prefill_chunk: run_args.prefill_chunk,
             prompt_cache_bytes,
             speculative: args.speculative,
-            spec_slots: args.spec_slots,
+            // A backend without a verify forward holds no speculative slot: a request
+            // asking for speculation decodes in the joint forward.
+            spec_slots: if chosen.caps.speculative { args.spec_slots } else { 0 },
             draft_tokens: args.draft_tokens,
         },
         model_draft: args.model_draft.clone(),
@@ -252,6 +255,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         api_key,
         think_tags: ThinkTags { open: args.think_open.clone(), close: args.think_close.clone() },
         chat_template,
+        backend: crate::backend::server_engine(&chosen, run_args),
     };
 
     let mut builder = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("kiln-worker-{i}"));
@@ -259,23 +263,37 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         builder = builder.num_threads(n);
     }
     let workers = Arc::new(builder.build().context("starting the worker threads")?);
-    // A server batches: it measures the crossover on its own workers when none is cached.
-    let (_, crossover_source) = workers.install(|| runtime::configure_kernels(true))?;
-    if let kiln_core::crossover::CrossoverSource::MeasuredBusy { others_centi } = crossover_source {
-        tracing::warn!(
-            "the qmv_wide crossover was measured while other processes used {:.2} CPUs: it is used for \
-             this boot but not cached (KILN_QMV_CROSSOVER_BUSY_LIMIT); boot again on a quiet machine to cache it",
-            f64::from(others_centi) / 100.0
-        );
-    }
-    let kernels = kiln_protocol::KernelConfigLine {
-        isa: Isa::detected().as_str().to_string(),
-        threads: workers.current_num_threads(),
-        qmv_wide: qmv_wide_enabled(),
-        qmv_wide_pinned: qmv_wide_pinned_by_operator(),
-        qmv_wide_rows: Some(kiln_core::wide::wide_rows().to_string()),
-        qmv_crossover: Some(crossover_source.as_str().to_string()),
-        act: Some(kiln_core::act_precision::act_scheme()),
+    let kernels = if crate::backend::runs_on_host(&chosen) {
+        // A server batches: it measures the crossover on its own workers when none is cached.
+        let (_, crossover_source) = workers.install(|| runtime::configure_kernels(true))?;
+        if let kiln_core::crossover::CrossoverSource::MeasuredBusy { others_centi } = crossover_source {
+            tracing::warn!(
+                "the qmv_wide crossover was measured while other processes used {:.2} CPUs: it is used for \
+                 this boot but not cached (KILN_QMV_CROSSOVER_BUSY_LIMIT); boot again on a quiet machine to cache it",
+                f64::from(others_centi) / 100.0
+            );
+        }
+        kiln_protocol::KernelConfigLine {
+            isa: Isa::detected().as_str().to_string(),
+            threads: workers.current_num_threads(),
+            qmv_wide: qmv_wide_enabled(),
+            qmv_wide_pinned: qmv_wide_pinned_by_operator(),
+            qmv_wide_rows: Some(kiln_core::wide::wide_rows().to_string()),
+            qmv_crossover: Some(crossover_source.as_str().to_string()),
+            act: Some(chosen.act),
+        }
+    } else {
+        // The device's products choose by rows alone (kiln-cuda's `model::product`):
+        // `qmv` for one, `qmv_wide` up to its limit, `qmm` beyond; nothing is measured.
+        kiln_protocol::KernelConfigLine {
+            isa: chosen.caps.name.to_string(),
+            threads: workers.current_num_threads(),
+            qmv_wide: true,
+            qmv_wide_pinned: false,
+            qmv_wide_rows: Some(crate::backend::device_wide_rows(&chosen)),
+            qmv_crossover: Some("fixed".into()),
+            act: Some(chosen.act),
+        }
     };
     tracing::info!("{kernels}");
 

@@ -24,7 +24,7 @@ use crate::error::{ModelError, Result};
 use crate::forward::attention::AttentionKind;
 use crate::forward::kv_cache::{KvCache, KvDtype};
 use crate::forward::ops::argmax;
-use crate::forward::plan::WorkspaceShape;
+use crate::forward::plan::{MemoryPlan, RunShape, WorkspaceShape};
 use crate::forward::transformer::{Logits, SeqChunk, Transformer};
 use crate::forward::weights::ModelWeights;
 use crate::forward::workspace::Workspace;
@@ -194,6 +194,67 @@ impl<'m> Engine<'m> {
     /// One forward over any mix of sequences and token counts.
     pub fn forward(&mut self, seqs: &mut [SeqChunk<'_>], logits: Logits) -> Result<&[f32]> {
         self.transformer.forward(&mut self.workspace, seqs, logits)
+    }
+}
+
+impl crate::forward::backend::BackendEngine for Engine<'_> {
+    type Cache = KvCache;
+
+    fn capabilities() -> crate::forward::backend::Capabilities {
+        crate::forward::backend::CPU
+    }
+
+    fn plan(config: &ModelConfig, weights_bytes: u64, shape: &RunShape) -> Result<MemoryPlan> {
+        crate::forward::plan::plan(config, weights_bytes, shape)
+    }
+
+    fn config(&self) -> &ModelConfig {
+        self.transformer.config()
+    }
+
+    fn memory_limit(&self) -> u64 {
+        self.pool.limit()
+    }
+
+    fn expert_stats(&self) -> Option<crate::forward::expert_cache::CacheStats> {
+        self.transformer.expert_cache().map(|c| c.stats())
+    }
+
+    fn reset_expert_stats(&mut self) {
+        if let Some(mut c) = self.transformer.expert_cache() {
+            c.reset_stats();
+        }
+    }
+
+    fn memory_stats(&self) -> kiln_core::PoolStats {
+        self.pool.stats()
+    }
+
+    fn cache_bytes_for(&self, tokens: usize) -> u64 {
+        self.transformer.kv_layout(self.options.kv_dtype).bytes_for(tokens)
+    }
+
+    fn prefill_chunk(&self, prompt_tokens: usize) -> usize {
+        self.chunk(prompt_tokens)
+    }
+
+    fn new_cache(&self, _capacity: usize) -> Result<KvCache> {
+        // The CPU's cache grows block by block as positions land.
+        Ok(Engine::new_cache(self))
+    }
+
+    fn reserve(&mut self, shape: WorkspaceShape, _capacity: usize) -> Result<()> {
+        self.reserve_workspace(shape)
+    }
+
+    fn forward(&mut self, seqs: &mut [SeqChunk<'_>], logits: Logits) -> Result<&[f32]> {
+        Engine::forward(self, seqs, logits)
+    }
+
+    // The CPU's own prefill skips the LM head of every chunk but the last and checks the
+    // context once, as the provided one does: the same forwards.
+    fn prefill(&mut self, cache: &mut KvCache, tokens: &[u32]) -> Result<&[f32]> {
+        Engine::prefill(self, cache, tokens)
     }
 }
 

@@ -4,8 +4,7 @@
 //! so a text scores to the same values in both.
 
 use crate::error::Result;
-use crate::forward::engine::Engine;
-use crate::forward::kv_cache::KvCache;
+use crate::forward::backend::BackendEngine;
 
 /// `out = logits - logsumexp(logits)`, the exponentials summed in f64.
 pub fn log_softmax(logits: &[f32], out: &mut [f32]) {
@@ -43,16 +42,16 @@ pub fn top_logprobs(logprobs: &[f32], k: usize) -> Vec<(u32, f32)> {
 /// Runs `tokens` into `cache` (the engine's prefill chunks, every row's logits computed)
 /// and calls `each(pos, logits, logprobs)` for every position `pos >= first`: the logits
 /// after token `pos` and their [`log_softmax`], the distribution of token `pos + 1`.
-pub fn score_sequence(
-    engine: &mut Engine<'_>,
-    cache: &mut KvCache,
+pub fn score_sequence<E: BackendEngine>(
+    engine: &mut E,
+    cache: &mut E::Cache,
     tokens: &[u32],
     first: usize,
     mut each: impl FnMut(usize, &[f32], &[f32]),
 ) -> Result<()> {
     let vocab = engine.config().vocab_size;
     let mut lp = vec![0f32; vocab];
-    engine.prefill_each_logits(cache, tokens, |start, logits| {
+    engine.prefill_each_logits(cache, tokens, &mut |start, logits| {
         for (r, row) in logits.chunks_exact(vocab).enumerate() {
             let pos = start + r;
             if pos >= first {

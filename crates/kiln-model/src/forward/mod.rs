@@ -1,4 +1,4 @@
-//! The forward pass over a loaded model: [`weights`] (the structs loaders fill) with the
+//! The forward pass over a loaded model, behind the [`backend`] seam every engine implements: [`weights`] (the structs loaders fill) with the
 //! routed experts' [`experts`] store and its [`expert_cache`], one [`transformer`] forward
 //! over any mix of sequences ([`attention`], [`rope`], [`moe`], [`ops`]), the
 //! [`kv_cache`], the [`workspace`] the [`plan`] sizes, the [`engine`] that drives prefill
@@ -6,6 +6,7 @@
 //! server), [`sampling`], and [`speculative`] decoding on top.
 
 pub mod attention;
+pub mod backend;
 pub mod engine;
 pub mod expert_cache;
 pub mod experts;

@@ -32,10 +32,11 @@ use crate::loading::config::ModelConfig;
 use kiln_core::Tag;
 use kiln_core::kernels::{KernelChoice, QmvPart, qmv_many, select_kernel};
 
-/// New tokens of one sequence in a forward, and its cache.
-pub struct SeqChunk<'a> {
+/// New tokens of one sequence in a forward, and its cache (the CPU's unless a backend
+/// names its own, [`crate::backend::BackendEngine::Cache`]).
+pub struct SeqChunk<'a, C = KvCache> {
     /// The sequence's cache; the tokens land at positions `cache.len()..`.
-    pub cache: &'a mut KvCache,
+    pub cache: &'a mut C,
     /// The new tokens.
     pub tokens: &'a [u32],
 }

@@ -2,8 +2,7 @@
 //! consults the gate, verifies and rolls the cache back.
 
 use crate::error::Result;
-use crate::forward::engine::Engine;
-use crate::forward::kv_cache::KvCache;
+use crate::forward::backend::{BackendEngine, SeqCache};
 use crate::forward::sampling::Sampler;
 use crate::forward::transformer::{Logits, SeqChunk};
 
@@ -112,10 +111,10 @@ impl<'d> SpecStream<'d> {
     /// gate at the first verify of the key, verifies in one forward and keeps the
     /// accepted prefix; or decodes one token classically when there is no draft or the
     /// gate declined.
-    pub fn step<S: WideSwitch>(
+    pub fn step<E: BackendEngine, S: WideSwitch>(
         &mut self,
-        engine: &mut Engine<'_>,
-        cache: &mut KvCache,
+        engine: &mut E,
+        cache: &mut E::Cache,
         sampler: &mut Sampler,
         gate: &mut ExactnessGate<S>,
         want: usize,
@@ -182,9 +181,9 @@ impl<'d> SpecStream<'d> {
 /// padded, then pseudo-random continuations) runs the block in one forward and the same
 /// tokens one forward each, and compares every logit bit for bit. The cache is left as
 /// it was. True when every draw matched.
-pub fn probe_block(
-    engine: &mut Engine<'_>,
-    cache: &mut KvCache,
+pub fn probe_block<E: BackendEngine>(
+    engine: &mut E,
+    cache: &mut E::Cache,
     pending: u32,
     drafts: &[u32],
     k: usize,
