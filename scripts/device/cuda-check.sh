@@ -2,7 +2,7 @@
 # The GPU check of kiln's CUDA backend, for a host with an NVIDIA GPU and driver, from the
 # prebuilt binaries scripts/device/build-cuda-check.sh makes (BIN_DIR: kiln, xtask,
 # device-kernels, device-model, device-bench). Run from the repository root. Every step is
-# bounded (about 7 minutes in all) and a failed step does not stop the others. Writes
+# bounded (about 8 minutes in all) and a failed step does not stop the others. Writes
 # into OUT_DIR:
 #   gpu.txt             the GPU, its memory, the driver and CUDA version (nvidia-smi)
 #   kernels.log         every kernel on the GPU against its CPU reference
@@ -18,6 +18,7 @@
 #                       the out-of-memory cell and writes the record), then with it on
 #                       (the record and the estimate skip it)
 #   oom-record          the persistent record those runs share
+#   serve.md, runs/     serve-bench against kiln serve --backend cuda at 1 and 8 streams
 #   figures.txt         the goals' ratios, computed from the files above
 #   summary.txt         one line per step: `<step>: ok` or `<step>: FAILED (exit N)`
 # Usage: scripts/device/cuda-check.sh OUT_DIR BIN_DIR
@@ -101,6 +102,12 @@ ladder() {
 }
 ladder backstop --no-estimate >"$out/ladder-backstop.log" 2>&1
 ladder record >"$out/ladder-record.log" 2>&1
+
+# kiln serve --backend cuda under 1 and 8 streams of 300-token prompts: decode rows
+# batched through the device products, prefill chunks beside them.
+step serve 150 "$bin/xtask" serve-bench -m synthetic:qwen2.5-0.5b --kiln-bin "$bin/kiln" \
+  --serve-arg=--backend --serve-arg=cuda --concurrency "1 8" --prompt-tokens 300 --max-tokens 64 \
+  --runs-dir "$out/runs" >"$out/serve.md" 2>"$out/serve.log"
 
 python3 - "$out" >"$out/figures.txt" 2>&1 <<'EOF'
 import json, os, re, sys
