@@ -17,6 +17,23 @@ pub const QMV_ROWS_PER_BLOCK: u32 = 4;
 pub const QMV_THREADS: u32 = QMV_ROWS_PER_BLOCK * 32;
 /// The most activation rows `qmv_wide` takes, `KILN_QMV_WIDE_MAX` in qmv.cu.
 pub const QMV_WIDE_MAX_ROWS: usize = 8;
+/// The device's rule for a product of `m` activation rows, the one place it is decided:
+/// `qmv` for one row, `qmv_wide` up to [`QMV_WIDE_MAX_ROWS`] (both give a row the same
+/// bits at any M), `qmm` beyond. Nothing is measured: the rule is fixed.
+pub fn product_kernel(m: usize) -> &'static str {
+    match m {
+        0 | 1 => "qmv",
+        m if m <= QMV_WIDE_MAX_ROWS => "qmv_wide",
+        _ => "qmm",
+    }
+}
+
+/// The batch sizes that run `qmv_wide` under [`product_kernel`], as the kernel
+/// configuration line says them (`2-8`).
+pub fn wide_rows() -> String {
+    format!("2-{QMV_WIDE_MAX_ROWS}")
+}
+
 /// Threads per RMSNorm block (one block per row).
 pub const NORM_THREADS: u32 = 256;
 /// Threads per block of the element-wise kernels.

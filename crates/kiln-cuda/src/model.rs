@@ -27,8 +27,7 @@ use kiln_model::{Logits, ModelConfig, SeqChunk};
 use crate::error::CudaError;
 use crate::exec::{Exec, Mem};
 use crate::launch::{
-    self, Act, AttnBuffers, AttnShape, EmbedBuffers, EmbedShape, Launch, Out, QMV_WIDE_MAX_ROWS, QmmShape,
-    QmvBuffers, QmvShape,
+    self, Act, AttnBuffers, AttnShape, EmbedBuffers, EmbedShape, Launch, Out, QmmShape, QmvBuffers, QmvShape,
 };
 
 /// The storage of the activations the products read.
@@ -789,7 +788,7 @@ enum Proj {
 
 fn product(w: &DevMatrix, m: usize, x: u64, y: u64) -> Result<Launch, CudaError> {
     let b = QmvBuffers { packed: w.packed.addr(), scales: w.scales.addr(), biases: w.biases.addr(), x, y };
-    if m <= QMV_WIDE_MAX_ROWS {
+    if launch::product_kernel(m) != "qmm" {
         QmvShape { n: w.n, k: w.k, m, spec: w.spec, scales: w.scale_dtype, act: ACT }.launch(b)
     } else {
         QmmShape { n: w.n, k: w.k, m, spec: w.spec, scales: w.scale_dtype, act: ACT }.launch(b)

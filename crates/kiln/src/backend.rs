@@ -136,7 +136,7 @@ pub fn plan(
 pub fn device_wide_rows(chosen: &Chosen) -> String {
     match chosen.backend {
         #[cfg(feature = "cuda")]
-        Backend::Cuda => format!("2-{}", kiln_cuda::launch::QMV_WIDE_MAX_ROWS),
+        Backend::Cuda => kiln_cuda::launch::wide_rows(),
         _ => "none".into(),
     }
 }

@@ -283,7 +283,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             act: Some(chosen.act),
         }
     } else {
-        // The device's products choose by rows alone (kiln-cuda's `model::product`):
+        // The device's products choose by rows alone (`kiln_cuda::launch::product_kernel`):
         // `qmv` for one, `qmv_wide` up to its limit, `qmm` beyond; nothing is measured.
         kiln_protocol::KernelConfigLine {
             isa: chosen.caps.name.to_string(),
