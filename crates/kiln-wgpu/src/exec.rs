@@ -360,7 +360,7 @@ impl WgpuExec {
             data.len(),
             m.bytes
         );
-        assert!(offset % 4 == 0, "a write at {offset}, not a multiple of 4");
+        assert!(offset.is_multiple_of(4), "a write at {offset}, not a multiple of 4");
         let Inner::Gpu(g) = &self.inner else { return Ok(()) };
         if data.is_empty() {
             return Ok(());
@@ -368,7 +368,7 @@ impl WgpuExec {
         // A write lands before the next submission's commands: submit what is queued first.
         self.flush()?;
         let buf = m.buf.as_ref().expect("a device buffer");
-        if data.len() % 4 == 0 {
+        if data.len().is_multiple_of(4) {
             g.queue.write_buffer(buf, offset as u64, data);
         } else {
             let mut padded = data.to_vec();
@@ -388,7 +388,7 @@ impl WgpuExec {
             out.len(),
             m.bytes
         );
-        assert!(offset % 4 == 0, "a read at {offset}, not a multiple of 4");
+        assert!(offset.is_multiple_of(4), "a read at {offset}, not a multiple of 4");
         let g = match &self.inner {
             Inner::Plan(_) => {
                 out.fill(0);

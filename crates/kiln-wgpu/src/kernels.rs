@@ -189,7 +189,7 @@ impl ProductShape {
         if bits != 4 && bits != 8 {
             return Err(WgpuError::shape(kernel, format!("{bits}-bit weights: accepted are 4 and 8 bits")));
         }
-        if self.n == 0 || self.m == 0 || self.k == 0 || self.k % self.spec.group_size() != 0 {
+        if self.n == 0 || self.m == 0 || self.k == 0 || !self.k.is_multiple_of(self.spec.group_size()) {
             return Err(WgpuError::shape(
                 kernel,
                 format!(
@@ -268,7 +268,9 @@ impl EmbedShape {
         out: &'a Mem,
     ) -> Result<Dispatch<'a>, WgpuError> {
         let name = "embed";
-        if self.d % self.spec.group_size() != 0 || self.d * self.spec.bits() as usize % 32 != 0 {
+        if !self.d.is_multiple_of(self.spec.group_size())
+            || !(self.d * self.spec.bits() as usize).is_multiple_of(32)
+        {
             return Err(WgpuError::shape(name, format!("d {}: a whole number of groups and words", self.d)));
         }
         let p = ProductShape { n: self.vocab, k: self.d, m: 1, spec: self.spec, scales: self.scales };
@@ -367,7 +369,7 @@ pub fn kv_store<'a>(
     values: &'a Mem,
 ) -> Result<Dispatch<'a>, WgpuError> {
     let name = "kv_store";
-    if head_dim % 2 != 0 || start + rows > capacity {
+    if !head_dim.is_multiple_of(2) || start + rows > capacity {
         return Err(WgpuError::shape(
             name,
             format!(
@@ -427,7 +429,7 @@ impl AttnShape {
 
     /// Refuses what the kernels do not take, by name.
     pub fn check(&self) -> Result<(), WgpuError> {
-        if self.head_dim == 0 || self.head_dim % 2 != 0 || self.head_dim > MAX_HEAD_DIM {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) || self.head_dim > MAX_HEAD_DIM {
             return Err(WgpuError::shape(
                 "attention",
                 format!("head_dim {}: accepted are even sizes up to {MAX_HEAD_DIM}", self.head_dim),

@@ -14,8 +14,10 @@
 pub mod error;
 pub mod exec;
 pub mod kernels;
+pub mod model;
 pub mod pool;
 
 pub use error::WgpuError;
 pub use exec::{AdapterDesc, Backend, Dispatch, Mem, WgpuExec};
+pub use model::{WgpuCache, WgpuEngine, WgpuPlan, WgpuRunShape};
 pub use pool::DevicePool;
