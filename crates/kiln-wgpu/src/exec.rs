@@ -168,19 +168,28 @@ fn vulkan_device_local_bytes(adapter: &wgpu::Adapter) -> Option<u64> {
     }
 }
 
-/// The device's memory and where it was read: the Vulkan device-local heap, else (Metal,
-/// whose recommended working set wgpu does not expose) the machine's physical memory,
-/// which Apple GPUs share, else the adapter's largest buffer.
+/// The Metal device's recommended working set: what it can use with good performance.
+#[cfg(target_vendor = "apple")]
+fn metal_working_set_bytes(adapter: &wgpu::Adapter) -> Option<u64> {
+    use objc2_metal::MTLDevice;
+    // SAFETY: the hal adapter is only read (its device's working-set size) while `adapter`
+    // is alive; nothing it returns outlives this function.
+    unsafe {
+        let hal = adapter.as_hal::<wgpu::hal::api::Metal>()?;
+        Some(hal.raw_device().recommendedMaxWorkingSetSize())
+    }
+}
+
+/// The device's memory and where it was read: the Vulkan device-local heap, or Metal's
+/// recommended working set, else the adapter's largest buffer.
 fn device_memory(adapter: &wgpu::Adapter, limits: &wgpu::Limits) -> (u64, &'static str) {
     #[cfg(not(target_vendor = "apple"))]
     if let Some(b) = vulkan_device_local_bytes(adapter) {
         return (b, "the Vulkan device-local heap");
     }
-    let _ = adapter;
-    if cfg!(target_vendor = "apple")
-        && let Some(b) = kiln_core::pool::physical_memory()
-    {
-        return (b, "the machine's memory, which an Apple GPU shares");
+    #[cfg(target_vendor = "apple")]
+    if let Some(b) = metal_working_set_bytes(adapter) {
+        return (b, "the Metal device's recommended working set");
     }
     (limits.max_buffer_size, "the adapter's largest buffer")
 }
