@@ -1,7 +1,8 @@
 // qmm: y[i, r] = sum_j w[r, j] x[i, j] for many activation rows. A workgroup of 64 threads
 // takes 64 output features and 8 activation rows; each thread dequantizes its feature's
 // weights (w = s q + b, as the format does) and accumulates them against the 8 rows in
-// order of j, with the activations staged 32 at a time in workgroup memory. An output's
+// order of j. The activations are read where they are (every thread of the workgroup reads
+// the same ones, from cache): no workgroup memory, no barriers. An output's
 // operations do not depend on M or on which tile holds its row, so a row has the same bits
 // at any M (not qmv's bits: the order of the sum differs).
 
@@ -22,8 +23,6 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> biases: array<u32>;
 @group(0) @binding(4) var<storage, read_write> x: array<f32>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
-
-var<workgroup> xt: array<array<f32, 32>, 8>;
 
 fn scale_at(i: u32) -> f32 {
     if p.sdt == 2u {
@@ -54,17 +53,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var i = 0u; i < 8u; i++) {
         acc[i] = 0.0;
     }
+    var xrow: array<u32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        xrow[i] = p.x_off + min(row0 + i, p.m - 1u) * p.k;
+    }
     for (var c = 0u; c < p.k / 32u; c++) {
-        // Stage 8 rows x 32 activations: four per thread.
-        for (var e = t; e < 256u; e += 64u) {
-            let i = e / 32u;
-            var v = 0.0;
-            if i < rows {
-                v = x[p.x_off + (row0 + i) * p.k + c * 32u + e % 32u];
-            }
-            xt[i][e % 32u] = v;
-        }
-        workgroupBarrier();
         let gi = c * 32u / p.group;
         let s = scale_at(rr * gpr + gi);
         let b = bias_at(rr * gpr + gi);
@@ -74,13 +67,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var u = 0u; u < per_word; u++) {
                 let q = f32((word >> (u * p.bits)) & mask);
                 let wv = s * q + b;
-                let j = w * per_word + u;
+                let j = c * 32u + w * per_word + u;
                 for (var i = 0u; i < 8u; i++) {
-                    acc[i] = fma(wv, xt[i][j], acc[i]);
+                    acc[i] = fma(wv, x[xrow[i] + j], acc[i]);
                 }
             }
         }
-        workgroupBarrier();
     }
     if live {
         for (var i = 0u; i < rows; i++) {

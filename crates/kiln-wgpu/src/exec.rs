@@ -303,6 +303,13 @@ impl WgpuExec {
         }
     }
 
+    /// `qmv`'s lanes per output feature of a K-wide row on this adapter
+    /// ([`crate::kernels::qmv_lanes`]).
+    pub fn qmv_lanes(&self, k: usize) -> usize {
+        let cpu = self.adapter().is_some_and(|a| a.device_type == "Cpu");
+        crate::kernels::qmv_lanes(k, cpu)
+    }
+
     /// The largest storage buffer a kernel may bind, in bytes (`u64::MAX` for a plan).
     pub fn max_binding_bytes(&self) -> u64 {
         match &self.inner {

@@ -15,6 +15,15 @@ use crate::exec::{Dispatch, Mem};
 
 /// Rows a `qmv` dispatch takes (`qmv_wide` up to here); more rows run `qmm`.
 pub const QMV_WIDE_MAX_ROWS: usize = 8;
+/// Lanes `qmv` gives one output feature of a K-wide row on a GPU: enough that each lane
+/// sums about four 32-element chunks, at most 32 (a power of two). On a CPU adapter
+/// (lavapipe) one lane per feature: there a workgroup's tree of barriers costs more than
+/// it saves (2.5x on smollm-135m's projections, docs/metal.md). It depends on K and the
+/// adapter alone, never on M, so a row's bits do not depend on M.
+pub fn qmv_lanes(k: usize, cpu_adapter: bool) -> usize {
+    if cpu_adapter { 1 } else { (k / 32).div_ceil(4).next_power_of_two().clamp(1, 32) }
+}
+
 /// Keys per attention span (one workgroup's share of a row's keys).
 pub const ATTN_SPAN: usize = 256;
 /// The widest head the attention kernels take.
@@ -171,6 +180,8 @@ pub struct ProductShape {
     pub spec: QuantSpec,
     /// The scales' and biases' storage.
     pub scales: ScaleDtype,
+    /// `qmv`'s lanes per output feature, a power of two up to 32 ([`qmv_lanes`]).
+    pub lanes: usize,
 }
 
 impl ProductShape {
@@ -199,6 +210,12 @@ impl ProductShape {
                     self.m,
                     self.spec.group_size()
                 ),
+            ));
+        }
+        if !self.lanes.is_power_of_two() || self.lanes > 32 {
+            return Err(WgpuError::shape(
+                kernel,
+                format!("{} lanes: accepted are 1, 2, 4, 8, 16, 32", self.lanes),
             ));
         }
         u32_of(kernel, "m * k", self.m * self.k)?;
@@ -234,9 +251,10 @@ impl ProductShape {
             sdt(self.scales),
             u32_of(name, "x offset", x_row * self.k)?,
             u32_of(name, "y offset", y_row * self.n)?,
+            self.lanes as u32,
         ];
         let groups = if kernel == Kernel::Qmv {
-            wrap(self.n)
+            wrap(self.n.div_ceil(64 / self.lanes))
         } else {
             [self.n.div_ceil(64) as u32, self.m.div_ceil(8) as u32, 1]
         };
@@ -273,7 +291,8 @@ impl EmbedShape {
         {
             return Err(WgpuError::shape(name, format!("d {}: a whole number of groups and words", self.d)));
         }
-        let p = ProductShape { n: self.vocab, k: self.d, m: 1, spec: self.spec, scales: self.scales };
+        let p =
+            ProductShape { n: self.vocab, k: self.d, m: 1, spec: self.spec, scales: self.scales, lanes: 1 };
         need(name, "packed", w.packed, p.packed_bytes())?;
         need(name, "scales", w.scales, p.scale_bytes())?;
         need(name, "tokens", tokens, self.rows * 4)?;

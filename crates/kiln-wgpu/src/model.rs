@@ -40,6 +40,7 @@ struct DevMatrix {
     k: usize,
     spec: kiln_core::QuantSpec,
     scale_dtype: ScaleDtype,
+    lanes: usize,
 }
 
 impl DevMatrix {
@@ -48,7 +49,7 @@ impl DevMatrix {
     }
 
     fn shape(&self, m: usize) -> ProductShape {
-        ProductShape { n: self.n, k: self.k, m, spec: self.spec, scales: self.scale_dtype }
+        ProductShape { n: self.n, k: self.k, m, spec: self.spec, scales: self.scale_dtype, lanes: self.lanes }
     }
 }
 
@@ -130,6 +131,7 @@ fn matrix(exec: &WgpuExec, name: &str, w: &LinearWeight, product: bool) -> Resul
         k: q.k(),
         spec: q.spec(),
         scale_dtype: q.scales().dtype(),
+        lanes: exec.qmv_lanes(q.k()),
     })
 }
 

@@ -96,14 +96,15 @@ fn product(e: &WgpuExec, shape: ProductShape, w: &DevW, x: &[f32]) -> Vec<f32> {
 }
 
 /// `QMV_BOUND`: kiln-cuda's derivation (per 32-element chunk a 32-term fma chain, two fmas
-/// into the lane's accumulator over its C = ceil(K / 1024) chunks, a 5-level tree), with
+/// into the lane's accumulator over its C = ceil(K / 32 / L) chunks for L lanes per
+/// feature, a tree of at most 5 levels), with
 /// every fma charged two roundings, as Vulkan lets a driver split it:
 /// `|y - exact| <= gamma(2 (C + 40)) * sum_c (|s| sum_j |q_j - c0| |x_j| + |bc| sum_j |x_j|)`.
-fn qmv_bound(w: &QuantizedMatrix, x: &[f32], r: usize) -> f64 {
+fn qmv_bound(w: &QuantizedMatrix, x: &[f32], r: usize, lanes: usize) -> f64 {
     let (k, g, bits) = (w.k(), w.spec().group_size(), w.spec().bits());
     let gpr = k / g;
     let c0 = (1u32 << (bits - 1)) as f32;
-    let lanes_chunks = (k / 32).div_ceil(32);
+    let lanes_chunks = (k / 32).div_ceil(lanes);
     let row = w.row_words(r);
     let mut mag = 0f64;
     for gi in 0..gpr {
@@ -128,44 +129,54 @@ fn qmv_and_qmv_wide_match_the_reference_within_their_bound_and_each_other_bit_fo
     let mut rng = Rng(0x5eed);
     let n = 13;
     let mut worst = 0f64;
-    for bits in [4u32, 8] {
-        for (g, ks) in [(32usize, [96usize, 2112]), (64, [128, 2112]), (128, [256, 1152])] {
-            let spec = QuantSpec::new(bits, g).unwrap();
-            for sd in [ScaleDtype::F16, ScaleDtype::Bf16, ScaleDtype::F32] {
-                for k in ks {
-                    let wf: Vec<f32> = (0..n * k).map(|_| rng.sym(1.0)).collect();
-                    let w = quantize_as(&wf, n, k, spec, sd).unwrap();
-                    let dw = DevW::new(&e, &w);
-                    let wd = reference::dequantize(&w);
-                    let m = 8;
-                    let x: Vec<f32> = (0..m * k).map(|_| rng.sym(2.0)).collect();
-                    let exact = reference::matmul_f64(&x, m, &w);
-                    let mut refy = vec![0f32; m * n];
-                    reference::qmv_wide(&x, m, &w, &mut refy);
-                    let shape = ProductShape { n, k, m, spec, scales: sd };
-                    let wide = product(&e, shape, &dw, &x);
-                    let wide3 = product(&e, ProductShape { m: 3, ..shape }, &dw, &x[..3 * k]);
-                    for i in 0..m {
-                        let xi = &x[i * k..(i + 1) * k];
-                        let one = product(&e, ProductShape { m: 1, ..shape }, &dw, xi);
-                        for r in 0..n {
-                            let at = format!("{bits}-bit g{g} {sd:?} k {k} row {i} out {r}");
-                            let (y, ex) = (wide[i * n + r], exact[i * n + r]);
-                            let bound = qmv_bound(&w, xi, r);
-                            assert!((y as f64 - ex).abs() <= bound, "{at}: {y} vs exact {ex}, bound {bound}");
-                            let rb = reference_bound(&wd[r * k..(r + 1) * k], xi);
-                            let rr = refy[i * n + r] as f64;
-                            assert!((y as f64 - rr).abs() <= bound + rb, "{at}: {y} vs reference {rr}");
-                            assert_eq!(y.to_bits(), one[r].to_bits(), "{at}: qmv_wide (m 8) and qmv differ");
-                            if i < 3 {
+    // The GPUs' rule (1 to 32 lanes by K) and the CPU adapters' single lane, on this adapter.
+    for lanes_of in [|k| kernels::qmv_lanes(k, false), |k| kernels::qmv_lanes(k, true)] {
+        for bits in [4u32, 8] {
+            for (g, ks) in [(32usize, [96usize, 2112]), (64, [128, 2112]), (128, [256, 1152])] {
+                let spec = QuantSpec::new(bits, g).unwrap();
+                for sd in [ScaleDtype::F16, ScaleDtype::Bf16, ScaleDtype::F32] {
+                    for k in ks {
+                        let wf: Vec<f32> = (0..n * k).map(|_| rng.sym(1.0)).collect();
+                        let w = quantize_as(&wf, n, k, spec, sd).unwrap();
+                        let dw = DevW::new(&e, &w);
+                        let wd = reference::dequantize(&w);
+                        let m = 8;
+                        let x: Vec<f32> = (0..m * k).map(|_| rng.sym(2.0)).collect();
+                        let exact = reference::matmul_f64(&x, m, &w);
+                        let mut refy = vec![0f32; m * n];
+                        reference::qmv_wide(&x, m, &w, &mut refy);
+                        let shape = ProductShape { n, k, m, spec, scales: sd, lanes: lanes_of(k) };
+                        let wide = product(&e, shape, &dw, &x);
+                        let wide3 = product(&e, ProductShape { m: 3, ..shape }, &dw, &x[..3 * k]);
+                        for i in 0..m {
+                            let xi = &x[i * k..(i + 1) * k];
+                            let one = product(&e, ProductShape { m: 1, ..shape }, &dw, xi);
+                            for r in 0..n {
+                                let at = format!("{bits}-bit g{g} {sd:?} k {k} row {i} out {r}");
+                                let (y, ex) = (wide[i * n + r], exact[i * n + r]);
+                                let bound = qmv_bound(&w, xi, r, shape.lanes);
+                                assert!(
+                                    (y as f64 - ex).abs() <= bound,
+                                    "{at}: {y} vs exact {ex}, bound {bound}"
+                                );
+                                let rb = reference_bound(&wd[r * k..(r + 1) * k], xi);
+                                let rr = refy[i * n + r] as f64;
+                                assert!((y as f64 - rr).abs() <= bound + rb, "{at}: {y} vs reference {rr}");
                                 assert_eq!(
                                     y.to_bits(),
-                                    wide3[i * n + r].to_bits(),
-                                    "{at}: m 8 and m 3 differ"
+                                    one[r].to_bits(),
+                                    "{at}: qmv_wide (m 8) and qmv differ"
                                 );
-                            }
-                            if bound > 0.0 {
-                                worst = worst.max((y as f64 - ex).abs() / bound);
+                                if i < 3 {
+                                    assert_eq!(
+                                        y.to_bits(),
+                                        wide3[i * n + r].to_bits(),
+                                        "{at}: m 8 and m 3 differ"
+                                    );
+                                }
+                                if bound > 0.0 {
+                                    worst = worst.max((y as f64 - ex).abs() / bound);
+                                }
                             }
                         }
                     }
@@ -201,7 +212,7 @@ fn qmm_matches_the_exact_product_within_its_bound_and_rows_do_not_depend_on_m() 
                 let m = 33; // five tiles of 8 rows, the last with one
                 let x: Vec<f32> = (0..m * k).map(|_| rng.sym(2.0)).collect();
                 let exact = reference::matmul_f64(&x, m, &w);
-                let shape = ProductShape { n, k, m, spec, scales: sd };
+                let shape = ProductShape { n, k, m, spec, scales: sd, lanes: 1 };
                 let y = product(&e, shape, &dw, &x);
                 let y17 = product(&e, ProductShape { m: 17, ..shape }, &dw, &x[..17 * k]);
                 for i in 0..m {
@@ -486,13 +497,13 @@ fn shapes_the_kernels_do_not_take_are_refused_by_name() {
     let m = up(&e, &[0u32; 64]);
     let spec = QuantSpec::new(3, 32).unwrap();
     let w = Weights { packed: &m, scales: &m, biases: &m };
-    let err = ProductShape { n: 1, k: 32, m: 1, spec, scales: ScaleDtype::F16 }
+    let err = ProductShape { n: 1, k: 32, m: 1, spec, scales: ScaleDtype::F16, lanes: 1 }
         .dispatch(w, &m, 0, &m, 0)
         .err()
         .unwrap();
     assert_eq!(err.to_string(), "invalid qmv shape: 3-bit weights: accepted are 4 and 8 bits");
     let spec = QuantSpec::new(4, 32).unwrap();
-    let err = ProductShape { n: 64, k: 32, m: 1, spec, scales: ScaleDtype::F16 }
+    let err = ProductShape { n: 64, k: 32, m: 1, spec, scales: ScaleDtype::F16, lanes: 1 }
         .dispatch(w, &m, 0, &m, 0)
         .err()
         .unwrap();
