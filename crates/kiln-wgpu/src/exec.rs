@@ -21,8 +21,8 @@ use std::task::{Context, Poll, Waker};
 use kiln_core::{Lease, PoolStats, Tag};
 
 use crate::error::WgpuError;
-use crate::kernels::Kernel;
 use crate::pool::DevicePool;
+use crate::shaders::Kernel;
 
 /// Bytes between two dispatches' parameters in the ring (wgpu's largest uniform offset
 /// alignment).
@@ -304,10 +304,10 @@ impl WgpuExec {
     }
 
     /// `qmv`'s lanes per output feature of a K-wide row on this adapter
-    /// ([`crate::kernels::qmv_lanes`]).
+    /// ([`crate::shaders::qmv_lanes`]).
     pub fn qmv_lanes(&self, k: usize) -> usize {
         let cpu = self.adapter().is_some_and(|a| a.device_type == "Cpu");
-        crate::kernels::qmv_lanes(k, cpu)
+        crate::shaders::qmv_lanes(k, cpu)
     }
 
     /// The largest storage buffer a kernel may bind, in bytes (`u64::MAX` for a plan).

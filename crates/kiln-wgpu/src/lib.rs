@@ -16,8 +16,10 @@ pub mod exec;
 pub mod kernels;
 pub mod model;
 pub mod pool;
+pub mod shaders;
 
 pub use error::WgpuError;
 pub use exec::{AdapterDesc, Backend, Dispatch, Mem, WgpuExec};
 pub use model::{WgpuCache, WgpuEngine, WgpuPlan, WgpuRunShape};
 pub use pool::DevicePool;
+pub use shaders::Kernel;

@@ -511,6 +511,11 @@ fn shapes_the_kernels_do_not_take_are_refused_by_name() {
         err.to_string().contains("y: 256 bytes, 4096 needed") || err.to_string().contains("needed"),
         "{err}"
     );
+    let err = ProductShape { n: 1, k: 32, m: 1, spec, scales: ScaleDtype::F16, lanes: 3 }
+        .dispatch(w, &m, 0, &m, 0)
+        .err()
+        .unwrap();
+    assert_eq!(err.to_string(), "invalid qmv shape: 3 lanes: accepted are 1, 2, 4, 8, 16, 32");
     let a = AttnShape { rows: 1, start: 0, kv_heads: 1, group: 1, head_dim: 512, capacity: 4 };
     assert!(a.check().unwrap_err().to_string().contains("head_dim 512"));
 }
