@@ -319,7 +319,7 @@ impl WgpuExec {
     }
 
     /// Allocates `bytes` counted under `tag`, or refuses with `out of memory:` (the pool's
-    /// limit, or wgpu's own refusal). Larger than one binding allows is refused by name.
+    /// limit, wgpu's own refusal, or a buffer larger than the adapter binds).
     pub fn alloc(&self, tag: Tag, bytes: usize) -> Result<Mem, WgpuError> {
         let lease = self.pool().reserve(tag, bytes as u64)?;
         let g = match &self.inner {
@@ -328,10 +328,13 @@ impl WgpuExec {
         };
         let max = self.max_binding_bytes();
         if bytes as u64 > max {
-            return Err(WgpuError::Unsupported {
-                what: format!(
-                    "a buffer of {bytes} bytes for {tag}: the adapter binds at most {max} bytes per storage buffer"
-                ),
+            // The device cannot hold it as one buffer: for a caller that is the device's
+            // memory running out (exit 3), as a larger device would take it.
+            return Err(WgpuError::DeviceOutOfMemory {
+                requested: bytes as u64,
+                tag,
+                in_use: g.pool.stats().live_bytes - bytes as u64,
+                detail: format!("above the adapter's largest storage buffer binding, {max} bytes"),
             });
         }
         let oom = g.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
