@@ -283,3 +283,70 @@ fn a_batch_of_sequences_equals_their_own_forwards() {
     assert!(e.to_string().contains("(sequence 1)"), "{e}");
     assert_eq!(c0.len(), 12);
 }
+
+#[test]
+fn per_head_q_and_k_norms_match_the_cpu_forward() {
+    // No synthetic dense shape has Qwen3's per-head q/k RMSNorm (the only one with it is a
+    // MoE shape, refused): give tiny-qwen's layers seeded norms, as a Qwen3 checkpoint
+    // carries them, and compare both forwards.
+    let Some(exec) = common::vulkan(None) else { return };
+    let mut m = load("tiny-qwen");
+    m.config.qk_norm = true;
+    let hd = m.config.head_dim;
+    for (l, layer) in m.weights.layers.iter_mut().enumerate() {
+        let w = |salt: usize| -> Vec<f32> {
+            (0..hd).map(|i| 0.6 + ((i * 31 + salt * 17 + l * 7) % 23) as f32 / 23.0).collect()
+        };
+        layer.q_norm = Some(kiln_model::weights::RmsNorm { weight: w(1).into(), eps: 1e-6 });
+        layer.k_norm = Some(kiln_model::weights::RmsNorm { weight: w(2).into(), eps: 1e-6 });
+    }
+    let ids = prompt(20, m.config.vocab_size);
+    let pool = MemoryPool::unlimited();
+    let mut cpu = Session::new(&m, &pool, EngineOptions::default()).unwrap();
+    let mut dev = WgpuEngine::new(&exec, &m.config, &m.weights).unwrap();
+    let mut cache = dev.new_cache(32).unwrap();
+    let want = cpu.prefill(&ids).unwrap().to_vec();
+    let got = dev.prefill(&mut cache, &ids, 0).unwrap().to_vec();
+    let d = worst(&got, &want);
+    assert!(d <= LOGIT_TOLERANCE, "prefill: logits differ by {d}");
+    let want = cpu.decode_step(5).unwrap().to_vec();
+    let got = dev.decode(&mut cache, 5).unwrap().to_vec();
+    let d2 = worst(&got, &want);
+    assert!(d2 <= LOGIT_TOLERANCE, "decode: logits differ by {d2}");
+    // Without the norms the logits move far more than the tolerance, so the comparison
+    // above checks the norms were applied.
+    let plain = load("tiny-qwen");
+    let mut base = WgpuEngine::new(&exec, &plain.config, &plain.weights).unwrap();
+    let mut c2 = base.new_cache(32).unwrap();
+    let without = base.prefill(&mut c2, &ids, 0).unwrap().to_vec();
+    let mut cpu2 = Session::new(&m, &pool, EngineOptions::default()).unwrap();
+    let with = cpu2.prefill(&ids).unwrap().to_vec();
+    assert!(worst(&without, &with) > 10.0 * LOGIT_TOLERANCE, "the q/k norms change the logits");
+    eprintln!("qk-norm: worst logit difference {:.5} (prefill), {d2:.5} (decode)", d);
+}
+
+#[test]
+fn a_long_sequence_across_several_attention_spans_matches_the_cpu_forward() {
+    // 600 positions: three 256-key spans merged per row, prefill in chunks of 128 (qmm)
+    // and decode steps crossing nothing new but reading every span.
+    let Some(exec) = common::vulkan(None) else { return };
+    let m = load("tiny");
+    let ids = prompt(600, m.config.vocab_size);
+    let pool = MemoryPool::unlimited();
+    let mut cpu = Session::new(&m, &pool, EngineOptions::default()).unwrap();
+    let mut dev = WgpuEngine::new(&exec, &m.config, &m.weights).unwrap();
+    let mut cache = dev.new_cache(640).unwrap();
+    let mut want = cpu.prefill(&ids).unwrap().to_vec();
+    let mut got = dev.prefill(&mut cache, &ids, 128).unwrap().to_vec();
+    let mut seen = worst(&got, &want);
+    assert!(seen <= LOGIT_TOLERANCE, "prefill of 600: logits differ by {seen}");
+    for step in 0..4 {
+        let next = argmax(&want) as u32;
+        want = cpu.decode_step(next).unwrap().to_vec();
+        got = dev.decode(&mut cache, next).unwrap().to_vec();
+        let d = worst(&got, &want);
+        seen = seen.max(d);
+        assert!(d <= LOGIT_TOLERANCE, "decode step {step} at 600+: logits differ by {d}");
+    }
+    eprintln!("600 positions: worst logit difference {seen:.5}");
+}
