@@ -5,10 +5,11 @@
 //! The kernels are in `shaders/` (`qmv.wgsl`: `qmv` and `qmv_wide` over MLX-affine 4- and
 //! 8-bit weights; `qmm.wgsl` for more rows; `embed.wgsl`, `rms_norm.wgsl`, `rope.wgsl`,
 //! `kv_store.wgsl`, `silu_mul.wgsl`, `add.wgsl`, `add_bias.wgsl`; `attn_split.wgsl` and
-//! `attn_merge.wgsl`: split-and-merge decode attention over an f16 cache). [`kernels`]
-//! describes each dispatch as data and checks its shape; [`exec`] opens an adapter,
-//! counts every allocation in a [`DevicePool`] and queues dispatches (or, as a plan, only
-//! counts); [`model`] is the forward pass on them. docs/metal.md says what has run where.
+//! `attn_merge.wgsl`: split-and-merge decode attention over an f16 cache), listed in
+//! [`shaders`]. [`kernels`] describes each dispatch as data and checks its shape; [`exec`]
+//! opens an adapter, counts every allocation in a [`DevicePool`] and queues dispatches
+//! (or, as a plan, only counts); [`model`] is the forward pass on them. docs/metal.md says
+//! what has run where.
 #![deny(missing_docs)]
 
 pub mod error;

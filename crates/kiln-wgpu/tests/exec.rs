@@ -81,3 +81,14 @@ fn the_adapter_is_described_for_a_fingerprint() {
     assert!(e.name().ends_with("(vulkan)"), "{}", e.name());
     eprintln!("{a:?}");
 }
+
+#[test]
+fn the_executor_and_its_buffers_move_between_threads() {
+    // A serving thread opens or receives the executor and owns it with every engine and
+    // cache built on it (the executor is Send, not Sync: its queued dispatches are one
+    // thread's).
+    fn send<T: Send>() {}
+    send::<WgpuExec>();
+    send::<kiln_wgpu::Mem>();
+    send::<kiln_wgpu::WgpuCache>();
+}
