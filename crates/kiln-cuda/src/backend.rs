@@ -55,10 +55,6 @@ impl SeqCache for DeviceCache {
     fn truncate(&mut self, len: usize) {
         DeviceCache::truncate(self, len)
     }
-
-    fn copy_prefix_from(&mut self, src: &Self, n: usize) -> kiln_model::Result<()> {
-        Ok(DeviceCache::copy_prefix_from(self, src, n)?)
-    }
 }
 
 impl BackendEngine for DeviceEngine<'_> {
@@ -120,6 +116,10 @@ impl BackendEngine for DeviceEngine<'_> {
 
     fn new_cache(&self, capacity: usize) -> kiln_model::Result<DeviceCache> {
         Ok(DeviceEngine::new_cache(self, capacity)?)
+    }
+
+    fn copy_prefix(&self, dst: &mut DeviceCache, src: &DeviceCache, n: usize) -> kiln_model::Result<()> {
+        Ok(dst.copy_prefix_from(src, n)?)
     }
 
     fn reserve(&mut self, shape: WorkspaceShape, capacity: usize) -> kiln_model::Result<()> {

@@ -46,7 +46,7 @@ pub enum KvDtype {
 }
 
 /// The backend an engine runs on: what a report's `backend` field says and what a
-/// harness's `--backend` picks. Only `cpu` runs a model today.
+/// harness's `--backend` picks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
@@ -56,8 +56,10 @@ pub enum Backend {
     Cpu,
     /// NVIDIA GPUs (`cuda` feature).
     Cuda,
-    /// Apple GPUs (`metal` feature).
+    /// Apple GPUs through wgpu's Metal backend (`metal` feature).
     Metal,
+    /// Vulkan GPUs (Linux, Windows) through wgpu (`vulkan` feature).
+    Vulkan,
 }
 
 /// The words of an enum knob, one table per type: `as_str`, `Display` and `FromStr`
@@ -98,7 +100,7 @@ macro_rules! words {
 
 words!(Attention, "--attention", Streaming => "streaming", Naive => "naive");
 words!(KvDtype, "--kv-dtype", F16 => "f16", F32 => "f32");
-words!(Backend, "--backend", Cpu => "cpu", Cuda => "cuda", Metal => "metal");
+words!(Backend, "--backend", Cpu => "cpu", Cuda => "cuda", Metal => "metal", Vulkan => "vulkan");
 
 impl KvDtype {
     /// Bytes per stored value.

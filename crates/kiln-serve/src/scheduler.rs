@@ -519,7 +519,7 @@ impl<'m, B: BackendEngine> Scheduler<'m, B> {
                 (None, None) => None,
             };
             if let Some((from, n)) = best {
-                match cache.copy_prefix_from(from, n) {
+                match self.engine.copy_prefix(&mut cache, from, n) {
                     Ok(()) => cached = n,
                     // The copy failed part way: start the sequence empty.
                     Err(_) => cache.truncate(0),

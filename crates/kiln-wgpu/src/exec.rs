@@ -474,6 +474,44 @@ impl WgpuExec {
         Ok(())
     }
 
+    /// Copies `bytes` bytes of `src` from `src_offset` into `dst` at `dst_offset`, on the
+    /// device, in order with the dispatches queued before it. Offsets and length are
+    /// multiples of 4 (wgpu's copy alignment); panics when a range lies outside its buffer.
+    pub fn copy_range(
+        &self,
+        dst: &mut Mem,
+        dst_offset: usize,
+        src: &Mem,
+        src_offset: usize,
+        bytes: usize,
+    ) -> Result<(), WgpuError> {
+        let fits = |at: usize, len: usize| at.checked_add(bytes).is_some_and(|end| end <= len);
+        assert!(
+            fits(src_offset, src.bytes) && fits(dst_offset, dst.bytes),
+            "a copy of {bytes} bytes from {src_offset} of {} into {dst_offset} of {}",
+            src.bytes,
+            dst.bytes
+        );
+        assert!(
+            (dst_offset | src_offset | bytes).is_multiple_of(4),
+            "a copy of {bytes} bytes at {src_offset} into {dst_offset}: wgpu copies whole 4-byte words"
+        );
+        let Inner::Gpu(g) = &self.inner else { return Ok(()) };
+        if bytes == 0 {
+            return Ok(());
+        }
+        let mut p = g.pending.borrow_mut();
+        let enc = p.encoder.get_or_insert_with(|| g.device.create_command_encoder(&Default::default()));
+        enc.copy_buffer_to_buffer(
+            src.buf.as_ref().expect("a device buffer"),
+            src_offset as u64,
+            dst.buf.as_ref().expect("a device buffer"),
+            dst_offset as u64,
+            bytes as u64,
+        );
+        Ok(())
+    }
+
     fn pipeline(&self, g: &Gpu, kernel: Kernel) -> Result<wgpu::ComputePipeline, WgpuError> {
         if let Some(p) = g.pipelines.borrow().get(&kernel) {
             return Ok(p.clone());

@@ -12,6 +12,7 @@
 //! what has run where.
 #![deny(missing_docs)]
 
+pub mod backend;
 pub mod error;
 pub mod exec;
 pub mod kernels;

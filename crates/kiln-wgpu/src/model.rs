@@ -223,6 +223,16 @@ impl WgpuCache {
     pub fn reset(&mut self) {
         self.len = 0;
     }
+
+    /// Forgets the positions from `len` on.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Bytes held on the device.
+    pub fn bytes(&self) -> u64 {
+        self.keys.iter().chain(&self.values).map(|m| m.bytes() as u64).sum()
+    }
 }
 
 /// The bytes of one layer's keys (or values) for `capacity` positions.
@@ -475,6 +485,32 @@ impl<'e> WgpuEngine<'e> {
         self.run(&mut [(cache, tokens)], logits)
     }
 
+    /// Makes `dst` hold the first `n` positions of `src`: per layer and key/value head,
+    /// one device copy of the keys and one of the values (a head's positions are
+    /// contiguous, at a stride of its cache's capacity).
+    pub fn copy_prefix(&self, dst: &mut WgpuCache, src: &WgpuCache, n: usize) -> Result<(), WgpuError> {
+        if n > src.len || n > dst.capacity {
+            return Err(input_err(
+                "cache prefix",
+                format!("{n} positions from a cache holding {} into one of {} positions", src.len, dst.capacity),
+            ));
+        }
+        let c = &self.config;
+        let row = c.head_dim * 2;
+        for (to, from) in dst.keys.iter_mut().zip(&src.keys).chain(dst.values.iter_mut().zip(&src.values)) {
+            for h in 0..c.num_key_value_heads {
+                self.exec.copy_range(to, h * dst.capacity * row, from, h * src.capacity * row, n * row)?;
+            }
+        }
+        dst.len = n;
+        Ok(())
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
     /// One forward over several sequences' new tokens (each sequence's cache and tokens):
     /// the products run over all rows together, the KV store and attention per sequence.
     /// Returns each sequence's last row of logits, in order (`[sequences, vocab]`).
@@ -542,6 +578,16 @@ impl<'e> WgpuEngine<'e> {
             }
         }
         Ok(())
+    }
+
+    /// One forward over several sequences with the logits `logits` asks for (`All`: one
+    /// sequence only).
+    pub fn forward_seqs(
+        &mut self,
+        seqs: &mut [(&mut WgpuCache, &[u32])],
+        logits: Logits,
+    ) -> Result<&[f32], WgpuError> {
+        self.run(seqs, logits)
     }
 
     fn run(&mut self, seqs: &mut [(&mut WgpuCache, &[u32])], logits: Logits) -> Result<&[f32], WgpuError> {

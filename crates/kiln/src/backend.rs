@@ -50,9 +50,19 @@ pub fn capabilities(backend: Backend) -> anyhow::Result<Capabilities> {
             "invalid --backend cuda: this kiln was built without the `cuda` feature; build it with \
              `cargo build --release -p kiln --features cuda` (docs/cuda.md), or use --backend cpu",
         )),
+        #[cfg(feature = "vulkan")]
+        Backend::Vulkan => Ok(kiln_wgpu::backend::CAPABILITIES),
+        #[cfg(not(feature = "vulkan"))]
+        Backend::Vulkan => Err(usage(
+            "invalid --backend vulkan: this kiln was built without the `vulkan` feature; build it with \
+             `cargo build --release -p kiln --features vulkan` (docs/metal.md), or use --backend cpu",
+        )),
+        #[cfg(feature = "metal")]
+        Backend::Metal => Ok(Capabilities { name: "metal", ..kiln_wgpu::backend::CAPABILITIES }),
+        #[cfg(not(feature = "metal"))]
         Backend::Metal => Err(usage(
-            "invalid --backend metal: kiln has no Metal backend yet (docs/architecture.md); accepted values \
-             are cpu and cuda",
+            "invalid --backend metal: this kiln was built without the `metal` feature; build it on macOS with \
+             `cargo build --release -p kiln --features metal` (docs/metal.md), or use --backend cpu",
         )),
     }
 }
@@ -109,6 +119,15 @@ pub fn with_engine<T: EngineTask>(
             let label = exec.name();
             task.run(engine, &label)
         }
+        #[cfg(any(feature = "vulkan", feature = "metal"))]
+        Backend::Vulkan | Backend::Metal => {
+            let exec = open_wgpu(args, chosen.backend)?;
+            let engine = kiln_wgpu::WgpuEngine::new(&exec, &model.config, &model.weights)
+                .context("copying the weights to the device")?;
+            let label = exec.name();
+            task.run(kiln_wgpu::backend::WgpuBackend { engine, prefill_chunk: options.prefill_chunk }, &label)
+        }
+        #[allow(unreachable_patterns)]
         _ => {
             let _ = args;
             unreachable!("check refuses a backend this build lacks")
@@ -127,6 +146,11 @@ pub fn plan(
         Backend::Cpu => <Engine<'_> as BackendEngine>::plan(config, weights_bytes, shape),
         #[cfg(feature = "cuda")]
         Backend::Cuda => <kiln_cuda::DeviceEngine<'_> as BackendEngine>::plan(config, weights_bytes, shape),
+        #[cfg(any(feature = "vulkan", feature = "metal"))]
+        Backend::Vulkan | Backend::Metal => {
+            <kiln_wgpu::backend::WgpuBackend<'_> as BackendEngine>::plan(config, weights_bytes, shape)
+        }
+        #[allow(unreachable_patterns)]
         _ => unreachable!("check refuses a backend this build lacks"),
     }
 }
@@ -137,6 +161,8 @@ pub fn device_wide_rows(chosen: &Chosen) -> String {
     match chosen.backend {
         #[cfg(feature = "cuda")]
         Backend::Cuda => kiln_cuda::launch::wide_rows(),
+        #[cfg(any(feature = "vulkan", feature = "metal"))]
+        Backend::Vulkan | Backend::Metal => format!("2-{}", kiln_wgpu::kernels::QMV_WIDE_MAX_ROWS),
         _ => "none".into(),
     }
 }
@@ -152,6 +178,10 @@ pub fn server_engine(chosen: &Chosen, args: &RunArgs) -> std::sync::Arc<dyn kiln
     match chosen.backend {
         #[cfg(feature = "cuda")]
         Backend::Cuda => std::sync::Arc::new(CudaServer { args: args.clone() }),
+        #[cfg(any(feature = "vulkan", feature = "metal"))]
+        Backend::Vulkan | Backend::Metal => {
+            std::sync::Arc::new(WgpuServer { args: args.clone(), backend: chosen.backend, caps: chosen.caps })
+        }
         _ => {
             let _ = args;
             std::sync::Arc::new(kiln_serve::CpuEngine)
@@ -191,6 +221,56 @@ impl kiln_serve::EngineBuilder for CudaServer {
         engine.set_prefill_chunk(options.prefill_chunk);
         run.run(engine)
     }
+}
+
+/// `kiln serve --backend vulkan|metal`'s engine, built on the scheduler thread (a wgpu
+/// executor stays on the thread that opened it).
+#[cfg(any(feature = "vulkan", feature = "metal"))]
+#[derive(Debug)]
+struct WgpuServer {
+    args: RunArgs,
+    backend: Backend,
+    caps: Capabilities,
+}
+
+#[cfg(any(feature = "vulkan", feature = "metal"))]
+impl kiln_serve::EngineBuilder for WgpuServer {
+    fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
+
+    fn build_and_run<'a>(
+        &self,
+        model: &'a LoadedModel,
+        options: EngineOptions,
+        run: kiln_serve::RunScheduler<'a>,
+    ) -> kiln_model::Result<()> {
+        let device = |e: anyhow::Error| {
+            kiln_model::ModelError::backend(kiln_model::BackendErrorKind::Usage, std::io::Error::other(format!("{e:#}")))
+        };
+        let exec = open_wgpu(&self.args, self.backend).map_err(device)?;
+        let engine = kiln_wgpu::WgpuEngine::new(&exec, &model.config, &model.weights)?;
+        run.run(kiln_wgpu::backend::WgpuBackend { engine, prefill_chunk: options.prefill_chunk })
+    }
+}
+
+/// Opens the first wgpu adapter of `backend` (Vulkan or Metal), its pool limited by the
+/// device's memory or `--memory-limit` / `KILN_MEMORY_LIMIT` when smaller. Says on stderr
+/// which adapter runs.
+#[cfg(any(feature = "vulkan", feature = "metal"))]
+fn open_wgpu(args: &RunArgs, backend: Backend) -> anyhow::Result<kiln_wgpu::WgpuExec> {
+    let explicit = match &args.memory_limit {
+        Some(text) => Some(
+            kiln_core::size::parse_size(text).map_err(|e| usage(format!("invalid --memory-limit: {e}")))?,
+        ),
+        None => kiln_core::MemoryPool::limit_from_env()?,
+    };
+    let which = if backend == Backend::Metal { kiln_wgpu::Backend::Metal } else { kiln_wgpu::Backend::Vulkan };
+    let exec = kiln_wgpu::WgpuExec::open(which, explicit)
+        .map_err(kiln_model::ModelError::from)
+        .with_context(|| format!("opening the {backend} device"))?;
+    eprintln!("kiln: --backend {backend} on {} (device pool limit {} bytes)", exec.name(), exec.pool().limit());
+    Ok(exec)
 }
 
 /// Opens GPU 0, its pool limited by its free memory or `--memory-limit` /

@@ -34,8 +34,6 @@ pub trait SeqCache {
     fn bytes(&self) -> u64;
     /// Forgets the positions from `len` on.
     fn truncate(&mut self, len: usize);
-    /// Makes this cache hold the first `n` positions of `src` (a shared prompt prefix).
-    fn copy_prefix_from(&mut self, src: &Self, n: usize) -> Result<()>;
     /// Allocates room for `tokens` positions now (a cache made whole at creation has it).
     fn reserve(&mut self, tokens: usize) -> Result<()> {
         let _ = tokens;
@@ -54,10 +52,6 @@ impl SeqCache for KvCache {
 
     fn truncate(&mut self, len: usize) {
         KvCache::truncate(self, len)
-    }
-
-    fn copy_prefix_from(&mut self, src: &Self, n: usize) -> Result<()> {
-        Ok(KvCache::copy_prefix_from(self, src, n)?)
     }
 
     fn reserve(&mut self, tokens: usize) -> Result<()> {
@@ -209,6 +203,10 @@ pub trait BackendEngine {
     /// An empty cache for a sequence of up to `capacity` positions (a backend whose
     /// caches grow may ignore it).
     fn new_cache(&self, capacity: usize) -> Result<Self::Cache>;
+
+    /// Makes `dst` hold the first `n` positions of `src` (a shared prompt prefix), on the
+    /// backend's memory.
+    fn copy_prefix(&self, dst: &mut Self::Cache, src: &Self::Cache, n: usize) -> Result<()>;
 
     /// Allocates the workspace for forwards of `shape` over caches of up to `capacity`
     /// positions now, so the run allocates no activations later.

@@ -243,6 +243,10 @@ impl crate::forward::backend::BackendEngine for Engine<'_> {
         Ok(Engine::new_cache(self))
     }
 
+    fn copy_prefix(&self, dst: &mut KvCache, src: &KvCache, n: usize) -> Result<()> {
+        Ok(dst.copy_prefix_from(src, n)?)
+    }
+
     fn reserve(&mut self, shape: WorkspaceShape, _capacity: usize) -> Result<()> {
         self.reserve_workspace(shape)
     }
