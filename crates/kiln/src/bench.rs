@@ -21,7 +21,7 @@ use kiln_protocol::{DecodeReport, WarmupError};
 use crate::args::{BenchArgs, Format};
 use crate::clock::Clock;
 use crate::exit::usage;
-use crate::{backend, prompt, runtime, rusage, speculate};
+use crate::{backend, prompt, roofs, runtime, rusage, speculate};
 
 /// Passes over the bandwidth buffer; the best one is reported.
 const BANDWIDTH_PASSES: usize = 5;
@@ -62,7 +62,7 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         )));
     }
 
-    let bandwidth = if args.measure_bandwidth {
+    let bandwidth = if args.measure_bandwidth || args.measure_roofs {
         let t = Instant::now();
         let buf = ReadBuffer::new(bandwidth::DEFAULT_BYTES);
         let bw = bandwidth::measure(&buf, BANDWIDTH_PASSES);
@@ -75,6 +75,14 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
     };
 
     let device = backend::open(&args.run, backend)?;
+    if args.measure_roofs && device.is_some() {
+        return Err(usage("--measure-roofs measures the CPU's roofs: it needs --backend cpu"));
+    }
+    let measured_roofs = args.measure_roofs.then(|| {
+        let (m, spent) = roofs::measure();
+        clock.exclude(spent);
+        m
+    });
     let model_name = &args.run.model;
     let load_opts = runtime::load_options(&args.run, &pool);
     let info =
@@ -207,6 +215,17 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
     let expert_stats = engine.transformer().expert_cache().map(|c| c.stats());
     let stats = pool.stats();
     let bytes_read_per_token = model.weights.bytes_read_per_token() as u64;
+    let roofs = measured_roofs.as_ref().zip(bandwidth).and_then(|(m, (bw, _))| {
+        let run = roofs::Run {
+            ops: roofs::ForwardOps::of(&model.weights, &model.config),
+            prompt_tokens: ids.len(),
+            prefill_s,
+            bytes_per_token: bytes_read_per_token as f64,
+            decode_tok_s,
+            bandwidth: bw.bytes_per_s,
+        };
+        roofs::report(m, &run).inspect(|r| eprintln!("{}", roofs::describe(r, threads)))
+    });
     let report = DecodeReport {
         model: model_name.clone(),
         model_path: model.source.display_path(),
@@ -254,6 +273,7 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         expert_bytes_copied: expert_stats.map(|s| s.bytes_copied),
         expert_copy_ms: expert_stats.map(|s| s.copy_ns as f64 / 1e6),
         peak_breakdown: stats.by_tag.iter().map(|(tag, s)| (tag.clone(), s.at_peak)).collect(),
+        roofs,
     };
     write(&args, report)
 }
@@ -398,5 +418,6 @@ fn device_report(
         expert_bytes_copied: None,
         expert_copy_ms: None,
         peak_breakdown: m.peak_breakdown.into_iter().collect(),
+        roofs: None,
     }
 }
