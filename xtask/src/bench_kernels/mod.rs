@@ -501,7 +501,7 @@ mod tests {
             noise_threshold: 0.01,
             significance_level: 0.05,
         };
-        let md = render(&ctx, &rows, &super::roofs::roofline(&rows));
+        let md = render(&ctx, &rows, &roofs::roofline(&rows));
         assert!(md.contains("the start and the end): 20.0 GB/s with 1 thread(s)"), "{md}");
         // qmv: 9437184 bytes in 0.75 ms = 12.6 GB/s, 63% of 20 GB/s.
         let qmv_line = md.lines().find(|l| l.contains(qmv)).unwrap();
@@ -556,7 +556,8 @@ mod tests {
             baseline: None,
             change: None,
         };
-        let md = render(&ctx, &[row.clone()], &super::roofs::roofline(&[row]));
+        let rows = [row];
+        let md = render(&ctx, &rows, &roofs::roofline(&rows));
         assert!(md.contains("**not measured in this run**"), "{md}");
         assert!(md.contains("Compute roofs: **not measured in this run**"), "{md}");
         assert!(md.contains("| no baseline | 10.0 | n/a |"), "{md}");
