@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use super::files::{Measured, Row};
-use super::roofs::compute_roof_id;
 use super::stats::verdict;
 use super::target::BANDWIDTH_GROUP;
+use super::target::compute_roof_id;
 use crate::verdict::roofline::Roofline;
 
 /// Where and how the run happened.

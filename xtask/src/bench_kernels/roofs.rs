@@ -11,7 +11,7 @@ use crate::verdict::sheet::{Cell, Sheet, Table};
 
 use super::files::{Measured, Row};
 use super::render::{KernelId, bandwidth_threads, parse_kernel_id};
-use super::target::COMPUTE_GROUP;
+use super::target::compute_roof_id;
 
 /// The probes whose roof a kernel is held to: the int8 multiply-accumulate rates (the
 /// quantized kernels' dots are integer products of weight and activation codes).
@@ -19,13 +19,6 @@ const INT8_PREFIX: &str = "int8_";
 
 /// The directory under criterion's where a run's roofline sheet and report.html go.
 pub(super) const ROOFLINE_DIR: &str = "kiln-roofline";
-
-/// `(probe, threads)` of a compute-roof id (`compute_roof/<probe>/t<threads>`).
-pub(super) fn compute_roof_id(id: &str) -> Option<(&str, usize)> {
-    let rest = id.strip_prefix(COMPUTE_GROUP)?.strip_prefix('/')?;
-    let (probe, t) = rest.split_once('/')?;
-    Some((probe, t.strip_prefix('t')?.parse().ok()?))
-}
 
 /// Operations one product of a kernel benchmark does: two per multiply-accumulate, one
 /// multiply-accumulate per weight and activation row (`2 * M * N * K`); the scales,

@@ -61,7 +61,7 @@ impl Compared {
 
     /// A roof of the machine (the read bandwidth or a compute roof), not a kernel.
     fn is_bandwidth(&self) -> bool {
-        bandwidth_threads(&self.id).is_some() || super::roofs::compute_roof_id(&self.id).is_some()
+        bandwidth_threads(&self.id).is_some() || super::target::compute_roof_id(&self.id).is_some()
     }
 }
 
