@@ -137,4 +137,32 @@ mod tests {
         let colour = |i: usize| l.panels[i].series.iter().find(|s| s.name == "qmv").unwrap().colour.clone();
         assert_eq!(colour(0), colour(1));
     }
+
+    #[test]
+    fn report_html_draws_the_roofline_the_run_recorded() {
+        use crate::verdict::sheet::Sheet;
+        let dir = tempfile::tempdir().unwrap();
+        let sheet = Sheet {
+            task: "bench-kernels".into(),
+            headline: "roofs".into(),
+            roofline: Some(recorded()),
+            ..Sheet::default()
+        };
+        sheet.write(dir.path()).unwrap();
+        let run = crate::report::Run::load(dir.path()).unwrap();
+        assert_eq!(run.kind.name(), "bench-kernels roofline");
+        let page = crate::report::page(&run);
+        for needle in [
+            "<h2>Plots</h2>",
+            "roofline, 2 thread(s)",
+            "roof: int8_avx512_vnni (1.40 TOPS)",
+            "prefill (cells)",
+        ] {
+            assert!(page.contains(needle), "report.html lacks {needle:?}");
+        }
+        // A sheet without a roofline draws none.
+        Sheet { roofline: None, ..sheet }.write(dir.path()).unwrap();
+        let page = crate::report::page(&crate::report::Run::load(dir.path()).unwrap());
+        assert!(!page.contains("roofline, ") && !page.contains("<h2>Plots</h2>"), "no plot without roofs");
+    }
 }
