@@ -2,7 +2,10 @@
 //! multi-threaded, beside the machine's read bandwidth measured in the same run.
 //!
 //! Ids: `read_bandwidth/sum_1024MiB_{start,end}/t<threads>` (measured first and last, so a
-//! shared machine's load shows as a gap between the two; reports use the higher) and
+//! shared machine's load shows as a gap between the two; reports use the higher),
+//! `compute_roof/<probe>/t<threads>` (each compute-roof probe the CPU runs, right after the
+//! first bandwidth reading: `kiln_core::roofs`; throughput in operations, a
+//! multiply-accumulate counting two) and
 //! `<kernel>/q<bits>_g64_n<N>_k<K>_m<M>/t<threads>`, where the kernel is the one the
 //! dispatcher runs at that M (`qmv` at M = 1, `qmv_wide` and `qmv_per_row` below
 //! `qmv_batch_limit`, `qmm` from it on) under the default activation scheme (`int16`);
@@ -15,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
 use kiln_benches::{
-    Rotation, SHAPES, Shape, all_threads, bench_name, matrix_bytes, pool, random_activations, read_bandwidth,
-    smoke_run,
+    Rotation, SHAPES, Shape, all_threads, bench_name, compute_roofs, matrix_bytes, pool, random_activations,
+    read_bandwidth, smoke_run,
 };
 use kiln_core::act_precision::ActScheme;
 use kiln_core::kernels::{Isa, qmm_scheme_on, qmv_batch_limit, qmv_scheme_on, qmv_wide_scheme_on};
@@ -42,6 +45,7 @@ fn main() {
     let threads = thread_counts();
     let mut buf = None;
     read_bandwidth(&mut c, &threads, &mut buf, "start");
+    compute_roofs(&mut c, &threads);
     for shape in SHAPES {
         for bits in BITS {
             kernels(&mut c, shape, bits, &threads);

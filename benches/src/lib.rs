@@ -267,6 +267,31 @@ pub fn read_bandwidth(c: &mut Criterion, threads: &[usize], buf: &mut Option<Rea
     g.finish();
 }
 
+/// Loop iterations per thread in one iteration of a `compute_roof` benchmark: about a
+/// million multiply-accumulate instructions per thread, so starting the threads costs
+/// little against the loop.
+pub const ROOF_ITERS: u64 = 1 << 16;
+
+/// Benchmarks `compute_roof/<probe>/t<threads>`: every compute-roof probe this CPU runs
+/// (`kiln_core::roofs`), on all of a pool's threads at once. Its throughput is in elements,
+/// each element one operation (a multiply-accumulate counts two), so the harness reads
+/// operations per second where criterion prints elements per second.
+pub fn compute_roofs(c: &mut Criterion, threads: &[usize]) {
+    let iters = if smoke_run() { 1 } else { ROOF_ITERS };
+    let mut g = c.benchmark_group("compute_roof");
+    g.sampling_mode(SamplingMode::Flat);
+    for &t in threads {
+        let p = pool(t);
+        for probe in kiln_core::roofs::available() {
+            g.throughput(Throughput::Elements(kiln_core::roofs::ops(probe, t, iters)));
+            g.bench_function(BenchmarkId::new(probe.as_str(), format!("t{t}")), |b| {
+                b.iter(|| p.install(|| kiln_core::roofs::run_on_pool(probe, iters)));
+            });
+        }
+    }
+    g.finish();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

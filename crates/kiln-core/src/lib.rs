@@ -21,6 +21,7 @@ pub mod math;
 pub mod matrix;
 pub mod pool;
 pub mod quantize;
+pub mod roofs;
 pub mod size;
 pub mod wide;
 pub mod workers;

@@ -683,7 +683,8 @@ fn the_detected_path_is_available_and_the_best_one() {
 #[test]
 fn the_dispatcher_picks_the_best_path_a_feature_set_runs() {
     use kiln_core::kernels::CpuFeatures;
-    let f = |avx2, avx512bw, avx512vnni, neon| CpuFeatures { avx2, avx512bw, avx512vnni, neon };
+    let f =
+        |avx2, avx512bw, avx512vnni, neon| CpuFeatures { avx2, avx512bw, avx512vnni, avx_vnni: false, neon };
     for (features, best, paths) in [
         (
             f(true, true, true, false),

@@ -21,7 +21,7 @@ pub use knobs::{Attention, Backend, KNOB_COLUMNS, KNOBS, Knob, KnobError, Knobs,
 pub use lines::{GateOutcome, KernelChangedLine, KernelConfigLine, ListeningLine, SpecGateLine};
 pub use report::{
     DECODE_FIELDS, DecodeReport, ESTIMATE_EXPERT_FIELDS, ESTIMATE_FIELDS, EXPERT_FIELDS, EstimateReport,
-    OffloadCopyReport, ReportError, SPEC_FIELDS,
+    OffloadCopyReport, ReportError, RoofsReport, SPEC_FIELDS,
 };
 pub use size::{MIN_BANDWIDTH_BYTES, SizeParseError, parse_bandwidth_bytes, parse_size};
 pub use switches::{CUDA_EMULATE_ENV, cuda_emulation, switch_value};

@@ -160,6 +160,45 @@ pub struct DecodeReport {
     /// Per tag (`weights`, `kv`, `scratch`, `experts`, `other`): bytes held at the peak.
     /// JSON only.
     pub peak_breakdown: BTreeMap<String, u64>,
+    /// kiln (`--measure-roofs`): the machine's roofs measured beside the run and the run's
+    /// shares of them. JSON only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roofs: Option<RoofsReport>,
+}
+
+/// `kiln bench-decode --measure-roofs`: the compute roofs and the read bandwidth measured
+/// in the same process before the model loads, prefill's share of the compute roof and
+/// decode's share of the bandwidth roof. Operations count a multiply-accumulate as two.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoofsReport {
+    /// The compute roof the prefill is held to: the highest int8 probe for quantized
+    /// weights (`int8_avx512_vnni`), the highest f32 probe for unquantized ones.
+    pub compute_roof: String,
+    /// Its operations per second, all the run's threads at once.
+    pub compute_roof_ops_per_s: f64,
+    /// Every probe measured, operations per second by name.
+    pub compute_probes: BTreeMap<String, f64>,
+    /// Time the compute probes took, outside the clock.
+    pub compute_probe_ms: f64,
+    /// The best read bandwidth of the same process, bytes per second.
+    pub read_bandwidth_bytes_per_s: f64,
+    /// Operations of the prefill: its layer products (2 * n * k per product and prompt
+    /// token), the LM head's one row, and causal attention's two products.
+    pub prefill_ops: f64,
+    /// The attention part of `prefill_ops`.
+    pub prefill_attention_ops: f64,
+    /// Weight bytes the prefill reads (each matrix once).
+    pub prefill_bytes: f64,
+    /// `prefill_ops` over the prefill's time.
+    pub prefill_ops_per_s: f64,
+    /// `prefill_ops_per_s / compute_roof_ops_per_s`.
+    pub prefill_compute_share: f64,
+    /// Operations of one decode step's layer products and LM head (attention not counted).
+    pub decode_ops_per_token: f64,
+    /// Weight bytes one decode step reads ([`DecodeReport::bytes_read_per_token`]).
+    pub decode_bytes_per_token: f64,
+    /// Decode tokens per second times `decode_bytes_per_token`, over the read bandwidth.
+    pub decode_bandwidth_share: f64,
 }
 
 /// The scalar fields of [`DecodeReport`] in output order: the protocol's first (the

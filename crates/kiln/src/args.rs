@@ -166,6 +166,11 @@ pub struct BenchArgs {
     /// model, and report decode speed as a share of bandwidth / bytes read per token.
     #[arg(long)]
     pub measure_bandwidth: bool,
+    /// Measure the machine's compute roofs (register-only int8 and f32 loops on the run's
+    /// threads) and the read bandwidth before loading the model, and report prefill's
+    /// share of the compute roof and decode's share of the bandwidth (CPU backend only).
+    #[arg(long)]
+    pub measure_roofs: bool,
     /// Speculative decoding (greedy); the record gains the acceptance counts.
     #[command(flatten)]
     pub spec: SpecArgs,

@@ -22,7 +22,7 @@ use crate::args::{BenchArgs, Format};
 use crate::backend::EngineTask;
 use crate::clock::Clock;
 use crate::exit::usage;
-use crate::{backend, prompt, runtime, rusage, speculate};
+use crate::{backend, prompt, roofs, runtime, rusage, speculate};
 
 /// Passes over the bandwidth buffer; the best one is reported.
 const BANDWIDTH_PASSES: usize = 5;
@@ -64,7 +64,7 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         )));
     }
 
-    let bandwidth = if args.measure_bandwidth {
+    let bandwidth = if args.measure_bandwidth || args.measure_roofs {
         let t = Instant::now();
         let buf = ReadBuffer::new(bandwidth::DEFAULT_BYTES);
         let bw = bandwidth::measure(&buf, BANDWIDTH_PASSES);
@@ -76,6 +76,17 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         None
     };
 
+    if args.measure_roofs && !backend::runs_on_host(&chosen) {
+        return Err(usage(format!(
+            "invalid --measure-roofs with --backend {}: it measures the CPU's roofs; use --backend cpu",
+            chosen.caps.name
+        )));
+    }
+    let measured_roofs = args.measure_roofs.then(|| {
+        let (m, spent) = roofs::measure();
+        clock.exclude(spent);
+        m
+    });
     let model_name = &args.run.model;
     let load_opts = runtime::load_options(&args.run, &pool);
     let info =
@@ -140,6 +151,17 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
     let bytes_read_per_token = model.weights.bytes_read_per_token() as u64;
     let spec_fields = m.spec;
     let expert_stats = m.experts;
+    let roofs = measured_roofs.as_ref().zip(bandwidth).and_then(|(r, (bw, _))| {
+        let run = roofs::Run {
+            ops: roofs::ForwardOps::of(&model.weights, &model.config),
+            prompt_tokens: ids.len(),
+            prefill_s: m.prefill_s,
+            bytes_per_token: bytes_read_per_token as f64,
+            decode_tok_s,
+            bandwidth: bw.bytes_per_s,
+        };
+        roofs::report(r, &run).inspect(|r| eprintln!("{}", roofs::describe(r, threads)))
+    });
     let report = DecodeReport {
         model: model_name.clone(),
         model_path: model.source.display_path(),
@@ -190,6 +212,7 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         expert_bytes_copied: expert_stats.map(|s| s.bytes_copied),
         expert_copy_ms: expert_stats.map(|s| s.copy_ns as f64 / 1e6),
         peak_breakdown: m.memory.by_tag.iter().map(|(tag, s)| (tag.clone(), s.at_peak)).collect(),
+        roofs,
     };
     write(&args, report)
 }

@@ -15,6 +15,7 @@ mod export;
 mod export_tokenizer;
 mod generate;
 mod prompt;
+mod roofs;
 mod runtime;
 mod rusage;
 mod score;

@@ -63,7 +63,54 @@ fn bench_decode_prints_every_protocol_field() {
     assert!(u64_field(&run, &j, "max_rss_bytes") > peak);
     assert!(u64_field(&run, &j, "bytes_read_per_token") > 0);
     assert!(j["read_bandwidth_bytes_per_s"].is_null() && j["decode_bandwidth_share"].is_null());
+    assert!(!j.contains_key("roofs"), "roofs only when asked{}", run.describe());
     assert!(u64_field(&run, &j, "threads") >= 1);
+}
+
+#[test]
+fn bench_decode_measures_the_roofs_when_asked() {
+    let dir = Dir::new();
+    let args = ["bench-decode", "-m", "synthetic:tiny", "--prompt-tokens", "16", "-n", "3", "--threads", "1"];
+    let run = dir.run(&[&args[..], &["--measure-roofs"]].concat()).expect_code(0);
+    let j = run.json();
+    let probes: Vec<&str> = kiln_core::roofs::available().iter().map(|p| p.as_str()).collect();
+    if probes.is_empty() {
+        // A CPU none of the probes runs on: the bandwidth is measured, no roofs reported.
+        assert!(!j.contains_key("roofs") && f64_field(&run, &j, "read_bandwidth_bytes_per_s") > 0.0);
+        return;
+    }
+    let r = j["roofs"].as_object().unwrap_or_else(|| panic!("no roofs{}", run.describe()));
+    let measured: Vec<&str> = r["compute_probes"].as_object().unwrap().keys().map(String::as_str).collect();
+    let mut want = probes.clone();
+    want.sort_unstable();
+    assert_eq!(measured, want, "every probe this CPU runs, no other{}", run.describe());
+    // Synthetic weights are quantized: the prefill is held to the best int8 roof.
+    let roof = r["compute_roof"].as_str().unwrap();
+    assert!(roof.starts_with("int8_") && probes.contains(&roof), "{roof}");
+    let f = |k: &str| f64_field(&run, r, k);
+    let best_int8 = r["compute_probes"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.starts_with("int8_"))
+        .map(|(_, v)| v.as_f64().unwrap())
+        .fold(0.0, f64::max);
+    assert_eq!(f("compute_roof_ops_per_s"), best_int8);
+    assert!(f("prefill_ops") > f("prefill_attention_ops") && f("prefill_attention_ops") > 0.0);
+    // The shares are the record's own figures divided, nothing else.
+    let prefill_s = f64_field(&run, &j, "prefill_ms") / 1e3;
+    assert!((f("prefill_ops_per_s") * prefill_s / f("prefill_ops") - 1.0).abs() < 1e-6, "{}", run.describe());
+    assert!(
+        (f("prefill_compute_share") - f("prefill_ops_per_s") / f("compute_roof_ops_per_s")).abs() < 1e-12
+    );
+    assert_eq!(f("read_bandwidth_bytes_per_s"), f64_field(&run, &j, "read_bandwidth_bytes_per_s"));
+    assert_eq!(f("decode_bandwidth_share"), f64_field(&run, &j, "decode_bandwidth_share"));
+    assert_eq!(f("decode_bytes_per_token"), f64_field(&run, &j, "bytes_read_per_token"));
+    assert!(run.stderr().contains("roofs (1 thread(s)): compute "), "{}", run.describe());
+    // The CSV form keeps its columns.
+    let csv = dir.run(&[&args[..], &["--measure-roofs", "--format", "csv"]].concat()).expect_code(0);
+    let header: Vec<String> = csv.stdout().lines().next().unwrap().split(',').map(String::from).collect();
+    assert_eq!(header, kiln_protocol::DECODE_FIELDS, "{}", csv.describe());
 }
 
 #[test]

@@ -19,6 +19,8 @@ pub(super) struct BenchmarkFile {
 pub(super) enum ThroughputFile {
     Bytes(u64),
     BytesDecimal(u64),
+    /// The compute roofs' operations.
+    Elements(u64),
     #[serde(other)]
     Other,
 }
@@ -100,7 +102,8 @@ pub(super) fn id_dirs(criterion_dir: &Path, sub: &str) -> BTreeMap<String, PathB
 
 /// One set of results for a benchmark: time per iteration (criterion's typical estimate:
 /// the slope when it has one, else the mean) with its interval, the per-iteration times of
-/// every sample, and the bytes one iteration reads.
+/// every sample, and the bytes one iteration reads or (a compute roof) the operations it
+/// does.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct Measured {
     pub(super) ns: f64,
@@ -108,6 +111,7 @@ pub(super) struct Measured {
     pub(super) ns_hi: f64,
     pub(super) samples: Vec<f64>,
     pub(super) bytes: Option<u64>,
+    pub(super) ops: Option<u64>,
 }
 
 impl Measured {
@@ -121,12 +125,17 @@ impl Measured {
             Some(ThroughputFile::Bytes(b) | ThroughputFile::BytesDecimal(b)) => Some(b),
             _ => None,
         };
+        let ops = match bench.throughput {
+            Some(ThroughputFile::Elements(n)) => Some(n),
+            _ => None,
+        };
         Ok(Measured {
             ns: typical.point_estimate,
             ns_lo: typical.confidence_interval.lower_bound,
             ns_hi: typical.confidence_interval.upper_bound,
             samples,
             bytes,
+            ops,
         })
     }
 

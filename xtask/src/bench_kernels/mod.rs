@@ -31,6 +31,7 @@ mod compare;
 mod files;
 mod plot;
 mod render;
+mod roofs;
 mod sheet;
 mod stats;
 mod target;
@@ -44,7 +45,7 @@ use xshell::Shell;
 
 use self::files::{Snapshot, collect, run_started};
 use self::render::{RunContext, render};
-use self::target::{BANDWIDTH_GROUP, BENCH_PACKAGE, BENCH_TARGET, CARGO_GRACE, parse_list};
+use self::target::{BENCH_PACKAGE, BENCH_TARGET, CARGO_GRACE, parse_list, with_roofs};
 use crate::child::{self, Shutdown, Waited};
 use crate::machine::{self, Machine};
 use crate::verdict::reading::DEFAULT_MARGIN_PCT;
@@ -80,7 +81,7 @@ const DEFAULT_NOISE_THRESHOLD: f64 = 0.01;
 )))]
 pub struct BenchKernels {
     /// Run only the benchmarks whose id matches this regular expression (criterion's
-    /// filter); the read-bandwidth benchmarks always run too.
+    /// filter); the read-bandwidth and compute-roof benchmarks always run too.
     #[arg(long, value_name = "REGEX")]
     filter: Option<String>,
     /// Save the results as this named baseline (comparing with it first when it exists).
@@ -152,7 +153,7 @@ impl BenchKernels {
                 criterion_dir.parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target"));
             // The read bandwidth is measured in the same comparison, so each side's GB/s
             // has its share of what the machine gave that side.
-            let filter = self.filter.as_ref().map(|f| format!("(?:{f})|^{BANDWIDTH_GROUP}/"));
+            let filter = self.filter.as_deref().map(with_roofs);
             // A comparison that ends early leaves no earlier one's files to be commented on.
             for stale in [REPORT_FILE, crate::verdict::reading::FILE] {
                 let path = criterion_dir.join(stale);
@@ -205,7 +206,7 @@ impl BenchKernels {
             return Ok(ExitCode::SUCCESS);
         }
         let filter = match &self.filter {
-            Some(f) => format!("(?:{f})|^{BANDWIDTH_GROUP}/"),
+            Some(f) => with_roofs(f),
             None => String::new(),
         };
         let baseline_name = self.baseline.clone().or_else(|| self.save_baseline.clone());
@@ -276,11 +277,22 @@ impl BenchKernels {
             noise_threshold: self.noise_threshold.unwrap_or(DEFAULT_NOISE_THRESHOLD),
             significance_level: self.significance_level,
         };
-        let report = render(&context, &rows);
+        let roofline = roofs::roofline(&rows);
+        let report = render(&context, &rows, &roofline);
         let path = criterion_dir.join(REPORT_FILE);
         std::fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
         println!("\n{report}");
         println!("report written to {}", path.display());
+        let roof_dir = criterion_dir.join(roofs::ROOFLINE_DIR);
+        let sheet = roofs::sheet(&roofline, &format!("commit {}, host {}", context.commit, context.host));
+        match write_roofline(sh, &roof_dir, &sheet) {
+            Ok(page) => println!(
+                "roofline: {} and {}",
+                roof_dir.join(crate::verdict::reading::FILE).display(),
+                page.display()
+            ),
+            Err(e) => eprintln!("warning: no roofline page: {e:#}"),
+        }
         let svg = path.with_extension("svg");
         match crate::plot::write_svg(&svg, &plot::panels(&rows)) {
             Ok(_) => println!("plot written to {}", svg.display()),
@@ -292,6 +304,16 @@ impl BenchKernels {
         }
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// Writes the roofline's sheet (`readings.json`), the run's fingerprint (`env.json`) and
+/// report.html into `dir`, a run directory `cargo xtask report` reads again; returns the
+/// page's path.
+fn write_roofline(sh: &Shell, dir: &std::path::Path, sheet: &Sheet) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    sheet.write(dir)?;
+    crate::run_dir::write_env_json(dir, &crate::run_dir::fingerprint(&sh.current_dir(), None).0)?;
+    crate::report::write(dir)
 }
 
 /// Prints the pull request's comment on the comparison whose files are in `criterion_dir`
@@ -421,6 +443,7 @@ mod tests {
         let dir = tmp.path();
         let bw = "read_bandwidth/sum_1024MiB_start/t1";
         let bw_end = "read_bandwidth/sum_1024MiB_end/t1";
+        let roof = "compute_roof/int8_avx512_vnni/t1";
         let qmv = "qmv/q4_g64_n4096_k4096_m1/t1";
         let wide = "qmv_wide/q4_g64_n4096_k4096_m8/t1";
         let fresh_only = "qmv/q8_g64_n4096_k4096_m1/t1";
@@ -431,7 +454,7 @@ mod tests {
         results(dir, gone, "main", 9_437_184, &[3.0e6, 3.0e6]);
         write(dir, &format!("{fresh_only}/change/estimates.json"), &change_json(0.5, 0.4, 0.6));
         let ids: Vec<String> =
-            [bw, bw_end, qmv, wide, fresh_only, gone].iter().map(|s| s.to_string()).collect();
+            [bw, bw_end, roof, qmv, wide, fresh_only, gone].iter().map(|s| s.to_string()).collect();
         let snapshot = Snapshot::read(dir, "main", &ids).unwrap();
         assert_eq!(snapshot.results.len(), 3);
 
@@ -443,6 +466,14 @@ mod tests {
         results(dir, bw, "new", 1_000_000_000, &[50.0e6, 50.2e6, 49.8e6, 50.0e6]);
         // Measured again at the end under someone else's load: the limit stays 20 GB/s.
         results(dir, bw_end, "new", 1_000_000_000, &[80.0e6, 80.0e6, 80.0e6]);
+        // A compute roof of 0.7 TOPS: 700 000 operations (criterion's elements) in 1 µs.
+        results(dir, roof, "new", 0, &[1.0e3, 1.0e3]);
+        write(
+            dir,
+            &format!("{roof}/new/benchmark.json"),
+            &benchmark_json(roof, 0)
+                .replace(r#""throughput":{"Bytes":0}"#, r#""throughput":{"Elements":700000}"#),
+        );
         results(dir, qmv, "new", 9_437_184, &[0.75e6, 0.76e6, 0.74e6, 0.75e6]);
         write(dir, &format!("{qmv}/change/estimates.json"), &change_json(-0.25, -0.27, -0.23));
         results(dir, wide, "new", 9_437_184, &[2.0e6, 2.03e6, 1.97e6, 2.0e6]);
@@ -470,7 +501,7 @@ mod tests {
             noise_threshold: 0.01,
             significance_level: 0.05,
         };
-        let md = render(&ctx, &rows);
+        let md = render(&ctx, &rows, &roofs::roofline(&rows));
         assert!(md.contains("the start and the end): 20.0 GB/s with 1 thread(s)"), "{md}");
         // qmv: 9437184 bytes in 0.75 ms = 12.6 GB/s, 63% of 20 GB/s.
         let qmv_line = md.lines().find(|l| l.contains(qmv)).unwrap();
@@ -480,6 +511,15 @@ mod tests {
             "{qmv_line}"
         );
         assert!(qmv_line.contains("| 12.6 | 63% |"), "{qmv_line}");
+        // 2 * 4096 * 4096 operations over 9437184 bytes: 3.6 per byte, far below the ridge
+        // of 0.7 TOPS over 20 GB/s (35 per byte): the bandwidth bounds it, at 63%.
+        assert!(qmv_line.ends_with("| bandwidth, 63% |"), "{qmv_line}");
+        assert!(
+            md.contains("700.0 GOPS (int8_avx512_vnni) with 1 thread(s), ridge at 35.0 ops/byte"),
+            "{md}"
+        );
+        let roof_line = md.lines().find(|l| l.contains(roof)).unwrap();
+        assert!(roof_line.ends_with("| the roof: 700.0 GOPS |"), "{roof_line}");
         let gone_line = md.lines().find(|l| l.contains(gone)).unwrap();
         assert!(gone_line.contains("did not run") && !gone_line.contains("| 0"), "{gone_line}");
         assert!(md.lines().find(|l| l.contains(fresh_only)).unwrap().contains("| none |"));
@@ -511,12 +551,15 @@ mod tests {
                 ns_hi: 1.1e5,
                 samples: vec![1e5, 1e5],
                 bytes: Some(1_000_000),
+                ops: None,
             }),
             baseline: None,
             change: None,
         };
-        let md = render(&ctx, &[row]);
+        let rows = [row];
+        let md = render(&ctx, &rows, &roofs::roofline(&rows));
         assert!(md.contains("**not measured in this run**"), "{md}");
+        assert!(md.contains("Compute roofs: **not measured in this run**"), "{md}");
         assert!(md.contains("| no baseline | 10.0 | n/a |"), "{md}");
         assert!(md.contains("`base` (the previous run)") && md.contains("results saved as `x`"), "{md}");
     }
@@ -536,7 +579,7 @@ mod tests {
     fn schemes_show_side_by_side() {
         let row = |id: &str, ns: f64| Row {
             id: id.into(),
-            current: Some(Measured { ns, ns_lo: ns, ns_hi: ns, samples: vec![ns], bytes: None }),
+            current: Some(Measured { ns, ns_lo: ns, ns_hi: ns, samples: vec![ns], bytes: None, ops: None }),
             baseline: None,
             change: None,
         };

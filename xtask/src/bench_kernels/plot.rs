@@ -93,7 +93,14 @@ mod tests {
     fn row(id: &str, ns: f64, bytes: u64) -> Row {
         Row {
             id: id.into(),
-            current: Some(Measured { ns, ns_lo: ns, ns_hi: ns, samples: vec![], bytes: Some(bytes) }),
+            current: Some(Measured {
+                ns,
+                ns_lo: ns,
+                ns_hi: ns,
+                samples: vec![],
+                bytes: Some(bytes),
+                ops: None,
+            }),
             baseline: None,
             change: None,
         }

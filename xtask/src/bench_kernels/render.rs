@@ -8,6 +8,8 @@ use std::fmt::Write as _;
 use super::files::{Measured, Row};
 use super::stats::verdict;
 use super::target::BANDWIDTH_GROUP;
+use super::target::compute_roof_id;
+use crate::verdict::roofline::Roofline;
 
 /// Where and how the run happened.
 pub(super) struct RunContext {
@@ -73,8 +75,8 @@ pub(super) fn fmt_pct(v: f64) -> String {
     format!("{:+.1}%", v * 100.0)
 }
 
-/// The markdown report.
-pub(super) fn render(ctx: &RunContext, rows: &[Row]) -> String {
+/// The markdown report; each line's bound and share are `roofline`'s, as placed there.
+pub(super) fn render(ctx: &RunContext, rows: &[Row], roofline: &Roofline) -> String {
     let mut out = String::new();
     let w = &mut out;
     let _ = writeln!(w, "## Kernel benchmarks, {}\n", ctx.date);
@@ -126,9 +128,31 @@ pub(super) fn render(ctx: &RunContext, rows: &[Row]) -> String {
         );
     }
 
-    let _ =
-        writeln!(w, "| benchmark | baseline | current | change (95% CI) | verdict | GB/s | % of read BW |");
-    let _ = writeln!(w, "|---|---:|---:|---|---|---:|---:|");
+    if roofline.compute.is_empty() {
+        let _ = writeln!(w, "Compute roofs: **not measured in this run**, so no bound below.\n");
+    } else {
+        let list: Vec<String> = roofline
+            .compute
+            .iter()
+            .map(|c| {
+                let ridge = roofline
+                    .ridge(c.threads)
+                    .map_or(String::new(), |r| format!(", ridge at {r:.1} ops/byte"));
+                format!("{} ({}) with {} thread(s){ridge}", c.text, c.name, c.threads)
+            })
+            .collect();
+        let _ = writeln!(
+            w,
+            "Compute roof measured in this run (the highest int8 multiply-accumulate rate, a MAC counted as two operations): {}.\n",
+            list.join("; ")
+        );
+    }
+
+    let _ = writeln!(
+        w,
+        "| benchmark | baseline | current | change (95% CI) | verdict | GB/s | % of read BW | roof: bound, share |"
+    );
+    let _ = writeln!(w, "|---|---:|---:|---|---|---:|---:|---|");
     for row in rows {
         let (v, p) = verdict(row, ctx.noise_threshold, ctx.significance_level);
         let base = row.baseline.as_ref().map_or("none".to_string(), |b| fmt_time(b.ns));
@@ -150,8 +174,24 @@ pub(super) fn render(ctx: &RunContext, rows: &[Row]) -> String {
             _ => "n/a".to_string(),
         };
         let gbs = gbs.map_or("n/a".to_string(), |g| format!("{g:.1}"));
-        let _ =
-            writeln!(w, "| `{}` | {base} | {current} | {change} | {} | {gbs} | {pct} |", row.id, v.as_str());
+        let roof = match compute_roof_id(&row.id) {
+            Some((probe, t)) => roofline
+                .probes
+                .iter()
+                .find(|p| p.name == probe && p.threads == t)
+                .map_or("n/a".to_string(), |p| format!("the roof: {}", p.text)),
+            None => roofline
+                .points
+                .iter()
+                .find(|p| p.name == row.id)
+                .map_or("n/a".to_string(), |p| p.text.clone()),
+        };
+        let _ = writeln!(
+            w,
+            "| `{}` | {base} | {current} | {change} | {} | {gbs} | {pct} | {roof} |",
+            row.id,
+            v.as_str()
+        );
     }
 
     render_scaling(w, rows);
@@ -170,7 +210,12 @@ pub(super) fn render(ctx: &RunContext, rows: &[Row]) -> String {
         w,
         "\nTimes are per product (95% interval); GB/s counts the matrix's packed codes, scales and \
          biases once per product (`qmv_per_row` reads them M times); the percentage is of the read \
-         bandwidth with the same thread count."
+         bandwidth with the same thread count. The roof column places each kernel on the roofline by \
+         its operations per byte read: below the ridge (the compute roof over the read bandwidth) \
+         the read bandwidth bounds it, above it the compute roof; its share is its operations per \
+         second over that bound ({}). The roofline itself is in `kiln-roofline/` \
+         beside this report (readings.json, report.html).",
+        roofline.counted
     );
     out
 }

@@ -16,7 +16,8 @@ use super::render::{bandwidth_threads, fmt_time, parse_kernel_id};
 /// The title of the kernel benchmarks' table (the comment lists its changed rows).
 pub(super) const KERNEL_TABLE: &str = "Kernel benchmarks";
 /// The title of the read-bandwidth benchmarks' table.
-pub(super) const BANDWIDTH_TABLE: &str = "Read bandwidth (measures the machine, not the change)";
+pub(super) const BANDWIDTH_TABLE: &str =
+    "The machine's roofs: read bandwidth and compute (they measure the machine, not the change)";
 
 /// One benchmark's pairs.
 pub(super) struct Compared {
@@ -58,8 +59,9 @@ impl Compared {
         (!self.pairs.is_empty() && self.wall_s > 0.0).then(|| self.wall_s / self.pairs.len() as f64)
     }
 
+    /// A roof of the machine (the read bandwidth or a compute roof), not a kernel.
     fn is_bandwidth(&self) -> bool {
-        bandwidth_threads(&self.id).is_some()
+        bandwidth_threads(&self.id).is_some() || super::target::compute_roof_id(&self.id).is_some()
     }
 }
 
@@ -195,7 +197,7 @@ fn headline(kernels: &Tally, bandwidth: &Tally, m: f64) -> String {
         format!("Did this change regress a kernel? {answer}. Kernels at ±{m}%: {}.", kernels.counts());
     if bandwidth.total() > 0 {
         s.push_str(&format!(
-            " Read bandwidth, which measures the machine and not the change: {}.",
+            " The machine's roofs (read bandwidth, compute), which measure the machine and not the change: {}.",
             bandwidth.counts()
         ));
     }
@@ -322,6 +324,7 @@ pub(super) fn sheet(
         headline: headline(&Tally::of(&kernel_verdicts), &Tally::of(&bandwidth_verdicts), m),
         tables,
         notes,
+        roofline: None,
     }
 }
 
@@ -360,6 +363,7 @@ pub(super) mod tests {
             c("qmm/q4_g64_n4096_k4096_m16/t1", vec![(100.0, 130.0)], None),
             c("read_bandwidth/sum_1024MiB_start/t1", vec![(25.0, 40.0), (30.0, 20.0)], Some(1000)),
             c("read_bandwidth/sum_1024MiB_end/t1", vec![(26.0, 33.0), (31.0, 22.0)], Some(1000)),
+            c("compute_roof/int8_avx512_vnni/t1", vec![(50.0, 52.0), (50.0, 49.0)], None),
         ]
     }
 
@@ -395,8 +399,8 @@ pub(super) mod tests {
         assert!(
             s.headline.starts_with(
                 "Did this change regress a kernel? yes: 1 of 4 kernel benchmarks regressed by more than 5%. \
-                 Kernels at ±5%: 1 regressed, 0 improved, 1 same, 2 undecided (of 4). Read bandwidth, \
-                 which measures the machine and not the change: 0 regressed, 0 improved, 0 same, 2 undecided (of 2)."
+                 Kernels at ±5%: 1 regressed, 0 improved, 1 same, 2 undecided (of 4). The machine's roofs \
+                 (read bandwidth, compute), which measure the machine and not the change: 0 regressed, 0 improved, 0 same, 3 undecided (of 3)."
             ),
             "{}",
             s.headline
@@ -419,7 +423,11 @@ pub(super) mod tests {
         // The kernels' table comes first, the bandwidth's after it, each with its rows only.
         let (k, b) = (md.find(KERNEL_TABLE).unwrap(), md.find(BANDWIDTH_TABLE).unwrap());
         assert!(
-            k < b && md[b..].contains("read_bandwidth/") && !md[..b].contains("| `read_bandwidth/"),
+            k < b
+                && md[b..].contains("read_bandwidth/")
+                && md[b..].contains("| `compute_roof/int8_avx512_vnni/t1` |")
+                && !md[..b].contains("| `read_bandwidth/")
+                && !md[..b].contains("| `compute_roof/"),
             "{md}"
         );
     }

@@ -41,6 +41,7 @@ impl Summary {
                     rows: Vec::new(),
                 }],
                 notes: Vec::new(),
+                roofline: None,
             },
         }
     }

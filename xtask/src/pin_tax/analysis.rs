@@ -639,6 +639,7 @@ pub fn sheet(i: &SheetInput) -> Sheet {
         headline: headline(i.rows, i.design, i.judge, i.aa),
         tables: vec![table(i.rows, i.design, i.judge, i.unit, i.secs_per_pair)],
         notes: Vec::new(),
+        roofline: None,
     }
 }
 

@@ -27,12 +27,21 @@ pub struct Axis {
     pub from_zero: bool,
     /// The names of a [`Scale::Category`] axis, value `i` being `categories[i]`.
     pub categories: Vec<String>,
+    /// A log axis labelled at powers of ten (or 1-2-5) even on x, where the values are a
+    /// continuum (operational intensities) rather than a ladder that occurs.
+    pub decades: bool,
 }
 
 impl Axis {
     /// A linear axis.
     pub fn linear(label: impl Into<String>) -> Axis {
-        Axis { label: label.into(), scale: Scale::Linear, from_zero: false, categories: Vec::new() }
+        Axis {
+            label: label.into(),
+            scale: Scale::Linear,
+            from_zero: false,
+            categories: Vec::new(),
+            decades: false,
+        }
     }
     /// A linear axis from zero.
     pub fn from_zero(label: impl Into<String>) -> Axis {
@@ -45,6 +54,10 @@ impl Axis {
     /// A log axis.
     pub fn log(label: impl Into<String>) -> Axis {
         Axis { scale: Scale::Log, ..Axis::linear(label) }
+    }
+    /// A log axis labelled at decades whatever the values (see [`Axis::decades`]).
+    pub fn log_decades(label: impl Into<String>) -> Axis {
+        Axis { decades: true, ..Axis::log(label) }
     }
     /// An axis of named categories.
     pub fn categories(label: impl Into<String>, names: Vec<String>) -> Axis {

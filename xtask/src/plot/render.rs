@@ -126,7 +126,7 @@ impl Map {
             let mut occurring = v.clone();
             occurring.sort_by(f64::total_cmp);
             occurring.dedup_by(|a, b| (*a - *b).abs() <= 1e-9 * b.abs());
-            let ticks = if label_occurring && !occurring.is_empty() && occurring.len() <= 24 {
+            let ticks = if label_occurring && !ax.decades && !occurring.is_empty() && occurring.len() <= 24 {
                 occurring
             } else {
                 ticks::decades(a, b)
@@ -640,6 +640,10 @@ fn draw(out: &mut String, m: &Measured<'_>, ox: f64, oy: f64) -> PanelLayout {
     occurring.extend(m.cell.marks.iter().map(|mk| mk.x));
     occurring.sort_by(f64::total_cmp);
     occurring.dedup();
+    if m.cell.panel.x.decades {
+        // A continuum labelled at decades promises no tick at the values that occur.
+        occurring.clear();
+    }
     PanelLayout {
         title: m.cell.title.clone(),
         plot,

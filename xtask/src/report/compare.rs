@@ -286,7 +286,7 @@ fn sheet(runs: &[Run], margin_pct: f64) -> Result<Sheet> {
         tables.push(diffs);
     }
     tables.push(per_cell);
-    Ok(Sheet { task: format!("compare {}", runs[0].kind.name()), headline, tables, notes })
+    Ok(Sheet { task: format!("compare {}", runs[0].kind.name()), headline, tables, notes, roofline: None })
 }
 
 /// The settings compared: every key of any run's env.json but the runs' own.

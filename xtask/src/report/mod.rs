@@ -7,6 +7,7 @@
 
 mod compare;
 mod html;
+pub mod roofline;
 mod run;
 
 use std::fmt::Write as _;

@@ -46,6 +46,7 @@ impl Kind {
             Kind::PinTax { .. } => "qmv-pin-tax",
             Kind::Quality { .. } => "bench-quality",
             Kind::Readings { sheet } if sheet.task == "bisect" => "bisect",
+            Kind::Readings { sheet } if sheet.task == "bench-kernels" => "bench-kernels roofline",
             Kind::Readings { .. } => "readings",
         }
     }
@@ -339,8 +340,15 @@ impl Run {
     /// The plots, as HTML: inline SVG drawn again from the rows, or (the pin tax's, whose
     /// analysis is not redone here) the run's own tax.svg as an image, never as markup.
     pub fn plots(&self) -> Vec<String> {
+        // A run that measured the machine's roofs recorded them in its sheet: the
+        // roofline is drawn from that record.
+        let roofline = match &self.kind {
+            Kind::Sweep { sheet, .. } | Kind::Readings { sheet } => sheet.roofline.as_ref(),
+            _ => None,
+        };
+        let roofline = roofline.map(|r| crate::plot::render(&super::roofline::panels(r)).0);
         let panels = match &self.kind {
-            Kind::Readings { .. } => return Vec::new(),
+            Kind::Readings { .. } => return roofline.into_iter().collect(),
             // The points and intervals are the sheet's readings, taken the same way.
             Kind::Sweep { rows, sheet, .. } => {
                 let method = sheet
@@ -360,7 +368,7 @@ impl Run {
                 &raw.iter().filter_map(crate::bench_quality::plot::Scored::from_csv).collect::<Vec<_>>(),
             ),
         };
-        vec![crate::plot::render(&panels).0]
+        std::iter::once(crate::plot::render(&panels).0).chain(roofline).collect()
     }
 
     /// Every cell without a measurement: the table's header and rows.

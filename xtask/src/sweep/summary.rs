@@ -379,7 +379,7 @@ pub fn sheet_and_verdict(rows: &[Row], state: &RunState) -> (Sheet, bool) {
     if let Some(stopped) = state.until_ci.as_ref().and_then(|t| t.stopped.clone()) {
         notes.push(stopped);
     }
-    let s = Sheet { task: "sweep".into(), headline, tables: vec![table], notes };
+    let s = Sheet { task: "sweep".into(), headline, tables: vec![table], notes, roofline: None };
     (s, narrow)
 }
 

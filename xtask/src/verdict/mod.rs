@@ -10,6 +10,7 @@
 
 pub mod fit;
 pub mod reading;
+pub mod roofline;
 pub mod sequence;
 pub mod sheet;
 pub mod student_t;

@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use super::reading::{FILE, Judged, Reading};
+use super::roofline::Roofline;
 
 /// One table cell.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -89,6 +90,10 @@ pub struct Sheet {
     pub tables: Vec<Table>,
     /// Lines after the tables (why the run stopped, what was skipped, caveats).
     pub notes: Vec<String>,
+    /// The run's roofs and the points placed under them, when it measured roofs: the
+    /// tables print their texts, report.html draws them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roofline: Option<Roofline>,
 }
 
 fn md_cell(s: &str) -> String {
@@ -181,6 +186,7 @@ mod tests {
                 rows: vec![vec!["m@512 | x".into(), Cell::reading(r), Cell::judged(j, "pairs", None)]],
             }],
             notes: vec!["stopped".into()],
+            roofline: None,
         }
     }
 

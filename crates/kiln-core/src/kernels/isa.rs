@@ -32,6 +32,9 @@ pub struct CpuFeatures {
     pub avx512bw: bool,
     /// AVX-512 VNNI.
     pub avx512vnni: bool,
+    /// AVX-VNNI: the VEX-encoded 256-bit `vpdpbusd`, on CPUs that may lack AVX-512. No
+    /// kernel path takes it yet; the compute-roof probe (`crate::roofs`) measures it.
+    pub avx_vnni: bool,
     /// aarch64 (NEON is always there).
     pub neon: bool,
 }
@@ -75,6 +78,7 @@ fn detect_features() -> CpuFeatures {
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vl"),
         avx512vnni: is_x86_feature_detected!("avx512vnni"),
+        avx_vnni: is_x86_feature_detected!("avxvnni"),
         neon: false,
     }
 }
