@@ -348,30 +348,35 @@ fn rows_beyond_the_state_budget_go_in_batches_with_the_same_results() {
     }
 }
 
-/// Checks every row and head of a prefill's output `got` (rows from position `start`)
-/// against the exact answer, within the bound for one rescale per tile of keys.
-fn check_prefill(cache: &Blocks, shape: &DecodeShape, q: &[f32], got: &[f32], start: usize, what: &str) {
+/// The exact answer of a prefill from position `start` for every row and head, and the
+/// bound (one rescale per tile of keys), `[rows, kv_heads * group * head_dim]` each.
+fn prefill_reference(cache: &Blocks, shape: &DecodeShape, q: &[f32], start: usize) -> (Vec<f64>, Vec<f64>) {
     let (kvh, g, hd) = (cache.kv_heads, shape.group, shape.head_dim);
     let q_dim = kvh * g * hd;
+    let (mut want, mut bound) = (Vec::with_capacity(q.len()), Vec::with_capacity(q.len()));
     for r in 0..q.len() / q_dim {
         let n = start + r + 1;
         for h in 0..kvh {
             let (k, v) = (cache.gather(false, h, n), cache.gather(true, h, n));
             let o = r * q_dim + h * g * hd;
             let qh = &q[o..o + g * hd];
-            let want = reference::attend(shape, qh, &k, &v);
-            let bound = reference::error_bound(shape, qh, &k, &v, n.div_ceil(attn::PREFILL_KEYS) + 2);
-            for i in 0..g * hd {
-                let err = (got[o + i] as f64 - want[i]).abs();
-                assert!(
-                    err <= bound[i],
-                    "{what}: row {r} head {h} value {i}: {} vs exact {} (error {err:e}, bound {:e})",
-                    got[o + i],
-                    want[i],
-                    bound[i]
-                );
-            }
+            want.extend(reference::attend(shape, qh, &k, &v));
+            bound.extend(reference::error_bound(shape, qh, &k, &v, n.div_ceil(attn::PREFILL_KEYS) + 2));
         }
+    }
+    (want, bound)
+}
+
+/// Checks a prefill's output `got` against [`prefill_reference`]'s answer and bound.
+fn check_prefill(exact: &(Vec<f64>, Vec<f64>), q_dim: usize, got: &[f32], what: &str) {
+    for (i, ((&g, &w), &b)) in got.iter().zip(&exact.0).zip(&exact.1).enumerate() {
+        let err = (g as f64 - w).abs();
+        assert!(
+            err <= b,
+            "{what}: row {} value {}: {g} vs exact {w} (error {err:e}, bound {b:e})",
+            i / q_dim,
+            i % q_dim
+        );
     }
 }
 
@@ -381,28 +386,34 @@ fn check_prefill(cache: &Blocks, shape: &DecodeShape, q: &[f32], got: &[f32], st
 /// positions off the block and tile edges.
 #[test]
 fn prefill_matches_the_reference_across_shapes_and_starts() {
-    let shapes: &[(usize, &[usize])] =
-        if quick() { &[(64, &[7]), (128, &[2]), (80, &[1])] } else { &[(64, &[1, 2, 7]), (128, &[1, 2, 7]), (80, &[5]), (6, &[2])] };
-    let spans: &[(usize, usize)] = if quick() { &[(0, 70), (300, 67)] } else { &[(0, 65), (0, 200), (300, 130), (1000, 77)] };
+    let shapes: &[(usize, &[usize])] = if quick() {
+        &[(64, &[7]), (128, &[2]), (80, &[1])]
+    } else {
+        &[(64, &[1, 2, 7]), (128, &[1, 2, 7]), (80, &[5]), (6, &[2])]
+    };
+    let spans: &[(usize, usize)] =
+        if quick() { &[(0, 70), (300, 67)] } else { &[(0, 65), (0, 200), (300, 130), (1000, 77)] };
     let kvh = 2;
     let mut seed = 900;
-    for isa in Isa::available() {
-        for &(hd, groups) in shapes {
-            for &g in groups {
-                let shape = DecodeShape::new(g, hd);
-                let q_dim = kvh * g * hd;
-                for &(start, rows) in spans {
-                    seed += 1;
-                    let mut cache = Blocks::new(kvh, hd, start + rows, seed);
-                    let mut rng = Rng(seed + 7);
-                    let q: Vec<f32> = (0..rows * q_dim).map(|_| rng.sym(1.5)).collect();
+    for &(hd, groups) in shapes {
+        for &g in groups {
+            let shape = DecodeShape::new(g, hd);
+            let q_dim = kvh * g * hd;
+            for &(start, rows) in spans {
+                seed += 1;
+                let mut cache = Blocks::new(kvh, hd, start + rows, seed);
+                let mut rng = Rng(seed + 7);
+                let q: Vec<f32> = (0..rows * q_dim).map(|_| rng.sym(1.5)).collect();
+                let exact = prefill_reference(&cache, &shape, &q, start);
+                for isa in Isa::available() {
                     for f32 in [false, true] {
                         cache.f32 = f32;
                         let mut got = q.clone();
                         let mut tmp = vec![0f32; got.len()];
                         attn::prefill_on(isa, &shape, kvh, &mut got, &mut tmp, start, &cache);
-                        let what = format!("{} g={g} hd={hd} start={start} rows={rows} f32={f32}", isa.as_str());
-                        check_prefill(&cache, &shape, &q, &got, start, &what);
+                        let what =
+                            format!("{} g={g} hd={hd} start={start} rows={rows} f32={f32}", isa.as_str());
+                        check_prefill(&exact, q_dim, &got, &what);
                     }
                 }
             }
@@ -420,6 +431,7 @@ fn prefill_is_exact_enough_when_peaked_and_independent_of_threads() {
     let mut cache = Blocks::new(kvh, hd, start + rows, 77);
     let mut rng = Rng(78);
     let q: Vec<f32> = (0..rows * kvh * g * hd).map(|_| rng.sym(30.0)).collect();
+    let exact = prefill_reference(&cache, &shape, &q, start);
     for isa in Isa::available() {
         let run = |cache: &Blocks, threads: usize| {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
@@ -429,7 +441,7 @@ fn prefill_is_exact_enough_when_peaked_and_independent_of_threads() {
         };
         cache.f32 = false;
         let one = run(&cache, 1);
-        check_prefill(&cache, &shape, &q, &one, start, &format!("{} peaked", isa.as_str()));
+        check_prefill(&exact, kvh * g * hd, &one, &format!("{} peaked", isa.as_str()));
         assert_eq!(one, run(&cache, 2), "{}: one thread against two", isa.as_str());
         cache.f32 = true;
         assert_eq!(one, run(&cache, 2), "{}: f16 storage against f32", isa.as_str());

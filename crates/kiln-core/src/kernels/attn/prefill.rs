@@ -16,10 +16,10 @@
 //! only the tiles across the diagonal compare positions.
 //!
 //! The products run on a register tile of `R` keys (or widths) by `QV` vectors of rows,
-//! on whatever vector type the path has ([`Lanes`]): 16 f32 lanes on AVX-512 (6 by 4,
+//! on whatever vector type the path has ([`Lanes`]): 16 f32 lanes on AVX-512 (8 by 3,
 //! 24 accumulators of 32 registers), 8 on AVX2 (6 by 2, 12 of 16), and plain arrays of 8
-//! that the compiler vectorises on the portable path. The widths and keys a tile holds are
-//! padded with zeros up to a multiple of `R`, so every register tile is whole.
+//! that the compiler vectorises on the portable path (4 by 2). The widths and keys a tile
+//! holds are padded with zeros up to a multiple of `R`, so every register tile is whole.
 //!
 //! Every path computes the same thing up to f32 rounding; [`super::reference::attend`]
 //! is the exact answer the tests hold them to, within [`super::reference::error_bound`]
@@ -31,9 +31,10 @@ use rayon::prelude::*;
 use super::{DecodeShape, KvRun, KvSource};
 use crate::kernels::Isa;
 
-/// Query rows per task: a chunk of rows is 64 lanes on AVX-512 (16 on AVX2), and one
-/// tile of keys converted to f32 serves `group * 64` queries.
-pub const PREFILL_ROWS: usize = 64;
+/// Query rows per task: a chunk of rows is 48 lanes on AVX-512 (three vectors; 16 on AVX2
+/// and the portable path), and one tile of keys converted to f32 serves `group * 48`
+/// queries.
+pub const PREFILL_ROWS: usize = 48;
 
 /// Keys per tile: one softmax update (maximum, rescale) per tile and row. A divisor of
 /// kiln-model's cache block, so tiles never straddle blocks there.
@@ -88,7 +89,10 @@ pub fn prefill_on(
     let (g, hd) = (shape.group, shape.head_dim);
     let w = g * hd;
     let q_dim = kv_heads * w;
-    assert!(q_dim > 0 && q.len().is_multiple_of(q_dim), "attn::prefill: q must hold whole rows of {q_dim} values");
+    assert!(
+        q_dim > 0 && q.len().is_multiple_of(q_dim),
+        "attn::prefill: q must hold whole rows of {q_dim} values"
+    );
     assert!(tmp.len() >= q.len(), "attn::prefill: tmp must hold as many values as q ({})", q.len());
     let rows = q.len() / q_dim;
     if rows == 0 {
@@ -137,7 +141,14 @@ pub fn prefill_on(
 }
 
 /// [`prefill_on`] on the best path this CPU has.
-pub fn prefill(shape: &DecodeShape, kv_heads: usize, q: &mut [f32], tmp: &mut [f32], start: usize, src: &impl KvSource) {
+pub fn prefill(
+    shape: &DecodeShape,
+    kv_heads: usize,
+    q: &mut [f32],
+    tmp: &mut [f32],
+    start: usize,
+    src: &impl KvSource,
+) {
     prefill_on(Isa::detected(), shape, kv_heads, q, tmp, start, src);
 }
 
@@ -166,7 +177,9 @@ impl Path {
     fn r(self) -> usize {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Path::Avx512 | Path::Avx2 => super::prefill_x86::R,
+            Path::Avx512 => super::prefill_x86::R512,
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx2 => super::prefill_x86::R256,
             Path::Portable => PORTABLE_R,
         }
     }
