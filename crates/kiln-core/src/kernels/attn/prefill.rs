@@ -60,7 +60,9 @@ pub(super) trait Lanes: Copy {
     unsafe fn add(a: Self, b: Self) -> Self;
     /// Lane-wise maximum.
     unsafe fn max(a: Self, b: Self) -> Self;
-    /// [`crate::math::exp`] of `a - b`, lane by lane (its constants and operations).
+    /// `e^(a - b)`, lane by lane: [`crate::math::exp`]'s constants and range reduction,
+    /// within [`crate::math::EXP_REL_ERROR`] of the exact value (AVX2 and the portable
+    /// lanes give its bits; AVX-512 fuses its operations).
     unsafe fn exp_sub(a: Self, b: Self) -> Self;
     /// `x` where `pos >= key`, else `other`, lane by lane.
     unsafe fn keep_ge(x: Self, pos: Self, key: Self, other: Self) -> Self;
