@@ -11,7 +11,8 @@
 //!
 //! `attn_prefill/<model>_n<length>/t<threads>`: one layer's attention of a whole prompt
 //! of `length` rows from position 0 over an f16 cache, through [`attn::prefill`], the
-//! kernel kiln-model runs for prefill chunks longer than 64 rows. Throughput is the f32
+//! kernel kiln-model runs for prefill chunks longer than 64 rows (lengths 512, 2048 and
+//! 8192, but none past [`PREFILL_MAX_FLOPS`]). Throughput is the f32
 //! operations the causal products need (`4 * head_dim` per query head and key a row
 //! sees: a multiply and an add in each of the two products), so criterion's elements/s
 //! are flop/s, to set against the machine's f32 FMA rate.
@@ -28,6 +29,11 @@ const DEPTHS: [usize; 5] = [128, 512, 2048, 8192, 32768];
 
 /// Prompt lengths of the prefill benchmarks.
 const PREFILL_LENGTHS: [usize; 3] = [512, 2048, 8192];
+
+/// The most flops one prefill benchmark's iteration may take: qwen2.5-0.5b's layer at 8192
+/// (about 1.4 s on one Zen 4 core). llama-3.1-8b at 8192 would take five times that, ten
+/// samples at each thread count, so it is left out.
+const PREFILL_MAX_FLOPS: usize = 4 * 64 * 14 * 8192 * 8193 / 2;
 
 /// The attention geometry of a model: query heads per key/value head, key/value heads and
 /// head width.
@@ -92,7 +98,9 @@ fn main() {
     let lengths = if smoke_run() { &PREFILL_LENGTHS[..1] } else { &PREFILL_LENGTHS[..] };
     for model in &MODELS {
         for &n in lengths {
-            prefill(&mut c, model, n, &threads);
+            if prefill_flops(model, n) <= PREFILL_MAX_FLOPS {
+                prefill(&mut c, model, n, &threads);
+            }
         }
     }
     read_bandwidth(&mut c, &threads, &mut buf, "end");
@@ -144,6 +152,13 @@ fn decode(c: &mut Criterion, model: &Model, depth: usize, threads: &[usize]) {
     std::hint::black_box(&q);
 }
 
+/// The f32 operations of one layer's causal prefill of `n` rows: row `r` sees `r + 1`
+/// keys, and each query head and key cost `4 * head_dim` (a multiply and an add in the
+/// score and in the values).
+fn prefill_flops(model: &Model, n: usize) -> usize {
+    4 * model.head_dim * model.kv_heads * model.group * n * (n + 1) / 2
+}
+
 fn prefill(c: &mut Criterion, model: &Model, n: usize, threads: &[usize]) {
     let (g, kvh, hd) = (model.group, model.kv_heads, model.head_dim);
     let shape = DecodeShape::new(g, hd);
@@ -152,8 +167,7 @@ fn prefill(c: &mut Criterion, model: &Model, n: usize, threads: &[usize]) {
     let layer = Layer { data: &data, kv_heads: kvh, depth: n, head_dim: hd };
     let q0: Vec<f32> = (0..n * kvh * g * hd).map(|_| rng.sym(1.0)).collect();
     let (mut q, mut tmp) = (q0.clone(), vec![0f32; q0.len()]);
-    // Row `r` sees `r + 1` keys.
-    let flops = 4 * hd * kvh * g * n * (n + 1) / 2;
+    let flops = prefill_flops(model, n);
     let mut group = c.benchmark_group("attn_prefill");
     group.sampling_mode(SamplingMode::Flat).throughput(Throughput::Elements(flops as u64));
     for &t in threads {
