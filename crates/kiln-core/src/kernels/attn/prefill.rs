@@ -77,7 +77,8 @@ pub(super) trait Lanes: Copy {
 /// bits: this is the path for chunks too long to run as decodes.
 ///
 /// # Panics
-/// When `q` is not whole rows, `tmp` is shorter than `q`, or `isa` cannot run here.
+/// When `q` is not whole rows, `tmp` is shorter than `q`, `isa` cannot run here, or the
+/// last position is past `2^24`.
 pub fn prefill_on(
     isa: Isa,
     shape: &DecodeShape,
@@ -100,6 +101,12 @@ pub fn prefill_on(
     if rows == 0 {
         return;
     }
+    // The causal mask compares positions as f32 lanes: exact below 2^24.
+    assert!(
+        start + rows <= 1 << 24,
+        "attn::prefill: positions up to {} are past the 2^24 the mask compares exactly",
+        start + rows
+    );
     let path = Path::of(isa);
     // `tmp` as [block][kv head][row of the block][group * head_dim]: task `b * kv_heads + h`
     // owns one piece (the last block's pieces are shorter).
