@@ -11,6 +11,9 @@
 //! [`decode`] drives them for whole rows over a [`KvSource`] (kiln-model's cache, or a
 //! benchmark's buffer): tasks over (row, key/value head, span of keys), merged in order.
 //!
+//! Prefill chunks too long to run as decodes go through [`prefill`] instead: blocks of
+//! query rows against tiles of keys, products on register tiles (see its module).
+//!
 //! Every path computes the same thing up to f32 rounding (the order of the products in
 //! a score and of the terms in a sum differ); [`reference::attend`] is the exact answer
 //! the tests hold them to, with a tolerance derived from that rounding.
@@ -25,6 +28,9 @@
 pub mod reference;
 
 mod portable;
+mod prefill;
+#[cfg(target_arch = "x86_64")]
+mod prefill_x86;
 mod tile;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -34,6 +40,7 @@ use rayon::prelude::*;
 use super::Isa;
 use crate::math::exp;
 
+pub use self::prefill::{PREFILL_KEYS, PREFILL_ROWS, prefill, prefill_on};
 pub use self::tile::{DecodeShape, KvRun, MAX_GROUP, MAX_HEAD_DIM, TILE_KEYS};
 
 /// Sets `state` to the empty range: maxima at negative infinity, sums and outputs at 0.

@@ -102,7 +102,7 @@ fn sum8x8(a: &[__m256; 8]) -> __m256 {
 /// when one is NaN).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn exp8(x: __m256) -> __m256 {
+pub(super) fn exp8(x: __m256) -> __m256 {
     use crate::math::{EXP_LN2_HI, EXP_LN2_LO, EXP_MAX, EXP_MIN, EXP_POLY, EXP_ROUNDER};
     let x = _mm256_min_ps(_mm256_set1_ps(EXP_MAX), _mm256_max_ps(_mm256_set1_ps(EXP_MIN), x));
     let rounder = _mm256_set1_ps(EXP_ROUNDER);
