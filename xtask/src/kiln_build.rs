@@ -24,6 +24,8 @@ pub enum BackendArg {
     Cuda,
     /// Apple GPUs (`metal` feature).
     Metal,
+    /// Vulkan GPUs through wgpu (`vulkan` feature); never chosen by `auto`.
+    Vulkan,
 }
 
 /// A backend the engine is built for: the protocol's (`cpu`, `cuda`, `metal`, as the
@@ -89,7 +91,10 @@ pub fn choose_backend(
         }
         let mut accepted = vec!["cpu"];
         accepted.extend(
-            [Backend::Cuda, Backend::Metal].into_iter().filter(|&b| declared(b)).map(Backend::as_str),
+            [Backend::Cuda, Backend::Metal, Backend::Vulkan]
+                .into_iter()
+                .filter(|&b| declared(b))
+                .map(Backend::as_str),
         );
         bail!(
             "--backend {}: the kiln package declares no `{}` feature yet; accepted here: {}",
@@ -102,6 +107,7 @@ pub fn choose_backend(
         BackendArg::Cpu => explicit(Backend::Cpu),
         BackendArg::Cuda => explicit(Backend::Cuda),
         BackendArg::Metal => explicit(Backend::Metal),
+        BackendArg::Vulkan => explicit(Backend::Vulkan),
         BackendArg::Auto => {
             let gpu = match os {
                 "linux" if nvidia_driver => Some((Backend::Cuda, "an NVIDIA GPU")),

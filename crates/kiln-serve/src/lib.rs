@@ -11,6 +11,7 @@ pub mod access_log;
 pub mod api;
 mod body;
 pub mod conn;
+pub mod engine;
 pub mod error;
 pub mod http;
 pub mod logprobs;
@@ -26,10 +27,10 @@ pub mod tools;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use kiln_model::{Engine, EngineOptions, LoadedModel};
 use tokio::sync::watch;
 
 pub use conn::ConnLimits;
+pub use engine::{CpuEngine, EngineBuilder, RunScheduler};
 pub use error::{ApiError, ServeError};
 pub use http::app;
 pub use scheduler::SchedulerOptions;
@@ -114,73 +115,6 @@ fn random_u64() -> u64 {
     h.finish()
 }
 
-/// How the server's engine is made: on the scheduler thread, once the model is loaded,
-/// by the backend the server runs on. [`CpuEngine`] is kiln-model's engine; the `kiln`
-/// binary gives one per `--backend`, so this crate names no backend but the CPU.
-pub trait EngineBuilder: Send + Sync + std::fmt::Debug {
-    /// What the backend runs (the binary checks the server's flags against it).
-    fn capabilities(&self) -> kiln_model::Capabilities;
-
-    /// Builds the engine over `model` with `options` and runs the scheduler on it:
-    /// `run.run(engine)`, which returns when the server stops.
-    fn build_and_run<'a>(
-        &self,
-        model: &'a LoadedModel,
-        options: EngineOptions,
-        run: RunScheduler<'a>,
-    ) -> kiln_model::Result<()>;
-}
-
-/// The CPU backend: kiln-model's [`Engine`] over the load options' pool.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CpuEngine;
-
-impl EngineBuilder for CpuEngine {
-    fn capabilities(&self) -> kiln_model::Capabilities {
-        kiln_model::backend::CPU
-    }
-
-    fn build_and_run<'a>(
-        &self,
-        model: &'a LoadedModel,
-        options: EngineOptions,
-        run: RunScheduler<'a>,
-    ) -> kiln_model::Result<()> {
-        let pool = run.pool.clone();
-        run.run(Engine::new(model, &pool, options)?)
-    }
-}
-
-/// What the scheduler needs beside its engine, handed to [`EngineBuilder::build_and_run`].
-pub struct RunScheduler<'a> {
-    model: &'a LoadedModel,
-    draft: Option<&'a LoadedModel>,
-    pool: &'a kiln_core::MemoryPool,
-    engine_options: EngineOptions,
-    shared: &'a Shared,
-    rx: std::sync::mpsc::Receiver<scheduler::Command>,
-    ready: &'a dyn Fn(),
-}
-
-impl RunScheduler<'_> {
-    /// Runs the scheduler over `engine` until the server stops.
-    pub fn run<B: kiln_model::BackendEngine>(self, engine: B) -> kiln_model::Result<()> {
-        let c = &self.shared.config;
-        let sched = scheduler::Scheduler::new(
-            self.model,
-            engine,
-            self.engine_options,
-            self.draft,
-            self.pool,
-            c.scheduler,
-            self.shared.metrics.clone(),
-        )?;
-        (self.ready)();
-        sched.run(self.rx);
-        Ok(())
-    }
-}
-
 fn load_and_run(
     shared: &Shared,
     rx: std::sync::mpsc::Receiver<scheduler::Command>,
@@ -227,7 +161,8 @@ fn load_and_run(
         draft: draft.as_ref(),
         pool: &c.load.pool,
         engine_options: c.engine,
-        shared,
+        options: c.scheduler,
+        metrics: shared.metrics.clone(),
         rx,
         ready: &ready,
     };

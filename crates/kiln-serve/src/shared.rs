@@ -45,7 +45,7 @@ pub struct ServerConfig {
     pub chat_template: Option<kiln_model::chat_template::ChatTemplate>,
     /// The backend the engine runs on ([`crate::CpuEngine`] unless the binary picks
     /// another).
-    pub backend: Arc<dyn crate::EngineBuilder>,
+    pub backend: Arc<dyn crate::engine::EngineBuilder>,
 }
 
 /// State the handlers and the scheduler share.

@@ -130,7 +130,11 @@ impl BackendEngine for WgpuBackend<'_> {
         Ok(self.engine.reserve(shape.rows, capacity, shape.logit_rows)?)
     }
 
-    fn forward(&mut self, seqs: &mut [SeqChunk<'_, WgpuCache>], logits: Logits) -> kiln_model::Result<&[f32]> {
+    fn forward(
+        &mut self,
+        seqs: &mut [SeqChunk<'_, WgpuCache>],
+        logits: Logits,
+    ) -> kiln_model::Result<&[f32]> {
         let mut pairs: Vec<(&mut WgpuCache, &[u32])> =
             seqs.iter_mut().map(|s| (&mut *s.cache, s.tokens)).collect();
         Ok(self.engine.forward_seqs(&mut pairs, logits)?)

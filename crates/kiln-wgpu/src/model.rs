@@ -492,7 +492,10 @@ impl<'e> WgpuEngine<'e> {
         if n > src.len || n > dst.capacity {
             return Err(input_err(
                 "cache prefix",
-                format!("{n} positions from a cache holding {} into one of {} positions", src.len, dst.capacity),
+                format!(
+                    "{n} positions from a cache holding {} into one of {} positions",
+                    src.len, dst.capacity
+                ),
             ));
         }
         let c = &self.config;

@@ -246,7 +246,10 @@ impl kiln_serve::EngineBuilder for WgpuServer {
         run: kiln_serve::RunScheduler<'a>,
     ) -> kiln_model::Result<()> {
         let device = |e: anyhow::Error| {
-            kiln_model::ModelError::backend(kiln_model::BackendErrorKind::Usage, std::io::Error::other(format!("{e:#}")))
+            kiln_model::ModelError::backend(
+                kiln_model::BackendErrorKind::Usage,
+                std::io::Error::other(format!("{e:#}")),
+            )
         };
         let exec = open_wgpu(&self.args, self.backend).map_err(device)?;
         let engine = kiln_wgpu::WgpuEngine::new(&exec, &model.config, &model.weights)?;
@@ -265,11 +268,16 @@ fn open_wgpu(args: &RunArgs, backend: Backend) -> anyhow::Result<kiln_wgpu::Wgpu
         ),
         None => kiln_core::MemoryPool::limit_from_env()?,
     };
-    let which = if backend == Backend::Metal { kiln_wgpu::Backend::Metal } else { kiln_wgpu::Backend::Vulkan };
+    let which =
+        if backend == Backend::Metal { kiln_wgpu::Backend::Metal } else { kiln_wgpu::Backend::Vulkan };
     let exec = kiln_wgpu::WgpuExec::open(which, explicit)
         .map_err(kiln_model::ModelError::from)
         .with_context(|| format!("opening the {backend} device"))?;
-    eprintln!("kiln: --backend {backend} on {} (device pool limit {} bytes)", exec.name(), exec.pool().limit());
+    eprintln!(
+        "kiln: --backend {backend} on {} (device pool limit {} bytes)",
+        exec.name(),
+        exec.pool().limit()
+    );
     Ok(exec)
 }
 

@@ -83,6 +83,7 @@ impl Session {
                     BackendArg::Auto | BackendArg::Cpu => Backend::Cpu,
                     BackendArg::Cuda => Backend::Cuda,
                     BackendArg::Metal => Backend::Metal,
+                    BackendArg::Vulkan => Backend::Vulkan,
                 };
                 let version = pkg.as_ref().map(|p| p.version.clone()).unwrap_or_default();
                 (backend, None, bin, version, false)

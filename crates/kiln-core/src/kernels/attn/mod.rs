@@ -29,6 +29,7 @@ pub mod reference;
 
 mod portable;
 mod prefill;
+mod prefill_tile;
 #[cfg(target_arch = "x86_64")]
 mod prefill_x86;
 mod tile;
@@ -41,7 +42,7 @@ use super::Isa;
 use crate::math::exp;
 
 pub use self::prefill::{PREFILL_KEYS, PREFILL_ROWS, prefill, prefill_on};
-pub use self::tile::{DecodeShape, KvRun, MAX_GROUP, MAX_HEAD_DIM, TILE_KEYS};
+pub use self::tile::{DecodeShape, KvRun, KvSource, MAX_GROUP, MAX_HEAD_DIM, TILE_KEYS};
 
 /// Sets `state` to the empty range: maxima at negative infinity, sums and outputs at 0.
 pub fn init(shape: &DecodeShape, state: &mut [f32]) {
@@ -158,16 +159,6 @@ pub const SERIAL_VALUES: usize = 1 << 15;
 /// f32 values of partial states [`decode`] holds at once, at most (4 MiB), unless one row
 /// alone needs more.
 pub const STATE_VALUES: usize = 1 << 20;
-
-/// Where [`decode`] finds one layer's cached keys and values.
-pub trait KvSource: Sync {
-    /// Positions per storage block: a run never straddles two.
-    fn block(&self) -> usize;
-
-    /// The keys (`value` false) or values of key/value `head` at positions
-    /// `start..start + n`, all inside one block.
-    fn run(&self, value: bool, head: usize, start: usize, n: usize) -> KvRun<'_>;
-}
 
 /// Attention of query rows over a cache: `q` (`[rows, kv_heads * group * head_dim]`, the
 /// group of key/value head `h` contiguous at `h * group * head_dim`; row `r` at position

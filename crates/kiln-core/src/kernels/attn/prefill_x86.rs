@@ -5,8 +5,8 @@
 
 use std::arch::x86_64::*;
 
-use super::KvSource;
-use super::prefill::{Job, Lanes, Scratch, task};
+use super::prefill_tile::{Job, Lanes, Scratch, task};
+use super::tile::KvSource;
 
 /// Keys (and widths) per register tile on AVX-512: 8 by 3 vectors of rows (24
 /// accumulators, 3 loads and 8 broadcasts per step), so heads of 64 and 128 and tiles of

@@ -26,6 +26,16 @@ pub enum KvRun<'a> {
     F32(&'a [f32]),
 }
 
+/// Where [`super::decode`] (and the prefill kernel) finds one layer's cached keys and values.
+pub trait KvSource: Sync {
+    /// Positions per storage block: a run never straddles two.
+    fn block(&self) -> usize;
+
+    /// The keys (`value` false) or values of key/value `head` at positions
+    /// `start..start + n`, all inside one block.
+    fn run(&self, value: bool, head: usize, start: usize, n: usize) -> KvRun<'_>;
+}
+
 impl<'a> KvRun<'a> {
     /// Values in the run.
     pub fn len(&self) -> usize {
