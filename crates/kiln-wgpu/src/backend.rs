@@ -6,7 +6,8 @@
 
 use kiln_model::backend::{BackendEngine, Capabilities, SeqCache};
 use kiln_model::{
-    BackendErrorKind, Logits, MemoryPlan, ModelConfig, ModelError, RunShape, SeqChunk, WorkspaceShape,
+    BackendErrorKind, Logits, MemoryPlan, ModelConfig, ModelError, OneSequence, RunShape, SeqChunk,
+    WorkspaceShape,
 };
 use kiln_protocol::{ActScheme, Attention, KvDtype};
 
@@ -82,19 +83,13 @@ impl BackendEngine for WgpuBackend<'_> {
         let mut config = config.clone();
         config.max_position_embeddings = config.max_position_embeddings.max(run.sequence_tokens);
         let p = crate::model::plan(&config, weights_bytes, run)?;
-        let too_large = || ModelError::RunTooLarge { what: "the device KV cache".into() };
-        let kv = p.kv_bytes.checked_mul(batch as u64).ok_or_else(too_large)?;
-        let total = (p.total_bytes - p.kv_bytes).checked_add(kv).ok_or_else(too_large)?;
-        Ok(MemoryPlan {
+        let one = OneSequence {
             weights_bytes: p.weights_bytes,
-            kv_bytes: kv,
+            kv_bytes: p.kv_bytes,
             scratch_bytes: p.scratch_bytes,
-            workspace_bytes: p.scratch_bytes,
-            attention_scores_bytes: 0,
-            experts_bytes: 0,
-            total_bytes: total,
-            workspace: WorkspaceShape { rows, logit_rows: batch },
-        })
+            total_bytes: p.total_bytes,
+        };
+        one.times(batch, WorkspaceShape { rows, logit_rows: batch })
     }
 
     fn config(&self) -> &ModelConfig {

@@ -124,6 +124,43 @@ pub struct MemoryPlan {
     pub workspace: WorkspaceShape,
 }
 
+/// What a device backend counted for one sequence of a run (its weights, one cache, its
+/// activations, and the peak of those), the caller's own plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OneSequence {
+    /// Weights as the device holds them.
+    pub weights_bytes: u64,
+    /// One sequence's cache.
+    pub kv_bytes: u64,
+    /// The activations.
+    pub scratch_bytes: u64,
+    /// The peak of the three.
+    pub total_bytes: u64,
+}
+
+impl OneSequence {
+    /// The plan of `batch` such sequences, every cache allocated before the first forward
+    /// (a device allocates a sequence's whole cache at once), with the workspace `shape`.
+    ///
+    /// # Errors
+    /// [`ModelError::RunTooLarge`] when the caches' bytes overflow 64 bits.
+    pub fn times(self, batch: usize, shape: WorkspaceShape) -> Result<MemoryPlan> {
+        let too_large = || ModelError::RunTooLarge { what: "the device KV cache".into() };
+        let kv = self.kv_bytes.checked_mul(batch.max(1) as u64).ok_or_else(too_large)?;
+        let total = (self.total_bytes - self.kv_bytes).checked_add(kv).ok_or_else(too_large)?;
+        Ok(MemoryPlan {
+            weights_bytes: self.weights_bytes,
+            kv_bytes: kv,
+            scratch_bytes: self.scratch_bytes,
+            workspace_bytes: self.scratch_bytes,
+            attention_scores_bytes: 0,
+            experts_bytes: 0,
+            total_bytes: total,
+            workspace: shape,
+        })
+    }
+}
+
 /// Plans `run` for a model of `config` whose weights take `weights_bytes`.
 ///
 /// # Errors
