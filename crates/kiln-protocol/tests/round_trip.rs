@@ -36,7 +36,7 @@ fn enum_knobs_read_back_what_they_write() {
     }
     assert_eq!(Attention::ALL.len(), 2);
     assert_eq!(KvDtype::ALL.len(), 2);
-    assert_eq!(Backend::ALL.len(), 3);
+    assert_eq!(Backend::ALL.len(), 4);
     let e = "sparse".parse::<Attention>().unwrap_err();
     assert_eq!(e.to_string(), "invalid --attention \"sparse\": accepted values are streaming, naive");
     assert!("bf16".parse::<KvDtype>().unwrap_err().to_string().contains("f16, f32"));
