@@ -208,14 +208,8 @@ impl kiln_serve::EngineBuilder for CudaServer {
         options: EngineOptions,
         run: kiln_serve::RunScheduler<'a>,
     ) -> kiln_model::Result<()> {
-        let device = |e: anyhow::Error| {
-            kiln_model::ModelError::backend(
-                kiln_model::BackendErrorKind::Usage,
-                std::io::Error::other(format!("{e:#}")),
-            )
-        };
-        let exec = open_device(&self.args).map_err(device)?;
-        let graphs = crate::runtime::graphs_from_env().map_err(device)?;
+        let exec = open_device(&self.args).map_err(device_error)?;
+        let graphs = crate::runtime::graphs_from_env().map_err(device_error)?;
         let mut engine = kiln_cuda::DeviceEngine::new(&exec, &model.config, &model.weights)?;
         engine.set_graphs(graphs);
         engine.set_prefill_chunk(options.prefill_chunk);
@@ -245,16 +239,32 @@ impl kiln_serve::EngineBuilder for WgpuServer {
         options: EngineOptions,
         run: kiln_serve::RunScheduler<'a>,
     ) -> kiln_model::Result<()> {
-        let device = |e: anyhow::Error| {
-            kiln_model::ModelError::backend(
-                kiln_model::BackendErrorKind::Usage,
-                std::io::Error::other(format!("{e:#}")),
-            )
-        };
-        let exec = open_wgpu(&self.args, self.backend).map_err(device)?;
+        let exec = open_wgpu(&self.args, self.backend).map_err(device_error)?;
         let engine = kiln_wgpu::WgpuEngine::new(&exec, &model.config, &model.weights)?;
         run.run(kiln_wgpu::backend::WgpuBackend { engine, prefill_chunk: options.prefill_chunk })
     }
+}
+
+/// The device pool's limit the user gave: `--memory-limit`, else `KILN_MEMORY_LIMIT`
+/// (`None`: the device's own memory).
+#[cfg(any(feature = "cuda", feature = "vulkan", feature = "metal"))]
+fn explicit_limit(args: &RunArgs) -> anyhow::Result<Option<u64>> {
+    Ok(match &args.memory_limit {
+        Some(text) => Some(
+            kiln_core::size::parse_size(text).map_err(|e| usage(format!("invalid --memory-limit: {e}")))?,
+        ),
+        None => kiln_core::MemoryPool::limit_from_env()?,
+    })
+}
+
+/// A device that did not open for `kiln serve`'s scheduler thread, as the model error
+/// the server reports at start (exit 2, as the one-shot commands' refusal).
+#[cfg(any(feature = "cuda", feature = "vulkan", feature = "metal"))]
+fn device_error(e: anyhow::Error) -> kiln_model::ModelError {
+    kiln_model::ModelError::backend(
+        kiln_model::BackendErrorKind::Usage,
+        std::io::Error::other(format!("{e:#}")),
+    )
 }
 
 /// Opens the first wgpu adapter of `backend` (Vulkan or Metal), its pool limited by the
@@ -262,12 +272,7 @@ impl kiln_serve::EngineBuilder for WgpuServer {
 /// which adapter runs.
 #[cfg(any(feature = "vulkan", feature = "metal"))]
 fn open_wgpu(args: &RunArgs, backend: Backend) -> anyhow::Result<kiln_wgpu::WgpuExec> {
-    let explicit = match &args.memory_limit {
-        Some(text) => Some(
-            kiln_core::size::parse_size(text).map_err(|e| usage(format!("invalid --memory-limit: {e}")))?,
-        ),
-        None => kiln_core::MemoryPool::limit_from_env()?,
-    };
+    let explicit = explicit_limit(args)?;
     let which =
         if backend == Backend::Metal { kiln_wgpu::Backend::Metal } else { kiln_wgpu::Backend::Vulkan };
     let exec = kiln_wgpu::WgpuExec::open(which, explicit)
@@ -286,12 +291,7 @@ fn open_wgpu(args: &RunArgs, backend: Backend) -> anyhow::Result<kiln_wgpu::Wgpu
 /// limited as the CPU pool would be. Says on stderr which.
 #[cfg(feature = "cuda")]
 fn open_device(args: &RunArgs) -> anyhow::Result<kiln_cuda::Exec> {
-    let explicit = match &args.memory_limit {
-        Some(text) => Some(
-            kiln_core::size::parse_size(text).map_err(|e| usage(format!("invalid --memory-limit: {e}")))?,
-        ),
-        None => kiln_core::MemoryPool::limit_from_env()?,
-    };
+    let explicit = explicit_limit(args)?;
     if crate::runtime::emulate_from_env()? {
         let limit = crate::runtime::pool(args)?.limit();
         let name = crate::runtime::EMULATE_ENV;
