@@ -5,8 +5,12 @@
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs;
+use std::path::Path;
 use std::process::Command;
 
+use anyhow::Context;
+
+use kiln_protocol::{DeviceDesc, EstimateReport};
 use serde::Serialize;
 
 /// The machine the harness runs on.
@@ -36,6 +40,9 @@ pub struct Machine {
     pub cuda_emulated: bool,
     /// `linux`, `macos`, ...
     pub os: String,
+    /// The wgpu adapter a `vulkan` or `metal` sweep runs on, as the engine found it
+    /// ([`Machine::find_adapter`]); `None` until asked, and for every other backend.
+    pub adapter: Option<DeviceDesc>,
 }
 
 /// What nvidia-smi says about this machine's GPUs.
@@ -82,7 +89,50 @@ impl Machine {
             nvidia_driver,
             cuda_emulated: cuda_emulation(std::env::var_os("KILN_CUDA_EMULATE").as_deref()).unwrap_or(false),
             os,
+            adapter: None,
         }
+    }
+
+    /// Asks the engine `kiln` which adapter `--backend vulkan|metal` runs on (its
+    /// `estimate` finds the adapter without opening a device) and keeps it: the rows'
+    /// device, driver and pre-skip budget are then that adapter's, never the host's.
+    /// Nothing is asked for any other backend. An engine that finds no adapter, or was
+    /// built without the backend, is a usage error carrying its words.
+    pub fn find_adapter(&mut self, kiln: &Path, backend: &str) -> anyhow::Result<()> {
+        if !matches!(backend, "vulkan" | "metal") {
+            return Ok(());
+        }
+        let out = Command::new(kiln)
+            .args(["estimate", "-m", "synthetic:tiny", "--prompt-tokens", "1", "--max-tokens", "1"])
+            .args(["--backend", backend])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .with_context(|| format!("running {} estimate to find the {backend} adapter", kiln.display()))?;
+        let said = |out: &std::process::Output| {
+            let err = String::from_utf8_lossy(&out.stderr);
+            err.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("(nothing on stderr)").trim().to_string()
+        };
+        if !out.status.success() {
+            crate::console::usage!(
+                "--backend {backend}: the engine did not name its {backend} adapter: {}",
+                said(&out)
+            );
+        }
+        let report = EstimateReport::parse(&String::from_utf8_lossy(&out.stdout))
+            .map_err(|e| anyhow::anyhow!("{} estimate --backend {backend}: {e}", kiln.display()))?;
+        match report.and_then(|r| r.device) {
+            Some(d) => self.adapter = Some(d),
+            None => anyhow::bail!(
+                "{} estimate --backend {backend} named no adapter: an engine older than the `device` field?",
+                kiln.display()
+            ),
+        }
+        Ok(())
+    }
+
+    /// The adapter `backend` runs on, when [`Machine::find_adapter`] found one for it.
+    fn adapter_of(&self, backend: &str) -> Option<&DeviceDesc> {
+        self.adapter.as_ref().filter(|a| a.backend == backend)
     }
 
     /// Whether `backend` runs on this machine's NVIDIA GPU: `cuda`, with a GPU found and
@@ -98,6 +148,8 @@ impl Machine {
         match backend {
             "cuda" => !self.cuda_emulated,
             "metal" => true,
+            // lavapipe is a Vulkan device on the CPU.
+            "vulkan" => self.adapter_of(backend).is_some_and(|a| a.device_type != "Cpu"),
             _ => false,
         }
     }
@@ -116,6 +168,12 @@ impl Machine {
             "cuda" if self.cuda_emulated => {
                 format!("cuda:{}", host(format!("host execution on {}", self.cpu)))
             }
+            // A wgpu adapter with its own memory; one on the CPU (lavapipe) says so.
+            "vulkan" | "metal" if let Some(a) = self.adapter_of(backend) => {
+                let on =
+                    if a.device_type == "Cpu" { format!("{CPU_ADAPTER}{}", self.cpu) } else { String::new() };
+                format!("{backend}:{} ({}){on}", a.name, gib(a.memory_bytes))
+            }
             // The CPU's memory, or the unified memory an Apple GPU shares with it.
             other => format!("{other}:{}", host(self.cpu.clone())),
         };
@@ -129,6 +187,9 @@ impl Machine {
     /// them: the first GPU nvidia-smi lists and its `memory.total`, on `cuda`; `None` for
     /// the CPU, whose limit the engine prices itself, and for the host execution.
     pub fn device_memory(&self, backend: &str) -> Option<(&str, u64)> {
+        if let Some(a) = self.adapter_of(backend) {
+            return Some((a.name.as_str(), a.memory_bytes));
+        }
         if !self.on_gpu(backend) {
             return None;
         }
@@ -139,6 +200,9 @@ impl Machine {
     /// and the CUDA version it supports when `backend` runs on a GPU, both empty
     /// otherwise (the CPU, Metal, or the host execution of the CUDA kernels).
     pub fn gpu_software(&self, backend: &str) -> (String, String) {
+        if let Some(a) = self.adapter_of(backend) {
+            return (a.driver_info.clone(), String::new());
+        }
         if !self.on_gpu(backend) {
             return (String::new(), String::new());
         }
@@ -148,12 +212,23 @@ impl Machine {
 
 /// The line every summary of figures measured on `device` carries when that device is the
 /// CUDA kernels' host execution (`cuda:host execution on CPU (memory)`, what
-/// [`Machine::device`] says under `KILN_CUDA_EMULATE`), so no figure of it is read as a
-/// GPU's; `None` for any other device.
+/// [`Machine::device`] says under `KILN_CUDA_EMULATE`) or a wgpu adapter on the CPU
+/// (lavapipe: `vulkan:llvmpipe (...) (2 GiB), a CPU device on CPU`), so no figure of
+/// either is read as a GPU's; `None` for any other device.
 pub fn host_execution_note(device: &str) -> Option<String> {
-    let on = device.strip_prefix("cuda:host execution on ")?;
-    Some(format!("figures are the CUDA kernels' host execution on {on}, not a GPU (KILN_CUDA_EMULATE=1)"))
+    if let Some(on) = device.strip_prefix("cuda:host execution on ") {
+        return Some(format!(
+            "figures are the CUDA kernels' host execution on {on}, not a GPU (KILN_CUDA_EMULATE=1)"
+        ));
+    }
+    let (backend, rest) = device.split_once(':')?;
+    let (adapter, cpu) = rest.split_once(CPU_ADAPTER)?;
+    let cpu = cpu.split_once(" limit ").map_or(cpu, |(c, _)| c);
+    Some(format!("figures are {adapter}, a {backend} driver running on the CPU ({cpu}), not a GPU"))
 }
+
+/// What [`Machine::device`] puts between a CPU adapter's name and the CPU's.
+const CPU_ADAPTER: &str = ", a CPU device on ";
 
 /// The [`host_execution_note`] lines of `devices` (each device once, in order), each
 /// ending in a newline; empty when none is the host execution.
@@ -265,7 +340,7 @@ pub fn parse_cuda_version(text: &str) -> Option<String> {
 /// The short commit of the tree at `root`, with `-dirty` when a tracked file differs
 /// from it (untracked files, such as earlier result CSVs, do not count). `unknown`
 /// outside a git checkout.
-pub fn commit(root: &std::path::Path) -> String {
+pub fn commit(root: &Path) -> String {
     let git = |args: &[&str]| {
         Command::new("git")
             .args(args)
@@ -316,7 +391,51 @@ pub(crate) mod tests {
             nvidia_driver: true,
             cuda_emulated: false,
             os: "linux".into(),
+            adapter: None,
         }
+    }
+
+    fn lavapipe() -> DeviceDesc {
+        DeviceDesc {
+            name: "llvmpipe (LLVM 15.0.6, 256 bits)".into(),
+            backend: "vulkan".into(),
+            driver: "llvmpipe".into(),
+            driver_info: "Mesa 22.3.6 (LLVM 15.0.6)".into(),
+            device_type: "Cpu".into(),
+            memory_bytes: 2 << 30,
+            memory_source: "the Vulkan device-local heap".into(),
+        }
+    }
+
+    #[test]
+    fn a_wgpu_adapter_is_the_rows_device_its_memory_the_budget_and_a_cpu_one_says_so() {
+        let before = machine();
+        // Before the engine is asked, nothing is claimed for the adapter.
+        assert_eq!(before.device_memory("vulkan"), None);
+        assert!(!before.on_device("vulkan"));
+        let m = Machine { adapter: Some(lavapipe()), ..machine() };
+        let d = m.device("vulkan", None);
+        assert_eq!(d, "vulkan:llvmpipe (LLVM 15.0.6, 256 bits) (2 GiB), a CPU device on Some CPU");
+        assert_eq!(m.device_memory("vulkan"), Some(("llvmpipe (LLVM 15.0.6, 256 bits)", 2 << 30)));
+        assert_eq!(m.gpu_software("vulkan"), ("Mesa 22.3.6 (LLVM 15.0.6)".into(), String::new()));
+        assert!(!m.on_device("vulkan"), "lavapipe gets the CPU's ladder");
+        let note = "figures are llvmpipe (LLVM 15.0.6, 256 bits) (2 GiB), a vulkan driver running on the CPU (Some CPU), not a GPU";
+        assert_eq!(host_execution_note(&d).as_deref(), Some(note));
+        assert_eq!(host_execution_note(&m.device("vulkan", Some("1MiB"))).as_deref(), Some(note));
+        // The adapter is the vulkan backend's only: metal and cpu rows are unchanged.
+        assert_eq!(m.device("metal", None), "metal:Some CPU (24 GiB)");
+        assert_eq!(m.device("cpu", None), "cpu:Some CPU (24 GiB)");
+        // A GPU adapter is named alone, with its memory, and is a device.
+        let gpu = DeviceDesc {
+            name: "AMD Radeon RX 7900 XTX".into(),
+            device_type: "DiscreteGpu".into(),
+            memory_bytes: 24 << 30,
+            ..lavapipe()
+        };
+        let m = Machine { adapter: Some(gpu), ..machine() };
+        assert_eq!(m.device("vulkan", Some("4GiB")), "vulkan:AMD Radeon RX 7900 XTX (24 GiB) limit 4GiB");
+        assert_eq!(host_execution_note(&m.device("vulkan", None)), None);
+        assert!(m.on_device("vulkan"));
     }
 
     #[test]
@@ -396,7 +515,7 @@ pub(crate) mod tests {
     }
 
     /// A stand-in nvidia-smi in `dir` that prints the recorded H200 answers.
-    pub(crate) fn fake_nvidia_smi(dir: &std::path::Path) -> std::path::PathBuf {
+    pub(crate) fn fake_nvidia_smi(dir: &Path) -> std::path::PathBuf {
         use std::os::unix::fs::PermissionsExt;
         let query = dir.join("query.csv");
         let table = dir.join("table.txt");
@@ -434,8 +553,8 @@ pub(crate) mod tests {
     fn probing_this_machine_and_tree_works() {
         let m = Machine::probe();
         assert!(!m.host.is_empty() && m.cpus >= 1);
-        let c = commit(std::path::Path::new(env!("CARGO_MANIFEST_DIR")));
+        let c = commit(Path::new(env!("CARGO_MANIFEST_DIR")));
         assert!(c == "unknown" || c.chars().take(7).all(|ch| ch.is_ascii_hexdigit()), "{c}");
-        assert!(commit(std::path::Path::new("/")).eq("unknown"));
+        assert!(commit(Path::new("/")).eq("unknown"));
     }
 }

@@ -318,3 +318,49 @@ fn the_host_execution_gets_the_cpu_ladder_and_a_gpu_the_gpu_ladder() {
         assert!(log.starts_with(first), "emulated {emulate}: {log}{run}");
     }
 }
+
+/// [`estimate_json`] with the adapter `kiln estimate --backend vulkan` names: a GPU with
+/// 8 GiB of device-local memory.
+fn estimate_on_adapter(total: u64) -> String {
+    let device = r#""device":{"name":"Test GPU","backend":"vulkan","driver":"testdrv","driver_info":"Test 1.0","device_type":"DiscreteGpu","memory_bytes":8589934592,"memory_source":"the Vulkan device-local heap"}"#;
+    let limit = 8u64 << 30;
+    let json = estimate_json(total, Some(limit));
+    format!("{},{device}}}", json.strip_suffix('}').unwrap())
+}
+
+#[test]
+fn on_vulkan_the_rows_name_the_adapter_and_its_driver_and_its_memory_is_the_pre_skip_budget() {
+    const GIB: u64 = 1 << 30;
+    let sb = Sandbox::new();
+    let (kiln, calls) = logging_kiln(&sb, "kiln", &estimate_on_adapter(4 * GIB), "vulkan");
+    let run = decode(&sb, &kiln, "vulkan", &[]);
+    run.expect_code(0);
+    let r = &sb.rows(&sb.csv())[0];
+    assert_eq!(
+        (r.get("status"), r.get("device"), r.get("driver_version"), r.get("cuda_version")),
+        ("ok", "vulkan:Test GPU (8 GiB)", "Test 1.0", ""),
+        "{run}"
+    );
+    assert_eq!(env_json(&sb)["device_budget_bytes"], 8u64 << 30);
+    // The adapter is asked once, before the cells, with the sweep's backend.
+    let log = fs::read_to_string(&calls).unwrap();
+    assert!(log.lines().next().unwrap().starts_with("estimate -m synthetic:tiny "), "{log}");
+    assert!(log.lines().next().unwrap().ends_with("--backend vulkan"), "{log}");
+
+    // 16 GiB: above the adapter's memory, not launched, and the reason names it.
+    let sb = Sandbox::new();
+    let (kiln, calls) = logging_kiln(&sb, "kiln", &estimate_on_adapter(16 * GIB), "vulkan");
+    let run = decode(&sb, &kiln, "vulkan", &[]);
+    run.expect_code(1).expect_stderr("(the memory of Test GPU)");
+    assert_eq!(sb.rows(&sb.csv())[0].get("status"), "SKIP:oom_estimate", "{run}");
+    assert!(!fs::read_to_string(&calls).unwrap().contains("bench-decode"), "the cell ran{run}");
+
+    // An engine that cannot name its adapter stops the sweep before any cell, in its words.
+    let sb = Sandbox::new();
+    let refusal = "error: invalid --backend vulkan: this kiln was built without the `vulkan` feature";
+    let kiln = util::fake_kiln(&sb, "kiln-plain", &format!("echo '{refusal}' >&2; exit 2"), "exit 1");
+    let run = decode(&sb, &kiln, "vulkan", &[]);
+    run.expect_code(2)
+        .expect_stderr(&format!("--backend vulkan: the engine did not name its vulkan adapter: {refusal}"));
+    assert!(!sb.csv().exists() || sb.rows(&sb.csv()).is_empty(), "{run}");
+}

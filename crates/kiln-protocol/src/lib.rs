@@ -20,8 +20,8 @@ pub use act::{ACT_PRECISION_ENV, ActScheme};
 pub use knobs::{Attention, Backend, KNOB_COLUMNS, KNOBS, Knob, KnobError, Knobs, KvDtype};
 pub use lines::{GateOutcome, KernelChangedLine, KernelConfigLine, ListeningLine, SpecGateLine};
 pub use report::{
-    DECODE_FIELDS, DecodeReport, ESTIMATE_EXPERT_FIELDS, ESTIMATE_FIELDS, EXPERT_FIELDS, EstimateReport,
-    OffloadCopyReport, ReportError, RoofsReport, SPEC_FIELDS,
+    DECODE_FIELDS, DecodeReport, DeviceDesc, ESTIMATE_EXPERT_FIELDS, ESTIMATE_FIELDS, EXPERT_FIELDS,
+    EstimateReport, OffloadCopyReport, ReportError, RoofsReport, SPEC_FIELDS,
 };
 pub use size::{MIN_BANDWIDTH_BYTES, SizeParseError, parse_bandwidth_bytes, parse_size};
 pub use switches::{CUDA_EMULATE_ENV, cuda_emulation, switch_value};

@@ -363,6 +363,31 @@ pub struct EstimateReport {
     /// kiln, a MoE model only: bytes of one expert-cache slot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expert_slot_bytes: Option<u64>,
+    /// kiln, `--backend vulkan|metal` only: the adapter the run would take, whose memory
+    /// (or the memory limit, when smaller) is `memory_limit_bytes`. Not a CSV column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceDesc>,
+}
+
+/// A device as its driver names it: what `kiln estimate --backend vulkan|metal` prices a
+/// run against, and what the harness records as the rows' device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceDesc {
+    /// The adapter's name (`llvmpipe (LLVM 15.0.6, 256 bits)`, `Apple M1 Ultra`, ...).
+    pub name: String,
+    /// The backend that drives it (`vulkan`, `metal`).
+    pub backend: String,
+    /// The driver's name (`llvmpipe`, `NVIDIA`, ...), empty when the driver gives none.
+    pub driver: String,
+    /// The driver's version text (`Mesa 22.3.6 (LLVM 15.0.6)`, ...).
+    pub driver_info: String,
+    /// The kind of device (`DiscreteGpu`, `IntegratedGpu`, `Cpu`, ...).
+    pub device_type: String,
+    /// The device's memory in bytes: Vulkan's largest device-local heap, Metal's
+    /// recommended working set, else the adapter's largest buffer.
+    pub memory_bytes: u64,
+    /// Which of those `memory_bytes` is.
+    pub memory_source: String,
 }
 
 /// The columns an estimate with an expert cache adds after [`ESTIMATE_FIELDS`].

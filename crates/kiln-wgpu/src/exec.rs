@@ -194,23 +194,51 @@ fn device_memory(adapter: &wgpu::Adapter, limits: &wgpu::Limits) -> (u64, &'stat
     (limits.max_buffer_size, "the adapter's largest buffer")
 }
 
+/// The first adapter of `backend`, as [`WgpuExec::open`] picks it.
+fn request_adapter(backend: Backend) -> Result<wgpu::Adapter, WgpuError> {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = backend.backends();
+    let instance = wgpu::Instance::new(desc);
+    block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+        power_preference: wgpu::PowerPreference::HighPerformance,
+        force_fallback_adapter: false,
+        compatible_surface: None,
+        apply_limit_buckets: false,
+    }))
+    .map_err(|e| WgpuError::NoAdapter { backend: backend.as_str(), detail: e.to_string() })
+}
+
+/// What the driver says of `adapter`, with the memory the pool is limited by.
+fn describe(adapter: &wgpu::Adapter, backend: Backend, limits: &wgpu::Limits) -> AdapterDesc {
+    let info = adapter.get_info();
+    let (memory_bytes, memory_source) = device_memory(adapter, limits);
+    AdapterDesc {
+        name: info.name,
+        driver: info.driver,
+        driver_info: info.driver_info,
+        backend: backend.as_str(),
+        device_type: format!("{:?}", info.device_type),
+        memory_bytes,
+        memory_source,
+    }
+}
+
+impl AdapterDesc {
+    /// The adapter [`WgpuExec::open`] would run on, without opening a device: what
+    /// `kiln estimate` prices a plan against and the harness records as the device.
+    pub fn probe(backend: Backend) -> Result<AdapterDesc, WgpuError> {
+        let adapter = request_adapter(backend)?;
+        Ok(describe(&adapter, backend, &adapter.limits()))
+    }
+}
+
 impl WgpuExec {
     /// The first adapter of `backend`, its pool limited by the device's memory, `limit`
     /// and `KILN_MEMORY_LIMIT`, whichever is smallest.
     pub fn open(backend: Backend, limit: Option<u64>) -> Result<WgpuExec, WgpuError> {
-        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-        desc.backends = backend.backends();
-        let instance = wgpu::Instance::new(desc);
-        let adapter = block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
-            power_preference: wgpu::PowerPreference::HighPerformance,
-            force_fallback_adapter: false,
-            compatible_surface: None,
-            apply_limit_buckets: false,
-        }))
-        .map_err(|e| WgpuError::NoAdapter { backend: backend.as_str(), detail: e.to_string() })?;
-        let info = adapter.get_info();
+        let adapter = request_adapter(backend)?;
         let limits = adapter.limits();
-        let (memory_bytes, memory_source) = device_memory(&adapter, &limits);
+        let desc = describe(&adapter, backend, &limits);
         let (device, queue) = block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("kiln"),
             required_features: wgpu::Features::empty(),
@@ -225,7 +253,7 @@ impl WgpuExec {
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             sink.lock().unwrap_or_else(|p| p.into_inner()).push(e.to_string());
         }));
-        let pool = DevicePool::from_env(memory_bytes, limit)
+        let pool = DevicePool::from_env(desc.memory_bytes, limit)
             .map_err(|e| WgpuError::Input { what: "KILN_MEMORY_LIMIT".into(), message: e.to_string() })?;
         let layouts = (1..=5).map(|n| layout(&device, n)).collect();
         let params = device.create_buffer(&wgpu::BufferDescriptor {
@@ -234,15 +262,7 @@ impl WgpuExec {
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let adapter = AdapterDesc {
-            name: info.name,
-            driver: info.driver,
-            driver_info: info.driver_info,
-            backend: backend.as_str(),
-            device_type: format!("{:?}", info.device_type),
-            memory_bytes,
-            memory_source,
-        };
+        let adapter = desc;
         Ok(WgpuExec {
             inner: Inner::Gpu(Box::new(Gpu {
                 device,

@@ -257,6 +257,42 @@ fn explicit_limit(args: &RunArgs) -> anyhow::Result<Option<u64>> {
     })
 }
 
+/// The adapter a `--backend vulkan|metal` run would take, without opening a device, and
+/// the limit its pool would have: the adapter's memory, or `--memory-limit` /
+/// `KILN_MEMORY_LIMIT` when smaller. `None` for cpu and cuda (`kiln estimate` opens no
+/// CUDA device; its harness reads the GPU's memory from nvidia-smi).
+pub fn adapter(chosen: &Chosen, args: &RunArgs) -> anyhow::Result<Option<(kiln_protocol::DeviceDesc, u64)>> {
+    match chosen.backend {
+        #[cfg(any(feature = "vulkan", feature = "metal"))]
+        Backend::Vulkan | Backend::Metal => {
+            let which = if chosen.backend == Backend::Metal {
+                kiln_wgpu::Backend::Metal
+            } else {
+                kiln_wgpu::Backend::Vulkan
+            };
+            let explicit = explicit_limit(args)?;
+            let a = kiln_wgpu::AdapterDesc::probe(which)
+                .map_err(kiln_model::ModelError::from)
+                .with_context(|| format!("finding the {} adapter", chosen.backend))?;
+            let limit = kiln_wgpu::pool::device_limit(a.memory_bytes, &[explicit]);
+            let desc = kiln_protocol::DeviceDesc {
+                name: a.name,
+                backend: a.backend.into(),
+                driver: a.driver,
+                driver_info: a.driver_info,
+                device_type: a.device_type,
+                memory_bytes: a.memory_bytes,
+                memory_source: a.memory_source.into(),
+            };
+            Ok(Some((desc, limit)))
+        }
+        _ => {
+            let _ = args;
+            Ok(None)
+        }
+    }
+}
+
 /// A device that did not open for `kiln serve`'s scheduler thread, as the model error
 /// the server reports at start (exit 2, as the one-shot commands' refusal).
 #[cfg(any(feature = "cuda", feature = "vulkan", feature = "metal"))]

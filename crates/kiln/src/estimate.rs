@@ -5,7 +5,9 @@
 //! same allocations a `bench-decode --backend cuda` run makes, counted), against
 //! `--memory-limit` / `KILN_MEMORY_LIMIT` when given; the GPU's free memory is not read
 //! (no device is opened), so without a limit `fits` is true and the harness prices the
-//! device's memory itself.
+//! device's memory itself. With `--backend vulkan|metal` it is kiln-wgpu's plan against
+//! the adapter's memory (or the limit, when smaller), and the record names the adapter
+//! (`device`): the adapter is found, no device is opened.
 //!
 //! A run beyond the model's context is still planned and printed, with `within_context`
 //! false, so a harness can tell "would not fit in memory" from "cannot run at this length".
@@ -60,12 +62,18 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
     };
     // A device's free memory is not read here (no device is opened): without a limit
     // given, its plan fits, and the harness prices the device's memory itself.
-    let limit = runtime::limit_bytes(&pool).filter(|_| {
-        crate::backend::runs_on_host(&chosen)
-            || args.run.memory_limit.is_some()
-            || std::env::var_os("KILN_MEMORY_LIMIT").is_some()
-    });
+    // A wgpu backend's adapter is found (no device is opened) and priced against.
+    let adapter = crate::backend::adapter(&chosen, &args.run)?;
+    let limit = match &adapter {
+        Some((_, limit)) => Some(*limit),
+        None => runtime::limit_bytes(&pool).filter(|_| {
+            crate::backend::runs_on_host(&chosen)
+                || args.run.memory_limit.is_some()
+                || std::env::var_os("KILN_MEMORY_LIMIT").is_some()
+        }),
+    };
     let mut record = record(&args, &info, &shape, planned, limit);
+    record.device = adapter.map(|(d, _)| d);
     record.expert_slots = geometry.as_ref().map(|g| g.slots as u64);
     record.experts_bytes = geometry.as_ref().map(|_| plan.experts_bytes);
     record.moe_layers = info.config.moe.map(|_| info.config.num_hidden_layers as u64);
@@ -118,6 +126,7 @@ fn record(
         moe_experts: None,
         moe_top_k: None,
         expert_slot_bytes: None,
+        device: None,
     }
 }
 

@@ -72,6 +72,19 @@ fn bench_decode_on_vulkan_reports_the_device_pool_and_estimate_equals_its_peak()
     let args: Vec<&str> = est.iter().chain(&flags).copied().collect();
     let e = dir.run_env(&args, &ENV).expect_code(0);
     assert_eq!(e.json()["total_bytes"].as_u64(), Some(peak), "estimate == peak{}", e.describe());
+    // The estimate names the adapter and prices against the limit the run's pool had.
+    let device = &e.json()["device"];
+    assert_eq!(device["backend"], "vulkan", "{}", e.describe());
+    assert!(!device["name"].as_str().unwrap_or_default().is_empty(), "{}", e.describe());
+    let memory = device["memory_bytes"].as_u64().unwrap();
+    assert_eq!(e.json()["memory_limit_bytes"].as_u64(), Some(memory), "{}", e.describe());
+    assert_eq!(r["memory_limit_bytes"].as_u64(), Some(memory), "the pool's limit{}", run.describe());
+    let under: Vec<&str> = args.iter().copied().chain(["--memory-limit", "100000"]).collect();
+    let e = dir.run_env(&under, &ENV).expect_code(0);
+    assert_eq!(
+        (e.json()["memory_limit_bytes"].as_u64(), e.json()["fits"].as_bool()),
+        (Some(100000), Some(false))
+    );
     // One byte under the plan: exit 3, the pool's line first.
     let limit = (peak - 1).to_string();
     let args: Vec<&str> =

@@ -558,6 +558,7 @@ mod tests {
                 moe_experts: None,
                 moe_top_k: None,
                 expert_slot_bytes: None,
+                device: None,
             }))))
         }
 

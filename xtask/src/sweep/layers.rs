@@ -250,6 +250,7 @@ mod tests {
             moe_experts: None,
             moe_top_k: None,
             expert_slot_bytes: None,
+            device: None,
             model: "m".into(),
             model_path: "m".into(),
             prompt_tokens: prompt,

@@ -41,6 +41,8 @@ pub struct Session {
     commit: String,
     kiln_env: BTreeMap<String, String>,
     device: String,
+    /// `--memory-limit` or `KILN_MEMORY_LIMIT` as given, which the device string names.
+    memory_limit: Option<String>,
     command: String,
     defaults: Defaults,
     shutdown: Shutdown,
@@ -143,6 +145,7 @@ impl Session {
             kiln_version,
             kiln_env,
             device,
+            memory_limit: limit,
             command: command.to_string(),
             shutdown,
             harness_env,
@@ -282,6 +285,16 @@ impl Session {
         Ok((ExitCode::from(code), Some(started.run_dir.clone())))
     }
 
+    /// On `vulkan` and `metal`, asks the built engine which adapter it runs on: the rows'
+    /// device, driver and pre-skip budget are then the adapter's.
+    fn find_adapter(&mut self) -> Result<()> {
+        self.machine.find_adapter(&self.kiln_bin, self.backend.as_str())?;
+        if self.machine.adapter.is_some() {
+            self.device = self.machine.device(self.backend.as_str(), self.memory_limit.as_deref());
+        }
+        Ok(())
+    }
+
     /// Builds the engine when the session was asked to; `Some(code)` when a signal ended
     /// the build.
     fn build_engine(&self) -> Result<Option<ExitCode>> {
@@ -307,7 +320,7 @@ impl Session {
     /// [`Session::start`] for a sweep of `plan`, whose models, lengths and token counts
     /// env.json records with the knobs.
     fn start_with(
-        self,
+        mut self,
         output: &Path,
         flags: &SweepFlags,
         plan: Option<&Plan>,
@@ -315,6 +328,7 @@ impl Session {
         if let Some(code) = self.build_engine()? {
             return Ok(Err(code));
         }
+        self.find_adapter()?;
         let cell_timeout = flags.cell_timeout.map(Duration::from_secs).unwrap_or(self.defaults.cell_timeout);
         let knobs = self.engine_knobs.clone();
         // Each row takes its token counts from its cell.

@@ -224,7 +224,9 @@ impl SweepTask {
             Err(e) => usage!("{}: {e}", run_dir.join(SPEC_FILE).display()),
         };
         let shutdown = Shutdown::install()?;
-        let machine = Machine::probe();
+        let mut machine = Machine::probe();
+        // The node's adapter, as its engine finds it (vulkan and metal only).
+        machine.find_adapter(&spec.kiln, &spec.backend)?;
         let device = machine.device(&spec.backend, spec.memory_limit.as_deref());
         let logs = run_dir.join("logs");
         fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
