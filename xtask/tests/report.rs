@@ -443,3 +443,33 @@ fn an_until_ci_sweep_s_page_carries_its_verdict_and_stopping_rule() {
     let page = fs::read_to_string(last.join("report.html")).unwrap();
     assert!(page.contains("confidence sequence"), "{page}");
 }
+
+#[test]
+fn a_sweep_with_measure_roofs_places_every_cell_and_its_page_draws_the_roofline() {
+    let sb = Sandbox::new();
+    let args =
+        ["--models", "synthetic:tiny", "--lengths", "32 64", "--max-tokens", "4", "--warmup-tokens", "1"];
+    let with: Vec<&str> = args.iter().copied().chain(["--measure-roofs", "--threads", "2"]).collect();
+    let run = sb.run("bench-longprompt", &with);
+    run.expect_code(0).expect_stdout("Cells under the roofs");
+    for phase in ["synthetic:tiny@32 prefill", "synthetic:tiny@32 decode", "synthetic:tiny@64 decode"] {
+        run.expect_stdout(&format!("| `{phase}` |"));
+    }
+    let dir = &run_dirs(&sb)[0];
+    let sheet: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(dir.join("readings.json")).unwrap()).unwrap();
+    let points = sheet["roofline"]["points"].as_array().unwrap();
+    assert_eq!(points.len(), 4, "{run}");
+    assert!(
+        points.iter().all(|p| p["threads"] == 2 && p["share"].as_f64().is_some_and(|s| s > 0.0)),
+        "{run}"
+    );
+    // The page draws the roofline from that record, and prints the same texts.
+    let page = fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(page.contains("roofline, 2 thread(s)"), "no roofline plot");
+    let text = points[0]["text"].as_str().unwrap();
+    assert!(page.contains(text) && run.stdout.contains(text), "{text}");
+    // The roofs are the CPU's: another backend is refused before anything is built.
+    let refused: Vec<&str> = args.iter().copied().chain(["--measure-roofs", "--backend", "cuda"]).collect();
+    sb.run("bench-longprompt", &refused).expect_code(2).expect_stderr("--measure-roofs with --backend cuda");
+}

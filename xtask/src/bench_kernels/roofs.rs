@@ -6,8 +6,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::verdict::roof_tables;
 use crate::verdict::roofline::{Roof, Roofline};
-use crate::verdict::sheet::{Cell, Sheet, Table};
+use crate::verdict::sheet::Sheet;
 
 use super::files::{Measured, Row};
 use super::render::{KernelId, bandwidth_threads, parse_kernel_id};
@@ -86,67 +87,15 @@ pub(super) fn roofline(rows: &[Row]) -> Roofline {
 /// The roofline's sheet: the roofs per thread count, then each kernel's intensity, rate,
 /// bound and share.
 pub(super) fn sheet(r: &Roofline, context: &str) -> Sheet {
-    let mut threads: Vec<usize> = r.bandwidth.iter().chain(&r.probes).map(|x| x.threads).collect();
-    threads.sort_unstable();
-    threads.dedup();
-    let roofs = Table {
-        title: "Roofs measured in this run".into(),
-        legend: "The read bandwidth is the higher of the readings at the run's start and end; each \
-                 compute roof is a register-only loop of its instructions on all the threads at \
-                 once (`kiln_core::roofs`), in operations per second with a multiply-accumulate \
-                 counted as two. A kernel is held to the highest int8 roof; the ridge is where \
-                 the two roofs meet, in operations per byte."
-            .into(),
-        columns: ["threads", "read bandwidth", "compute roof (held to)", "ridge (ops/byte)", "every probe"]
-            .map(str::to_string)
-            .to_vec(),
-        rows: threads
-            .iter()
-            .map(|&t| {
-                let find = |v: &[Roof]| v.iter().find(|x| x.threads == t).cloned();
-                let probes: Vec<String> = r
-                    .probes
-                    .iter()
-                    .filter(|p| p.threads == t)
-                    .map(|p| format!("{} {}", p.name, p.text))
-                    .collect();
-                vec![
-                    Cell::text(t.to_string()),
-                    Cell::text(find(&r.bandwidth).map_or("not measured".into(), |b| b.text)),
-                    Cell::text(
-                        find(&r.compute)
-                            .map_or("not measured".into(), |c| format!("{} ({})", c.text, c.name)),
-                    ),
-                    Cell::text(r.ridge(t).map_or("n/a".into(), |x| format!("{x:.1}"))),
-                    Cell::text(if probes.is_empty() { "none".into() } else { probes.join(", ") }),
-                ]
-            })
-            .collect(),
-    };
-    let kernels = Table {
-        title: "Kernels under the roofs".into(),
-        legend: format!(
-            "Intensity is operations per byte read: {}. Below the ridge the read bandwidth bounds a \
-             kernel, above it the compute roof; the share is its operations per second over that \
-             bound at its intensity.",
-            r.counted
-        ),
-        columns: ["benchmark", "ops/byte", "operations per second", "bound, share"]
-            .map(str::to_string)
-            .to_vec(),
-        rows: r
-            .points
-            .iter()
-            .map(|p| {
-                vec![
-                    Cell::text(format!("`{}`", p.name)),
-                    Cell::text(format!("{:.2}", p.intensity)),
-                    Cell::text(crate::verdict::roofline::ops_text(p.ops_per_s)),
-                    Cell::text(p.text.clone()),
-                ]
-            })
-            .collect(),
-    };
+    let roofs = roof_tables::roofs(
+        r,
+        "The read bandwidth is the higher of the readings at the run's start and end; each \
+         compute roof is a register-only loop of its instructions on all the threads at \
+         once (`kiln_core::roofs`), in operations per second with a multiply-accumulate \
+         counted as two. A kernel is held to the highest int8 roof; the ridge is where \
+         the two roofs meet, in operations per byte.",
+    );
+    let kernels = roof_tables::points(r, "Kernels under the roofs", "benchmark", "a kernel");
     let headline =
         match (r.compute.iter().max_by_key(|c| c.threads), r.bandwidth.iter().max_by_key(|b| b.threads)) {
             (Some(c), Some(b)) => format!(

@@ -56,6 +56,7 @@ impl BenchOffloadCopy {
             kv_dtype: None,
             threads: self.threads,
             cell_timeout: self.cell_timeout,
+            measure_roofs: false,
             no_estimate: false,
             no_build: self.no_build,
             kiln_bin: self.kiln_bin.clone(),

@@ -119,6 +119,8 @@ pub(super) struct Driver<'a> {
     /// The quiet check: the busy limit, and how long to wait for quiet before a cell
     /// (`--require-quiet`; `None` only marks disturbed cells).
     pub(super) quiet: (quiet::Limits, Option<std::time::Duration>),
+    /// The roofs each kiln cell measured beside itself (`--measure-roofs`).
+    pub(super) roofs: super::roofs::CellRoofs,
 }
 
 /// What happened to one cell a layer judged: skipped by it, or run.
@@ -241,7 +243,8 @@ impl Driver<'_> {
         let started = Instant::now();
         let interrupted = self.walk(runner, &mut csv, &mut rows)?;
         let finished = summary::pair(self.plan, &rows);
-        let sheet = summary::sheet(&finished, interrupted.map(shutdown::signal_name));
+        let mut sheet = summary::sheet(&finished, interrupted.map(shutdown::signal_name));
+        self.roofs.add_to(&mut sheet);
         conclude(self.plan, &rows, interrupted, sheet, &self.source_csv, started.elapsed())
     }
 
@@ -347,8 +350,11 @@ impl Driver<'_> {
             Ran::Interrupted(sig) => return Ok(Ran::Interrupted(sig)),
         };
         let mut row = self.row(runner, cell, &result);
-        if let CellResult::Ran(_) = result {
+        if let CellResult::Ran(o) = &result {
             row.disturbed = self.disturbed(probe);
+            if let Some(r) = &o.report {
+                self.roofs.note(cell.label(), r);
+            }
         }
         let status = Status::parse(&row.status).unwrap_or(Status::Bench);
         write(&row)?;
@@ -609,6 +615,7 @@ mod tests {
         drop(first);
         let shutdown = Shutdown::install().unwrap();
         let mut driver = Driver {
+            roofs: Default::default(),
             meta: RowMeta {
                 root: dir.path().to_path_buf(),
                 host: "here".into(),

@@ -44,6 +44,12 @@ pub struct SweepFlags {
     /// Seconds before a cell is killed [default: 1800 on the CPU, 900 on a GPU].
     #[arg(long, value_name = "SECS", value_parser = count(1))]
     pub cell_timeout: Option<u64>,
+    /// Every kiln cell measures the CPU's compute roofs and read bandwidth beside its run
+    /// (`kiln bench-decode --measure-roofs`, a few seconds each); the summary and
+    /// report.html place each cell's prefill and decode under them. CPU backend, local
+    /// runner only.
+    #[arg(long)]
+    pub measure_roofs: bool,
     /// Turn the estimate layer off: launch cells whose estimate is above the budget.
     #[arg(long)]
     pub no_estimate: bool,

@@ -15,6 +15,7 @@ pub mod layers;
 pub mod panels;
 pub mod plan;
 pub mod record;
+pub mod roofs;
 pub mod rounds;
 pub mod rows;
 pub mod runner;

@@ -130,6 +130,8 @@ pub struct Rounds<'f> {
     measuring: Duration,
     /// What the peer runner learnt (exported models, its version), kept across rounds.
     peer_cache: (BTreeMap<String, Result<PathBuf, String>>, String),
+    /// The roofs every round's cells measured (`--measure-roofs`).
+    roofs: super::roofs::CellRoofs,
 }
 
 /// What one round did.
@@ -192,6 +194,7 @@ impl<'f> Rounds<'f> {
             rows,
             measuring: Duration::ZERO,
             peer_cache: Default::default(),
+            roofs: Default::default(),
         }))
     }
 
@@ -212,7 +215,7 @@ impl<'f> Rounds<'f> {
     /// Runs the cells of `plan` that have no row yet.
     pub fn round(&mut self, plan: &Plan) -> Result<Round> {
         let t0 = Instant::now();
-        let Rounds { started, flags, csv, path, rows, peer_cache, .. } = self;
+        let Rounds { started, flags, csv, path, rows, peer_cache, roofs, .. } = self;
         let peer = flags.series.peer.clone().map(|spec| {
             let mut p: PeerRunner<'_> = started.peer_runner(spec);
             (p.exported, p.version) = std::mem::take(peer_cache);
@@ -228,6 +231,7 @@ impl<'f> Rounds<'f> {
         if let Some(p) = driver.peer.take() {
             *peer_cache = (p.exported, p.version);
         }
+        roofs.extend(std::mem::take(&mut driver.roofs));
         let failed = rows
             .iter()
             .filter(|(k, r)| !before.contains(*k) && Status::parse(&r.status).is_some_and(Status::is_failure))
@@ -295,7 +299,8 @@ impl<'f> Rounds<'f> {
     pub fn finish(self, plan: &Plan, interrupted: Option<i32>, until_ci: UntilCi) -> Result<ExitCode> {
         let source = self.started.display(&self.path);
         let finished = summary::pair(plan, &self.rows);
-        let sheet = summary::sheet_with(&finished, interrupted.map(signal_name), Some(until_ci));
+        let mut sheet = summary::sheet_with(&finished, interrupted.map(signal_name), Some(until_ci));
+        self.roofs.add_to(&mut sheet);
         let (code, sheet) = driver::conclude(plan, &self.rows, interrupted, sheet, &source, self.measuring)?;
         drop(self.csv);
         summary::write_or_warn(self.started.run_dir(), &sheet);

@@ -90,6 +90,8 @@ pub struct LocalRunner<'a> {
     pub device: String,
     /// On a GPU: its memory, or the memory limit when smaller.
     pub device_budget: Option<DeviceBudget>,
+    /// `--measure-roofs`: every bench-decode measures the CPU's roofs beside its run.
+    pub measure_roofs: bool,
     /// Signals and child exits.
     pub shutdown: &'a Shutdown,
 }
@@ -260,6 +262,9 @@ impl CellRunner for LocalRunner<'_> {
             "json".into(),
         ]);
         args.extend(self.engine_args());
+        if self.measure_roofs {
+            args.push("--measure-roofs".into());
+        }
         let (c, log) = match self.run_kiln(index, cell, &args, DecodeReport::parse)? {
             Ran::Done(x) => x,
             Ran::Interrupted(sig) => return Ok(Ran::Interrupted(sig)),

@@ -54,6 +54,8 @@ pub struct Session {
     runs_dir: PathBuf,
     /// The cells run here (`--runner local`), where `--resume` applies.
     local: bool,
+    /// `--measure-roofs`.
+    measure_roofs: bool,
 }
 
 impl Session {
@@ -109,6 +111,15 @@ impl Session {
                 (choice.backend, Some(choice.backend.features()), bin, pkg.version.clone(), !flags.no_build)
             }
         };
+        if flags.measure_roofs && backend != Backend::Cpu {
+            usage!(
+                "--measure-roofs with --backend {}: it measures the CPU's roofs, which bound only the CPU's kernels; use --backend cpu",
+                backend.as_str()
+            );
+        }
+        if flags.measure_roofs && flags.runner.runner != super::slurm::RunnerKind::Local {
+            usage!("--measure-roofs applies to the local runner only: a Slurm node's rows keep no roofs");
+        }
         let kiln_env = machine::kiln_env();
         let limit = flags.memory_limit.clone().or_else(|| kiln_env.get("KILN_MEMORY_LIMIT").cloned());
         let device = machine.device(backend.as_str(), limit.as_deref());
@@ -154,6 +165,7 @@ impl Session {
             record_path,
             runs_dir,
             local: flags.runner.runner == super::slurm::RunnerKind::Local,
+            measure_roofs: flags.measure_roofs,
         })
     }
 
@@ -539,6 +551,7 @@ impl Started {
             host: s.machine.host.clone(),
             device: s.device.clone(),
             device_budget: s.device_budget(),
+            measure_roofs: s.measure_roofs,
             shutdown: &s.shutdown,
             memory_events: classify::memory_events_path(),
         }
@@ -555,6 +568,7 @@ impl Started {
         peer: Option<PeerRunner<'a>>,
     ) -> Driver<'a> {
         Driver {
+            roofs: Default::default(),
             meta: self.meta(),
             shutdown: self.shutdown(),
             plan,

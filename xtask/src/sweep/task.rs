@@ -232,6 +232,8 @@ impl SweepTask {
         fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
         fs::create_dir_all(run_dir.join("rows"))?;
         let mut runner = LocalRunner {
+            // Refused with --runner slurm: the rows a node writes keep no roofs.
+            measure_roofs: false,
             kiln: spec.kiln.clone(),
             workdir: spec.workdir.clone(),
             user_cwd: spec.user_cwd.clone(),
@@ -258,6 +260,7 @@ impl SweepTask {
         // The GPU software is the node's, as the device is.
         (meta.driver_version, meta.cuda_version) = machine.gpu_software(&spec.backend);
         let mut driver = Driver {
+            roofs: Default::default(),
             meta,
             shutdown: &shutdown,
             plan: &spec.plan,

@@ -10,6 +10,7 @@
 
 pub mod fit;
 pub mod reading;
+pub mod roof_tables;
 pub mod roofline;
 pub mod sequence;
 pub mod sheet;
