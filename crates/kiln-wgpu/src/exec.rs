@@ -100,6 +100,7 @@ struct Gpu {
     pipelines: RefCell<HashMap<Kernel, wgpu::ComputePipeline>>,
     params: wgpu::Buffer,
     pending: RefCell<Pending>,
+    binds: Arc<BindCache>,
     errors: Arc<Mutex<Vec<String>>>,
     dispatches: Cell<u64>,
 }
@@ -107,17 +108,71 @@ struct Gpu {
 #[derive(Default)]
 struct Pending {
     encoder: Option<wgpu::CommandEncoder>,
+    /// The compute pass every dispatch since the last copy or submission is recorded
+    /// into (wgpu synchronizes dispatches within a pass); ended before a copy.
+    pass: Option<wgpu::ComputePass<'static>>,
     params: Vec<u8>,
 }
+
+impl Pending {
+    /// The encoder, the open compute pass ended first so a copy lands after its dispatches.
+    fn encoder(&mut self, device: &wgpu::Device) -> &mut wgpu::CommandEncoder {
+        self.pass = None;
+        self.encoder.get_or_insert_with(|| device.create_command_encoder(&Default::default()))
+    }
+
+    /// The open compute pass, begun when there is none.
+    fn pass(&mut self, device: &wgpu::Device) -> &mut wgpu::ComputePass<'static> {
+        if self.pass.is_none() {
+            let enc = self.encoder(device);
+            let pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("kiln"),
+                timestamp_writes: None,
+            });
+            self.pass = Some(pass.forget_lifetime());
+        }
+        self.pass.as_mut().expect("a pass was just begun")
+    }
+}
+
+/// Bind groups by the storage buffers they bind (their [`Mem`] ids, in binding order):
+/// made once and bound again by every dispatch with the same buffers (a decode step binds
+/// the same weights, caches and scratch as the step before). wgpu cannot replay a recorded
+/// compute command buffer; this is the part of a step it lets a caller keep. A buffer's
+/// groups are dropped with it, so a freed buffer is not kept alive here.
+type BindCache = Mutex<HashMap<Vec<u64>, wgpu::BindGroup>>;
+
+/// Bind groups kept before the cache is emptied (a forward binds a few hundred sets).
+const BIND_CACHE_MAX: usize = 4096;
+
+/// The next [`Mem`] id.
+static NEXT_MEM: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Memory of a [`WgpuExec`], counted in its pool until dropped.
 pub struct Mem {
     buf: Option<wgpu::Buffer>,
     bytes: usize,
+    /// Unique among every exec's buffers: the bind cache's key.
+    id: u64,
+    /// The bind cache of the exec that made it, which forgets its groups when it drops.
+    binds: std::sync::Weak<BindCache>,
     _lease: Lease,
 }
 
+impl Drop for Mem {
+    fn drop(&mut self) {
+        if let Some(cache) = self.binds.upgrade() {
+            cache.lock().unwrap_or_else(|p| p.into_inner()).retain(|k, _| !k.contains(&self.id));
+        }
+    }
+}
+
 impl Mem {
+    fn new(buf: Option<wgpu::Buffer>, bytes: usize, binds: std::sync::Weak<BindCache>, lease: Lease) -> Mem {
+        let id = NEXT_MEM.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Mem { buf, bytes, id, binds, _lease: lease }
+    }
+
     /// Bytes allocated (as asked; the buffer itself is rounded up to 4 bytes).
     pub fn bytes(&self) -> usize {
         self.bytes
@@ -274,6 +329,7 @@ impl WgpuExec {
                 pipelines: RefCell::new(HashMap::new()),
                 params,
                 pending: RefCell::new(Pending::default()),
+                binds: Arc::new(Mutex::new(HashMap::new())),
                 errors,
                 dispatches: Cell::new(0),
             })),
@@ -323,6 +379,15 @@ impl WgpuExec {
         }
     }
 
+    /// Bind groups kept for reuse ([`BindCache`]): as many as the distinct buffer sets
+    /// bound since the buffers were made, never growing with the steps that bind them again.
+    pub fn bind_groups(&self) -> usize {
+        match &self.inner {
+            Inner::Gpu(g) => g.binds.lock().unwrap_or_else(|p| p.into_inner()).len(),
+            Inner::Plan(_) => 0,
+        }
+    }
+
     /// `qmv`'s lanes per output feature of a K-wide row on this adapter
     /// ([`crate::shaders::qmv_lanes`]).
     pub fn qmv_lanes(&self, k: usize) -> usize {
@@ -343,7 +408,7 @@ impl WgpuExec {
     pub fn alloc(&self, tag: Tag, bytes: usize) -> Result<Mem, WgpuError> {
         let lease = self.pool().reserve(tag, bytes as u64)?;
         let g = match &self.inner {
-            Inner::Plan(_) => return Ok(Mem { buf: None, bytes, _lease: lease }),
+            Inner::Plan(_) => return Ok(Mem::new(None, bytes, std::sync::Weak::new(), lease)),
             Inner::Gpu(g) => g,
         };
         let max = self.max_binding_bytes();
@@ -379,7 +444,7 @@ impl WgpuExec {
         if let Some(e) = invalid {
             return Err(device_err("create_buffer", e));
         }
-        Ok(Mem { buf: Some(buf), bytes, _lease: lease })
+        Ok(Mem::new(Some(buf), bytes, Arc::downgrade(&g.binds), lease))
     }
 
     /// Allocates and fills a buffer with `data`'s bytes.
@@ -447,7 +512,7 @@ impl WgpuExec {
         });
         {
             let mut p = g.pending.borrow_mut();
-            let enc = p.encoder.get_or_insert_with(|| g.device.create_command_encoder(&Default::default()));
+            let enc = p.encoder(&g.device);
             enc.copy_buffer_to_buffer(
                 m.buf.as_ref().expect("a device buffer"),
                 offset as u64,
@@ -483,7 +548,7 @@ impl WgpuExec {
         let Inner::Gpu(g) = &self.inner else { return Ok(()) };
         let size = src.bytes.next_multiple_of(4) as u64;
         let mut p = g.pending.borrow_mut();
-        let enc = p.encoder.get_or_insert_with(|| g.device.create_command_encoder(&Default::default()));
+        let enc = p.encoder(&g.device);
         enc.copy_buffer_to_buffer(
             src.buf.as_ref().expect("a device buffer"),
             0,
@@ -521,7 +586,7 @@ impl WgpuExec {
             return Ok(());
         }
         let mut p = g.pending.borrow_mut();
-        let enc = p.encoder.get_or_insert_with(|| g.device.create_command_encoder(&Default::default()));
+        let enc = p.encoder(&g.device);
         enc.copy_buffer_to_buffer(
             src.buf.as_ref().expect("a device buffer"),
             src_offset as u64,
@@ -588,35 +653,18 @@ impl WgpuExec {
         let mut words = [0u32; (PARAM_STRIDE / 4) as usize];
         words[..d.params.len()].copy_from_slice(&d.params);
         p.params.extend_from_slice(bytemuck::cast_slice(&words));
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &g.params,
-                offset: 0,
-                size: std::num::NonZeroU64::new(PARAM_BYTES),
-            }),
-        }];
-        for (i, m) in d.buffers.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: m.buf.as_ref().expect("a device buffer").as_entire_binding(),
-            });
-        }
-        let group = g.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(d.kernel.name()),
-            layout: &g.layouts[d.kernel.storage_buffers() - 1].0,
-            entries: &entries,
-        });
-        let enc = p.encoder.get_or_insert_with(|| g.device.create_command_encoder(&Default::default()));
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some(d.kernel.name()),
-                timestamp_writes: None,
-            });
-            pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &group, &[offset as u32]);
-            pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
-        }
+        let key: Vec<u64> = d.buffers.iter().map(|m| m.id).collect();
+        let group = {
+            let mut cache = g.binds.lock().unwrap_or_else(|p| p.into_inner());
+            if cache.len() >= BIND_CACHE_MAX {
+                cache.clear();
+            }
+            cache.entry(key).or_insert_with(|| bind_group(g, d)).clone()
+        };
+        let pass = p.pass(&g.device);
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &group, &[offset as u32]);
+        pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
         g.dispatches.set(g.dispatches.get() + 1);
         Ok(())
     }
@@ -626,6 +674,7 @@ impl WgpuExec {
         let Inner::Gpu(g) = &self.inner else { return Ok(()) };
         let (encoder, params) = {
             let mut p = g.pending.borrow_mut();
+            p.pass = None;
             (p.encoder.take(), std::mem::take(&mut p.params))
         };
         if !params.is_empty() {
@@ -655,6 +704,30 @@ impl WgpuExec {
         errs.clear();
         Err(device_err(call, detail))
     }
+}
+
+/// The bind group of `d`'s buffers after the parameter ring (bound at each dispatch's
+/// dynamic offset).
+fn bind_group(g: &Gpu, d: &Dispatch<'_>) -> wgpu::BindGroup {
+    let mut entries = vec![wgpu::BindGroupEntry {
+        binding: 0,
+        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: &g.params,
+            offset: 0,
+            size: std::num::NonZeroU64::new(PARAM_BYTES),
+        }),
+    }];
+    for (i, m) in d.buffers.iter().enumerate() {
+        entries.push(wgpu::BindGroupEntry {
+            binding: i as u32 + 1,
+            resource: m.buf.as_ref().expect("a device buffer").as_entire_binding(),
+        });
+    }
+    g.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(d.kernel.name()),
+        layout: &g.layouts[d.kernel.storage_buffers() - 1].0,
+        entries: &entries,
+    })
 }
 
 fn layout(device: &wgpu::Device, storage: usize) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {

@@ -143,6 +143,33 @@ fn greedy_choices_differ_from_the_cpus_only_at_ties() {
     }
 }
 
+/// A decode step binds the buffers the step before bound: its bind groups are made once
+/// and reused, the cache does not grow with the steps, and a dropped cache's groups go
+/// with its buffers (so freed device memory is not kept alive by them).
+#[test]
+fn decode_steps_reuse_their_bind_groups_and_freed_buffers_take_theirs_along() {
+    let Some(exec) = common::vulkan(None) else { return };
+    let m = load("tiny-qwen");
+    let ids = prompt(6, m.config.vocab_size);
+    let mut dev = WgpuEngine::new(&exec, &m.config, &m.weights).unwrap();
+    let mut cache = dev.new_cache(32).unwrap();
+    dev.prefill(&mut cache, &ids, 0).unwrap();
+    dev.decode(&mut cache, 3).unwrap();
+    let after_one = exec.bind_groups();
+    let dispatched = exec.dispatches();
+    for t in 4..10 {
+        dev.decode(&mut cache, t).unwrap();
+    }
+    assert!(exec.dispatches() > dispatched, "the steps dispatched nothing");
+    assert_eq!(exec.bind_groups(), after_one, "a decode step made new bind groups");
+    let mut other = dev.new_cache(32).unwrap();
+    dev.decode(&mut other, 3).unwrap();
+    let with_two = exec.bind_groups();
+    assert!(with_two > after_one, "a second cache binds its own buffers");
+    drop(other);
+    assert_eq!(exec.bind_groups(), after_one, "the dropped cache's groups went with it");
+}
+
 #[test]
 fn prefill_in_chunks_of_up_to_eight_equals_decoding_token_by_token_bit_for_bit() {
     let Some(exec) = common::vulkan(None) else { return };
