@@ -77,6 +77,9 @@ pub struct AdapterDesc {
     pub memory_bytes: u64,
     /// Where [`AdapterDesc::memory_bytes`] came from.
     pub memory_source: &'static str,
+    /// Whether the adapter has packed 4 x 8-bit integer dot products, so the integer
+    /// products use WGSL's `dot4I8Packed`/`dot4U8Packed` ([`packed_dot_products`]).
+    pub packed_dot: bool,
 }
 
 /// One place kernels run.
@@ -102,6 +105,8 @@ struct Gpu {
     pending: RefCell<Pending>,
     errors: Arc<Mutex<Vec<String>>>,
     dispatches: Cell<u64>,
+    /// The integer products' plain path forced ([`WgpuExec::force_plain_dot`]).
+    plain_dot: Cell<bool>,
 }
 
 #[derive(Default)]
@@ -180,6 +185,45 @@ fn metal_working_set_bytes(adapter: &wgpu::Adapter) -> Option<u64> {
     }
 }
 
+/// Whether a Vulkan adapter has integer dot products: Vulkan 1.3, or the
+/// `VK_KHR_shader_integer_dot_product` extension (either makes the `shaderIntegerDotProduct`
+/// feature required). That is wgpu's own condition for enabling the SPIR-V capabilities,
+/// under which naga writes `dot4I8Packed` as one `OpSDot` (and otherwise expands it).
+#[cfg(not(target_vendor = "apple"))]
+fn vulkan_integer_dot_product(adapter: &wgpu::Adapter) -> bool {
+    // VK_MAKE_API_VERSION(0, 1, 3, 0).
+    const VULKAN_1_3: u32 = (1 << 22) | (3 << 12);
+    // SAFETY: the hal adapter is only read (its properties and extension list) while
+    // `adapter` is alive; nothing it returns outlives this function.
+    unsafe {
+        adapter.as_hal::<wgpu::hal::api::Vulkan>().is_some_and(|hal| {
+            let caps = hal.physical_device_capabilities();
+            caps.properties().api_version >= VULKAN_1_3
+                || caps.supports_extension(c"VK_KHR_shader_integer_dot_product")
+        })
+    }
+}
+
+/// Whether `adapter` runs WGSL's packed 4 x 8-bit dot products as such: the instance
+/// implements the `packed_4x8_integer_dot_product` language feature and, on Vulkan, the
+/// device has integer dot products ([`vulkan_integer_dot_product`]); Metal has them as
+/// `char4`/`uchar4` dot products (never run here).
+fn packed_dot_products(instance: &wgpu::Instance, adapter: &wgpu::Adapter, backend: Backend) -> bool {
+    if !instance.wgsl_language_features().contains(wgpu::WgslLanguageFeatures::Packed4x8IntegerDotProduct) {
+        return false;
+    }
+    match backend {
+        #[cfg(not(target_vendor = "apple"))]
+        Backend::Vulkan => vulkan_integer_dot_product(adapter),
+        #[cfg(target_vendor = "apple")]
+        Backend::Vulkan => {
+            let _ = adapter;
+            false
+        }
+        Backend::Metal => true,
+    }
+}
+
 /// The device's memory and where it was read: the Vulkan device-local heap, or Metal's
 /// recommended working set, else the adapter's largest buffer.
 fn device_memory(adapter: &wgpu::Adapter, limits: &wgpu::Limits) -> (u64, &'static str) {
@@ -211,6 +255,7 @@ impl WgpuExec {
         let info = adapter.get_info();
         let limits = adapter.limits();
         let (memory_bytes, memory_source) = device_memory(&adapter, &limits);
+        let packed_dot = packed_dot_products(&instance, &adapter, backend);
         let (device, queue) = block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("kiln"),
             required_features: wgpu::Features::empty(),
@@ -242,6 +287,7 @@ impl WgpuExec {
             device_type: format!("{:?}", info.device_type),
             memory_bytes,
             memory_source,
+            packed_dot,
         };
         Ok(WgpuExec {
             inner: Inner::Gpu(Box::new(Gpu {
@@ -256,6 +302,7 @@ impl WgpuExec {
                 pending: RefCell::new(Pending::default()),
                 errors,
                 dispatches: Cell::new(0),
+                plain_dot: Cell::new(false),
             })),
         })
     }
@@ -308,6 +355,26 @@ impl WgpuExec {
     pub fn qmv_lanes(&self, k: usize) -> usize {
         let cpu = self.adapter().is_some_and(|a| a.device_type == "Cpu");
         crate::shaders::qmv_lanes(k, cpu)
+    }
+
+    /// Whether the integer products use WGSL's packed dot products: the adapter has them
+    /// ([`AdapterDesc::packed_dot`]) and [`WgpuExec::force_plain_dot`] has not turned them
+    /// off. `false` for a plan.
+    pub fn packed_dot(&self) -> bool {
+        match &self.inner {
+            Inner::Gpu(g) => g.adapter.packed_dot && !g.plain_dot.get(),
+            Inner::Plan(_) => false,
+        }
+    }
+
+    /// Makes the integer products take their plain i32 path even where the adapter has
+    /// packed dot products (`true`), or the adapter's choice again (`false`): for the
+    /// tests, which run both paths on one adapter, and for measuring what the packed path
+    /// gains. The two give the same integers.
+    pub fn force_plain_dot(&self, plain: bool) {
+        if let Inner::Gpu(g) = &self.inner {
+            g.plain_dot.set(plain);
+        }
     }
 
     /// The largest storage buffer a kernel may bind, in bytes (`u64::MAX` for a plan).

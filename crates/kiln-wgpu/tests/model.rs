@@ -158,7 +158,8 @@ fn the_plan_is_the_device_pools_peak_and_a_smaller_limit_is_out_of_memory() {
     drop(probe);
     let m = load("tiny-qwen");
     let ids = prompt(30, m.config.vocab_size);
-    let shape = WgpuRunShape { sequence_tokens: 40, rows: 10, logit_rows: 1 };
+    let shape =
+        WgpuRunShape { sequence_tokens: 40, rows: 10, logit_rows: 1, act: kiln_protocol::ActScheme::F32 };
     let info = kiln_model::inspect(
         "synthetic:tiny-qwen",
         &LoadOptions { pool: MemoryPool::unlimited(), quantize: None },
