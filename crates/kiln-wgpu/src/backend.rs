@@ -14,8 +14,10 @@ use kiln_protocol::{ActScheme, Attention, KvDtype};
 use crate::error::WgpuError;
 use crate::model::{WgpuCache, WgpuEngine, WgpuRunShape, prefill_rows};
 
-/// What the wgpu forward runs: MLX-affine 4- and 8-bit products over f32 activations,
-/// streaming split attention over an f16 cache, dense (non-MoE) models, several
+/// What the wgpu forward runs: MLX-affine 4- and 8-bit products over f32 activations (the
+/// default) or under the CPU's integer schemes `int8` and `int16` (its codes and integer
+/// group sums, with WGSL's packed dot products where the adapter has them), streaming
+/// split attention over an f16 cache, dense (non-MoE) models, several
 /// sequences per forward and prefix copies between caches; no expert cache and no
 /// speculative verify. `name` is the Vulkan one; the binary renames it for Metal.
 pub const CAPABILITIES: Capabilities = Capabilities {
@@ -24,7 +26,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     dense_weights: false,
     attention: &[Attention::Streaming],
     kv_dtypes: &[KvDtype::F16],
-    act_schemes: &[ActScheme::F32],
+    act_schemes: &[ActScheme::F32, ActScheme::Int8, ActScheme::Int16],
     moe: false,
     expert_slots: false,
     speculative: false,
@@ -77,7 +79,10 @@ impl BackendEngine for WgpuBackend<'_> {
     fn plan(config: &ModelConfig, weights_bytes: u64, shape: &RunShape) -> kiln_model::Result<MemoryPlan> {
         let batch = shape.batch.max(1);
         let rows = prefill_rows(shape.prefill_chunk, shape.prompt_tokens).max(batch);
-        let run = WgpuRunShape { sequence_tokens: shape.sequence_tokens(), rows, logit_rows: batch };
+        // The seam's shape has no scheme: the binary runs the one KILN_ACT_PRECISION asks
+        // for (it has refused a bad or unsupported value before planning) or the default.
+        let act = CAPABILITIES.act_scheme(ActScheme::asked_in_env().ok().flatten());
+        let run = WgpuRunShape { sequence_tokens: shape.sequence_tokens(), rows, logit_rows: batch, act };
         // Past the context the cache would be refused: plan its length anyway, as the
         // CPU's plan does.
         let mut config = config.clone();

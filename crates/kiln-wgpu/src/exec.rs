@@ -77,6 +77,9 @@ pub struct AdapterDesc {
     pub memory_bytes: u64,
     /// Where [`AdapterDesc::memory_bytes`] came from.
     pub memory_source: &'static str,
+    /// Whether the adapter has packed 4 x 8-bit integer dot products, so the integer
+    /// products use WGSL's `dot4I8Packed`/`dot4U8Packed` ([`packed_dot_products`]).
+    pub packed_dot: bool,
 }
 
 /// One place kernels run.
@@ -103,6 +106,8 @@ struct Gpu {
     binds: Arc<BindCache>,
     errors: Arc<Mutex<Vec<String>>>,
     dispatches: Cell<u64>,
+    /// The integer products' plain path forced ([`WgpuExec::force_plain_dot`]).
+    plain_dot: Cell<bool>,
 }
 
 #[derive(Default)]
@@ -235,6 +240,45 @@ fn metal_working_set_bytes(adapter: &wgpu::Adapter) -> Option<u64> {
     }
 }
 
+/// Whether a Vulkan adapter has integer dot products: Vulkan 1.3, or the
+/// `VK_KHR_shader_integer_dot_product` extension (either makes the `shaderIntegerDotProduct`
+/// feature required). That is wgpu's own condition for enabling the SPIR-V capabilities,
+/// under which naga writes `dot4I8Packed` as one `OpSDot` (and otherwise expands it).
+#[cfg(not(target_vendor = "apple"))]
+fn vulkan_integer_dot_product(adapter: &wgpu::Adapter) -> bool {
+    // VK_MAKE_API_VERSION(0, 1, 3, 0).
+    const VULKAN_1_3: u32 = (1 << 22) | (3 << 12);
+    // SAFETY: the hal adapter is only read (its properties and extension list) while
+    // `adapter` is alive; nothing it returns outlives this function.
+    unsafe {
+        adapter.as_hal::<wgpu::hal::api::Vulkan>().is_some_and(|hal| {
+            let caps = hal.physical_device_capabilities();
+            caps.properties().api_version >= VULKAN_1_3
+                || caps.supports_extension(c"VK_KHR_shader_integer_dot_product")
+        })
+    }
+}
+
+/// Whether `adapter` runs WGSL's packed 4 x 8-bit dot products as such: the instance
+/// implements the `packed_4x8_integer_dot_product` language feature and, on Vulkan, the
+/// device has integer dot products ([`vulkan_integer_dot_product`]); Metal has them as
+/// `char4`/`uchar4` dot products (never run here).
+fn packed_dot_products(instance: &wgpu::Instance, adapter: &wgpu::Adapter, backend: Backend) -> bool {
+    if !instance.wgsl_language_features().contains(wgpu::WgslLanguageFeatures::Packed4x8IntegerDotProduct) {
+        return false;
+    }
+    match backend {
+        #[cfg(not(target_vendor = "apple"))]
+        Backend::Vulkan => vulkan_integer_dot_product(adapter),
+        #[cfg(target_vendor = "apple")]
+        Backend::Vulkan => {
+            let _ = adapter;
+            false
+        }
+        Backend::Metal => true,
+    }
+}
+
 /// The device's memory and where it was read: the Vulkan device-local heap, or Metal's
 /// recommended working set, else the adapter's largest buffer.
 fn device_memory(adapter: &wgpu::Adapter, limits: &wgpu::Limits) -> (u64, &'static str) {
@@ -250,21 +294,27 @@ fn device_memory(adapter: &wgpu::Adapter, limits: &wgpu::Limits) -> (u64, &'stat
 }
 
 /// The first adapter of `backend`, as [`WgpuExec::open`] picks it.
-fn request_adapter(backend: Backend) -> Result<wgpu::Adapter, WgpuError> {
+fn request_adapter(backend: Backend) -> Result<(wgpu::Instance, wgpu::Adapter), WgpuError> {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = backend.backends();
     let instance = wgpu::Instance::new(desc);
-    block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+    let adapter = block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
         power_preference: wgpu::PowerPreference::HighPerformance,
         force_fallback_adapter: false,
         compatible_surface: None,
         apply_limit_buckets: false,
     }))
-    .map_err(|e| WgpuError::NoAdapter { backend: backend.as_str(), detail: e.to_string() })
+    .map_err(|e| WgpuError::NoAdapter { backend: backend.as_str(), detail: e.to_string() })?;
+    Ok((instance, adapter))
 }
 
 /// What the driver says of `adapter`, with the memory the pool is limited by.
-fn describe(adapter: &wgpu::Adapter, backend: Backend, limits: &wgpu::Limits) -> AdapterDesc {
+fn describe(
+    instance: &wgpu::Instance,
+    adapter: &wgpu::Adapter,
+    backend: Backend,
+    limits: &wgpu::Limits,
+) -> AdapterDesc {
     let info = adapter.get_info();
     let (memory_bytes, memory_source) = device_memory(adapter, limits);
     AdapterDesc {
@@ -275,6 +325,7 @@ fn describe(adapter: &wgpu::Adapter, backend: Backend, limits: &wgpu::Limits) ->
         device_type: format!("{:?}", info.device_type),
         memory_bytes,
         memory_source,
+        packed_dot: packed_dot_products(instance, adapter, backend),
     }
 }
 
@@ -282,8 +333,8 @@ impl AdapterDesc {
     /// The adapter [`WgpuExec::open`] would run on, without opening a device: what
     /// `kiln estimate` prices a plan against and the harness records as the device.
     pub fn probe(backend: Backend) -> Result<AdapterDesc, WgpuError> {
-        let adapter = request_adapter(backend)?;
-        Ok(describe(&adapter, backend, &adapter.limits()))
+        let (instance, adapter) = request_adapter(backend)?;
+        Ok(describe(&instance, &adapter, backend, &adapter.limits()))
     }
 }
 
@@ -291,9 +342,9 @@ impl WgpuExec {
     /// The first adapter of `backend`, its pool limited by the device's memory, `limit`
     /// and `KILN_MEMORY_LIMIT`, whichever is smallest.
     pub fn open(backend: Backend, limit: Option<u64>) -> Result<WgpuExec, WgpuError> {
-        let adapter = request_adapter(backend)?;
+        let (instance, adapter) = request_adapter(backend)?;
         let limits = adapter.limits();
-        let desc = describe(&adapter, backend, &limits);
+        let desc = describe(&instance, &adapter, backend, &limits);
         let (device, queue) = block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("kiln"),
             required_features: wgpu::Features::empty(),
@@ -332,6 +383,7 @@ impl WgpuExec {
                 binds: Arc::new(Mutex::new(HashMap::new())),
                 errors,
                 dispatches: Cell::new(0),
+                plain_dot: Cell::new(false),
             })),
         })
     }
@@ -393,6 +445,26 @@ impl WgpuExec {
     pub fn qmv_lanes(&self, k: usize) -> usize {
         let cpu = self.adapter().is_some_and(|a| a.device_type == "Cpu");
         crate::shaders::qmv_lanes(k, cpu)
+    }
+
+    /// Whether the integer products use WGSL's packed dot products: the adapter has them
+    /// ([`AdapterDesc::packed_dot`]) and [`WgpuExec::force_plain_dot`] has not turned them
+    /// off. `false` for a plan.
+    pub fn packed_dot(&self) -> bool {
+        match &self.inner {
+            Inner::Gpu(g) => g.adapter.packed_dot && !g.plain_dot.get(),
+            Inner::Plan(_) => false,
+        }
+    }
+
+    /// Makes the integer products take their plain i32 path even where the adapter has
+    /// packed dot products (`true`), or the adapter's choice again (`false`): for the
+    /// tests, which run both paths on one adapter, and for measuring what the packed path
+    /// gains. The two give the same integers.
+    pub fn force_plain_dot(&self, plain: bool) {
+        if let Inner::Gpu(g) = &self.inner {
+            g.plain_dot.set(plain);
+        }
     }
 
     /// The largest storage buffer a kernel may bind, in bytes (`u64::MAX` for a plan).

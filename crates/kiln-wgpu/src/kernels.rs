@@ -4,11 +4,14 @@
 //! storage access, so a wrong size here is a wrong answer, never a wild write; the checks
 //! make it a named error instead.
 //!
-//! Activations on this backend are f32 everywhere (the products read f32 activations and
-//! accumulate in f32), so no kernel needs the shader-f16 feature; the KV cache is f16,
-//! packed two to a `u32`.
+//! Activations on this backend are f32 everywhere, so no kernel needs the shader-f16
+//! feature; the KV cache is f16, packed two to a `u32`. The products read f32 activations
+//! and accumulate in f32 (`qmv`, `qmm`: the `f32` scheme), or, under the CPU's integer
+//! schemes (`int8`, `int16`), quantize them per weight group to integer codes first
+//! ([`IntProduct`]: kiln-core's codes, exact integer group sums, its float epilogue).
 
 use kiln_core::{QuantSpec, ScaleDtype};
+use kiln_protocol::ActScheme;
 
 use crate::error::WgpuError;
 use crate::exec::{Dispatch, Mem};
@@ -158,6 +161,190 @@ impl ProductShape {
             [self.n.div_ceil(64) as u32, self.m.div_ceil(8) as u32, 1]
         };
         Ok(Dispatch { kernel, params, buffers: vec![w.packed, w.scales, w.biases, x, y], groups })
+    }
+}
+
+/// The activation codes an integer-scheme product reads: kiln-core's `ActCodes` for the
+/// weights' width and the scheme (crates/kiln-core/src/kernels/act.rs), the same ranges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IntCodes {
+    /// 8-bit codes in `[-127, 127]`: 4-bit weights under `int8`.
+    I8,
+    /// 16-bit codes in `[-32512, 32512]`: 4-bit weights under `int16`.
+    I16Split,
+    /// 16-bit codes in `[-32767, 32767]`: 8-bit weights under `int8` and `int16`.
+    I16,
+}
+
+impl IntCodes {
+    /// The codes `bits`-bit weights take under `scheme`, as the CPU's kernels choose them;
+    /// `None` for `f32` (and for the schemes this backend does not run: `f16`,
+    /// `int16-wide8`) and for other widths.
+    pub fn for_weight_bits(bits: u32, scheme: ActScheme) -> Option<IntCodes> {
+        match (bits, scheme) {
+            (4, ActScheme::Int8) => Some(IntCodes::I8),
+            (4, ActScheme::Int16) => Some(IntCodes::I16Split),
+            (8, ActScheme::Int8 | ActScheme::Int16) => Some(IntCodes::I16),
+            _ => None,
+        }
+    }
+
+    /// The largest code magnitude (kiln-core's `I8_MAX`, `I16_SPLIT_MAX`, `I16_MAX`).
+    pub fn max_code(self) -> f32 {
+        match self {
+            IntCodes::I8 => 127.0,
+            IntCodes::I16Split => 32512.0,
+            IntCodes::I16 => 32767.0,
+        }
+    }
+
+    /// Whether the codes are 16-bit: two byte planes per row.
+    pub fn wide(self) -> bool {
+        self != IntCodes::I8
+    }
+}
+
+/// Bytes of the quantized activations ([`IntProduct::act_bytes`]) of `rows` rows of at
+/// most `k` values in groups of at least 32, under any codes: a buffer this large takes
+/// every integer product of up to `rows` rows and `k` inputs.
+pub fn act_bytes_at_most(rows: usize, k: usize) -> usize {
+    rows * (2 * k + k / 32 * 16)
+}
+
+/// A product under an integer activation scheme: the activations of `x` quantized into an
+/// `act` buffer ([`IntProduct::quantize`], `act_quant`), then the product read from it
+/// ([`IntProduct::product`], `qmv_int` for every M, its packed or plain form). The output
+/// is kiln-core's `reference::qmv_int` under the same scheme: the same codes, scales and
+/// integer group sums, and its float epilogue in its order (the same bits wherever the
+/// driver fuses `fma`; the group sum `xsum` may differ from the CPU's by one rounding in
+/// groups whose values span more than about 2^22).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IntProduct {
+    /// The product's shape (`lanes` unused).
+    pub shape: ProductShape,
+    /// The activation codes.
+    pub codes: IntCodes,
+}
+
+impl IntProduct {
+    /// Where the per-group words start in the `act` buffer, in 4-byte words: after the
+    /// codes of the product's rows. Per row and group four words follow: the scale `sx`,
+    /// the sum `xsum` (f32 bits), the code sum `qsum` and the high bytes' sum (i32).
+    pub fn info_off(&self) -> usize {
+        let planes = if self.codes.wide() { 2 } else { 1 };
+        self.shape.m * planes * self.shape.k / 4
+    }
+
+    /// Bytes of the `act` buffer: the codes, then four words per row and group.
+    pub fn act_bytes(&self) -> usize {
+        (self.info_off() + self.shape.m * (self.shape.k / self.shape.spec.group_size()) * 4) * 4
+    }
+
+    fn check(&self, kernel: &'static str) -> Result<(), WgpuError> {
+        self.shape.check(kernel)?;
+        if IntCodes::for_weight_bits(self.shape.spec.bits(), ActScheme::Int8) != Some(self.codes)
+            && IntCodes::for_weight_bits(self.shape.spec.bits(), ActScheme::Int16) != Some(self.codes)
+        {
+            return Err(WgpuError::shape(
+                kernel,
+                format!(
+                    "{:?} codes with {}-bit weights: not a scheme's codes",
+                    self.codes,
+                    self.shape.spec.bits()
+                ),
+            ));
+        }
+        u32_of(kernel, "act words", self.act_bytes() / 4)?;
+        Ok(())
+    }
+
+    /// The quantization of the `m` rows of `x` from row `x_row` into `act`.
+    pub fn quantize<'a>(&self, x: &'a Mem, x_row: usize, act: &'a Mem) -> Result<Dispatch<'a>, WgpuError> {
+        let name = "act_quant";
+        self.check(name)?;
+        let s = &self.shape;
+        need(name, "x", x, (x_row + s.m) * s.k * 4)?;
+        need(name, "act", act, self.act_bytes())?;
+        let groups = s.m * (s.k / s.spec.group_size());
+        Ok(Dispatch {
+            kernel: Kernel::ActQuant,
+            params: vec![
+                s.m as u32,
+                s.k as u32,
+                s.spec.group_size() as u32,
+                self.codes.max_code().to_bits(),
+                self.codes.wide() as u32,
+                (s.spec.bits() == 4) as u32,
+                u32_of(name, "x offset", x_row * s.k)?,
+                self.info_off() as u32,
+            ],
+            buffers: vec![x, act],
+            groups: wrap(groups.div_ceil(64)),
+        })
+    }
+
+    fn product_dispatch<'a>(
+        &self,
+        w: Weights<'a>,
+        act: &'a Mem,
+        y: &'a Mem,
+        y_row: usize,
+        packed_dot: bool,
+        sums: bool,
+    ) -> Result<Dispatch<'a>, WgpuError> {
+        let kernel = if packed_dot { Kernel::QmvInt } else { Kernel::QmvIntPlain };
+        let name = kernel.name();
+        self.check(name)?;
+        let s = &self.shape;
+        need(name, "packed", w.packed, s.packed_bytes())?;
+        need(name, "scales", w.scales, s.scale_bytes())?;
+        need(name, "biases", w.biases, s.scale_bytes())?;
+        need(name, "act", act, self.act_bytes())?;
+        let outs = if sums { s.m * s.n * (s.k / s.spec.group_size()) } else { (y_row + s.m) * s.n };
+        need(name, "y", y, outs * 4)?;
+        Ok(Dispatch {
+            kernel,
+            params: vec![
+                s.n as u32,
+                s.k as u32,
+                s.m as u32,
+                s.spec.bits(),
+                s.spec.group_size() as u32,
+                sdt(s.scales),
+                u32_of(name, "y offset", y_row * s.n)?,
+                self.codes.wide() as u32,
+                self.info_off() as u32,
+                sums as u32,
+            ],
+            buffers: vec![w.packed, w.scales, w.biases, act, y],
+            groups: [s.n.div_ceil(64) as u32, s.m.div_ceil(8) as u32, 1],
+        })
+    }
+
+    /// The product of the quantized rows in `act` into `y` from row `y_row`, with WGSL's
+    /// packed dot products (`packed_dot`, where the adapter has them) or plain i32
+    /// arithmetic: the same integers either way.
+    pub fn product<'a>(
+        &self,
+        w: Weights<'a>,
+        act: &'a Mem,
+        y: &'a Mem,
+        y_row: usize,
+        packed_dot: bool,
+    ) -> Result<Dispatch<'a>, WgpuError> {
+        self.product_dispatch(w, act, y, y_row, packed_dot, false)
+    }
+
+    /// For the tests: the product's exact integer group sums `sum_j q_j xq_j` instead of
+    /// its outputs, as `i32` in `sums` (`[m, n, groups]`).
+    pub fn group_sums<'a>(
+        &self,
+        w: Weights<'a>,
+        act: &'a Mem,
+        sums: &'a Mem,
+        packed_dot: bool,
+    ) -> Result<Dispatch<'a>, WgpuError> {
+        self.product_dispatch(w, act, sums, 0, packed_dot, true)
     }
 }
 

@@ -9,11 +9,14 @@
 //! `Rope::angles`, so every scaling it supports is covered and the angles are the CPU's
 //! bits) and reads back the logits rows.
 //!
-//! Activations are f32 throughout on this backend (the products read f32 and accumulate
-//! in f32; no shader-f16 feature is needed); the cache is f16. A projection of M rows runs
-//! `qmv` (M <= 8: a row's bits do not depend on M, so a prefill in chunks of at most 8
-//! equals one decode step per token bit for bit) or `qmm` (more rows; its rows do not
-//! depend on M either). [`WgpuEngine::forward_batch`] runs several sequences' new tokens
+//! Activations are f32 throughout on this backend (no shader-f16 feature is needed); the
+//! cache is f16. Under the `f32` scheme (the default) a projection of M rows runs `qmv`
+//! (M <= 8: a row's bits do not depend on M, so a prefill in chunks of at most 8 equals
+//! one decode step per token bit for bit) or `qmm` (more rows; its rows do not depend on
+//! M either). Under `int8` or `int16` ([`WgpuEngine::set_act_scheme`]) each projection
+//! quantizes its input per weight group as the CPU does (once for q/k/v and once for
+//! gate/up, which share it) and runs `qmv_int` ([`kernels::IntProduct`]): the CPU's
+//! integer group sums and float epilogue, so every M gives the same bits. [`WgpuEngine::forward_batch`] runs several sequences' new tokens
 //! as one forward: the products over all rows at once, the KV store and attention per
 //! sequence.
 //!
@@ -26,10 +29,11 @@ use kiln_core::{QuantizedMatrix, ScaleDtype, Tag};
 use kiln_model::rope::Rope;
 use kiln_model::weights::{Linear, LinearWeight, Mlp, ModelWeights, RmsNorm};
 use kiln_model::{Logits, ModelConfig};
+use kiln_protocol::ActScheme;
 
 use crate::error::WgpuError;
 use crate::exec::{Dispatch, Mem, WgpuExec};
-use crate::kernels::{self, AttnShape, EmbedShape, ProductShape, Weights};
+use crate::kernels::{self, AttnShape, EmbedShape, IntCodes, IntProduct, ProductShape, Weights};
 
 /// A quantized matrix in device memory, in the checkpoint's bytes.
 struct DevMatrix {
@@ -275,6 +279,8 @@ struct Work {
     mlp: Mem,
     head_x: Mem,
     logits: Mem,
+    /// The quantized activations of one product (integer schemes only).
+    act: Option<Mem>,
 }
 
 impl Work {
@@ -284,6 +290,7 @@ impl Work {
         rows: usize,
         capacity: usize,
         logit_rows: usize,
+        int_act: bool,
     ) -> Result<Work, WgpuError> {
         let s = |bytes: usize| exec.alloc(Tag::Scratch, bytes);
         let (h, qd, kvd, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.mlp_width());
@@ -309,6 +316,12 @@ impl Work {
             mlp: s(rows * inter * 4)?,
             head_x: s(logit_rows * h * 4)?,
             logits: s(logit_rows * c.vocab_size * 4)?,
+            act: if int_act {
+                let k = h.max(qd).max(inter);
+                Some(s(kernels::act_bytes_at_most(rows.max(logit_rows), k))?)
+            } else {
+                None
+            },
         })
     }
 }
@@ -348,6 +361,8 @@ pub struct WgpuRunShape {
     pub rows: usize,
     /// Logit rows of the largest forward (1, or the prompt for scoring).
     pub logit_rows: usize,
+    /// The products' activation scheme: the integer ones hold the quantized activations.
+    pub act: ActScheme,
 }
 
 /// The device memory a run of `shape` takes, from the model's configuration and the CPU's
@@ -357,8 +372,14 @@ pub struct WgpuRunShape {
 pub fn plan(config: &ModelConfig, weight_bytes: u64, shape: WgpuRunShape) -> Result<WgpuPlan, WgpuError> {
     let exec = WgpuExec::plan(u64::MAX);
     let weights = exec.alloc(Tag::Weights, weight_bytes as usize)?;
-    let work =
-        Work::new(&exec, config, shape.rows.max(1), shape.sequence_tokens.max(1), shape.logit_rows.max(1))?;
+    let work = Work::new(
+        &exec,
+        config,
+        shape.rows.max(1),
+        shape.sequence_tokens.max(1),
+        shape.logit_rows.max(1),
+        int_scheme(shape.act),
+    )?;
     let cache = alloc_cache(&exec, config, shape.sequence_tokens)?;
     let st = exec.stats();
     drop((cache, work, weights));
@@ -390,6 +411,14 @@ fn alloc_cache(exec: &WgpuExec, config: &ModelConfig, capacity: usize) -> Result
     Ok(WgpuCache { keys, values, capacity, len: 0 })
 }
 
+/// Whether `act` is an integer scheme this backend runs (`int8`, `int16`).
+fn int_scheme(act: ActScheme) -> bool {
+    matches!(act, ActScheme::Int8 | ActScheme::Int16)
+}
+
+/// The activation schemes [`WgpuEngine::set_act_scheme`] takes, for messages.
+pub const ACT_SCHEMES: &str = "f32, int8, int16";
+
 /// A model on a wgpu device with its activations, running forwards over caches it makes.
 pub struct WgpuEngine<'e> {
     exec: &'e WgpuExec,
@@ -398,6 +427,7 @@ pub struct WgpuEngine<'e> {
     rope: Rope,
     work: Option<Work>,
     logits: Vec<f32>,
+    act: ActScheme,
 }
 
 #[derive(Clone, Copy)]
@@ -435,7 +465,42 @@ impl<'e> WgpuEngine<'e> {
             rope: Rope::new(config),
             work: None,
             logits: Vec::new(),
+            act: ActScheme::F32,
         })
+    }
+
+    /// Runs the products under `act`: `f32` (the default), or the CPU's integer schemes
+    /// `int8` and `int16`; `f16` and `int16-wide8` are refused by name. The activations
+    /// held are reallocated at the next forward when the scheme changes.
+    pub fn set_act_scheme(&mut self, act: ActScheme) -> Result<(), WgpuError> {
+        if act != ActScheme::F32 && !int_scheme(act) {
+            return Err(unsupported(format!(
+                "{}={}: the wgpu products run {ACT_SCHEMES}",
+                kiln_protocol::ACT_PRECISION_ENV,
+                act.as_str()
+            )));
+        }
+        if act != self.act {
+            self.act = act;
+            self.work = None;
+        }
+        Ok(())
+    }
+
+    /// The products' activation scheme.
+    pub fn act_scheme(&self) -> ActScheme {
+        self.act
+    }
+
+    /// What the products run, for the binary's kernel line: `act=<scheme>`, and for the
+    /// integer schemes `dot=packed` (WGSL's packed dot products) or `dot=plain`.
+    pub fn products_desc(&self) -> String {
+        if int_scheme(self.act) {
+            let dot = if self.exec.packed_dot() { "packed" } else { "plain" };
+            format!("act={} dot={dot}", self.act.as_str())
+        } else {
+            format!("act={}", self.act.as_str())
+        }
     }
 
     /// The executor.
@@ -464,7 +529,7 @@ impl<'e> WgpuEngine<'e> {
             (w.rows.max(rows), w.capacity.max(capacity), w.logit_rows.max(logit_rows))
         });
         self.work = None;
-        self.work = Some(Work::new(self.exec, &self.config, r, c, l)?);
+        self.work = Some(Work::new(self.exec, &self.config, r, c, l, int_scheme(self.act))?);
         Ok(())
     }
 
@@ -636,8 +701,26 @@ impl<'e> WgpuEngine<'e> {
             &w.tokens,
             &w.x,
         ))?;
-        let project = |lin: &DevLinear, m: usize, x: &Mem, y: &Mem| -> Result<(), WgpuError> {
-            go(lin.w.shape(m).dispatch(lin.w.w(), x, 0, y, 0))?;
+        // Under an integer scheme, the codes last quantized into `w.act` (group size, codes,
+        // rows, width): a product whose input is unchanged since (`same_x`) reuses them.
+        let quantized = std::cell::Cell::new(None);
+        let act = self.act;
+        let packed_dot = exec.packed_dot();
+        let matmul = |mat: &DevMatrix, m: usize, x: &Mem, y: &Mem, same_x: bool| -> Result<(), WgpuError> {
+            let shape = mat.shape(m);
+            let (Some(codes), Some(buf)) = (IntCodes::for_weight_bits(mat.spec.bits(), act), &w.act) else {
+                return go(shape.dispatch(mat.w(), x, 0, y, 0));
+            };
+            let p = IntProduct { shape, codes };
+            let key = Some((mat.spec.group_size(), codes, m, mat.k));
+            if !same_x || quantized.get() != key {
+                go(p.quantize(x, 0, buf))?;
+                quantized.set(key);
+            }
+            go(p.product(mat.w(), buf, y, 0, packed_dot))
+        };
+        let project = |lin: &DevLinear, m: usize, x: &Mem, y: &Mem, same_x: bool| -> Result<(), WgpuError> {
+            matmul(&lin.w, m, x, y, same_x)?;
             match &lin.bias {
                 Some(b) => go(kernels::add_bias(m * lin.w.n, lin.w.n, y, b)),
                 None => Ok(()),
@@ -654,9 +737,9 @@ impl<'e> WgpuEngine<'e> {
                 Proj::Down => &layer.down,
             };
             go(kernels::rms_norm(rows, h, layer.eps.0, &w.x, 0, &layer.input_norm, &w.xn, 0))?;
-            project(lin(Proj::Q), rows, &w.xn, &w.q)?;
-            project(lin(Proj::K), rows, &w.xn, &w.k)?;
-            project(lin(Proj::V), rows, &w.xn, &w.v)?;
+            project(lin(Proj::Q), rows, &w.xn, &w.q, false)?;
+            project(lin(Proj::K), rows, &w.xn, &w.k, true)?;
+            project(lin(Proj::V), rows, &w.xn, &w.v, true)?;
             let (qs, ks) = match (&layer.q_norm, &layer.k_norm, &w.qn, &w.kn) {
                 (Some(wq), Some(wk), Some(qn), Some(kn)) => {
                     go(kernels::rms_norm(rows * heads, hd, layer.qk_eps.0, &w.q, 0, wq, qn, 0))?;
@@ -686,13 +769,13 @@ impl<'e> WgpuEngine<'e> {
                 exec.dispatch(&split)?;
                 exec.dispatch(&merge)?;
             }
-            project(lin(Proj::O), rows, &w.attn, &w.proj)?;
+            project(lin(Proj::O), rows, &w.attn, &w.proj, false)?;
             go(kernels::add(rows * h, &w.x, &w.proj))?;
             go(kernels::rms_norm(rows, h, layer.eps.1, &w.x, 0, &layer.post_norm, &w.xn, 0))?;
-            project(lin(Proj::Gate), rows, &w.xn, &w.gate)?;
-            project(lin(Proj::Up), rows, &w.xn, &w.up)?;
+            project(lin(Proj::Gate), rows, &w.xn, &w.gate, false)?;
+            project(lin(Proj::Up), rows, &w.xn, &w.up, true)?;
             go(kernels::silu_mul(rows * inter, &w.gate, &w.up, &w.mlp))?;
-            project(lin(Proj::Down), rows, &w.mlp, &w.proj)?;
+            project(lin(Proj::Down), rows, &w.mlp, &w.proj, false)?;
             go(kernels::add(rows * h, &w.x, &w.proj))?;
         }
         if logit_rows > 0 {
@@ -705,8 +788,8 @@ impl<'e> WgpuEngine<'e> {
                 }
             }
             match &self.weights.head {
-                Some(head) => project(head, logit_rows, &w.head_x, &w.logits)?,
-                None => go(e.shape(logit_rows).dispatch(e.w(), &w.head_x, 0, &w.logits, 0))?,
+                Some(head) => project(head, logit_rows, &w.head_x, &w.logits, false)?,
+                None => matmul(e, logit_rows, &w.head_x, &w.logits, false)?,
             }
         }
         for (s, (cache, _)) in parts.iter().zip(seqs.iter_mut()) {

@@ -1,7 +1,8 @@
 //! The WGSL kernels kiln-wgpu compiles: their names, sources (`shaders/`, each after
 //! `common.wgsl`) and the storage buffers each binds. A leaf: the executor compiles them,
-//! `kernels` builds their dispatches. Also the one kernel-choice rule that depends on the
-//! adapter, `qmv`'s lanes per output feature.
+//! `kernels` builds their dispatches. Also the kernel-choice rules that depend on the
+//! adapter: `qmv`'s lanes per output feature, and the integer products' packed or plain
+//! dot products ([`Kernel::QmvInt`], [`Kernel::QmvIntPlain`]).
 
 /// Lanes `qmv` gives one output feature of a K-wide row on a GPU: enough that each lane
 /// sums about four 32-element chunks, at most 32 (a power of two). On a CPU adapter
@@ -13,6 +14,8 @@ pub fn qmv_lanes(k: usize, cpu_adapter: bool) -> usize {
 }
 
 const COMMON: &str = include_str!("../shaders/common.wgsl");
+const DOT_PACKED: &str = include_str!("../shaders/dot_packed.wgsl");
+const DOT_PLAIN: &str = include_str!("../shaders/dot_plain.wgsl");
 
 /// One WGSL kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -21,6 +24,12 @@ pub enum Kernel {
     Qmv,
     /// `qmm` (any M).
     Qmm,
+    /// The activations' quantization for the integer schemes.
+    ActQuant,
+    /// The integer-scheme product (any M) with WGSL's packed 4 x 8-bit dot products.
+    QmvInt,
+    /// The integer-scheme product (any M) in plain i32 arithmetic.
+    QmvIntPlain,
     /// The quantized embedding lookup.
     Embed,
     /// RMSNorm.
@@ -43,9 +52,12 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 11] = [
+    pub const ALL: [Kernel; 14] = [
         Kernel::Qmv,
         Kernel::Qmm,
+        Kernel::ActQuant,
+        Kernel::QmvInt,
+        Kernel::QmvIntPlain,
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Rope,
@@ -62,6 +74,9 @@ impl Kernel {
         match self {
             Kernel::Qmv => "qmv",
             Kernel::Qmm => "qmm",
+            Kernel::ActQuant => "act_quant",
+            Kernel::QmvInt => "qmv_int",
+            Kernel::QmvIntPlain => "qmv_int_plain",
             Kernel::Embed => "embed",
             Kernel::RmsNorm => "rms_norm",
             Kernel::Rope => "rope",
@@ -78,6 +93,8 @@ impl Kernel {
         match self {
             Kernel::Qmv => include_str!("../shaders/qmv.wgsl"),
             Kernel::Qmm => include_str!("../shaders/qmm.wgsl"),
+            Kernel::ActQuant => include_str!("../shaders/act_quant.wgsl"),
+            Kernel::QmvInt | Kernel::QmvIntPlain => include_str!("../shaders/qmv_int.wgsl"),
             Kernel::Embed => include_str!("../shaders/embed.wgsl"),
             Kernel::RmsNorm => include_str!("../shaders/rms_norm.wgsl"),
             Kernel::Rope => include_str!("../shaders/rope.wgsl"),
@@ -90,18 +107,24 @@ impl Kernel {
         }
     }
 
-    /// The WGSL source: common.wgsl, then the kernel.
+    /// The WGSL source: common.wgsl, then (for the integer products) the 4 x 8-bit dot
+    /// products, then the kernel.
     pub fn source(self) -> String {
-        format!("{COMMON}\n{}", self.body())
+        let dot = match self {
+            Kernel::QmvInt => DOT_PACKED,
+            Kernel::QmvIntPlain => DOT_PLAIN,
+            _ => "",
+        };
+        format!("{COMMON}\n{dot}\n{}", self.body())
     }
 
     /// Storage buffers bound after the parameters.
     pub fn storage_buffers(self) -> usize {
         match self {
-            Kernel::Qmv | Kernel::Qmm | Kernel::Embed => 5,
+            Kernel::Qmv | Kernel::Qmm | Kernel::QmvInt | Kernel::QmvIntPlain | Kernel::Embed => 5,
             Kernel::KvStore | Kernel::AttnSplit => 4,
             Kernel::RmsNorm | Kernel::SiluMul => 3,
-            Kernel::Rope | Kernel::AttnMerge | Kernel::Add | Kernel::AddBias => 2,
+            Kernel::Rope | Kernel::AttnMerge | Kernel::Add | Kernel::AddBias | Kernel::ActQuant => 2,
         }
     }
 }

@@ -6,7 +6,10 @@
 //! each said where it is made: activations are f32 here (exact inputs, as the CUDA tests'
 //! f16 activations are), and Vulkan's precision rules let a driver evaluate `fma` as a
 //! product and a sum and give `exp`, `sqrt` and division a few ulp. Outputs are poisoned
-//! with NaN before each dispatch, so an element a kernel fails to write fails.
+//! with NaN before each dispatch, so an element a kernel fails to write fails. The
+//! integer-scheme products are held to the CPU's integer reference (`reference::qmv_int`,
+//! `reference::qmv_int_group_sums`): the same integer group sums bit for bit, on the packed
+//! and the plain dot-product path.
 
 mod common;
 
@@ -16,7 +19,8 @@ use kiln_core::kernels::reference;
 use kiln_core::matrix::ScaleData;
 use kiln_core::quantize::quantize_as;
 use kiln_core::{QuantSpec, QuantizedMatrix, ScaleDtype, Tag};
-use kiln_wgpu::kernels::{self, AttnShape, EmbedShape, ProductShape, Weights};
+use kiln_protocol::ActScheme;
+use kiln_wgpu::kernels::{self, AttnShape, EmbedShape, IntCodes, IntProduct, ProductShape, Weights};
 use kiln_wgpu::{Dispatch, Mem, WgpuExec};
 
 /// f32 unit roundoff.
@@ -518,4 +522,224 @@ fn shapes_the_kernels_do_not_take_are_refused_by_name() {
     assert_eq!(err.to_string(), "invalid qmv shape: 3 lanes: accepted are 1, 2, 4, 8, 16, 32");
     let a = AttnShape { rows: 1, start: 0, kv_heads: 1, group: 1, head_dim: 512, capacity: 4 };
     assert!(a.check().unwrap_err().to_string().contains("head_dim 512"));
+}
+
+/// What an integer-scheme product gives on the device: its outputs, its integer group
+/// sums, and its activations' per-group words (sx, xsum, qsum).
+struct IntRun {
+    y: Vec<f32>,
+    sums: Vec<i32>,
+    groups: Vec<(f32, f32, i32)>,
+}
+
+/// The integer-scheme product of `x` on the device with the packed (`packed`) or plain dot
+/// products.
+fn int_product(e: &WgpuExec, p: IntProduct, w: &DevW, x: &[f32], packed: bool) -> IntRun {
+    let s = p.shape;
+    let bx = up(e, x);
+    let act = up(e, &vec![0xdead_beef_u32; p.act_bytes() / 4]);
+    let by = nans(e, s.m * s.n);
+    let gpr = s.k / s.spec.group_size();
+    let bs = nans(e, s.m * s.n * gpr);
+    run(e, p.quantize(&bx, 0, &act).unwrap());
+    run(e, p.product(w.w(), &act, &by, 0, packed).unwrap());
+    run(e, p.group_sums(w.w(), &act, &bs, packed).unwrap());
+    let sums = read_f32(e, &bs, s.m * s.n * gpr).iter().map(|v| v.to_bits() as i32).collect();
+    let mut info = vec![0u32; s.m * gpr * 4];
+    e.read(&act, p.info_off() * 4, &mut info).unwrap();
+    let groups =
+        info.chunks_exact(4).map(|w| (f32::from_bits(w[0]), f32::from_bits(w[1]), w[2] as i32)).collect();
+    IntRun { y: read_f32(e, &by, s.m * s.n), sums, groups }
+}
+
+/// kiln-core's integer epilogue (`Lanes`) over the CPU's group sums and activation groups
+/// for row `i`, output `r`: with `fused` its fmas as one rounding each (the CPU's, so
+/// `reference::qmv_int`'s bits), else each as a product and a sum (what Vulkan lets a driver
+/// do, and lavapipe does).
+fn int_epilogue(
+    w: &QuantizedMatrix,
+    sums: &[i32],
+    groups: &[reference::ActGroup],
+    i: usize,
+    r: usize,
+    fused: bool,
+) -> f32 {
+    let (n, gpr) = (w.n(), w.k() / w.spec().group_size());
+    let c = 1i32 << (w.spec().bits() - 1);
+    let fma = |a: f32, b: f32, acc: f32| if fused { a.mul_add(b, acc) } else { a * b + acc };
+    let mut lanes = [0f32; 8];
+    for gi in 0..gpr {
+        let a = groups[i * gpr + gi];
+        let (s, b) = (w.scales().get(r * gpr + gi), w.biases().get(r * gpr + gi));
+        let l = &mut lanes[gi % 8];
+        *l = fma((sums[(i * n + r) * gpr + gi] - c * a.qsum) as f32, s * a.sx, *l);
+        *l = fma(fma(s, c as f32, b), a.xsum, *l);
+    }
+    let l = lanes;
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+}
+
+/// Activations for the integer tests: uniform in [-2, 2) with the awkward groups the
+/// CPU's quantizer handles apart in row 1 (when there are rows enough): an all-zero group,
+/// a group with one large value among tiny ones (a wide span for the exact sum), and
+/// values that land on code halves (ties to even).
+fn int_activations(rng: &mut Rng, m: usize, k: usize, g: usize) -> Vec<f32> {
+    let mut x: Vec<f32> = (0..m * k).map(|_| rng.sym(2.0)).collect();
+    if m > 1 && k / g >= 3 {
+        let row = &mut x[k..2 * k];
+        row[..g].fill(0.0);
+        for (j, v) in row[g..2 * g].iter_mut().enumerate() {
+            *v = if j == 5 { 3.0e4 } else { rng.sym(1.0e-3) };
+        }
+        for (j, v) in row[2 * g..3 * g].iter_mut().enumerate() {
+            // amax 127 gives inv 1: codes are the values, and x.5 ties to even.
+            *v = if j == 0 { 127.0 } else { (j as f32 - 40.0) + 0.5 };
+        }
+    }
+    x
+}
+
+#[test]
+fn integer_schemes_give_the_cpus_group_sums_bit_for_bit_and_its_products_on_both_dot_paths() {
+    let Some(e) = common::vulkan(None) else { return };
+    let adapter_packed = e.packed_dot();
+    eprintln!("{}: packed integer dot products {}", e.name(), if adapter_packed { "yes" } else { "no" });
+    let mut rng = Rng(0x1d07);
+    let n = 70; // two workgroups of 64 features, the second partial
+    let (mut outputs, mut same_bits, mut split_bits, mut worst) = (0usize, 0usize, 0usize, 0f64);
+    for scheme in [ActScheme::Int8, ActScheme::Int16] {
+        for bits in [4u32, 8] {
+            let codes = IntCodes::for_weight_bits(bits, scheme).unwrap();
+            for (g, k) in [(32usize, 96usize), (32, 352), (64, 640), (128, 256), (128, 1152)] {
+                let spec = QuantSpec::new(bits, g).unwrap();
+                let sd = [ScaleDtype::F16, ScaleDtype::Bf16, ScaleDtype::F32][(k / g) % 3];
+                let wf: Vec<f32> = (0..n * k).map(|_| rng.sym(1.0)).collect();
+                let w = quantize_as(&wf, n, k, spec, sd).unwrap();
+                let dw = DevW::new(&e, &w);
+                // qmv (1 row), qmv_wide (3 and 8 rows), qmm (17 rows: three tiles).
+                for m in [1usize, 3, 8, 17] {
+                    let x = int_activations(&mut rng, m, k, g);
+                    let want = reference::qmv_int(&x, m, &w, scheme).unwrap();
+                    let want_sums = reference::qmv_int_group_sums(&x, m, &w, scheme).unwrap();
+                    let want_groups = reference::act_groups(&x, m, k, g, bits, scheme).unwrap();
+                    let shape = ProductShape { n, k, m, spec, scales: sd, lanes: 1 };
+                    let p = IntProduct { shape, codes };
+                    let paths: &[bool] = if adapter_packed { &[true, false] } else { &[false] };
+                    let mut first: Option<Vec<f32>> = None;
+                    for &packed in paths {
+                        let at = format!(
+                            "{} {bits}-bit g{g} {sd:?} k {k} m {m} {}",
+                            scheme.as_str(),
+                            if packed { "packed" } else { "plain" }
+                        );
+                        let IntRun { y, sums, groups } = int_product(&e, p, &dw, &x, packed);
+                        for (idx, (a, b)) in groups.iter().zip(&want_groups).enumerate() {
+                            let (i, gi) = (idx / (k / g), idx % (k / g));
+                            let bits_of = |v: f32| v.to_bits();
+                            assert_eq!(
+                                (bits_of(a.0), bits_of(a.1), a.2),
+                                (bits_of(b.sx), bits_of(b.xsum), b.qsum),
+                                "{at}: row {i} group {gi}'s scale, sum and code sum (device {a:?}, CPU {b:?})"
+                            );
+                        }
+                        assert_eq!(sums.len(), want_sums.len());
+                        for (idx, (a, b)) in sums.iter().zip(&want_sums).enumerate() {
+                            let gpr = k / g;
+                            let (i, r, gi) = (idx / (n * gpr), idx / gpr % n, idx % gpr);
+                            assert_eq!(a, b, "{at}: the group sum of row {i} out {r} group {gi}");
+                        }
+                        for i in 0..m {
+                            for r in 0..n {
+                                let (got, cpu) = (y[i * n + r], want[i * n + r]);
+                                let bound = qmv_bound(&w, &x[i * k..(i + 1) * k], r, 1);
+                                assert!(
+                                    (got as f64 - cpu as f64).abs() <= bound,
+                                    "{at} row {i} out {r}: {got} vs the CPU's {cpu}, bound {bound}"
+                                );
+                                // The CPU's epilogue over the CPU's integers and groups, its
+                                // fmas fused (the CPU's own bits) or split, as the driver
+                                // evaluates them: the device's is one of the two.
+                                let fused = int_epilogue(&w, &want_sums, &want_groups, i, r, true);
+                                let split = int_epilogue(&w, &want_sums, &want_groups, i, r, false);
+                                assert_eq!(fused.to_bits(), cpu.to_bits(), "{at}: the epilogue is the CPU's");
+                                assert!(
+                                    got.to_bits() == fused.to_bits() || got.to_bits() == split.to_bits(),
+                                    "{at} row {i} out {r}: {got} is neither the CPU's {fused} nor its split-fma {split}"
+                                );
+                                outputs += 1;
+                                same_bits += usize::from(got.to_bits() == cpu.to_bits());
+                                split_bits += usize::from(got.to_bits() == split.to_bits());
+                                if bound > 0.0 {
+                                    worst = worst.max((got as f64 - cpu as f64).abs() / bound);
+                                }
+                            }
+                        }
+                        // Both paths compute the same operations on the same integers.
+                        match &first {
+                            None => first = Some(y),
+                            Some(f) => assert!(
+                                f.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{at}: the packed and the plain path differ"
+                            ),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    eprintln!(
+        "integer products: {same_bits} of {outputs} outputs the CPU's bits, {split_bits} its split-fma bits; \
+         worst difference / QMV_BOUND {worst:.3e}"
+    );
+}
+
+#[test]
+fn integer_rows_do_not_depend_on_m_and_a_non_finite_group_makes_its_row_nan() {
+    let Some(e) = common::vulkan(None) else { return };
+    let mut rng = Rng(0x7a11);
+    let (n, k, g) = (9, 256, 64);
+    for bits in [4u32, 8] {
+        let spec = QuantSpec::new(bits, g).unwrap();
+        let wf: Vec<f32> = (0..n * k).map(|_| rng.sym(1.0)).collect();
+        let w = quantize_as(&wf, n, k, spec, ScaleDtype::F16).unwrap();
+        let dw = DevW::new(&e, &w);
+        let codes = IntCodes::for_weight_bits(bits, ActScheme::Int8).unwrap();
+        let mut x: Vec<f32> = (0..12 * k).map(|_| rng.sym(2.0)).collect();
+        x[k + 70] = f32::INFINITY;
+        x[2 * k + 3] = f32::NAN;
+        let shape = ProductShape { n, k, m: 12, spec, scales: ScaleDtype::F16, lanes: 1 };
+        let packed = e.packed_dot();
+        let all = int_product(&e, IntProduct { shape, codes }, &dw, &x, packed).y;
+        let want = reference::qmv_int(&x, 12, &w, ActScheme::Int8).unwrap();
+        for i in 0..12 {
+            let xi = &x[i * k..(i + 1) * k];
+            let one_shape = ProductShape { m: 1, ..shape };
+            let one = int_product(&e, IntProduct { shape: one_shape, codes }, &dw, xi, packed).y;
+            for r in 0..n {
+                let (a, b) = (all[i * n + r], one[r]);
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{bits}-bit row {i} out {r}: m 12 {a} and m 1 {b} differ"
+                );
+                assert_eq!(a.is_nan(), want[i * n + r].is_nan(), "{bits}-bit row {i} out {r}");
+                assert_eq!(a.is_nan(), i == 1 || i == 2, "{bits}-bit row {i} out {r}: {a}");
+            }
+        }
+    }
+}
+
+#[test]
+fn integer_products_refuse_codes_no_scheme_gives_those_weights() {
+    let Some(e) = common::vulkan(None) else { return };
+    let spec = QuantSpec::new(8, 32).unwrap();
+    let shape = ProductShape { n: 4, k: 64, m: 1, spec, scales: ScaleDtype::F32, lanes: 1 };
+    let p = IntProduct { shape, codes: IntCodes::I8 };
+    let x = up(&e, &[0f32; 64]);
+    let act = up(&e, &[0u8; 4096]);
+    let err = p.quantize(&x, 0, &act).err().unwrap();
+    assert!(err.to_string().contains("I8 codes with 8-bit weights"), "{err}");
+    assert_eq!(IntCodes::for_weight_bits(4, ActScheme::F32), None);
+    assert_eq!(IntCodes::for_weight_bits(4, ActScheme::Int16Wide8), None);
+    assert_eq!(IntCodes::for_weight_bits(8, ActScheme::Int8), Some(IntCodes::I16));
 }

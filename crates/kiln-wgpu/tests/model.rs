@@ -8,100 +8,37 @@
 mod common;
 
 use kiln_core::MemoryPool;
-use kiln_model::{EngineOptions, LoadOptions, LoadedModel, Logits, Session};
+use kiln_model::{EngineOptions, LoadOptions, Logits, Session};
+use kiln_protocol::ActScheme;
 use kiln_wgpu::model::{WgpuRunShape, plan};
 use kiln_wgpu::{WgpuEngine, WgpuError};
 
-fn load(name: &str) -> LoadedModel {
-    let pool = MemoryPool::unlimited();
-    kiln_model::load(&format!("synthetic:{name}"), &LoadOptions { pool, quantize: None }).unwrap()
-}
-
-fn prompt(n: usize, vocab: usize) -> Vec<u32> {
-    (0..n).map(|i| ((i * 37 + 11) % vocab) as u32).collect()
-}
-
-/// kiln-cuda's `LOGIT_TOLERANCE`: how far the device's logits may be from the CPU's, as a
-/// share of the largest CPU logit's magnitude. Here the device feeds each product f32
-/// activations and keeps the cache in f16; the CPU quantizes activations to 16-bit codes
-/// per block and keeps its own f16 cache. 1% still fails on any wrong step (a skipped
-/// bias, a shifted position or a missing residual move the logits by tens of percent).
-const LOGIT_TOLERANCE: f32 = 0.01;
-
-fn worst(dev: &[f32], cpu: &[f32]) -> f32 {
-    assert_eq!(dev.len(), cpu.len());
-    let scale = cpu.iter().fold(0f32, |m, v| m.max(v.abs()));
-    dev.iter().zip(cpu).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / scale
-}
-
-fn argmax(v: &[f32]) -> usize {
-    v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0
-}
-
-/// The gap between the best and second-best logit, as a share of the largest magnitude.
-fn margin(v: &[f32]) -> f32 {
-    let mut s: Vec<f32> = v.to_vec();
-    s.sort_by(|a, b| b.total_cmp(a));
-    let scale = v.iter().fold(0f32, |m, x| m.max(x.abs()));
-    (s[0] - s[1]) / scale
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
-fn compare_with_cpu(name: &str) {
-    let Some(exec) = common::vulkan(None) else { return };
-    let m = load(name);
-    let vocab = m.config.vocab_size;
-    let ids = prompt(20, vocab);
-    let pool = MemoryPool::unlimited();
-    let mut cpu = Session::new(&m, &pool, EngineOptions::default()).unwrap();
-    let mut dev = WgpuEngine::new(&exec, &m.config, &m.weights).unwrap();
-    let mut cache = dev.new_cache(64).unwrap();
-
-    let mut want = cpu.prefill(&ids).unwrap().to_vec();
-    let mut got = dev.prefill(&mut cache, &ids, 0).unwrap().to_vec();
-    let mut worst_seen = worst(&got, &want);
-    assert!(worst_seen <= LOGIT_TOLERANCE, "{name} prefill: logits differ by {worst_seen}");
-    let mut agreed = 0;
-    for step in 0..=8 {
-        if margin(&want) > 2.0 * LOGIT_TOLERANCE {
-            assert_eq!(argmax(&got), argmax(&want), "{name} step {step}: a different greedy token");
-            agreed += 1;
-        }
-        if step == 8 {
-            break;
-        }
-        // Both are fed the CPU's greedy token.
-        let next = argmax(&want) as u32;
-        want = cpu.decode_step(next).unwrap().to_vec();
-        got = dev.decode(&mut cache, next).unwrap().to_vec();
-        let d = worst(&got, &want);
-        worst_seen = worst_seen.max(d);
-        assert!(d <= LOGIT_TOLERANCE, "{name} decode step {step}: logits differ by {d}");
-    }
-    assert_eq!(cache.len(), 28);
-    assert!(agreed >= 4, "{name}: only {agreed} steps had a clear greedy token to compare");
-    eprintln!(
-        "{name} on {}: worst logit difference {worst_seen:.5} of the largest logit; {agreed} greedy tokens compared",
-        exec.name()
-    );
-}
+use common::{LOGIT_TOLERANCE, argmax, bits, compare_with_cpu, load, prompt, worst};
 
 #[test]
 fn the_wgpu_forward_matches_the_cpu_forward_on_a_llama_shape() {
-    compare_with_cpu("tiny");
+    compare_with_cpu("tiny", ActScheme::F32, LOGIT_TOLERANCE);
 }
 
 #[test]
 fn the_wgpu_forward_matches_the_cpu_forward_on_a_qwen_shape_with_biases_and_an_untied_head() {
-    compare_with_cpu("tiny-qwen");
+    compare_with_cpu("tiny-qwen", ActScheme::F32, LOGIT_TOLERANCE);
 }
 
 #[test]
 fn eight_bit_weights_match_too() {
-    compare_with_cpu("tiny@8bit");
+    compare_with_cpu("tiny@8bit", ActScheme::F32, LOGIT_TOLERANCE);
+}
+
+/// This binary leaves `KILN_ACT_PRECISION` alone, so the CPU runs its default, `int16`:
+/// the device under `int16` runs the same products (the CPU's integers; the float epilogue
+/// as the driver evaluates fma), so the logits agree far more closely than f32's.
+#[test]
+fn the_int16_forward_matches_the_cpus_int16_forward_closely() {
+    assert_eq!(kiln_core::act_precision::act_scheme(), ActScheme::Int16, "the CPU's default scheme");
+    for name in ["tiny", "tiny-qwen", "tiny@8bit"] {
+        compare_with_cpu(name, ActScheme::Int16, common::SAME_SCHEME_TOLERANCE);
+    }
 }
 
 /// Along the CPU's greedy path from "the kiln" on every tiny model, 16 steps: where the
@@ -220,11 +157,18 @@ fn every_rows_logits_match_the_last_rows_and_the_cpus() {
 
 #[test]
 fn the_plan_is_the_device_pools_peak_and_a_smaller_limit_is_out_of_memory() {
+    // f32 holds no quantized activations; the integer schemes hold one product's.
+    for act in [ActScheme::F32, ActScheme::Int8, ActScheme::Int16] {
+        plan_is_peak(act);
+    }
+}
+
+fn plan_is_peak(act: ActScheme) {
     let Some(probe) = common::vulkan(None) else { return };
     drop(probe);
     let m = load("tiny-qwen");
     let ids = prompt(30, m.config.vocab_size);
-    let shape = WgpuRunShape { sequence_tokens: 40, rows: 10, logit_rows: 1 };
+    let shape = WgpuRunShape { sequence_tokens: 40, rows: 10, logit_rows: 1, act };
     let info = kiln_model::inspect(
         "synthetic:tiny-qwen",
         &LoadOptions { pool: MemoryPool::unlimited(), quantize: None },
@@ -240,6 +184,7 @@ fn the_plan_is_the_device_pools_peak_and_a_smaller_limit_is_out_of_memory() {
     let exec = common::vulkan(Some(p.total_bytes)).unwrap();
     assert_eq!(exec.pool().limit(), p.total_bytes);
     let mut dev = WgpuEngine::new(&exec, &m.config, &m.weights).unwrap();
+    dev.set_act_scheme(act).unwrap();
     assert_eq!(exec.stats().by_tag["weights"].peak, p.weights_bytes, "the weights are the CPU's bytes");
     dev.reserve(shape.rows, shape.sequence_tokens, shape.logit_rows).unwrap();
     let mut cache = dev.new_cache(shape.sequence_tokens).unwrap();
@@ -248,7 +193,7 @@ fn the_plan_is_the_device_pools_peak_and_a_smaller_limit_is_out_of_memory() {
         next = argmax(dev.decode(&mut cache, next).unwrap()) as u32;
     }
     let st = exec.stats();
-    assert_eq!(st.peak_bytes, p.total_bytes, "estimate == peak");
+    assert_eq!(st.peak_bytes, p.total_bytes, "{}: estimate == peak", act.as_str());
     assert_eq!(st.by_tag["kv"].peak, p.kv_bytes);
 
     // A full cache is refused by name, and changes nothing.
@@ -259,6 +204,7 @@ fn the_plan_is_the_device_pools_peak_and_a_smaller_limit_is_out_of_memory() {
 
     let small = common::vulkan(Some(p.total_bytes - 1)).unwrap();
     let mut dev = WgpuEngine::new(&small, &m.config, &m.weights).unwrap();
+    dev.set_act_scheme(act).unwrap();
     let e = dev
         .reserve(shape.rows, shape.sequence_tokens, shape.logit_rows)
         .and_then(|()| dev.new_cache(shape.sequence_tokens).map(drop))
@@ -279,6 +225,13 @@ fn bad_tokens_and_models_the_wgpu_forward_does_not_run_are_refused_by_name() {
     let e = dev.forward(&mut cache, &[], Logits::Last).err().unwrap();
     assert!(e.to_string().contains("at least one new token"), "{e}");
     assert!(dev.new_cache(0).is_err() && dev.new_cache(1025).is_err());
+
+    for act in [ActScheme::F16, ActScheme::Int16Wide8] {
+        let e = dev.set_act_scheme(act).err().unwrap();
+        assert!(e.to_string().contains(&format!("KILN_ACT_PRECISION={}", act.as_str())), "{e}");
+        assert!(e.to_string().contains("f32, int8, int16"), "{e}");
+    }
+    assert_eq!(dev.act_scheme(), ActScheme::F32);
 
     let moe = load("tiny-moe");
     let e = WgpuEngine::new(&exec, &moe.config, &moe.weights).err().unwrap();

@@ -122,8 +122,10 @@ pub fn with_engine<T: EngineTask>(
         #[cfg(any(feature = "vulkan", feature = "metal"))]
         Backend::Vulkan | Backend::Metal => {
             let exec = open_wgpu(args, chosen.backend)?;
-            let engine = kiln_wgpu::WgpuEngine::new(&exec, &model.config, &model.weights)
+            let mut engine = kiln_wgpu::WgpuEngine::new(&exec, &model.config, &model.weights)
                 .context("copying the weights to the device")?;
+            engine.set_act_scheme(chosen.act).map_err(kiln_model::ModelError::from)?;
+            say_wgpu(chosen.backend, &engine);
             let label = exec.name();
             task.run(kiln_wgpu::backend::WgpuBackend { engine, prefill_chunk: options.prefill_chunk }, &label)
         }
@@ -179,9 +181,12 @@ pub fn server_engine(chosen: &Chosen, args: &RunArgs) -> std::sync::Arc<dyn kiln
         #[cfg(feature = "cuda")]
         Backend::Cuda => std::sync::Arc::new(CudaServer { args: args.clone() }),
         #[cfg(any(feature = "vulkan", feature = "metal"))]
-        Backend::Vulkan | Backend::Metal => {
-            std::sync::Arc::new(WgpuServer { args: args.clone(), backend: chosen.backend, caps: chosen.caps })
-        }
+        Backend::Vulkan | Backend::Metal => std::sync::Arc::new(WgpuServer {
+            args: args.clone(),
+            backend: chosen.backend,
+            caps: chosen.caps,
+            act: chosen.act,
+        }),
         _ => {
             let _ = args;
             std::sync::Arc::new(kiln_serve::CpuEngine)
@@ -225,6 +230,7 @@ struct WgpuServer {
     args: RunArgs,
     backend: Backend,
     caps: Capabilities,
+    act: ActScheme,
 }
 
 #[cfg(any(feature = "vulkan", feature = "metal"))]
@@ -240,7 +246,9 @@ impl kiln_serve::EngineBuilder for WgpuServer {
         run: kiln_serve::RunScheduler<'a>,
     ) -> kiln_model::Result<()> {
         let exec = open_wgpu(&self.args, self.backend).map_err(device_error)?;
-        let engine = kiln_wgpu::WgpuEngine::new(&exec, &model.config, &model.weights)?;
+        let mut engine = kiln_wgpu::WgpuEngine::new(&exec, &model.config, &model.weights)?;
+        engine.set_act_scheme(self.act)?;
+        say_wgpu(self.backend, &engine);
         run.run(kiln_wgpu::backend::WgpuBackend { engine, prefill_chunk: options.prefill_chunk })
     }
 }
@@ -320,6 +328,13 @@ fn open_wgpu(args: &RunArgs, backend: Backend) -> anyhow::Result<kiln_wgpu::Wgpu
         exec.pool().limit()
     );
     Ok(exec)
+}
+
+/// Says on stderr what the wgpu products run: the activation scheme (`act=`) and, for the
+/// integer schemes, whether WGSL's packed dot products are used (`dot=packed|plain`).
+#[cfg(any(feature = "vulkan", feature = "metal"))]
+fn say_wgpu(backend: Backend, engine: &kiln_wgpu::WgpuEngine<'_>) {
+    eprintln!("kiln: --backend {backend} products: {}", engine.products_desc());
 }
 
 /// Opens GPU 0, its pool limited by its free memory or `--memory-limit` /

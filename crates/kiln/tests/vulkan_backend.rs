@@ -4,7 +4,9 @@
 //! feature the flag is refused by name (exit 2). With it (CI builds it), bench-decode's
 //! record is the device pool's and `estimate --backend vulkan` equals its peak, one byte
 //! under it is exit 3 with `out of memory:`, `generate`, `score` and `kiln serve` give the
-//! CPU's text, and what the wgpu forward does not run is exit 2 naming it.
+//! CPU's text, and what the wgpu forward does not run is exit 2 naming it. Under
+//! `KILN_ACT_PRECISION=int8|int16` the device runs that scheme, says its dot-product path,
+//! and its estimate is still the peak.
 
 #[cfg(feature = "vulkan")]
 #[path = "../../kiln-serve/tests/client/mod.rs"]
@@ -92,6 +94,46 @@ fn bench_decode_on_vulkan_reports_the_device_pool_and_estimate_equals_its_peak()
     let run = dir.run_env(&args, &ENV).expect_code(3);
     let first = run.stderr().lines().find(|l| !l.starts_with("kiln:")).unwrap_or_default().to_string();
     assert!(first.starts_with("out of memory:"), "{}", run.describe());
+}
+
+#[cfg(feature = "vulkan")]
+#[test]
+fn the_integer_schemes_run_on_vulkan_say_their_dot_path_and_estimate_their_peak() {
+    let dir = Dir::new();
+    if !vulkan_here(&dir) {
+        return;
+    }
+    let bench = ["bench-decode", "-m", "synthetic:tiny-qwen", "--backend", "vulkan", "--prompt-tokens", "20"];
+    let flags = ["-n", "4"];
+    for scheme in ["int8", "int16"] {
+        let env = [ENV[0], ("KILN_ACT_PRECISION", scheme)];
+        let args: Vec<&str> = bench.iter().chain(&flags).copied().collect();
+        let run = dir.run_env(&args, &env).expect_code(0);
+        let r = run.json();
+        assert_eq!(r["act_scheme"], scheme, "{}", run.describe());
+        let line = run.stderr().lines().find(|l| l.contains("products: ")).unwrap_or_default().to_string();
+        assert!(
+            line == format!("kiln: --backend vulkan products: act={scheme} dot=packed")
+                || line == format!("kiln: --backend vulkan products: act={scheme} dot=plain"),
+            "{}",
+            run.describe()
+        );
+        let peak = r["peak_bytes"].as_u64().unwrap();
+        assert_eq!(r["estimated_peak_bytes"].as_u64(), Some(peak), "{}", run.describe());
+        let est = ["estimate", "-m", "synthetic:tiny-qwen", "--backend", "vulkan", "--prompt-tokens", "20"];
+        let args: Vec<&str> = est.iter().chain(&flags).copied().collect();
+        let e = dir.run_env(&args, &env).expect_code(0);
+        assert_eq!(
+            e.json()["total_bytes"].as_u64(),
+            Some(peak),
+            "{scheme}: estimate == peak{}",
+            e.describe()
+        );
+    }
+    let env = [ENV[0], ("KILN_ACT_PRECISION", "int16-wide8")];
+    let args: Vec<&str> = bench.iter().chain(&flags).copied().collect();
+    let run = dir.run_env(&args, &env).expect_code(2);
+    assert!(run.stderr().contains("its products run f32, int8, int16"), "{}", run.describe());
 }
 
 #[cfg(feature = "vulkan")]

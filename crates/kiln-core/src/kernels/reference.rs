@@ -53,6 +53,69 @@ pub fn qmv_int(x: &[f32], m: usize, w: &QuantizedMatrix, scheme: ActScheme) -> O
     Some(y)
 }
 
+/// The exact integer group sums `sum_j q_j xq_j` of [`qmv_int`] under `scheme`, in order
+/// `[row][output][group]`: what another backend's integer products (kiln-wgpu's) must
+/// reproduce bit for bit. `None` where [`qmv_int`] is `None`.
+pub fn qmv_int_group_sums(x: &[f32], m: usize, w: &QuantizedMatrix, scheme: ActScheme) -> Option<Vec<i32>> {
+    if w.layout() != Layout::RowMajor {
+        return qmv_int_group_sums(x, m, &w.to_row_major(), scheme);
+    }
+    let (n, k, g, bits) = (w.n(), w.k(), w.spec().group_size(), w.spec().bits());
+    assert_eq!(x.len(), m * k);
+    let codes = ActCodes::for_weight_bits(bits, scheme)?;
+    let mut xq = vec![0i16; k];
+    let mut sums = Vec::with_capacity(m * n * (k / g));
+    for i in 0..m {
+        for (xs, cs) in x[i * k..(i + 1) * k].chunks_exact(g).zip(xq.chunks_exact_mut(g)) {
+            quantize_group(xs, codes.max_code(), cs);
+        }
+        for r in 0..n {
+            let row = w.row_words(r);
+            for gi in 0..k / g {
+                let tot =
+                    (gi * g..(gi + 1) * g).map(|j| read_code(row, j, bits) as i32 * i32::from(xq[j])).sum();
+                sums.push(tot);
+            }
+        }
+    }
+    Some(sums)
+}
+
+/// One activation group's quantization under an integer scheme ([`act_groups`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ActGroup {
+    /// The scale `max |x| / qmax` (0 for an all-zero group, NaN for a non-finite one).
+    pub sx: f32,
+    /// The group's sum, computed in f64 and rounded once.
+    pub xsum: f32,
+    /// The sum of its codes.
+    pub qsum: i32,
+}
+
+/// How [`qmv_int`] quantizes `m` rows of `k` activations in groups of `g` for `bits`-bit
+/// weights under `scheme`, per row and group: what another backend's quantizer (kiln-wgpu's)
+/// must reproduce bit for bit. `None` where [`qmv_int`] is `None`.
+pub fn act_groups(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    g: usize,
+    bits: u32,
+    scheme: ActScheme,
+) -> Option<Vec<ActGroup>> {
+    assert_eq!(x.len(), m * k);
+    let codes = ActCodes::for_weight_bits(bits, scheme)?;
+    let mut xq = vec![0i16; g];
+    Some(
+        x.chunks_exact(g)
+            .map(|xs| {
+                let q = quantize_group(xs, codes.max_code(), &mut xq);
+                ActGroup { sx: q.sx, xsum: q.xsum, qsum: q.qsum }
+            })
+            .collect(),
+    )
+}
+
 /// The bits `qmv_wide` gives for `m` rows under `scheme`: [`qmv_int`] under
 /// [`ActScheme::rows_scheme`]`(m)`, which differs from [`qmv_int`] under `scheme` only for
 /// `int16-wide8` (`int8` codes from two rows on).
