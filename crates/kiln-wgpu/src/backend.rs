@@ -79,9 +79,9 @@ impl BackendEngine for WgpuBackend<'_> {
     fn plan(config: &ModelConfig, weights_bytes: u64, shape: &RunShape) -> kiln_model::Result<MemoryPlan> {
         let batch = shape.batch.max(1);
         let rows = prefill_rows(shape.prefill_chunk, shape.prompt_tokens).max(batch);
-        // The seam's shape has no scheme: the binary runs the one KILN_ACT_PRECISION asks
-        // for (it has refused a bad or unsupported value before planning) or the default.
-        let act = CAPABILITIES.act_scheme(ActScheme::asked_in_env().ok().flatten());
+        // The scheme the run's products take (the binary checked KILN_ACT_PRECISION
+        // against these capabilities), else this backend's own.
+        let act = CAPABILITIES.act_scheme(shape.act);
         let run = WgpuRunShape { sequence_tokens: shape.sequence_tokens(), rows, logit_rows: batch, act };
         // Past the context the cache would be refused: plan its length anyway, as the
         // CPU's plan does.

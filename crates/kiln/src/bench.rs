@@ -128,6 +128,7 @@ fn measure(args: BenchArgs, clock: &mut Clock, threads: usize) -> anyhow::Result
         batch: 1,
         attention: options.attention,
         kv_dtype: options.kv_dtype,
+        act: Some(chosen.act),
     };
     let plan = backend::plan(&chosen, &model.config, info.weight_bytes, &run_shape)
         .and_then(|p| p.with_expert_cache(geometry.as_ref().map_or(0, |g| g.cache_bytes())))

@@ -44,6 +44,7 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
         batch: 1,
         attention: options.attention,
         kv_dtype: options.kv_dtype,
+        act: Some(chosen.act),
     };
     let geometry =
         runtime::expert_geometry(&args.run, &info.config, info.expert_slot_bytes, info.weight_bytes, &pool)?;

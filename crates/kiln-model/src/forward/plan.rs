@@ -33,6 +33,10 @@ pub struct RunShape {
     pub attention: AttentionKind,
     /// Cache storage type.
     pub kv_dtype: KvDtype,
+    /// The activation scheme the products run (`KILN_ACT_PRECISION` as the binary
+    /// checked it); `None`: the backend's own. A device backend whose scratch depends on
+    /// it (kiln-wgpu's integer codes) plans with it.
+    pub act: Option<kiln_protocol::ActScheme>,
 }
 
 impl RunShape {
@@ -45,6 +49,7 @@ impl RunShape {
             batch: 1,
             attention: AttentionKind::Streaming,
             kv_dtype: KvDtype::F16,
+            act: None,
         }
     }
 
