@@ -115,7 +115,13 @@ pub fn choose_backend(
                 _ => None,
             };
             Ok(match gpu {
-                Some((b, _)) if declared(b) => BackendChoice { backend: b, note: None },
+                Some((b, what)) if declared(b) => BackendChoice {
+                    backend: b,
+                    note: Some(format!(
+                        "this machine has {what}: using the {} backend (--backend cpu measures the CPU)",
+                        b.as_str()
+                    )),
+                },
                 Some((b, what)) => BackendChoice {
                     backend: Backend::Cpu,
                     note: Some(format!(
@@ -240,12 +246,21 @@ mod tests {
     #[test]
     fn auto_picks_the_gpu_only_when_kiln_has_the_feature() {
         let c = choose_backend(BackendArg::Auto, "linux", true, &feats(&["cuda"])).unwrap();
-        assert_eq!(c, BackendChoice { backend: Backend::Cuda, note: None });
+        assert_eq!(c.backend, Backend::Cuda);
+        assert_eq!(
+            c.note.as_deref(),
+            Some("this machine has an NVIDIA GPU: using the cuda backend (--backend cpu measures the CPU)")
+        );
         let c = choose_backend(BackendArg::Auto, "linux", true, &feats(&[])).unwrap();
         assert_eq!(c.backend, Backend::Cpu);
         assert!(c.note.unwrap().contains("no `cuda` feature yet"));
         let c = choose_backend(BackendArg::Auto, "macos", false, &feats(&["metal"])).unwrap();
         assert_eq!(c.backend, Backend::Metal);
+        assert_eq!(
+            c.note.as_deref(),
+            Some("this machine has an Apple GPU: using the metal backend (--backend cpu measures the CPU)"),
+            "the harness says it picked the GPU"
+        );
         let c = choose_backend(BackendArg::Auto, "macos", false, &feats(&["cuda"])).unwrap();
         assert_eq!(c.backend, Backend::Cpu);
         assert!(c.note.is_some());
@@ -299,7 +314,8 @@ mod tests {
         let on_linux = std::env::consts::OS == "linux";
         let c = choose_for(&machine, BackendArg::Auto, &pkg(&["cuda"])).unwrap();
         if on_linux {
-            assert_eq!(c, BackendChoice { backend: Backend::Cuda, note: None });
+            assert_eq!(c.backend, Backend::Cuda);
+            assert!(c.note.as_deref().is_some_and(|n| n.contains("using the cuda backend")));
             assert_eq!(c.backend.features(), ["cuda"], "the build takes --features cuda");
             assert_eq!(machine.device("cuda", None), "cuda:NVIDIA H200 (143771 MiB)");
         }
