@@ -112,10 +112,7 @@ pub fn with_engine<T: EngineTask>(
         #[cfg(feature = "cuda")]
         Backend::Cuda => {
             let exec = open_device(args)?;
-            let mut engine = kiln_cuda::DeviceEngine::new(&exec, &model.config, &model.weights)
-                .context("copying the weights to the device")?;
-            engine.set_graphs(crate::runtime::graphs_from_env()?);
-            engine.set_prefill_chunk(options.prefill_chunk);
+            let engine = cuda_engine(&exec, model, &options)?;
             let label = exec.name();
             task.run(engine, &label)
         }
@@ -214,12 +211,26 @@ impl kiln_serve::EngineBuilder for CudaServer {
         run: kiln_serve::RunScheduler<'a>,
     ) -> kiln_model::Result<()> {
         let exec = open_device(&self.args).map_err(device_error)?;
-        let graphs = crate::runtime::graphs_from_env().map_err(device_error)?;
-        let mut engine = kiln_cuda::DeviceEngine::new(&exec, &model.config, &model.weights)?;
-        engine.set_graphs(graphs);
-        engine.set_prefill_chunk(options.prefill_chunk);
+        let engine = cuda_engine(&exec, model, &options).map_err(device_error)?;
         run.run(engine)
     }
+}
+
+/// The device engine over `model` on `exec`: the weights copied to the device, CUDA graphs
+/// as `KILN_CUDA_GRAPHS` says, the prefill chunk of `options`. The one-shot commands and
+/// `kiln serve` build it here alike.
+#[cfg(feature = "cuda")]
+fn cuda_engine<'m>(
+    exec: &'m kiln_cuda::Exec,
+    model: &'m LoadedModel,
+    options: &EngineOptions,
+) -> anyhow::Result<kiln_cuda::DeviceEngine<'m>> {
+    let graphs = crate::runtime::graphs_from_env()?;
+    let mut engine = kiln_cuda::DeviceEngine::new(exec, &model.config, &model.weights)
+        .context("copying the weights to the device")?;
+    engine.set_graphs(graphs);
+    engine.set_prefill_chunk(options.prefill_chunk);
+    Ok(engine)
 }
 
 /// `kiln serve --backend vulkan|metal`'s engine, built on the scheduler thread (a wgpu
@@ -301,14 +312,19 @@ pub fn adapter(chosen: &Chosen, args: &RunArgs) -> anyhow::Result<Option<(kiln_p
     }
 }
 
-/// A device that did not open for `kiln serve`'s scheduler thread, as the model error
-/// the server reports at start (exit 2, as the one-shot commands' refusal).
+/// A device that did not open (or take the weights) for `kiln serve`'s scheduler thread,
+/// as the model error the server reports at start, in the class the one-shot commands
+/// give the same error: out of memory (exit 3), usage (exit 2) or other (exit 1).
 #[cfg(any(feature = "cuda", feature = "vulkan", feature = "metal"))]
 fn device_error(e: anyhow::Error) -> kiln_model::ModelError {
-    kiln_model::ModelError::backend(
-        kiln_model::BackendErrorKind::Usage,
-        std::io::Error::other(format!("{e:#}")),
-    )
+    use crate::exit::Kind;
+    use kiln_model::BackendErrorKind;
+    let kind = match crate::exit::classify(&e) {
+        Kind::OutOfMemory => BackendErrorKind::OutOfMemory,
+        Kind::Usage => BackendErrorKind::Usage,
+        Kind::BrokenPipe | Kind::Other => BackendErrorKind::Other,
+    };
+    kiln_model::ModelError::backend(kind, std::io::Error::other(format!("{e:#}")))
 }
 
 /// Opens the first wgpu adapter of `backend` (Vulkan or Metal), its pool limited by the
