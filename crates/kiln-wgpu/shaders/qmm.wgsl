@@ -24,20 +24,6 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> x: array<f32>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 
-fn scale_at(i: u32) -> f32 {
-    if p.sdt == 2u {
-        return bitcast<f32>(scales[i]);
-    }
-    return widen(scales[i >> 1u], i, p.sdt);
-}
-
-fn bias_at(i: u32) -> f32 {
-    if p.sdt == 2u {
-        return bitcast<f32>(biases[i]);
-    }
-    return widen(biases[i >> 1u], i, p.sdt);
-}
-
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let r = wid.x * 64u + t;

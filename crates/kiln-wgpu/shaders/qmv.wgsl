@@ -31,20 +31,6 @@ struct Params {
 
 var<workgroup> part: array<array<f32, 64>, 8>;
 
-fn scale_at(i: u32) -> f32 {
-    if p.sdt == 2u {
-        return bitcast<f32>(scales[i]);
-    }
-    return widen(scales[i >> 1u], i, p.sdt);
-}
-
-fn bias_at(i: u32) -> f32 {
-    if p.sdt == 2u {
-        return bitcast<f32>(biases[i]);
-    }
-    return widen(biases[i >> 1u], i, p.sdt);
-}
-
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) t: u32) {

@@ -37,20 +37,6 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> act: array<u32>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 
-fn scale_at(i: u32) -> f32 {
-    if p.sdt == 2u {
-        return bitcast<f32>(scales[i]);
-    }
-    return widen(scales[i >> 1u], i, p.sdt);
-}
-
-fn bias_at(i: u32) -> f32 {
-    if p.sdt == 2u {
-        return bitcast<f32>(biases[i]);
-    }
-    return widen(biases[i >> 1u], i, p.sdt);
-}
-
 // sum_j q_j xq_j over group g of feature r and row i.
 fn group_dot(r: u32, i: u32, g: u32, info: u32) -> i32 {
     let wpg = p.group * p.bits / 32u;

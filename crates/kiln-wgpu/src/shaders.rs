@@ -14,6 +14,7 @@ pub fn qmv_lanes(k: usize, cpu_adapter: bool) -> usize {
 }
 
 const COMMON: &str = include_str!("../shaders/common.wgsl");
+const WEIGHTS: &str = include_str!("../shaders/weights.wgsl");
 const DOT_PACKED: &str = include_str!("../shaders/dot_packed.wgsl");
 const DOT_PLAIN: &str = include_str!("../shaders/dot_plain.wgsl");
 
@@ -107,15 +108,20 @@ impl Kernel {
         }
     }
 
-    /// The WGSL source: common.wgsl, then (for the integer products) the 4 x 8-bit dot
-    /// products, then the kernel.
+    /// The WGSL source: common.wgsl, then (for the kernels reading quantized weights)
+    /// weights.wgsl, then (for the integer products) the 4 x 8-bit dot products, then the
+    /// kernel.
     pub fn source(self) -> String {
+        let weights = match self {
+            Kernel::Qmv | Kernel::Qmm | Kernel::QmvInt | Kernel::QmvIntPlain | Kernel::Embed => WEIGHTS,
+            _ => "",
+        };
         let dot = match self {
             Kernel::QmvInt => DOT_PACKED,
             Kernel::QmvIntPlain => DOT_PLAIN,
             _ => "",
         };
-        format!("{COMMON}\n{dot}\n{}", self.body())
+        format!("{COMMON}\n{weights}\n{dot}\n{}", self.body())
     }
 
     /// Storage buffers bound after the parameters.
