@@ -8,9 +8,7 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use anyhow::Context;
-
-use kiln_protocol::{DeviceDesc, EstimateReport};
+use kiln_protocol::DeviceDesc;
 use serde::Serialize;
 
 /// The machine the harness runs on.
@@ -41,7 +39,7 @@ pub struct Machine {
     /// `linux`, `macos`, ...
     pub os: String,
     /// The wgpu adapter a `vulkan` or `metal` sweep runs on, as the engine found it
-    /// ([`Machine::find_adapter`]); `None` until asked, and for every other backend.
+    /// (`sweep::adapter::find`); `None` until asked, and for every other backend.
     pub adapter: Option<DeviceDesc>,
 }
 
@@ -93,44 +91,7 @@ impl Machine {
         }
     }
 
-    /// Asks the engine `kiln` which adapter `--backend vulkan|metal` runs on (its
-    /// `estimate` finds the adapter without opening a device) and keeps it: the rows'
-    /// device, driver and pre-skip budget are then that adapter's, never the host's.
-    /// Nothing is asked for any other backend. An engine that finds no adapter, or was
-    /// built without the backend, is a usage error carrying its words.
-    pub fn find_adapter(&mut self, kiln: &Path, backend: &str) -> anyhow::Result<()> {
-        if !matches!(backend, "vulkan" | "metal") {
-            return Ok(());
-        }
-        let out = Command::new(kiln)
-            .args(["estimate", "-m", "synthetic:tiny", "--prompt-tokens", "1", "--max-tokens", "1"])
-            .args(["--backend", backend])
-            .stdin(std::process::Stdio::null())
-            .output()
-            .with_context(|| format!("running {} estimate to find the {backend} adapter", kiln.display()))?;
-        let said = |out: &std::process::Output| {
-            let err = String::from_utf8_lossy(&out.stderr);
-            err.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("(nothing on stderr)").trim().to_string()
-        };
-        if !out.status.success() {
-            crate::console::usage!(
-                "--backend {backend}: the engine did not name its {backend} adapter: {}",
-                said(&out)
-            );
-        }
-        let report = EstimateReport::parse(&String::from_utf8_lossy(&out.stdout))
-            .map_err(|e| anyhow::anyhow!("{} estimate --backend {backend}: {e}", kiln.display()))?;
-        match report.and_then(|r| r.device) {
-            Some(d) => self.adapter = Some(d),
-            None => anyhow::bail!(
-                "{} estimate --backend {backend} named no adapter: an engine older than the `device` field?",
-                kiln.display()
-            ),
-        }
-        Ok(())
-    }
-
-    /// The adapter `backend` runs on, when [`Machine::find_adapter`] found one for it.
+    /// The adapter `backend` runs on, when the engine named one for it.
     fn adapter_of(&self, backend: &str) -> Option<&DeviceDesc> {
         self.adapter.as_ref().filter(|a| a.backend == backend)
     }

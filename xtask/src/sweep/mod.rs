@@ -8,6 +8,7 @@
 //! and the runner that executes one cell (`runner`) stay apart: the driver only moves
 //! facts between them.
 
+pub mod adapter;
 pub mod classify;
 pub mod driver;
 pub mod flags;

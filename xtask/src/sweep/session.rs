@@ -299,12 +299,20 @@ impl Session {
 
     /// On `vulkan` and `metal`, asks the built engine which adapter it runs on: the rows'
     /// device, driver and pre-skip budget are then the adapter's.
-    fn find_adapter(&mut self) -> Result<()> {
-        self.machine.find_adapter(&self.kiln_bin, self.backend.as_str())?;
-        if self.machine.adapter.is_some() {
-            self.device = self.machine.device(self.backend.as_str(), self.memory_limit.as_deref());
+    /// Its output is logged in `run_dir` (`000-adapter.stdout` / `.stderr`); `Some` is the
+    /// signal that interrupted it.
+    fn find_adapter(&mut self, run_dir: &Path) -> Result<Option<i32>> {
+        let base = run_dir.join("000-adapter");
+        let backend = self.backend.as_str();
+        if let super::runner::Ran::Interrupted(sig) =
+            super::adapter::find(&mut self.machine, &self.kiln_bin, backend, &base, &self.shutdown)?
+        {
+            return Ok(Some(sig));
         }
-        Ok(())
+        if self.machine.adapter.is_some() {
+            self.device = self.machine.device(backend, self.memory_limit.as_deref());
+        }
+        Ok(None)
     }
 
     /// Builds the engine when the session was asked to; `Some(code)` when a signal ended
@@ -340,12 +348,15 @@ impl Session {
         if let Some(code) = self.build_engine()? {
             return Ok(Err(code));
         }
-        self.find_adapter()?;
         let cell_timeout = flags.cell_timeout.map(Duration::from_secs).unwrap_or(self.defaults.cell_timeout);
         let knobs = self.engine_knobs.clone();
         // Each row takes its token counts from its cell.
         let row_knobs = self.engine_row_knobs();
         let run_dir = crate::run_dir::create_run_dir(&self.runs_dir, &self.command)?;
+        if let Some(sig) = self.find_adapter(&run_dir)? {
+            eprintln!("interrupted by {} while the engine named its adapter", shutdown::signal_name(sig));
+            return Ok(Err(ExitCode::from(shutdown::exit_code_for(sig))));
+        }
         self.write_env_json(&run_dir, output, &self.record_path, cell_timeout, flags, plan)?;
         eprintln!(
             "kiln {} ({}); device {}; run directory {}",

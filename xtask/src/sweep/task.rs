@@ -225,11 +225,16 @@ impl SweepTask {
         };
         let shutdown = Shutdown::install()?;
         let mut machine = Machine::probe();
-        // The node's adapter, as its engine finds it (vulkan and metal only).
-        machine.find_adapter(&spec.kiln, &spec.backend)?;
-        let device = machine.device(&spec.backend, spec.memory_limit.as_deref());
         let logs = run_dir.join("logs");
         fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+        // The node's adapter, as its engine finds it (vulkan and metal only).
+        let base = logs.join(format!("adapter-{}", std::process::id()));
+        if let Ran::Interrupted(sig) =
+            super::adapter::find(&mut machine, &spec.kiln, &spec.backend, &base, &shutdown)?
+        {
+            return Ok(ExitCode::from(child::exit_code_for(sig)));
+        }
+        let device = machine.device(&spec.backend, spec.memory_limit.as_deref());
         fs::create_dir_all(run_dir.join("rows"))?;
         let mut runner = LocalRunner {
             // Refused with --runner slurm: the rows a node writes keep no roofs.
