@@ -467,6 +467,7 @@ fn a_sweep_with_measure_roofs_places_every_cell_and_its_page_draws_the_roofline(
     // The page draws the roofline from that record, and prints the same texts.
     let page = fs::read_to_string(dir.join("report.html")).unwrap();
     assert!(page.contains("roofline, 2 thread(s)"), "no roofline plot");
+    assert!(page.contains("<td><code>synthetic:tiny@32 prefill</code></td>"), "the point's name as code");
     let text = points[0]["text"].as_str().unwrap();
     assert!(page.contains(text) && run.stdout.contains(text), "{text}");
     // The roofs are the CPU's: another backend is refused before anything is built.

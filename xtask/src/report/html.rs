@@ -33,6 +33,11 @@ pub fn head(title: &str) -> String {
 
 /// A table; `numeric[i]` right-aligns column i. Every cell is escaped.
 pub fn table(headers: &[&str], rows: &[Vec<String>], numeric: &[bool]) -> String {
+    table_with(headers, rows, numeric, escape)
+}
+
+/// [`table`] with every cell written by `cell` (escaped text, or [`inline`]'s code spans).
+fn table_with(headers: &[&str], rows: &[Vec<String>], numeric: &[bool], cell: fn(&str) -> String) -> String {
     let mut s = String::from("<table><tr>");
     for h in headers {
         let _ = write!(s, "<th>{}</th>", escape(h));
@@ -42,7 +47,7 @@ pub fn table(headers: &[&str], rows: &[Vec<String>], numeric: &[bool]) -> String
         s.push_str("<tr>");
         for (i, c) in r.iter().enumerate() {
             let class = if numeric.get(i).copied().unwrap_or(false) { " class=\"n\"" } else { "" };
-            let _ = write!(s, "<td{class}>{}</td>", escape(c));
+            let _ = write!(s, "<td{class}>{}</td>", cell(c));
         }
         s.push_str("</tr>\n");
     }
@@ -68,7 +73,8 @@ pub fn sheet(sheet: &Sheet) -> String {
         let numeric: Vec<bool> = (0..t.columns.len())
             .map(|i| t.rows.iter().any(|r| r.get(i).is_some_and(|c| c.numeric())))
             .collect();
-        s.push_str(&table(&headers, &body, &numeric));
+        // A cell's `code` spans (a benchmark id, a cell's phase) are code on the page too.
+        s.push_str(&table_with(&headers, &body, &numeric, inline));
         if !t.legend.is_empty() {
             let _ = writeln!(s, "<p class=\"note\">{}</p>", inline(&t.legend));
         }
