@@ -11,13 +11,18 @@ other exception or a stray page is an error. The output range of each call is wr
 SNAPSHOT_DIR/out-<i>.bin.
 
 snapshot.json: {"regions": [{"start", "len", "offset", "exec"}], "fs_base",
-                "calls": [{"entry", "arg", "out", "out_len"}]}
+                "calls": [{"entry", "arg", "out", "out_len"}], "cpu_model"?}
+
+"cpu_model" picks Bochs's CPU model by name (MODELS below); absent, the wheel's default
+(cannonlake: AVX-512F/BW/VL/DQ/CD, no VNNI). "sapphire_rapids" adds AVX-512 VNNI (and
+AVX-VNNI, AVX512-BF16); it has no AMX, which the wheel was built without.
 
 Pinned: bochscpu-python==0.4.0 (scripts/emulate/requirements.txt). Its wheel needs
 glibc 2.38's __isoc23_strtoull / __isoc23_sscanf; on an older glibc preload the shim the
 test builds (see crates/kiln-core/tests/avx512_emulated.rs).
 """
 
+import ctypes
 import json
 import sys
 from pathlib import Path
@@ -34,6 +39,35 @@ STACK_TOP = 0x1000_0010_0000  # 1 MiB of stack below, a ud2 page at the top
 STACK_PAGES = 256
 RSP = STACK_TOP - 64 - 8
 XCR0_AVX512 = 0xE7  # x87, SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
+# The `cpu.model` parameter's values in the pinned wheel (bochscpu-python 0.4.0), by
+# Bochs's model names; probed with CPUID once per model (brand string and feature bits).
+MODELS = {"cannonlake": 27, "sapphire_rapids": 30}
+
+
+def set_model(name: str) -> None:
+    """Selects Bochs's CPU model `name` before the session builds the CPU. The binding has
+    no call for it: the extension's own C++ parameter tree is reached through ctypes (the
+    same shared object, already loaded), and the value read back must be the one set."""
+    if name not in MODELS:
+        raise SystemExit(f"cpu_model {name!r}: accepted are {', '.join(MODELS)}")
+    so = ctypes.CDLL(bochscpu._bochscpu.__file__)
+    so.sim_get_param_enum.restype = ctypes.c_void_p
+    so.sim_get_param_enum.argtypes = [ctypes.c_char_p]
+    param = so.sim_get_param_enum(b"cpu.model")
+    if not param:
+        raise SystemExit("the emulator has no cpu.model parameter: not the pinned bochscpu-python?")
+    set_range = so._ZN14bx_param_num_c9set_rangeEmm  # bx_param_num_c::set_range(Bit64u, Bit64u)
+    set_range.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64]
+    set_value = so._ZN15bx_param_enum_c3setEl  # bx_param_enum_c::set(Bit64s)
+    set_value.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    get_value = so._ZN14bx_param_num_c3getEv  # bx_param_num_c::get()
+    get_value.restype = ctypes.c_int64
+    get_value.argtypes = [ctypes.c_void_p]
+    set_range(param, 0, 63)
+    set_value(param, MODELS[name])
+    got = get_value(param)
+    if got != MODELS[name]:
+        raise SystemExit(f"cpu_model {name}: the emulator kept model {got}, not {MODELS[name]}")
 
 
 def main(snap: Path) -> int:
@@ -80,6 +114,8 @@ def main(snap: Path) -> int:
     for hva, gpa in pt.commit(PML4):
         bochscpu.memory.page_insert(gpa, hva)
 
+    if "cpu_model" in meta:
+        set_model(meta["cpu_model"])
     sess = bochscpu.Session()
     sess.missing_page_handler = load
     load(by_stack_top(by_pa))

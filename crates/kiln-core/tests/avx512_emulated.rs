@@ -5,12 +5,13 @@
 //! On a CPU with AVX-512 the paths run natively (and `kernels.rs` runs them beside every
 //! other path). On one without, the row loop runs under an emulator: the inputs are
 //! prepared natively ([`EmulatedQmv`]), this process's readable memory is written out, and
-//! `scripts/emulate/bochs_call.py` calls the AVX-512 row loop on Bochs's CPU model
-//! (AVX-512F/BW/VL, no VNNI), giving back the outputs. `KILN_TEST_BOCHS_PYTHON` names a
-//! Python with `bochscpu-python` (scripts/emulate/requirements.txt); CI sets it. Without
-//! it, and without AVX-512, this test says so and checks nothing. The VNNI path needs a
-//! CPU (or model) with VNNI. `KILN_TEST_BOCHS_FORCE=1` runs the emulator on an AVX-512
-//! CPU too.
+//! `scripts/emulate/bochs_call.py` calls the row loop on Bochs's CPU models, giving back the
+//! outputs: the AVX-512 path on its default model (Cannon Lake: AVX-512F/BW/VL, no VNNI)
+//! and the VNNI path on its Sapphire Rapids model (AVX-512 VNNI; the wheel has no AMX).
+//! `KILN_TEST_BOCHS_PYTHON` names a Python with `bochscpu-python`
+//! (scripts/emulate/requirements.txt); CI sets it. Without it, and without AVX-512, this
+//! test says so and checks nothing. `KILN_TEST_BOCHS_FORCE=1` runs the emulator on an
+//! AVX-512 CPU too.
 
 #![cfg(target_arch = "x86_64")]
 
@@ -137,28 +138,37 @@ fn avx512_qmv_matches_avx2_bit_for_bit() {
         );
         return;
     };
-    let prepared: Vec<EmulatedQmv<'_>> =
-        cases.iter().map(|c| EmulatedQmv::new(Isa::Avx512, c.act, &c.x, &c.w)).collect();
-    let dir = tempfile::tempdir().unwrap();
-    let calls: Vec<EmuCall> = prepared
-        .iter()
-        .map(|q| EmuCall { entry: EmulatedQmv::entry(), arg: q.arg(), out: q.out_bytes() })
-        .collect();
-    emulate(&python, dir.path(), &calls);
-    for (i, (case, q)) in cases.iter().zip(&prepared).enumerate() {
-        let got = std::fs::read(dir.path().join(format!("out-{i}.bin"))).unwrap();
-        let got: Vec<u32> = got.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
-        assert_eq!(got.len(), q.out().len());
-        assert_eq!(got, bits(&expected(case)), "{} on emulated avx512", case.label);
-        // The native copy was never written: the outputs came from the emulator.
-        assert!(q.out().iter().all(|&v| v == 0.0));
+    for (isa, model) in EMULATED {
+        let prepared: Vec<EmulatedQmv<'_>> =
+            cases.iter().map(|c| EmulatedQmv::new(isa, c.act, &c.x, &c.w)).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let calls: Vec<EmuCall> = prepared
+            .iter()
+            .map(|q| EmuCall { entry: EmulatedQmv::entry(), arg: q.arg(), out: q.out_bytes() })
+            .collect();
+        emulate(&python, dir.path(), &calls, model);
+        for (i, (case, q)) in cases.iter().zip(&prepared).enumerate() {
+            let got = std::fs::read(dir.path().join(format!("out-{i}.bin"))).unwrap();
+            let got: Vec<u32> =
+                got.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+            assert_eq!(got.len(), q.out().len());
+            assert_eq!(got, bits(&expected(case)), "{} on {} emulated as {model}", case.label, isa.as_str());
+            // The native copy was never written: the outputs came from the emulator.
+            assert!(q.out().iter().all(|&v| v == 0.0));
+        }
+        eprintln!("avx512_emulated: {} cases of {} on the emulated {model}", cases.len(), isa.as_str());
     }
-    eprintln!("avx512_emulated: {} cases on the emulated CPU", cases.len());
 }
 
-/// Runs `calls` on the emulated CPU: each writes `out-<i>.bin` into `dir`.
-fn emulate(python: &std::ffi::OsStr, dir: &Path, calls: &[EmuCall]) {
-    snapshot(dir, calls);
+/// The x86 paths the emulator runs where the CPU lacks them, each on the Bochs CPU model
+/// that has exactly its features: AVX-512 without VNNI on Cannon Lake (so no VNNI
+/// instruction can hide in that path: one there is #UD), VNNI on Sapphire Rapids.
+const EMULATED: [(Isa, &str); 2] = [(Isa::Avx512, "cannonlake"), (Isa::Avx512Vnni, "sapphire_rapids")];
+
+/// Runs `calls` on the emulated CPU `model` (a name `bochs_call.py` knows): each writes
+/// `out-<i>.bin` into `dir`.
+fn emulate(python: &std::ffi::OsStr, dir: &Path, calls: &[EmuCall], model: &str) {
+    snapshot(dir, calls, model);
     let mut cmd = Command::new(python);
     cmd.arg(script()).arg(dir);
     if let Some(shim) = glibc_shim(dir) {
@@ -227,27 +237,31 @@ fn avx512_tiles_match_avx2_bit_for_bit() {
         eprintln!("avx512_emulated: no AVX-512 and KILN_TEST_BOCHS_PYTHON is unset: no tile checked");
         return;
     };
-    let prepared: Vec<EmulatedTile<'_>> =
-        cases.iter().map(|(c, rows)| EmulatedTile::new(Isa::Avx512, c.act, &c.x, *rows, &c.w)).collect();
-    let dir = tempfile::tempdir().unwrap();
-    let calls: Vec<EmuCall> = prepared
-        .iter()
-        .map(|t| EmuCall { entry: EmulatedTile::entry(), arg: t.arg(), out: t.out_bytes() })
-        .collect();
-    emulate(&python, dir.path(), &calls);
-    for (i, ((case, rows), t)) in cases.iter().zip(&prepared).enumerate() {
-        let got = std::fs::read(dir.path().join(format!("out-{i}.bin"))).unwrap();
-        let got: Vec<f32> = got.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
-        assert_eq!(got.len(), t.out().len());
-        assert_eq!(
-            bits(&t.to_rows(&got)),
-            bits(&expected_tile(case, *rows)),
-            "{} on emulated avx512",
-            case.label
-        );
-        assert!(t.out().iter().all(|&v| v == 0.0));
+    for (isa, model) in EMULATED {
+        let prepared: Vec<EmulatedTile<'_>> =
+            cases.iter().map(|(c, rows)| EmulatedTile::new(isa, c.act, &c.x, *rows, &c.w)).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let calls: Vec<EmuCall> = prepared
+            .iter()
+            .map(|t| EmuCall { entry: EmulatedTile::entry(), arg: t.arg(), out: t.out_bytes() })
+            .collect();
+        emulate(&python, dir.path(), &calls, model);
+        for (i, ((case, rows), t)) in cases.iter().zip(&prepared).enumerate() {
+            let got = std::fs::read(dir.path().join(format!("out-{i}.bin"))).unwrap();
+            let got: Vec<f32> =
+                got.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            assert_eq!(got.len(), t.out().len());
+            assert_eq!(
+                bits(&t.to_rows(&got)),
+                bits(&expected_tile(case, *rows)),
+                "{} on {} emulated as {model}",
+                case.label,
+                isa.as_str()
+            );
+            assert!(t.out().iter().all(|&v| v == 0.0));
+        }
+        eprintln!("avx512_emulated: {} tile cases of {} on the emulated {model}", cases.len(), isa.as_str());
     }
-    eprintln!("avx512_emulated: {} tile cases on the emulated CPU", cases.len());
 }
 
 /// The lane-row kernel's cases: the tiles' 4-bit cases with K a multiple of 64 (2 to 8
@@ -312,25 +326,38 @@ fn avx512_lane_rows_match_avx2_bit_for_bit() {
         );
         return;
     };
-    let prepared: Vec<EmulatedLaneRows<'_>> = cases
-        .iter()
-        .map(|(c, rows)| {
-            EmulatedLaneRows::new(Isa::Avx512, c.act, &c.x, *rows, LANE_ROW_TASK, &c.w).expect("taken")
-        })
-        .collect();
-    let dir = tempfile::tempdir().unwrap();
-    let calls: Vec<EmuCall> = prepared
-        .iter()
-        .map(|t| EmuCall { entry: EmulatedLaneRows::entry(), arg: t.arg(), out: t.out_bytes() })
-        .collect();
-    emulate(&python, dir.path(), &calls);
-    for (i, ((case, rows), t)) in cases.iter().zip(&prepared).enumerate() {
-        let got = std::fs::read(dir.path().join(format!("out-{i}.bin"))).unwrap();
-        let got: Vec<u32> = got.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
-        assert_eq!(got, bits(&expected_tile(case, *rows)), "{} on emulated avx512", case.label);
-        assert!(t.out().iter().all(|&v| v == 0.0));
+    for (isa, model) in EMULATED {
+        let prepared: Vec<EmulatedLaneRows<'_>> = cases
+            .iter()
+            .map(|(c, rows)| {
+                EmulatedLaneRows::new(isa, c.act, &c.x, *rows, LANE_ROW_TASK, &c.w).expect("taken")
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let calls: Vec<EmuCall> = prepared
+            .iter()
+            .map(|t| EmuCall { entry: EmulatedLaneRows::entry(), arg: t.arg(), out: t.out_bytes() })
+            .collect();
+        emulate(&python, dir.path(), &calls, model);
+        for (i, ((case, rows), t)) in cases.iter().zip(&prepared).enumerate() {
+            let got = std::fs::read(dir.path().join(format!("out-{i}.bin"))).unwrap();
+            let got: Vec<u32> =
+                got.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+            let label = &case.label;
+            assert_eq!(
+                got,
+                bits(&expected_tile(case, *rows)),
+                "{label} on {} emulated as {model}",
+                isa.as_str()
+            );
+            assert!(t.out().iter().all(|&v| v == 0.0));
+        }
+        eprintln!(
+            "avx512_emulated: {} lane-row cases of {} on the emulated {model}",
+            cases.len(),
+            isa.as_str()
+        );
     }
-    eprintln!("avx512_emulated: {} lane-row cases on the emulated CPU", cases.len());
 }
 
 /// `KILN_TEST_BOCHS_FORCE=1`: run the emulator even on a CPU with AVX-512, to check the
@@ -351,7 +378,7 @@ struct EmuCall {
 }
 
 /// This process's readable memory (`mem.bin`) and the calls (`snapshot.json`).
-fn snapshot(dir: &Path, calls: &[EmuCall]) {
+fn snapshot(dir: &Path, calls: &[EmuCall], model: &str) {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
     let mut mem = std::fs::File::open("/proc/self/mem").unwrap();
     let mut bin = std::io::BufWriter::new(std::fs::File::create(dir.join("mem.bin")).unwrap());
@@ -380,7 +407,8 @@ fn snapshot(dir: &Path, calls: &[EmuCall]) {
         .iter()
         .map(|c| serde_json::json!({ "entry": c.entry, "arg": c.arg, "out": c.out.0, "out_len": c.out.1 }))
         .collect();
-    let meta = serde_json::json!({ "regions": regions, "fs_base": fs_base(), "calls": calls });
+    let meta =
+        serde_json::json!({ "regions": regions, "fs_base": fs_base(), "calls": calls, "cpu_model": model });
     std::fs::write(dir.join("snapshot.json"), meta.to_string()).unwrap();
 }
 
