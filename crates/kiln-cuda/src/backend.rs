@@ -11,7 +11,7 @@ use kiln_model::{
 use kiln_protocol::{ActScheme, Attention, KvDtype};
 
 use crate::error::CudaError;
-use crate::model::{DeviceCache, DeviceEngine, DeviceRunShape, prefill_rows};
+use crate::model::{DEFAULT_PREFILL_CHUNK, DeviceCache, DeviceEngine, DeviceRunShape, prefill_rows};
 
 /// What the device forward runs: MLX-affine 4- and 8-bit products over f16 activations,
 /// streaming split attention over an f16 cache, dense (non-MoE) models, several
@@ -66,21 +66,17 @@ impl BackendEngine for DeviceEngine<'_> {
     }
 
     fn plan(config: &ModelConfig, weights_bytes: u64, shape: &RunShape) -> kiln_model::Result<MemoryPlan> {
-        let batch = shape.batch.max(1);
-        let rows = prefill_rows(shape.prefill_chunk, shape.prompt_tokens).max(batch);
-        let run = DeviceRunShape { sequence_tokens: shape.sequence_tokens(), rows, logit_rows: batch };
-        // Past the context the cache would be refused: plan its length anyway, as the
-        // CPU's plan does, so the record still says how much memory it would take.
-        let mut config = config.clone();
-        config.max_position_embeddings = config.max_position_embeddings.max(run.sequence_tokens);
-        let p = crate::model::plan(&config, weights_bytes, run)?;
-        let one = OneSequence {
-            weights_bytes: p.weights_bytes,
-            kv_bytes: p.kv_bytes,
-            scratch_bytes: p.scratch_bytes,
-            total_bytes: p.total_bytes,
-        };
-        one.times(batch, WorkspaceShape { rows, logit_rows: batch })
+        shape.device_plan(config, DEFAULT_PREFILL_CHUNK, |config, r| {
+            let run =
+                DeviceRunShape { sequence_tokens: r.sequence_tokens, rows: r.rows, logit_rows: r.logit_rows };
+            let p = crate::model::plan(config, weights_bytes, run)?;
+            Ok(OneSequence {
+                weights_bytes: p.weights_bytes,
+                kv_bytes: p.kv_bytes,
+                scratch_bytes: p.scratch_bytes,
+                total_bytes: p.total_bytes,
+            })
+        })
     }
 
     fn config(&self) -> &ModelConfig {

@@ -38,7 +38,7 @@ pub use attention::AttentionKind;
 pub use backend::{BackendEngine, Capabilities, Needs, SeqCache};
 pub use engine::{Engine, EngineOptions, Session};
 pub use kv_cache::{KV_BLOCK_TOKENS, KvCache, KvDtype, KvLayout};
-pub use plan::{MemoryPlan, OneSequence, RunShape, WorkspaceShape, plan};
+pub use plan::{DeviceRun, MemoryPlan, OneSequence, RunShape, WorkspaceShape, plan, prefill_rows};
 pub use sampling::{LogitAdjustments, Penalizer, Sampler, SamplingParams};
 pub use transformer::{Logits, SeqChunk, Transformer};
 pub use workspace::Workspace;

@@ -12,7 +12,7 @@ use kiln_model::{
 use kiln_protocol::{ActScheme, Attention, KvDtype};
 
 use crate::error::WgpuError;
-use crate::model::{WgpuCache, WgpuEngine, WgpuRunShape, prefill_rows};
+use crate::model::{DEFAULT_PREFILL_CHUNK, WgpuCache, WgpuEngine, WgpuRunShape, prefill_rows};
 
 /// What the wgpu forward runs: MLX-affine 4- and 8-bit products over f32 activations (the
 /// default) or under the CPU's integer schemes `int8` and `int16` (its codes and integer
@@ -77,24 +77,24 @@ impl BackendEngine for WgpuBackend<'_> {
     }
 
     fn plan(config: &ModelConfig, weights_bytes: u64, shape: &RunShape) -> kiln_model::Result<MemoryPlan> {
-        let batch = shape.batch.max(1);
-        let rows = prefill_rows(shape.prefill_chunk, shape.prompt_tokens).max(batch);
         // The scheme the run's products take (the binary checked KILN_ACT_PRECISION
         // against these capabilities), else this backend's own.
         let act = CAPABILITIES.act_scheme(shape.act);
-        let run = WgpuRunShape { sequence_tokens: shape.sequence_tokens(), rows, logit_rows: batch, act };
-        // Past the context the cache would be refused: plan its length anyway, as the
-        // CPU's plan does.
-        let mut config = config.clone();
-        config.max_position_embeddings = config.max_position_embeddings.max(run.sequence_tokens);
-        let p = crate::model::plan(&config, weights_bytes, run)?;
-        let one = OneSequence {
-            weights_bytes: p.weights_bytes,
-            kv_bytes: p.kv_bytes,
-            scratch_bytes: p.scratch_bytes,
-            total_bytes: p.total_bytes,
-        };
-        one.times(batch, WorkspaceShape { rows, logit_rows: batch })
+        shape.device_plan(config, DEFAULT_PREFILL_CHUNK, |config, r| {
+            let run = WgpuRunShape {
+                sequence_tokens: r.sequence_tokens,
+                rows: r.rows,
+                logit_rows: r.logit_rows,
+                act,
+            };
+            let p = crate::model::plan(config, weights_bytes, run)?;
+            Ok(OneSequence {
+                weights_bytes: p.weights_bytes,
+                kv_bytes: p.kv_bytes,
+                scratch_bytes: p.scratch_bytes,
+                total_bytes: p.total_bytes,
+            })
+        })
     }
 
     fn config(&self) -> &ModelConfig {

@@ -334,8 +334,7 @@ pub const DEFAULT_PREFILL_CHUNK: usize = 512;
 /// Rows of the largest prefill forward of `prompt_tokens` in chunks of `chunk` (0:
 /// [`DEFAULT_PREFILL_CHUNK`]).
 pub fn prefill_rows(chunk: usize, prompt_tokens: usize) -> usize {
-    let chunk = if chunk == 0 { DEFAULT_PREFILL_CHUNK } else { chunk };
-    chunk.min(prompt_tokens).max(1)
+    kiln_model::prefill_rows(chunk, prompt_tokens, DEFAULT_PREFILL_CHUNK)
 }
 
 /// What a wgpu run holds at its peak, by tag, from [`plan`].

@@ -166,6 +166,51 @@ impl OneSequence {
     }
 }
 
+/// Rows of the largest prefill forward of `prompt_tokens` in chunks of `chunk` (0: the
+/// backend's `default_chunk`), at least one.
+pub fn prefill_rows(chunk: usize, prompt_tokens: usize, default_chunk: usize) -> usize {
+    let chunk = if chunk == 0 { default_chunk } else { chunk };
+    chunk.min(prompt_tokens).max(1)
+}
+
+/// What one forward of a device backend's run is sized by: the cache length planned for
+/// each sequence, the rows of its largest prefill forward (at least the batch, which one
+/// decode forward carries) and the rows of logits (one per sequence).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceRun {
+    /// Prompt plus generated tokens of one sequence.
+    pub sequence_tokens: usize,
+    /// Rows of the largest forward.
+    pub rows: usize,
+    /// Rows of logits.
+    pub logit_rows: usize,
+}
+
+impl RunShape {
+    /// A device backend's plan of this run: `one` counts one sequence (given the model's
+    /// configuration with its context stretched over the run, since past the context the
+    /// cache would be refused but its bytes are still planned, as the CPU's plan does, and
+    /// the run's [`DeviceRun`], prefill rows by [`prefill_rows`] with `default_chunk`),
+    /// and the batch's caches are added ([`OneSequence::times`]). The CUDA and wgpu
+    /// backends plan through here.
+    ///
+    /// # Errors
+    /// `one`'s, and [`ModelError::RunTooLarge`] when the caches' bytes overflow 64 bits.
+    pub fn device_plan(
+        &self,
+        config: &ModelConfig,
+        default_chunk: usize,
+        one: impl FnOnce(&ModelConfig, DeviceRun) -> Result<OneSequence>,
+    ) -> Result<MemoryPlan> {
+        let batch = self.batch.max(1);
+        let rows = prefill_rows(self.prefill_chunk, self.prompt_tokens, default_chunk).max(batch);
+        let run = DeviceRun { sequence_tokens: self.sequence_tokens(), rows, logit_rows: batch };
+        let mut config = config.clone();
+        config.max_position_embeddings = config.max_position_embeddings.max(run.sequence_tokens);
+        one(&config, run)?.times(batch, WorkspaceShape { rows, logit_rows: batch })
+    }
+}
+
 /// Plans `run` for a model of `config` whose weights take `weights_bytes`.
 ///
 /// # Errors
