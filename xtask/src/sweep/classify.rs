@@ -390,6 +390,19 @@ mod tests {
     fn kiln_exit_3_needs_its_out_of_memory_line() {
         assert!(is_oom(code(3), KILN_OOM));
         assert!(is_oom(code(3), "out of memory: requested 1 B (1 bytes) for kv"));
+        // kiln-wgpu's refusal by the device itself (`WgpuError::DeviceOutOfMemory`, what
+        // `kiln --backend vulkan|metal` prints when wgpu refuses a buffer), and its refusal
+        // of a buffer larger than the adapter binds.
+        assert!(is_oom(
+            code(3),
+            "out of memory: the wgpu device refused 1073741824 bytes for weights with 0 bytes in use \
+             (Not enough memory left.)\nerror: copying the weights to the device: out of memory: ..."
+        ));
+        assert!(is_oom(
+            code(3),
+            "error: out of memory: the wgpu device refused 4294967296 bytes for kv with 12 bytes in use \
+             (above the adapter's largest storage buffer binding, 2147483648 bytes)"
+        ));
         assert!(!is_oom(code(3), ""), "exit 3 alone is no evidence");
         assert!(!is_oom(code(3), "error: something else"));
         // The pool's line under another exit code is not kiln reporting an OOM.
